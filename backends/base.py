@@ -1,1 +1,125 @@
-X: int = 1
+"""The storage backend contract.
+
+A backend moves opaque bytes under string keys. It has no policy: no retries, no deadlines,
+no circuit breaking, no codec. Those live in :mod:`objcache.tier`. Errors are typed:
+
+* a missing key is a value (``None`` / ``False``), never an exception;
+* :class:`~objcache.errors.TransientBackendError` for throttling, 5xx, resets, timeouts;
+* :class:`~objcache.errors.PermanentBackendError` for everything else.
+
+Keys are ``/``-separated object names produced by :mod:`objcache.layout`; a backend prepends
+its own prefix (the path of its URL).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from objcache.errors import InvalidKey
+
+#: Longest key any backend accepts (S3 allows 1024 bytes including the prefix).
+MAX_KEY_BYTES = 900
+
+
+class PutMode(enum.Enum):
+    """How a put treats an existing object."""
+
+    #: First writer wins: the put is a no-op (returns False) when the key exists.
+    CREATE = "create"
+    #: Last writer wins.
+    OVERWRITE = "overwrite"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object."""
+
+    key: str
+    size: int
+    #: Last modification, seconds since the epoch.
+    mtime: float
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A parsed tier URL: ``scheme://location/prefix?option=value``."""
+
+    url: str
+    scheme: str
+    #: bucket, host:port, or "" for file:// and disk
+    location: str
+    #: object-name prefix inside the bucket, or the directory for file:// and disk
+    path: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        """The URL with any password or secret query value removed: safe to log."""
+        from objcache.urls import redact
+
+        return redact(self.url)
+
+
+def validate_key(key: str) -> str:
+    """Reject keys that could escape a store or that no store accepts."""
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidKey(f"key length must be 1..{MAX_KEY_BYTES} bytes, got {len(key.encode())}")
+    if "\x00" in key or key.startswith("/") or "\\" in key:
+        raise InvalidKey(f"key contains a forbidden character or starts with '/': {key!r}")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidKey(f"key has an empty, '.' or '..' path segment: {key!r}")
+    return key
+
+
+class Backend(abc.ABC):
+    """Async bytes store. Instances are shared process-wide; construction must be cheap."""
+
+    #: URL schemes this backend serves.
+    schemes: ClassVar[tuple[str, ...]] = ()
+    #: True for stores whose latency is a network round trip (everything but local disk).
+    remote: ClassVar[bool] = True
+
+    def __init__(self, spec: TierSpec) -> None:
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        """The tier URL without secrets."""
+        return self.spec.display
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None if absent."""
+
+    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """The present objects among ``keys``. Backends with a batch call override this."""
+        keys = list(keys)
+        values = await asyncio.gather(*(self.get(k) for k in keys))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        """Store ``data``. Returns False only when ``mode`` is CREATE and the key existed."""
+
+    @abc.abstractmethod
+    async def exists(self, key: str) -> bool:
+        """Whether the key is present."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> bool:
+        """Remove the key. Returns whether it existed (best effort for object stores)."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in no particular order."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and connections."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"

@@ -1,0 +1,76 @@
+"""Every error type objcache raises or counts.
+
+Callers inside torch never see these: the torch and Triton integrations turn them into
+misses. They exist so that the CLI, the stats and the logs can say exactly what went wrong.
+"""
+
+from __future__ import annotations
+
+
+class ObjcacheError(Exception):
+    """Base class of all objcache errors."""
+
+
+class ConfigError(ObjcacheError, ValueError):
+    """Bad configuration: an unparseable tier URL, an unknown scheme, a bad number."""
+
+
+# --- entry format ---------------------------------------------------------------------
+
+
+class EntryError(ObjcacheError):
+    """An entry's bytes were refused by the decoder. Never returned to a caller as data."""
+
+    #: Short label used in stats ("corrupt", "unsigned", ...).
+    reason = "corrupt"
+
+
+class CorruptEntry(EntryError):
+    """Bad magic, wrong length, digest mismatch, undecompressable payload."""
+
+    reason = "corrupt"
+
+
+class UnsupportedVersion(EntryError):
+    """An entry written by a newer (or unknown) format version."""
+
+    reason = "version"
+
+
+class UnsignedEntry(EntryError):
+    """A signing key is configured but the entry carries no signature."""
+
+    reason = "unsigned"
+
+
+class BadSignature(EntryError):
+    """The entry's HMAC does not match any accepted signing key."""
+
+    reason = "bad_signature"
+
+
+# --- backends -------------------------------------------------------------------------
+
+
+class BackendError(ObjcacheError):
+    """A storage call failed. ``tier`` names the tier URL without secrets."""
+
+    def __init__(self, message: str, *, tier: str = "") -> None:
+        super().__init__(f"{tier}: {message}" if tier else message)
+        self.tier = tier
+
+
+class TransientBackendError(BackendError):
+    """Worth retrying: throttling, 5xx, connection resets, timeouts."""
+
+
+class PermanentBackendError(BackendError):
+    """Not worth retrying: access denied, missing bucket, bad credentials, bad request."""
+
+
+class InvalidKey(PermanentBackendError, ValueError):
+    """A key that could escape its store (path traversal) or exceeds the size limit."""
+
+
+class EntryTooLarge(PermanentBackendError):
+    """The value exceeds the tier's size limit; it is left to the next tier."""

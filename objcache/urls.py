@@ -1,0 +1,91 @@
+"""Tier URLs: parsing into :class:`TierSpec` with one-line errors, and redaction for logs."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from objcache.backends.base import TierSpec
+from objcache.errors import ConfigError
+
+#: Schemes objcache itself serves; third-party schemes come from entry points.
+BUILTIN_SCHEMES = ("disk", "file", "redis", "rediss", "unix", "s3", "gs")
+
+#: Query options every tier understands (the rest belong to the backend).
+TIER_OPTIONS = ("read_only", "write_only", "timeout_ms", "max_size", "retries", "name")
+
+_SECRET_QUERY = re.compile(r"(?i)(password|secret|token|key|credential|signature)")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
+
+def parse_tier_url(url: str, where: str = "tier URL", known: tuple[str, ...] = ()) -> TierSpec:
+    """Parse one tier URL. ``where`` names it in errors, e.g. ``OBJCACHE_TIERS[1]``."""
+    url = url.strip()
+    if "://" not in url:
+        raise ConfigError(f"{where}: {redact(url)!r} is not a URL (expected scheme://...)")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in BUILTIN_SCHEMES and scheme not in known:
+        raise ConfigError(f"unknown scheme {scheme!r} in {where}")
+    try:
+        parts = urlsplit(url)
+        options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+        _ = parts.port  # raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError(f"{where}: cannot parse {redact(url)!r}: {exc}") from None
+    location, path = parts.netloc, parts.path
+    if scheme in ("file", "disk"):
+        if location not in ("", "localhost"):
+            raise ConfigError(f"{where}: file:// path must be absolute (got host {location!r})")
+        if not path.startswith("/"):
+            raise ConfigError(f"{where}: file:// path must be absolute")
+        location = ""
+    elif scheme == "unix":
+        if not path.startswith("/"):
+            raise ConfigError(f"{where}: unix:// socket path must be absolute")
+    elif scheme in ("s3", "gs"):
+        if not location:
+            raise ConfigError(f"{where}: {scheme}:// URL needs a bucket name")
+        if not _BUCKET.match(location):
+            raise ConfigError(f"{where}: invalid bucket name {location!r}")
+        path = path.strip("/")
+    elif scheme in ("redis", "rediss") and not parts.hostname:
+        raise ConfigError(f"{where}: {scheme}:// URL needs a host")
+    for flag in ("read_only", "write_only"):
+        if flag in options and options[flag].lower() not in ("", "0", "1", "true", "false"):
+            raise ConfigError(f"{where}: {flag} must be 0/1/true/false")
+    for num in ("timeout_ms", "max_size", "retries"):
+        if num in options and not options[num].isdigit():
+            raise ConfigError(f"{where}: {num} must be a non-negative integer")
+    return TierSpec(url=url, scheme=scheme, location=location, path=path, options=options)
+
+
+def parse_tier_list(value: str, where: str = "OBJCACHE_TIERS") -> list[TierSpec]:
+    """Parse a comma-separated tier list, naming the bad entry by index."""
+    from objcache.registry import known_schemes
+
+    known = known_schemes()
+    urls = [u for u in (s.strip() for s in value.split(",")) if u]
+    return [parse_tier_url(u, f"{where}[{i}]", known) for i, u in enumerate(urls)]
+
+
+def redact(url: str) -> str:
+    """Remove passwords and secret-looking query values from a URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
+    query = "&".join(
+        f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def flag(spec: TierSpec, name: str) -> bool:
+    """A boolean tier option."""
+    return spec.options.get(name, "0").lower() in ("", "1", "true") and name in spec.options
