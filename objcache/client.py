@@ -1,0 +1,187 @@
+"""The synchronous face of objcache, shared process-wide.
+
+``get_client()`` builds one :class:`TieredCache` per process (again in a forked child) from
+:class:`Config` and serves it through the :class:`Bridge`. Every method has a deadline and
+returns a value: a failure is a miss, counted in ``stats()``, never an exception into torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from objcache.backends.base import Backend, TierSpec
+from objcache.bridge import Bridge, BridgeTimeout
+from objcache.codec import Codec
+from objcache.config import Config
+from objcache.fingerprint import env_id, fingerprint
+from objcache.layout import Namespace
+from objcache.registry import create_backend
+from objcache.tier import Tier
+from objcache.tiered import TieredCache
+
+log = logging.getLogger("objcache")
+T = TypeVar("T")
+
+#: Added to the per-tier deadline for the whole sync call (local I/O, decoding).
+_CALL_MARGIN_S = 1.0
+
+
+def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> TieredCache:
+    """A TieredCache for ``config`` (no I/O happens until the first call)."""
+    fields = fingerprint() if env_fields is None else env_fields
+    local_spec = TierSpec(
+        url=f"disk://{config.local_dir}",
+        scheme="disk",
+        location="",
+        path=str(config.local_dir),
+        options={"max_bytes": str(config.local_max_bytes)},
+    )
+    common: dict[str, Any] = {
+        "timeout_ms": config.timeout_ms,
+        "retries": config.retries,
+        "breaker_failures": config.breaker_failures,
+        "breaker_cooldown_s": config.breaker_cooldown_s,
+    }
+    local = Tier.from_backend(create_backend(local_spec), **common)
+    remotes = [
+        Tier.from_backend(_backend(spec), read_only=config.read_only, **common)
+        for spec in config.effective_tiers()
+    ]
+    return TieredCache(
+        local,
+        remotes,
+        Codec(level=config.compression_level, signing_keys=config.signing_keys),
+        Namespace(env_id(fields)),
+        write_behind_max_bytes=config.write_behind_max_bytes,
+        read_only=config.read_only,
+        env_fields=fields,
+    )
+
+
+def _backend(spec: TierSpec) -> Backend:
+    return create_backend(spec)
+
+
+class Client:
+    """Synchronous, deadline-bound access to one TieredCache."""
+
+    def __init__(self, config: Config, bridge: Bridge | None = None) -> None:
+        self.config = config
+        self.bridge = bridge or Bridge()
+        self.cache = build_cache(config)
+        self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S
+        self.timeouts = 0
+        self._closed = False
+
+    def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
+        try:
+            return self.bridge.call(factory, self.call_timeout_s)
+        except BridgeTimeout:
+            self.timeouts += 1
+            log.debug("objcache call timed out", exc_info=True)
+            return default
+
+    def get(self, kind: str, key: str) -> bytes | None:
+        return self._run(lambda: self.cache.get(kind, key), None)
+
+    def put(self, kind: str, key: str, payload: bytes) -> None:
+        """Local write now, remote writes in the background."""
+        self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    def flush(self, timeout: float | None = None) -> int:
+        t = self.config.flush_timeout_s if timeout is None else timeout
+        try:
+            return self.bridge.call(lambda: self.cache.flush(t), t + _CALL_MARGIN_S)
+        except BridgeTimeout:
+            return -1
+
+    def stats(self) -> dict[str, Any]:
+        def snapshot() -> Coroutine[Any, Any, dict[str, Any]]:
+            async def run() -> dict[str, Any]:
+                return self.cache.stats_dict()
+
+            return run()
+
+        empty: dict[str, Any] = {}
+        result = self._run(snapshot, empty)
+        result["sync_timeouts"] = self.timeouts
+        return result
+
+    def close(self) -> None:
+        """Flush within OBJCACHE_FLUSH_TIMEOUT_S and close every tier (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        t = self.config.flush_timeout_s
+        try:
+            left = self.bridge.call(lambda: self.cache.close(t), t + 5)
+        except BridgeTimeout:
+            left = -1
+        if left:
+            log.warning("objcache: %s remote writes were not flushed at exit", left)
+        _write_stats_file(self)
+
+
+def _write_stats_file(client: Client) -> None:
+    """Leave this process's stats where ``objcache stats`` finds them."""
+    target = os.environ.get("OBJCACHE_STATS_FILE")
+    if not target:
+        return
+    import json
+
+    try:
+        Path(target).write_text(json.dumps(client.cache.stats_dict(), indent=1))
+    except OSError:
+        log.debug("cannot write stats file %s", target, exc_info=True)
+
+
+_lock = threading.Lock()
+_client: Client | None = None
+_client_pid = 0
+
+
+def get_client(config: Config | None = None) -> Client:
+    """The process-wide client (a forked child builds its own on first use)."""
+    global _client, _client_pid
+    pid = os.getpid()
+    client = _client
+    if client is not None and _client_pid == pid and config is None:
+        return client
+    with _lock:
+        if _client is None or _client_pid != pid or config is not None:
+            if _client is not None and _client_pid == pid:
+                _client.close()
+            _client = Client(config or Config.from_env())
+            _client_pid = pid
+        return _client
+
+
+def reset_client() -> None:
+    """Close and forget the process-wide client (tests, reconfiguration)."""
+    global _client
+    with _lock:
+        if _client is not None and _client_pid == os.getpid():
+            _client.close()
+        _client = None
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    client = _client
+    if client is not None and _client_pid == os.getpid():
+        client.close()
+
+
+def _after_fork_in_child() -> None:
+    global _client, _lock
+    _lock = threading.Lock()
+    _client = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

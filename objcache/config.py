@@ -1,0 +1,232 @@
+"""Configuration: one typed object, from ``OBJCACHE_*`` environment variables or keywords.
+
+Every field carries its environment variable and help text in its metadata; the
+configuration reference in ``docs/configuration.md`` is generated from them
+(``python -m objcache.config``) and a test keeps it current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from objcache.backends.base import TierSpec
+from objcache.errors import ConfigError
+from objcache.urls import parse_tier_list
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "objcache"
+
+
+def _opt(env: str, help: str, default: Any = None, **kw: Any) -> Any:
+    if "default_factory" in kw:
+        return field(metadata={"env": env, "help": help}, **kw)
+    return field(default=default, metadata={"env": env, "help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything objcache can be told. Unset fields take the documented defaults."""
+
+    tiers: tuple[TierSpec, ...] = _opt(
+        "OBJCACHE_TIERS",
+        "Comma-separated remote tier URLs, nearest first: redis://, rediss://, unix://, "
+        "s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir. Per-tier options go in the "
+        "query: read_only=1, write_only=1, timeout_ms=, retries=, max_size=. Empty: a file:// "
+        "store under the user cache dir (the embedded default).",
+        default=(),
+    )
+    enable: bool = _opt(
+        "OBJCACHE_ENABLE",
+        "Route torch's remote caches through objcache in every process that imports torch, "
+        "even with OBJCACHE_TIERS unset (then the embedded default store is used).",
+        default=False,
+    )
+    local_dir: Path = _opt(
+        "OBJCACHE_LOCAL_DIR",
+        "The machine-local tier: verified entries, written through on every remote hit.",
+        default_factory=lambda: user_cache_dir() / "local",
+    )
+    local_max_bytes: int = _opt(
+        "OBJCACHE_LOCAL_MAX_BYTES",
+        "Evict least-recently-used local entries above this many bytes (0: no limit).",
+        default=10 << 30,
+    )
+    read_only: bool = _opt(
+        "OBJCACHE_READ_ONLY",
+        "Never write to remote tiers (fleet consumers of a CI-seeded store).",
+        default=False,
+    )
+    signing_keys: tuple[bytes, ...] = _opt(
+        "OBJCACHE_SIGNING_KEY",
+        "HMAC key (comma-separated list for rotation: the first signs, all verify). When set, "
+        "unsigned or wrongly signed entries are refused before anything is unpickled.",
+        default=(),
+        repr=False,
+    )
+    signing_key_file: Path | None = _opt(
+        "OBJCACHE_SIGNING_KEY_FILE",
+        "File holding signing keys, one per line (first signs). Preferred over the variable.",
+        default=None,
+    )
+    timeout_ms: int = _opt(
+        "OBJCACHE_TIMEOUT_MS",
+        "Deadline of one remote call, retries included. A tier that misses it is a miss.",
+        default=3000,
+    )
+    retries: int = _opt(
+        "OBJCACHE_RETRIES",
+        "Retries of a transient remote error (jittered exponential backoff, within the deadline).",
+        default=2,
+    )
+    breaker_failures: int = _opt(
+        "OBJCACHE_BREAKER_FAILURES",
+        "Consecutive failures after which a tier is skipped (circuit breaker opens).",
+        default=5,
+    )
+    breaker_cooldown_s: float = _opt(
+        "OBJCACHE_BREAKER_COOLDOWN_S",
+        "Seconds an open breaker waits before letting one probe call through.",
+        default=30.0,
+    )
+    flush_timeout_s: float = _opt(
+        "OBJCACHE_FLUSH_TIMEOUT_S",
+        "At exit, wait at most this long for pending remote writes.",
+        default=30.0,
+    )
+    write_behind_max_bytes: int = _opt(
+        "OBJCACHE_WRITE_BEHIND_MAX_BYTES",
+        "Bytes of pending remote writes kept in memory; beyond this writes are dropped "
+        "(counted, logged once).",
+        default=256 << 20,
+    )
+    compression_level: int = _opt(
+        "OBJCACHE_COMPRESSION_LEVEL", "zstd level for new entries.", default=3
+    )
+    job: str | None = _opt(
+        "OBJCACHE_JOB",
+        "Job name for prefetch manifests (default: derived from the entry script).",
+        default=None,
+    )
+    prefetch: bool = _opt(
+        "OBJCACHE_PREFETCH",
+        "At start-up, fetch the entries the last run of this job used into the local tier.",
+        default=True,
+    )
+    log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tiers, str):
+            object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
+        if isinstance(self.local_dir, str):
+            object.__setattr__(self, "local_dir", Path(self.local_dir))
+        for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        if not 1 <= self.compression_level <= 22:
+            raise ConfigError("compression_level must be in 1..22")
+
+    # --- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Read ``OBJCACHE_*`` variables; keyword overrides win. Errors name the variable."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            var = f.metadata["env"]
+            if var in environ and f.name not in overrides:
+                values[f.name] = _parse(f, environ[var], var)
+        values.update(overrides)
+        config = cls(**values)
+        if config.signing_key_file is not None:
+            config = dataclasses.replace(config, signing_keys=_read_keys(config.signing_key_file))
+        return config
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the zero-code path should activate: tiers configured or explicit enable."""
+        return self.enable or bool(self.tiers)
+
+    def effective_tiers(self) -> tuple[TierSpec, ...]:
+        """Configured remote tiers, or the embedded default file:// store."""
+        if self.tiers:
+            return self.tiers
+        return tuple(parse_tier_list(f"file://{user_cache_dir() / 'store'}"))
+
+
+def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
+    kind = str(f.type)
+    try:
+        if f.name == "tiers":
+            return tuple(parse_tier_list(raw, var))
+        if f.name == "signing_keys":
+            return tuple(k.strip().encode() for k in raw.split(",") if k.strip())
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low not in _TRUE + _FALSE:
+                raise ValueError(f"expected one of {'/'.join(_TRUE[:2] + _FALSE[:2])}")
+            return low in _TRUE
+        if kind == "int":
+            return int(raw.strip())
+        if kind == "float":
+            return float(raw.strip())
+        if "Path" in kind:
+            if not raw.strip():
+                return None if "None" in kind else Path(".")
+            return Path(raw).expanduser()
+        return raw or None if "None" in kind else raw
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r}: {exc}") from None
+
+
+def _read_keys(path: Path) -> tuple[bytes, ...]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(
+            f"OBJCACHE_SIGNING_KEY_FILE: cannot read {path}: {exc.strerror}"
+        ) from None
+    keys = tuple(line.strip().encode() for line in lines if line.strip())
+    if not keys:
+        raise ConfigError(f"OBJCACHE_SIGNING_KEY_FILE: {path} holds no key")
+    return keys
+
+
+def reference_markdown() -> str:
+    """The configuration reference, generated from the fields above."""
+    rows = ["| Variable | Python field | Default | Meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default) if f.default not in ((), None) else "unset"
+        else:
+            default = "`~/.cache/objcache/local`"
+        if f.name == "local_max_bytes":
+            default = "10 GiB"
+        elif f.name == "write_behind_max_bytes":
+            default = "256 MiB"
+        default = default if default.startswith("`") or default == "unset" else f"`{default}`"
+        rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {default} | {f.metadata['help']} |")
+    head = (
+        "# Configuration reference\n\n"
+        "Generated from `objcache.Config` by `python -m objcache.config`; do not edit by hand.\n"
+        "Every variable has a Python keyword of the same meaning: "
+        "`objcache.Config(tiers='s3://bucket/p', read_only=True)` or "
+        "`objcache.Config.from_env(read_only=True)`.\n\n"
+    )
+    return head + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

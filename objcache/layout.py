@@ -1,0 +1,79 @@
+"""Where an entry lives inside a store: ``v1/<env>/<kind>/<shard>/<key>`` (DESIGN section 4).
+
+The store's own prefix (the path of its URL) is prepended by the backend. ``<shard>`` is two
+hex chars of a hash of the key, spreading load over S3 partitions; user keys are
+percent-encoded so that any string (torch PGO keys contain job names) becomes one safe path
+segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+LAYOUT_VERSION = "v1"
+ENV_FILE = "ENV.json"
+
+#: Kinds objcache stores. Third-party callers may use others made of [a-z0-9-].
+KINDS = (
+    "fx-graph",
+    "aot-autograd",
+    "autotune",
+    "bundled-autotune",
+    "pgo",
+    "kernel",
+    "mega",
+    "manifest",
+    "triton",
+    "blob",
+)
+
+_SAFE = "-_.:=+@~"
+
+
+def shard(key: str) -> str:
+    return hashlib.blake2b(key.encode(), digest_size=1).hexdigest()
+
+
+def encode_key(key: str) -> str:
+    """One path segment that round-trips through :func:`decode_key`."""
+    seg = quote(key, safe=_SAFE)
+    # "." and ".." are not valid segments; quote() leaves them alone.
+    return seg if seg not in (".", "..") else seg.replace(".", "%2E")
+
+
+def decode_key(segment: str) -> str:
+    return unquote(segment)
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """The key space of one environment."""
+
+    env: str
+
+    @property
+    def root(self) -> str:
+        return f"{LAYOUT_VERSION}/{self.env}"
+
+    def object_key(self, kind: str, key: str) -> str:
+        if not kind or not all(c.isalnum() or c == "-" for c in kind):
+            raise ValueError(f"bad kind {kind!r}")
+        return f"{self.root}/{kind}/{shard(key)}/{encode_key(key)}"
+
+    def kind_prefix(self, kind: str) -> str:
+        return f"{self.root}/{kind}/"
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.root}/{ENV_FILE}"
+
+
+def parse_object_key(object_key: str) -> tuple[str, str, str] | None:
+    """``(env, kind, key)`` of an object key made by :meth:`Namespace.object_key`."""
+    parts = object_key.split("/")
+    if len(parts) != 5 or parts[0] != LAYOUT_VERSION:
+        return None
+    _, env, kind, _, seg = parts
+    return env, kind, decode_key(seg)

@@ -1,0 +1,111 @@
+"""Call policies, in one place: deadlines, retries and the circuit breaker.
+
+``call_with_policy`` runs one backend call under a hard deadline (``asyncio.timeout``),
+retrying transient errors with jittered exponential backoff (tenacity) while time remains.
+The breaker opens after N consecutive failures; while open, calls are skipped at no cost;
+after a cool-down one probe call is let through (half-open) and its outcome closes or
+re-opens the breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from objcache.errors import TransientBackendError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    timeout_s: float = 3.0
+    retries: int = 2
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 1.0
+
+
+class BreakerOpen(Exception):
+    """The tier is being skipped."""
+
+
+class CircuitBreaker:
+    """Consecutive-failure breaker with a half-open probe. Event-loop-thread only."""
+
+    def __init__(
+        self,
+        failures: int = 5,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.threshold = failures
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.cooldown_s:
+            return "half-open"
+        return "open"
+
+    def allow(self) -> bool:
+        """Whether a call may go through now (claims the probe slot when half-open)."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "half-open" and not self._probing:
+            self._probing = True
+            return True
+        return False
+
+    def success(self) -> None:
+        self._failures = 0
+        self._opened_at = None
+        self._probing = False
+
+    def failure(self) -> bool:
+        """Record a failure; returns True when this failure opened the breaker."""
+        self._failures += 1
+        was_probe, self._probing = self._probing, False
+        if was_probe or (self._opened_at is None and self._failures >= self.threshold):
+            self._opened_at = self._clock()
+            return not was_probe
+        return False
+
+
+async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
+    """Run ``fn`` with retries of transient errors, all within ``policy.timeout_s``.
+
+    Raises ``TimeoutError`` when the deadline passes, or the last error.
+    """
+
+    async def attempts() -> T:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.retries + 1),
+            wait=wait_random_exponential(
+                multiplier=policy.backoff_initial_s, max=policy.backoff_max_s
+            ),
+            retry=retry_if_exception_type((TransientBackendError, ConnectionError)),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await fn()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return await asyncio.wait_for(attempts(), policy.timeout_s if policy.timeout_s > 0 else None)

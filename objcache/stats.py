@@ -1,0 +1,127 @@
+"""Counters that explain every hit and miss, per tier (DESIGN section 6: loud failures).
+
+A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
+``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the
+deadline passed), ``breaker`` (tier skipped while its breaker is open), ``too_large``.
+Counters are only touched from the event loop thread, so plain ints suffice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("objcache")
+
+#: Upper bounds (ms) of the latency histogram buckets; the last bucket is open-ended.
+LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+    total: int = 0
+    sum_ms: float = 0.0
+
+    def observe(self, ms: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
+        self.total += 1
+        self.sum_ms += ms
+
+    def quantile(self, q: float) -> float | None:
+        """Upper bound of the bucket holding the q-quantile (None when empty)."""
+        if not self.total:
+            return None
+        rank, seen = q * self.total, 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank and c:
+                return LATENCY_BUCKETS_MS[i] if i < len(LATENCY_BUCKETS_MS) else float("inf")
+        return float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        p50, p99 = self.quantile(0.5), self.quantile(0.99)
+        return {
+            "count": self.total,
+            "mean_ms": round(self.sum_ms / self.total, 3) if self.total else None,
+            "p50_ms_le": p50,
+            "p99_ms_le": p99,
+        }
+
+
+@dataclass
+class TierStats:
+    name: str
+    hits: int = 0
+    misses: Counter[str] = field(default_factory=Counter)
+    puts: int = 0
+    put_skipped_exists: int = 0
+    put_errors: Counter[str] = field(default_factory=Counter)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    get_latency: Histogram = field(default_factory=Histogram)
+    put_latency: Histogram = field(default_factory=Histogram)
+    breaker_opened: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hits": self.hits,
+            "misses": dict(self.misses),
+            "puts": self.puts,
+            "put_skipped_exists": self.put_skipped_exists,
+            "put_errors": dict(self.put_errors),
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "get_latency": self.get_latency.as_dict(),
+            "put_latency": self.put_latency.as_dict(),
+            "breaker_opened": self.breaker_opened,
+        }
+
+
+@dataclass
+class CacheStats:
+    """Whole-cache counters: what the caller saw, independent of which tier served it."""
+
+    gets: Counter[str] = field(default_factory=Counter)  # by kind
+    hits: Counter[str] = field(default_factory=Counter)  # by kind
+    served_by: Counter[str] = field(default_factory=Counter)  # tier name -> hits served
+    write_through: int = 0
+    backfills: int = 0
+    write_behind_dropped: int = 0
+    write_behind_dropped_bytes: int = 0
+    write_behind_coalesced: int = 0
+    single_flight_shared: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gets": dict(self.gets),
+            "hits": dict(self.hits),
+            "served_by": dict(self.served_by),
+            "write_through": self.write_through,
+            "backfills": self.backfills,
+            "write_behind_dropped": self.write_behind_dropped,
+            "write_behind_dropped_bytes": self.write_behind_dropped_bytes,
+            "write_behind_coalesced": self.write_behind_coalesced,
+            "single_flight_shared": self.single_flight_shared,
+        }
+
+
+class LogOnce:
+    """Log each distinct (tier, reason) at WARNING once per process, then at DEBUG."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+
+    def warn(self, tier: str, reason: str, message: str) -> None:
+        if (tier, reason) in self._seen:
+            log.debug("%s", message)
+            return
+        self._seen.add((tier, reason))
+        log.warning("%s (further %s errors of this tier are logged at DEBUG)", message, reason)
+
+
+log_once = LogOnce()

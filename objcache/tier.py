@@ -1,0 +1,173 @@
+"""A tier: one backend plus its policy (deadline, retries, breaker, flags) and stats.
+
+This is the only place that turns backend errors into misses. Nothing here raises: every
+outcome is a value and a counter, and each distinct failure is logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from objcache.backends.base import Backend, PutMode
+from objcache.errors import BackendError, EntryTooLarge, PermanentBackendError
+from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
+from objcache.stats import TierStats, log_once
+from objcache.urls import flag
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TierFlags:
+    read_only: bool = False
+    write_only: bool = False
+    #: Largest entry this tier stores (0: no limit); bigger ones go to the next tier.
+    max_size: int = 0
+
+
+class Failed(Exception):
+    """Internal: the call failed for ``reason`` (already counted and logged)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class Tier:
+    def __init__(
+        self,
+        backend: Backend,
+        policy: RetryPolicy,
+        breaker: CircuitBreaker,
+        flags: TierFlags = TierFlags(),
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.breaker = breaker
+        self.flags = flags
+        self.stats = TierStats(backend.name)
+
+    @classmethod
+    def from_backend(
+        cls,
+        backend: Backend,
+        *,
+        timeout_ms: int,
+        retries: int,
+        breaker_failures: int,
+        breaker_cooldown_s: float,
+        read_only: bool = False,
+    ) -> Tier:
+        """Build a tier; per-tier URL options override the global defaults."""
+        opts = backend.spec.options
+        policy = RetryPolicy(
+            timeout_s=int(opts.get("timeout_ms", timeout_ms)) / 1000,
+            retries=int(opts.get("retries", retries)),
+        )
+        flags = TierFlags(
+            read_only=read_only or flag(backend.spec, "read_only"),
+            write_only=flag(backend.spec, "write_only"),
+            max_size=int(opts.get("max_size", 0)),
+        )
+        return cls(backend, policy, CircuitBreaker(breaker_failures, breaker_cooldown_s), flags)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def readable(self) -> bool:
+        return not self.flags.write_only
+
+    @property
+    def writable(self) -> bool:
+        return not self.flags.read_only
+
+    # --- calls -------------------------------------------------------------------------
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        if not self.breaker.allow():
+            raise Failed("breaker")
+        try:
+            result = await call_with_policy(fn, self.policy)
+        except (asyncio.TimeoutError, TimeoutError):
+            self._failed(op, "timeout", f"{self.name}: {op} exceeded {self.policy.timeout_s}s")
+            raise Failed("timeout") from None
+        except EntryTooLarge:
+            self.breaker.success()
+            raise Failed("too_large") from None
+        except PermanentBackendError as exc:
+            # A permanent error says the tier is misconfigured: count it against the breaker.
+            self._failed(op, "error", f"{op} failed: {exc}")
+            raise Failed("error") from None
+        except (BackendError, OSError) as exc:
+            self._failed(op, "error", f"{self.name}: {op} failed: {exc}")
+            raise Failed("error") from None
+        self.breaker.success()
+        return result
+
+    def _failed(self, op: str, reason: str, message: str) -> None:
+        if self.breaker.failure():
+            self.stats.breaker_opened += 1
+            log_once.warn(
+                self.name,
+                "breaker",
+                f"{self.name}: skipping this tier for {self.breaker.cooldown_s:.0f}s "
+                f"after {self.breaker.threshold} consecutive failures",
+            )
+        log_once.warn(self.name, f"{op}-{reason}", message)
+
+    async def get(self, key: str) -> tuple[bytes | None, str]:
+        """``(data, "")`` on a hit, ``(None, reason)`` on a miss of any kind."""
+        started = time.perf_counter()
+        try:
+            data = await self._call("get", lambda: self.backend.get(key))
+        except Failed as f:
+            self.stats.misses[f.reason] += 1
+            return None, f.reason
+        finally:
+            self.stats.get_latency.observe((time.perf_counter() - started) * 1000)
+        if data is None:
+            self.stats.misses["absent"] += 1
+            return None, "absent"
+        self.stats.bytes_read += len(data)
+        return data, ""
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        """Whether the bytes are now stored (an existing entry under CREATE counts)."""
+        if self.flags.max_size and len(data) > self.flags.max_size:
+            self.stats.put_errors["too_large"] += 1
+            return False
+        started = time.perf_counter()
+        try:
+            written = await self._call("put", lambda: self.backend.put(key, data, mode))
+        except Failed as f:
+            self.stats.put_errors[f.reason] += 1
+            return False
+        finally:
+            self.stats.put_latency.observe((time.perf_counter() - started) * 1000)
+        if written:
+            self.stats.puts += 1
+            self.stats.bytes_written += len(data)
+        else:
+            self.stats.put_skipped_exists += 1
+        return True
+
+    async def exists(self, key: str) -> bool | None:
+        """None when the tier could not answer."""
+        try:
+            return await self._call("exists", lambda: self.backend.exists(key))
+        except Failed:
+            return None
+
+    async def delete(self, key: str) -> bool | None:
+        try:
+            return await self._call("delete", lambda: self.backend.delete(key))
+        except Failed:
+            return None
+
+    def breaker_open(self) -> bool:
+        return self.breaker.state == "open"

@@ -1,0 +1,245 @@
+"""TieredCache: the read and write paths (DESIGN section 2), top to bottom.
+
+Read:  local tier -> (miss) every readable remote tier concurrently -> first valid hit in
+       priority order -> write through to local -> back-fill faster remote tiers.
+Write: encode -> local tier (awaited) -> write-behind to every writable remote tier.
+
+Entries are verified (digest, signature) before they are returned, written through or
+back-filled; a refused entry is a counted miss and, in the local tier, quarantined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from objcache.backends.base import PutMode
+from objcache.codec import Codec
+from objcache.errors import EntryError
+from objcache.layout import Namespace
+from objcache.singleflight import SingleFlight
+from objcache.stats import CacheStats, log_once
+from objcache.tier import Tier
+from objcache.writebehind import WriteBehind
+
+log = logging.getLogger("objcache")
+
+#: Entries at least this big are encoded/decoded in a worker thread, off the event loop.
+OFFLOAD_BYTES = 1 << 20
+#: How long a hit from a lower-priority tier waits for higher-priority tiers still running.
+PRIORITY_GRACE_S = 0.010
+
+
+class TieredCache:
+    def __init__(
+        self,
+        local: Tier | None,
+        remotes: Sequence[Tier],
+        codec: Codec,
+        namespace: Namespace,
+        *,
+        write_behind_max_bytes: int = 256 << 20,
+        read_only: bool = False,
+        env_fields: dict[str, str] | None = None,
+    ) -> None:
+        self.local = local
+        self.remotes = list(remotes)
+        self.codec = codec
+        self.namespace = namespace
+        self.read_only = read_only
+        self.stats = CacheStats()
+        self._flight: SingleFlight[tuple[bytes | None, str]] = SingleFlight()
+        self._writes = WriteBehind(self._write_remotes, self.stats, write_behind_max_bytes)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._env_fields = env_fields
+        self._env_written = False
+
+    @property
+    def tiers(self) -> list[Tier]:
+        return ([self.local] if self.local else []) + self.remotes
+
+    # --- read path ---------------------------------------------------------------------
+
+    async def get(self, kind: str, key: str) -> bytes | None:
+        """The verified payload stored under (kind, key), or None."""
+        self.stats.gets[kind] += 1
+        payload, _ = await self.get_object(self.namespace.object_key(kind, key))
+        if payload is not None:
+            self.stats.hits[kind] += 1
+        return payload
+
+    async def get_object(self, okey: str) -> tuple[bytes | None, str]:
+        """``(payload, tier name)`` for a full object key; concurrent callers share a fetch."""
+        result, shared = await self._flight.do(okey, lambda: self._fetch(okey))
+        if shared:
+            self.stats.single_flight_shared += 1
+        return result
+
+    def fetching(self, okey: str) -> bool:
+        return self._flight.pending(okey)
+
+    async def _fetch(self, okey: str) -> tuple[bytes | None, str]:
+        if self.local is not None:
+            entry, _ = await self.local.get(okey)
+            if entry is not None:
+                payload = await self._verify(self.local, okey, entry)
+                if payload is not None:
+                    self.local.stats.hits += 1
+                    self.stats.served_by[self.local.name] += 1
+                    return payload, self.local.name
+        hit = await self._race_remotes(okey)
+        if hit is None:
+            return None, ""
+        winner, entry, payload, absent_in = hit
+        self.stats.served_by[winner.name] += 1
+        if self.local is not None:
+            self._spawn(self._write_through(okey, entry))
+        if not self.read_only:
+            for tier in absent_in:
+                self.stats.backfills += 1
+                self._spawn(tier.put(okey, entry, PutMode.CREATE))
+        return payload, winner.name
+
+    async def _race_remotes(self, okey: str) -> tuple[Tier, bytes, bytes, list[Tier]] | None:
+        """Ask every readable remote tier at once; the first valid hit in priority order wins.
+
+        A hit from tier i is taken as soon as every tier before it has missed; while a
+        faster tier is still running, it waits at most PRIORITY_GRACE_S for it.
+        """
+        tiers = [t for t in self.remotes if t.readable and not t.breaker_open()]
+        if not tiers:
+            return None
+        tasks: dict[asyncio.Future[Any], int] = {
+            asyncio.ensure_future(self._get_verified(t, okey)): i for i, t in enumerate(tiers)
+        }
+        results: dict[int, tuple[bytes, bytes] | None] = {}
+        absent: set[int] = set()
+        best: int | None = None
+        pending: set[asyncio.Future[Any]] = set(tasks)
+        try:
+            while pending:
+                timeout = PRIORITY_GRACE_S if best is not None else None
+                done, pending = await asyncio.wait(
+                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:  # grace expired: the held hit wins
+                    break
+                for task in done:
+                    i = tasks[task]
+                    found, reason = task.result()
+                    results[i] = found
+                    if found is not None and (best is None or i < best):
+                        best = i
+                    if reason == "absent":
+                        absent.add(i)
+                if best is not None and all(j in results for j in range(best)):
+                    break
+        finally:
+            for task in pending:
+                task.cancel()
+        if best is None:
+            return None
+        entry, payload = results[best]  # type: ignore[misc]
+        return tiers[best], entry, payload, [tiers[i] for i in sorted(absent) if i < best]
+
+    async def _get_verified(self, tier: Tier, okey: str) -> tuple[tuple[bytes, bytes] | None, str]:
+        entry, reason = await tier.get(okey)
+        if entry is None:
+            return None, reason
+        payload = await self._verify(tier, okey, entry)
+        if payload is None:
+            return None, "refused"
+        tier.stats.hits += 1
+        return (entry, payload), ""
+
+    async def _verify(self, tier: Tier, okey: str, entry: bytes) -> bytes | None:
+        try:
+            if len(entry) >= OFFLOAD_BYTES:
+                return await asyncio.to_thread(self.codec.decode, entry)
+            return self.codec.decode(entry)
+        except EntryError as exc:
+            tier.stats.misses[exc.reason] += 1
+            log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
+            if tier is self.local:
+                quarantine = getattr(tier.backend, "quarantine", None)
+                if quarantine is not None:
+                    await quarantine(okey)
+            return None
+
+    async def _write_through(self, okey: str, entry: bytes) -> None:
+        assert self.local is not None
+        if await self.local.put(okey, entry, PutMode.OVERWRITE):
+            self.stats.write_through += 1
+
+    # --- write path --------------------------------------------------------------------
+
+    async def put(self, kind: str, key: str, payload: bytes) -> None:
+        await self.put_object(self.namespace.object_key(kind, key), payload)
+
+    async def put_object(self, okey: str, payload: bytes) -> None:
+        """Store locally now and remotely in the background. Never raises for tier errors."""
+        if len(payload) >= OFFLOAD_BYTES:
+            entry = await asyncio.to_thread(self.codec.encode, payload)
+        else:
+            entry = self.codec.encode(payload)
+        await self.put_entry(okey, entry)
+
+    async def put_entry(self, okey: str, entry: bytes) -> None:
+        """Store already-encoded bytes (push/pull paths move entries without re-encoding)."""
+        if self.local is not None:
+            await self.local.put(okey, entry, PutMode.OVERWRITE)
+        if not self.read_only and any(t.writable for t in self.remotes):
+            self._ensure_env_file()
+            self._writes.submit(okey, entry)
+
+    async def _write_remotes(self, okey: str, entry: bytes) -> None:
+        targets = [t for t in self.remotes if t.writable and not t.breaker_open()]
+        await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
+
+    def _ensure_env_file(self) -> None:
+        """Write ``v1/<env>/ENV.json`` once per process so humans can read a bucket."""
+        if self._env_written or self._env_fields is None:
+            return
+        self._env_written = True
+        body = json.dumps(self._env_fields, indent=1, sort_keys=True).encode()
+        self._writes.submit(self.namespace.env_file, body)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def flush(self, timeout: float = 30.0) -> int:
+        """Wait for write-through, back-fill and write-behind; returns writes left undone."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
+        return await self._writes.flush(max(0.0, deadline - loop.time()))
+
+    async def close(self, flush_timeout: float = 30.0) -> int:
+        left = await self.flush(flush_timeout)
+        if left:
+            await self._writes.abandon()
+        for tier in self.tiers:
+            try:
+                await tier.backend.close()
+            except Exception:
+                log.debug("closing %s failed", tier.name, exc_info=True)
+        return left
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.namespace.env,
+            "cache": self.stats.as_dict(),
+            "write_behind_pending": len(self._writes),
+            "tiers": [
+                {**t.stats.as_dict(), "breaker": t.breaker.state, "local": t is self.local}
+                for t in self.tiers
+            ],
+        }

@@ -1,0 +1,114 @@
+"""Write-behind: remote puts that never block the caller.
+
+Bounded in bytes; a second put of a pending key replaces the pending bytes (coalescing);
+a put that would exceed the bound is dropped, counted and logged once. ``flush`` waits for
+everything pending within a deadline and reports what it could not write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+from objcache.stats import CacheStats
+
+log = logging.getLogger("objcache")
+
+#: Writes one object key's bytes to every target tier.
+Writer = Callable[[str, bytes], Awaitable[None]]
+
+
+class WriteBehind:
+    def __init__(
+        self, writer: Writer, stats: CacheStats, max_bytes: int, concurrency: int = 8
+    ) -> None:
+        self._writer = writer
+        self._stats = stats
+        self.max_bytes = max_bytes
+        self._concurrency = concurrency
+        self._pending: OrderedDict[str, bytes] = OrderedDict()
+        self._pending_bytes = 0
+        self._active: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._warned_drop = False
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def __len__(self) -> int:
+        return len(self._pending) + len(self._active)
+
+    def submit(self, key: str, data: bytes) -> bool:
+        """Queue a write; False when it was dropped because the queue is full."""
+        old = self._pending.pop(key, None)
+        if old is not None:
+            self._pending_bytes -= len(old)
+            self._stats.write_behind_coalesced += 1
+        if self._pending_bytes + len(data) > self.max_bytes:
+            self._drop(len(data))
+            return False
+        self._pending[key] = data
+        self._pending_bytes += len(data)
+        self._idle.clear()
+        self._pump()
+        return True
+
+    def _drop(self, size: int) -> None:
+        self._stats.write_behind_dropped += 1
+        self._stats.write_behind_dropped_bytes += size
+        if not self._warned_drop:
+            self._warned_drop = True
+            log.warning(
+                "objcache: write-behind queue full (%d bytes pending, limit %d): dropping "
+                "remote writes; raise OBJCACHE_WRITE_BEHIND_MAX_BYTES or check tier health",
+                self._pending_bytes,
+                self.max_bytes,
+            )
+
+    def _pump(self) -> None:
+        while self._pending and len(self._active) < self._concurrency:
+            key, data = self._pending.popitem(last=False)
+            self._pending_bytes -= len(data)
+            task = asyncio.ensure_future(self._write(key, data))
+            self._active.add(task)
+            task.add_done_callback(self._finished)
+
+    async def _write(self, key: str, data: bytes) -> None:
+        try:
+            await self._writer(key, data)
+        except Exception:  # the writer counts its own failures; never lose the loop
+            log.debug("write-behind of %s failed", key, exc_info=True)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._active.discard(task)
+        self._pump()
+        if not self._pending and not self._active:
+            self._idle.set()
+
+    async def flush(self, timeout: float) -> int:
+        """Wait for every pending write; returns how many were left undone (0 = all done)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            left = len(self)
+            log.warning("objcache: %d remote writes still pending after %.1fs", left, timeout)
+            return left
+        return 0
+
+    async def abandon(self) -> int:
+        """Drop everything pending and cancel in-flight writes; returns how many."""
+        n = len(self)
+        for data in self._pending.values():
+            self._stats.write_behind_dropped += 1
+            self._stats.write_behind_dropped_bytes += len(data)
+        self._pending.clear()
+        self._pending_bytes = 0
+        for task in list(self._active):
+            task.cancel()
+        await asyncio.gather(*self._active, return_exceptions=True)
+        self._idle.set()
+        return n
