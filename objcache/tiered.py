@@ -30,7 +30,9 @@ log = logging.getLogger("objcache")
 #: Entries at least this big are encoded/decoded in a worker thread, off the event loop.
 OFFLOAD_BYTES = 1 << 20
 #: How long a hit from a lower-priority tier waits for higher-priority tiers still running.
-PRIORITY_GRACE_S = 0.010
+#: Entries under one key are interchangeable (verified, same environment), so a slow or
+#: hung near tier must not hold a far hit back for a whole deadline.
+PRIORITY_GRACE_S = 0.020
 
 
 class TieredCache:
@@ -44,6 +46,7 @@ class TieredCache:
         write_behind_max_bytes: int = 256 << 20,
         read_only: bool = False,
         env_fields: dict[str, str] | None = None,
+        priority_grace_s: float = PRIORITY_GRACE_S,
     ) -> None:
         self.local = local
         self.remotes = list(remotes)
@@ -56,6 +59,7 @@ class TieredCache:
         self._background: set[asyncio.Task[Any]] = set()
         self._env_fields = env_fields
         self._env_written = False
+        self.priority_grace_s = priority_grace_s
 
     @property
     def tiers(self) -> list[Tier]:
@@ -107,7 +111,7 @@ class TieredCache:
         """Ask every readable remote tier at once; the first valid hit in priority order wins.
 
         A hit from tier i is taken as soon as every tier before it has missed; while a
-        faster tier is still running, it waits at most PRIORITY_GRACE_S for it.
+        faster tier is still running, it waits at most ``priority_grace_s`` for it.
         """
         tiers = [t for t in self.remotes if t.readable and not t.breaker_open()]
         if not tiers:
@@ -121,7 +125,7 @@ class TieredCache:
         pending: set[asyncio.Future[Any]] = set(tasks)
         try:
             while pending:
-                timeout = PRIORITY_GRACE_S if best is not None else None
+                timeout = self.priority_grace_s if best is not None else None
                 done, pending = await asyncio.wait(
                     pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
