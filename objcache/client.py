@@ -8,6 +8,7 @@ returns a value: a failure is a miss, counted in ``stats()``, never an exception
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import logging
 import os
 import threading
@@ -21,6 +22,7 @@ from objcache.codec import Codec
 from objcache.config import Config
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
+from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.registry import create_backend
 from objcache.tier import Tier
 from objcache.tiered import TieredCache
@@ -78,6 +80,10 @@ class Client:
         self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S
         self.timeouts = 0
         self._closed = False
+        self.job = config.job or default_job_name()
+        self.prefetch_result: concurrent.futures.Future[dict[str, Any]] | None = None
+        if config.prefetch and any(t.readable for t in self.cache.remotes):
+            self.prefetch_result = self.bridge.submit(lambda: prefetch(self.cache, self.job))
 
     def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
         try:
@@ -119,8 +125,18 @@ class Client:
             return
         self._closed = True
         t = self.config.flush_timeout_s
+
+        async def finish() -> int:
+            if self.prefetch_result is not None and not self.prefetch_result.done():
+                self.prefetch_result.cancel()
+            try:
+                await record_run(self.cache, self.job)
+            except Exception:
+                log.debug("writing the run manifest failed", exc_info=True)
+            return await self.cache.close(t)
+
         try:
-            left = self.bridge.call(lambda: self.cache.close(t), t + 5)
+            left = self.bridge.call(finish, t + 5)
         except BridgeTimeout:
             left = -1
         if left:

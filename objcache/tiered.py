@@ -60,6 +60,10 @@ class TieredCache:
         self._env_fields = env_fields
         self._env_written = False
         self.priority_grace_s = priority_grace_s
+        #: Object keys this process read (hits) or wrote: the run's prefetch manifest.
+        self.recorded: set[str] = set()
+        #: Object keys the job's manifests listed at start-up.
+        self.prefetched: set[str] = set()
 
     @property
     def tiers(self) -> list[Tier]:
@@ -80,6 +84,8 @@ class TieredCache:
         result, shared = await self._flight.do(okey, lambda: self._fetch(okey))
         if shared:
             self.stats.single_flight_shared += 1
+        if result[0] is not None:
+            self.recorded.add(okey)
         return result
 
     def fetching(self, okey: str) -> bool:
@@ -193,6 +199,7 @@ class TieredCache:
 
     async def put_entry(self, okey: str, entry: bytes) -> None:
         """Store already-encoded bytes (push/pull paths move entries without re-encoding)."""
+        self.recorded.add(okey)
         if self.local is not None:
             await self.local.put(okey, entry, PutMode.OVERWRITE)
         if not self.read_only and any(t.writable for t in self.remotes):
