@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from objcache.backends.base import Backend, TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config import Config, user_cache_dir
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
@@ -144,15 +145,22 @@ class Client:
         _write_stats_file(self)
 
 
-def _write_stats_file(client: Client) -> None:
-    """Leave this process's stats where ``objcache stats`` finds them."""
-    target = os.environ.get("OBJCACHE_STATS_FILE")
-    if not target:
-        return
-    import json
+def default_stats_file() -> Path:
+    """Where a process leaves its stats at exit for ``objcache stats``."""
+    return Path(os.environ.get("OBJCACHE_STATS_FILE") or user_cache_dir() / "last-stats.json")
 
+
+def _write_stats_file(client: Client) -> None:
+    """Leave this process's stats where ``objcache stats`` finds them (if it did anything)."""
+    data = client.cache.stats_dict()
+    if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
+        return
+    target = default_stats_file()
     try:
-        Path(target).write_text(json.dumps(client.cache.stats_dict(), indent=1))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, target)
     except OSError:
         log.debug("cannot write stats file %s", target, exc_info=True)
 
