@@ -8,6 +8,8 @@ returns a value: a failure is a miss, counted in ``stats()``, never an exception
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -18,9 +20,10 @@ from typing import Any, TypeVar
 from objcache.backends.base import Backend, TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config import Config, user_cache_dir
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
+from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.registry import create_backend
 from objcache.tier import Tier
 from objcache.tiered import TieredCache
@@ -78,6 +81,10 @@ class Client:
         self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S
         self.timeouts = 0
         self._closed = False
+        self.job = config.job or default_job_name()
+        self.prefetch_result: concurrent.futures.Future[dict[str, Any]] | None = None
+        if config.prefetch and any(t.readable for t in self.cache.remotes):
+            self.prefetch_result = self.bridge.submit(lambda: prefetch(self.cache, self.job))
 
     def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
         try:
@@ -119,8 +126,18 @@ class Client:
             return
         self._closed = True
         t = self.config.flush_timeout_s
+
+        async def finish() -> int:
+            if self.prefetch_result is not None and not self.prefetch_result.done():
+                self.prefetch_result.cancel()
+            try:
+                await record_run(self.cache, self.job)
+            except Exception:
+                log.debug("writing the run manifest failed", exc_info=True)
+            return await self.cache.close(t)
+
         try:
-            left = self.bridge.call(lambda: self.cache.close(t), t + 5)
+            left = self.bridge.call(finish, t + 5)
         except BridgeTimeout:
             left = -1
         if left:
@@ -128,15 +145,22 @@ class Client:
         _write_stats_file(self)
 
 
-def _write_stats_file(client: Client) -> None:
-    """Leave this process's stats where ``objcache stats`` finds them."""
-    target = os.environ.get("OBJCACHE_STATS_FILE")
-    if not target:
-        return
-    import json
+def default_stats_file() -> Path:
+    """Where a process leaves its stats at exit for ``objcache stats``."""
+    return Path(os.environ.get("OBJCACHE_STATS_FILE") or user_cache_dir() / "last-stats.json")
 
+
+def _write_stats_file(client: Client) -> None:
+    """Leave this process's stats where ``objcache stats`` finds them (if it did anything)."""
+    data = client.cache.stats_dict()
+    if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
+        return
+    target = default_stats_file()
     try:
-        Path(target).write_text(json.dumps(client.cache.stats_dict(), indent=1))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, target)
     except OSError:
         log.debug("cannot write stats file %s", target, exc_info=True)
 

@@ -2,7 +2,7 @@
 
 Every field carries its environment variable and help text in its metadata; the
 configuration reference in ``docs/configuration.md`` is generated from them
-(``python -m objcache.config``) and a test keeps it current.
+(``python -m objcache.docgen``) and a test keeps it current.
 """
 
 from __future__ import annotations
@@ -220,13 +220,9 @@ def reference_markdown() -> str:
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {default} | {f.metadata['help']} |")
     head = (
         "# Configuration reference\n\n"
-        "Generated from `objcache.Config` by `python -m objcache.config`; do not edit by hand.\n"
+        "Generated from `objcache.Config` by `make docs`; do not edit by hand.\n"
         "Every variable has a Python keyword of the same meaning: "
         "`objcache.Config(tiers='s3://bucket/p', read_only=True)` or "
         "`objcache.Config.from_env(read_only=True)`.\n\n"
     )
     return head + "\n".join(rows) + "\n"
-
-
-if __name__ == "__main__":
-    print(reference_markdown(), end="")

@@ -30,7 +30,9 @@ log = logging.getLogger("objcache")
 #: Entries at least this big are encoded/decoded in a worker thread, off the event loop.
 OFFLOAD_BYTES = 1 << 20
 #: How long a hit from a lower-priority tier waits for higher-priority tiers still running.
-PRIORITY_GRACE_S = 0.010
+#: Entries under one key are interchangeable (verified, same environment), so a slow or
+#: hung near tier must not hold a far hit back for a whole deadline.
+PRIORITY_GRACE_S = 0.020
 
 
 class TieredCache:
@@ -44,6 +46,7 @@ class TieredCache:
         write_behind_max_bytes: int = 256 << 20,
         read_only: bool = False,
         env_fields: dict[str, str] | None = None,
+        priority_grace_s: float = PRIORITY_GRACE_S,
     ) -> None:
         self.local = local
         self.remotes = list(remotes)
@@ -56,6 +59,11 @@ class TieredCache:
         self._background: set[asyncio.Task[Any]] = set()
         self._env_fields = env_fields
         self._env_written = False
+        self.priority_grace_s = priority_grace_s
+        #: Object keys this process read (hits) or wrote: the run's prefetch manifest.
+        self.recorded: set[str] = set()
+        #: Object keys the job's manifests listed at start-up.
+        self.prefetched: set[str] = set()
 
     @property
     def tiers(self) -> list[Tier]:
@@ -76,6 +84,8 @@ class TieredCache:
         result, shared = await self._flight.do(okey, lambda: self._fetch(okey))
         if shared:
             self.stats.single_flight_shared += 1
+        if result[0] is not None:
+            self.recorded.add(okey)
         return result
 
     def fetching(self, okey: str) -> bool:
@@ -107,7 +117,7 @@ class TieredCache:
         """Ask every readable remote tier at once; the first valid hit in priority order wins.
 
         A hit from tier i is taken as soon as every tier before it has missed; while a
-        faster tier is still running, it waits at most PRIORITY_GRACE_S for it.
+        faster tier is still running, it waits at most ``priority_grace_s`` for it.
         """
         tiers = [t for t in self.remotes if t.readable and not t.breaker_open()]
         if not tiers:
@@ -121,7 +131,7 @@ class TieredCache:
         pending: set[asyncio.Future[Any]] = set(tasks)
         try:
             while pending:
-                timeout = PRIORITY_GRACE_S if best is not None else None
+                timeout = self.priority_grace_s if best is not None else None
                 done, pending = await asyncio.wait(
                     pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -189,6 +199,7 @@ class TieredCache:
 
     async def put_entry(self, okey: str, entry: bytes) -> None:
         """Store already-encoded bytes (push/pull paths move entries without re-encoding)."""
+        self.recorded.add(okey)
         if self.local is not None:
             await self.local.put(okey, entry, PutMode.OVERWRITE)
         if not self.read_only and any(t.writable for t in self.remotes):

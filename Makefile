@@ -1,0 +1,42 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Both install what they need.
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+
+.PHONY: demo test lint typecheck fuzz bench docs clean venv system-deps
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Reinstall only when pyproject.toml or constraints.txt change.
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+demo: venv
+	$(BIN)/objcache demo
+
+lint: venv
+	$(BIN)/ruff check objcache backends tests bench
+	$(BIN)/ruff format --check objcache backends tests bench
+	$(BIN)/mypy --strict objcache
+
+test: venv system-deps lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+fuzz: venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-profile=fuzz
+
+docs: venv
+	$(BIN)/python -m objcache.docgen > docs/configuration.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

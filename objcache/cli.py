@@ -1,0 +1,509 @@
+"""The ``objcache`` command line.
+
+Exit codes: 0 success; 1 the command ran and found problems (a failing tier, bad entries,
+entries that could not be copied); 2 bad usage or configuration (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from objcache.backends.base import Backend, TierSpec
+from objcache.codec import Codec
+from objcache.config import Config
+from objcache.errors import ConfigError, ObjcacheError
+from objcache.fingerprint import env_id, fingerprint
+from objcache.registry import create_backend
+from objcache.urls import parse_tier_list
+
+T = TypeVar("T")
+app = typer.Typer(
+    help="objcache: tiered remote cache for torch.compile artifacts.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+mega_app = typer.Typer(help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).")
+app.add_typer(mega_app, name="mega")
+out = Console()
+err = Console(stderr=True)
+
+TierOpt = Annotated[
+    str | None,
+    typer.Option("--tier", help="Tier URL to act on (default: the configured tiers)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing.")]
+
+
+class UserError(Exception):
+    """Reported as one line, exit code 2."""
+
+
+def _config() -> Config:
+    return Config.from_env()
+
+
+def _codec(config: Config) -> Codec:
+    return Codec(level=config.compression_level, signing_keys=config.signing_keys)
+
+
+def _tiers(config: Config, tier: str | None) -> list[TierSpec]:
+    return parse_tier_list(tier, "--tier") if tier else list(config.effective_tiers())
+
+
+def _local_spec(config: Config) -> TierSpec:
+    return TierSpec(f"disk://{config.local_dir}", "disk", "", str(config.local_dir), {})
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _progress(total: int, what: str) -> tuple[Progress, Any]:
+    bar = Progress(
+        TextColumn(f"[bold]{what}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal and not os.environ.get("OBJCACHE_PROGRESS"),
+    )
+    task = bar.add_task(what, total=total)
+    return bar, lambda n: bar.update(task, completed=n)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+async def _closing(backends: list[Backend], coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await coro
+    finally:
+        for b in backends:
+            await b.close()
+
+
+# --- doctor ------------------------------------------------------------------------------
+
+
+@app.command()
+def doctor(tier: TierOpt = None) -> None:
+    """Check that every tier can be read, written in create mode and deleted from."""
+    from objcache import ops
+
+    config = _config()
+    specs = [_local_spec(config), *_tiers(config, tier)]
+    codec = _codec(config)
+    out.print(
+        f"environment [bold]{env_id()}[/]: "
+        + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
+    )
+    table = Table("tier", "result", "create ms", "read ms", "delete ms", "detail")
+    failed = 0
+
+    async def check(spec: TierSpec) -> ops.ProbeResult:
+        backend = create_backend(spec)
+        write = not (config.read_only or spec.options.get("read_only") in ("1", "true"))
+        try:
+            return await asyncio.wait_for(
+                ops.probe(backend, codec, write=write), config.timeout_ms / 1000 * 3
+            )
+        except (asyncio.TimeoutError, TimeoutError):
+            return ops.ProbeResult(False, error=f"no answer within {config.timeout_ms * 3} ms")
+        finally:
+            await backend.close()
+
+    async def check_all() -> list[ops.ProbeResult]:
+        return list(await asyncio.gather(*(check(s) for s in specs)))
+
+    for spec, result in zip(specs, _run(check_all()), strict=True):
+        failed += not result.ok
+        steps = [
+            f"{result.steps[s]:.1f}" if s in result.steps else "-"
+            for s in ("create", "read", "delete")
+        ]
+        table.add_row(
+            spec.display,
+            "[green]ok[/]" if result.ok else "[red]FAILED[/]",
+            *steps,
+            result.error or ("read-only" if "create" not in result.steps else ""),
+        )
+    out.print(table)
+    raise typer.Exit(1 if failed else 0)
+
+
+# --- stats -------------------------------------------------------------------------------
+
+
+def stats_file() -> Path:
+    from objcache.client import default_stats_file
+
+    return default_stats_file()
+
+
+@app.command()
+def stats(
+    as_json: JsonOpt = False,
+    file: Annotated[Path | None, typer.Option(help="Stats file (default: last run's).")] = None,
+) -> None:
+    """Hits, misses by reason, bytes and latency per tier of the last objcache process."""
+    path = file or stats_file()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no stats at {path}: run something with objcache enabled first") from None
+    except ValueError:
+        raise UserError(f"{path} is not an objcache stats file") from None
+    if as_json:
+        out.print_json(data=data)
+        return
+    cache = data.get("cache", {})
+    out.print(f"environment {data.get('env')}  gets {cache.get('gets')}  hits {cache.get('hits')}")
+    out.print(
+        f"write-through {cache.get('write_through')}  back-fills {cache.get('backfills')}  "
+        f"write-behind dropped {cache.get('write_behind_dropped')}"
+    )
+    table = Table(
+        "tier",
+        "hits",
+        "misses by reason",
+        "puts",
+        "put errors",
+        "read",
+        "written",
+        "get p50/p99 ms",
+        "breaker",
+    )
+    for t in data.get("tiers", []):
+        lat = t.get("get_latency", {})
+        table.add_row(
+            t["name"],
+            str(t["hits"]),
+            ", ".join(f"{k}={v}" for k, v in t["misses"].items()) or "-",
+            str(t["puts"]),
+            ", ".join(f"{k}={v}" for k, v in t["put_errors"].items()) or "-",
+            _size(t["bytes_read"]),
+            _size(t["bytes_written"]),
+            f"≤{lat.get('p50_ms_le')}/≤{lat.get('p99_ms_le')}",
+            t.get("breaker", ""),
+        )
+    out.print(table)
+
+
+# --- ls ----------------------------------------------------------------------------------
+
+
+@app.command()
+def ls(
+    tier: TierOpt = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (fx-graph, pgo, ...).")] = None,
+    env: Annotated[str | None, typer.Option(help="Environment id (default: this one).")] = None,
+    all_envs: Annotated[bool, typer.Option("--all-envs", help="Every environment.")] = False,
+    envs: Annotated[bool, typer.Option("--envs", help="List environments, not entries.")] = False,
+    older_than: Annotated[float | None, typer.Option(help="Only entries older than DAYS.")] = None,
+    min_size: Annotated[int, typer.Option(help="Only entries of at least BYTES.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """List entries (or environments) in a tier."""
+    from objcache import ops
+
+    config = _config()
+    spec = _tiers(config, tier)[0]
+    backend = create_backend(spec)
+    if envs:
+        found = _run(_closing([backend], ops.environments(backend)))
+        if as_json:
+            out.print_json(data=found)
+            return
+        table = Table("env", "entries", "bytes", "torch", "cpu_isa", "gpu", "this machine")
+        for eid, info in sorted(found.items()):
+            f = info["fields"]
+            table.add_row(
+                eid,
+                str(info["entries"]),
+                _size(info["bytes"]),
+                str(f.get("torch", "?")),
+                str(f.get("cpu_isa", "?")),
+                str(f.get("gpu", "?")),
+                "yes" if eid == env_id() else "",
+            )
+        out.print(table)
+        return
+    wanted_env = None if all_envs else (env or env_id())
+
+    async def collect() -> list[ops.Entry]:
+        return [
+            e
+            async for e in ops.entries(backend, env=wanted_env, kind=kind)
+            if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
+        ]
+
+    rows = _run(_closing([backend], collect()))
+    if as_json:
+        out.print_json(
+            data=[
+                {
+                    "env": e.env,
+                    "kind": e.kind,
+                    "key": e.key,
+                    "size": e.info.size,
+                    "mtime": e.info.mtime,
+                }
+                for e in rows
+            ]
+        )
+        return
+    table = Table("env", "kind", "key", "size", "age (days)")
+    for e in sorted(rows, key=lambda e: (e.kind, e.key)):
+        table.add_row(e.env, e.kind, e.key, _size(e.info.size), f"{e.age_days:.1f}")
+    out.print(table)
+    out.print(f"{len(rows)} entries, {_size(sum(e.info.size for e in rows))}")
+
+
+# --- push / pull -------------------------------------------------------------------------
+
+
+def _copy(
+    source: Backend, targets: list[Backend], env: str | None, what: str, config: Config
+) -> None:
+    from objcache import ops
+
+    async def run() -> ops.CopyReport:
+        keys = [e.info.key async for e in ops.entries(source, env=env)]
+        if env:
+            keys.append(f"v1/{env}/ENV.json")
+        bar, advance = _progress(len(keys), what)
+        with bar:
+            return await ops.copy(source, targets, keys, _codec(config), advance)
+
+    report = _run(_closing([source, *targets], run()))
+    out.print(
+        f"{what}: {report.copied} copied ({_size(report.bytes)}), {report.existed} already there, "
+        f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
+    )
+    for line in report.errors[:10]:
+        err.print(f"  {line}")
+    raise typer.Exit(1 if report.failed or report.refused else 0)
+
+
+@app.command()
+def push(
+    tier: TierOpt = None,
+    source: Annotated[
+        Path | None, typer.Option(help="objcache local dir to push (default: OBJCACHE_LOCAL_DIR).")
+    ] = None,
+    inductor_dir: Annotated[
+        Path | None, typer.Option(help="A TORCHINDUCTOR_CACHE_DIR to import first.")
+    ] = None,
+    bundle: Annotated[
+        list[Path] | None, typer.Option(help="Mega-Cache bundle file(s) to import first.")
+    ] = None,
+    all_envs: Annotated[bool, typer.Option("--all-envs", help="Push every environment.")] = False,
+) -> None:
+    """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
+    config = _config()
+    if inductor_dir is not None or bundle:
+        from objcache.integrations.torch import seed
+
+        imported = seed.import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
+        out.print(f"imported {imported} artifacts into the local tier")
+    src_dir = source or config.local_dir
+    if not src_dir.is_dir():
+        raise UserError(f"nothing to push: {src_dir} does not exist")
+    src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
+    targets = [create_backend(s) for s in _tiers(config, tier)]
+    _copy(src, targets, None if all_envs else env_id(), "push", config)
+
+
+@app.command()
+def pull(
+    tier: TierOpt = None,
+    job: Annotated[str | None, typer.Option(help="Fetch what this job's manifests list.")] = None,
+    all_envs: Annotated[
+        bool, typer.Option("--all-envs", help="Every environment, not only this one.")
+    ] = False,
+) -> None:
+    """Warm the local tier: by job manifest, or everything for this environment."""
+    config = _config()
+    if job:
+        from objcache import manifest
+        from objcache.client import build_cache
+
+        cache = build_cache(config if not tier else Config.from_env(tiers=tier))
+
+        async def run() -> dict[str, Any]:
+            try:
+                return await manifest.prefetch(cache, job)
+            finally:
+                await cache.close(config.flush_timeout_s)
+
+        result = _run(run())
+        out.print(
+            f"job {job}: {result['manifests']} manifests, {result['keys']} entries, "
+            f"{result['fetched']} fetched, {result['already_local']} already local "
+            f"in {result['seconds']} s"
+        )
+        raise typer.Exit(0 if result["manifests"] else 1)
+    spec = _tiers(config, tier)[0]
+    local = create_backend(_local_spec(config))
+    _copy(create_backend(spec), [local], None if all_envs else env_id(), "pull", config)
+
+
+app.command("warm", help="Same as pull.")(pull)
+
+
+# --- gc / verify -------------------------------------------------------------------------
+
+
+@app.command()
+def gc(
+    tier: TierOpt = None,
+    keep_env: Annotated[
+        list[str] | None,
+        typer.Option(help="Delete every env but these (repeat). 'current' = this one."),
+    ] = None,
+    older_than: Annotated[
+        float | None, typer.Option(help="Delete entries older than DAYS.")
+    ] = None,
+    max_bytes: Annotated[
+        int | None, typer.Option(help="Then delete oldest until under BYTES.")
+    ] = None,
+    dry_run: DryRun = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete whole environments, old entries, or down to a size."""
+    from objcache import ops
+
+    if keep_env is None and older_than is None and max_bytes is None:
+        raise UserError("gc needs --keep-env, --older-than or --max-bytes")
+    config = _config()
+    spec = _tiers(config, tier)[0]
+    backend = create_backend(spec)
+    keep = None if keep_env is None else {env_id() if e == "current" else e for e in keep_env}
+    plan = _run(
+        ops.plan_gc(backend, keep_envs=keep, older_than_days=older_than, max_bytes=max_bytes)
+    )
+    out.print(
+        f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
+        f"{_size(plan.keep_bytes)} kept"
+    )
+    if dry_run or not plan.delete:
+        for e in plan.delete[:20]:
+            out.print(f"  would delete {e.info.key}")
+        _run(backend.close())
+        return
+    if not yes and not typer.confirm("delete them?"):
+        _run(backend.close())
+        raise typer.Exit(1)
+    bar, advance = _progress(len(plan.delete), "gc")
+
+    async def run() -> int:
+        with bar:
+            return await ops.run_gc(backend, plan, advance)
+
+    deleted = _run(_closing([backend], run()))
+    out.print(f"deleted {deleted} entries")
+
+
+@app.command()
+def verify(
+    tier: TierOpt = None,
+    all_envs: Annotated[bool, typer.Option("--all-envs")] = False,
+    delete: Annotated[bool, typer.Option("--delete", help="Delete bad entries.")] = False,
+) -> None:
+    """Check every entry's digest (and signature, when signing keys are set)."""
+    from objcache import ops
+
+    config = _config()
+    spec = _tiers(config, tier)[0] if tier else _local_spec(config)
+    backend = create_backend(spec)
+    bar, advance = _progress(0, "verify")
+
+    async def run() -> ops.VerifyReport:
+        with bar:
+            return await ops.verify(
+                backend,
+                _codec(config),
+                env=None if all_envs else env_id(),
+                delete=delete,
+                progress=advance,
+            )
+
+    report = _run(_closing([backend], run()))
+    for key, reason in report.bad:
+        out.print(f"[red]{reason}[/] {key}")
+    out.print(
+        f"{spec.display}: {report.checked} checked, {len(report.bad)} bad, {report.deleted} deleted"
+    )
+    raise typer.Exit(1 if report.bad and not delete else 0)
+
+
+# --- mega / demo -------------------------------------------------------------------------
+
+
+@mega_app.command("save")
+def mega_save(name: str) -> None:
+    """Save this process's Mega-Cache artifacts as bundle NAME (run after compiling)."""
+    from objcache import mega
+
+    out.print(mega.save(name))
+
+
+@mega_app.command("load")
+def mega_load(name: str) -> None:
+    """Load bundle NAME into torch's caches (refused when the environment differs)."""
+    from objcache import mega
+
+    out.print(mega.load(name))
+
+
+@mega_app.command("ls")
+def mega_ls() -> None:
+    """List the bundles stored for this environment."""
+    from objcache import mega
+
+    for line in mega.list_bundles():
+        out.print(line)
+
+
+@app.command()
+def demo() -> None:
+    """Compile a small model cold, then on a "new machine", then warm; print the table."""
+    from objcache.demo import main as demo_main
+
+    raise typer.Exit(demo_main())
+
+
+def main() -> None:
+    try:
+        app()
+    except (UserError, ConfigError) as exc:
+        err.print(f"[red]objcache: error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except ObjcacheError as exc:
+        err.print(f"[red]objcache: error:[/] {exc}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

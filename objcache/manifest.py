@@ -1,0 +1,192 @@
+"""Prefetch manifests: which entries a job used, so its next run fetches them up front.
+
+Each run that used entries not already listed writes its own manifest, in CREATE mode under a
+unique name (``<job>/run-<time>-<random>``), so ranks and hosts never overwrite each other.
+Readers take the union of all manifests of the job. When a job has many run manifests, a
+reader compacts them: it writes one merged manifest (named by its content hash, so two
+compactors of the same set write the same object) and only then deletes the runs it merged;
+a run written meanwhile is not deleted, so no update is ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from objcache.errors import EntryError
+from objcache.layout import parse_object_key
+from objcache.tier import Tier
+from objcache.tiered import TieredCache
+
+KIND = "manifest"
+FORMAT = 1
+#: Compact when a job has more run manifests than this.
+COMPACT_AFTER = 8
+#: Entries fetched at once by a prefetch.
+PREFETCH_CONCURRENCY = 32
+#: Largest manifest accepted (keys), whatever the bytes say.
+MAX_KEYS = 200_000
+
+
+class ManifestError(ValueError):
+    """Bytes that are not a manifest."""
+
+
+def default_job_name(argv: list[str] | None = None) -> str:
+    """The entry script's name (``train`` for ``python train.py``)."""
+    argv = sys.argv if argv is None else argv
+    script = argv[0] if argv and argv[0] else "python"
+    if script in ("-c", "-m", "python"):
+        return "interactive"
+    return Path(script).stem or "python"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    job: str
+    keys: frozenset[str]
+    created: float
+
+    def to_bytes(self) -> bytes:
+        body: dict[str, Any] = {"format": FORMAT, "job": self.job, "created": self.created}
+        body["keys"] = sorted(self.keys)
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Strict parse: anything unexpected is a ManifestError, never another exception."""
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"not JSON: {exc}") from None
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ManifestError("not a manifest of format 1")
+        job, keys, created = body.get("job"), body.get("keys"), body.get("created")
+        if not isinstance(job, str) or not isinstance(keys, list) or len(keys) > MAX_KEYS:
+            raise ManifestError("bad job or keys")
+        if not isinstance(created, (int, float)) or isinstance(created, bool):
+            raise ManifestError("bad created time")
+        if not all(isinstance(k, str) and parse_object_key(k) for k in keys):
+            raise ManifestError("a key is not an objcache object key")
+        return cls(job, frozenset(keys), float(created))
+
+
+def _run_name(job: str) -> str:
+    return f"{job}/run-{int(time.time())}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _merged_name(job: str, keys: Iterable[str]) -> str:
+    digest = hashlib.blake2b("\n".join(sorted(keys)).encode(), digest_size=8).hexdigest()
+    return f"{job}/merged-{digest}"
+
+
+async def list_manifests(cache: TieredCache, job: str) -> list[str]:
+    """Names of the job's manifests, from the first remote tier that can list them."""
+    prefix = cache.namespace.kind_prefix(KIND)
+
+    async def collect(tier: Tier) -> list[str]:
+        names: list[str] = []
+        async for info in tier.backend.list(prefix):
+            parsed = parse_object_key(info.key)
+            if parsed and parsed[2].startswith(f"{job}/"):
+                names.append(parsed[2])
+        return names
+
+    for tier in [t for t in cache.remotes if t.readable and not t.breaker_open()]:
+        try:
+            return await asyncio.wait_for(collect(tier), tier.policy.timeout_s * 4)
+        except Exception:  # an unlistable tier: try the next one
+            continue
+    return []
+
+
+async def read_job(cache: TieredCache, job: str) -> tuple[set[str], list[str]]:
+    """The union of keys in every manifest of ``job``, and the manifest names read."""
+    names = await list_manifests(cache, job)
+    keys: set[str] = set()
+    read: list[str] = []
+    payloads = await asyncio.gather(
+        *(cache.get_object(cache.namespace.object_key(KIND, n)) for n in names)
+    )
+    for name, (payload, _) in zip(names, payloads, strict=True):
+        if payload is None:
+            continue
+        try:
+            keys |= Manifest.from_bytes(payload).keys
+        except (ManifestError, EntryError):
+            continue
+        read.append(name)
+    return keys, read
+
+
+async def write_run(cache: TieredCache, job: str, keys: Iterable[str]) -> str:
+    name = _run_name(job)
+    manifest = Manifest(job, frozenset(keys), time.time())
+    await cache.put(KIND, name, manifest.to_bytes())
+    return name
+
+
+async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str]) -> bool:
+    """Replace ``merged`` run manifests by one; returns whether anything was compacted."""
+    runs = [n for n in merged if "/run-" in n]
+    if len(runs) <= COMPACT_AFTER or cache.read_only:
+        return False
+    name = _merged_name(job, keys)
+    await cache.put(KIND, name, Manifest(job, frozenset(keys), time.time()).to_bytes())
+    if await cache.flush(30):
+        return False  # the merged manifest is not safely stored: keep the runs
+    for run in runs:
+        okey = cache.namespace.object_key(KIND, run)
+        await asyncio.gather(*(t.delete(okey) for t in cache.tiers if t.writable))
+    return True
+
+
+async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
+    """Fetch every entry the job's earlier runs used into the local tier (bounded).
+
+    Lookups that arrive meanwhile join the in-flight fetch of their key (single-flight).
+    """
+    started = time.perf_counter()
+    keys, names = await read_job(cache, job)
+    cache.prefetched = set(keys)
+    missing = [k for k in keys if cache.local is None or not await _local_has(cache, k)]
+    limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
+
+    async def fetch(okey: str) -> bool:
+        async with limit:
+            payload, _ = await cache.get_object(okey)
+            return payload is not None
+
+    fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    compacted = await compact(cache, job, keys, names)
+    return {
+        "job": job,
+        "manifests": len(names),
+        "keys": len(keys),
+        "fetched": fetched,
+        "already_local": len(keys) - len(missing),
+        "compacted": compacted,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+async def _local_has(cache: TieredCache, okey: str) -> bool:
+    assert cache.local is not None
+    return bool(await cache.local.exists(okey))
+
+
+async def record_run(cache: TieredCache, job: str) -> str | None:
+    """Write this run's manifest if it used entries the job's manifests did not list."""
+    used = {k for k in cache.recorded if parse_object_key(k) and f"/{KIND}/" not in k}
+    if not used or used <= cache.prefetched or cache.read_only:
+        return None
+    return await write_run(cache, job, used | cache.prefetched)

@@ -1,0 +1,260 @@
+"""Store maintenance, independent of any UI: listing, copying, verifying, collecting garbage.
+
+The CLI (:mod:`objcache.cli`) renders these; each takes an optional ``progress`` callback
+called with the number of objects done so far, so long work can show a bar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from objcache.backends.base import Backend, ObjectInfo, PutMode
+from objcache.codec import Codec
+from objcache.errors import BackendError, EntryError
+from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
+
+Progress = Callable[[int], None]
+CONCURRENCY = 64
+
+
+@dataclass(frozen=True)
+class Entry:
+    info: ObjectInfo
+    env: str
+    kind: str
+    key: str
+
+    @property
+    def age_days(self) -> float:
+        return (time.time() - self.info.mtime) / 86400
+
+
+async def entries(
+    backend: Backend,
+    *,
+    env: str | None = None,
+    kind: str | None = None,
+) -> AsyncIterator[Entry]:
+    """Every objcache entry in ``backend``, optionally of one env and kind."""
+    prefix = f"{LAYOUT_VERSION}/"
+    if env:
+        prefix += f"{env}/"
+        if kind:
+            prefix += f"{kind}/"
+    async for info in backend.list(prefix):
+        parsed = parse_object_key(info.key)
+        if parsed is None:
+            continue
+        e_env, e_kind, e_key = parsed
+        if kind and e_kind != kind:
+            continue
+        yield Entry(info, e_env, e_kind, e_key)
+
+
+async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
+    """env id -> {"fields": ENV.json content or {}, "entries": n, "bytes": n}."""
+    envs: dict[str, dict[str, Any]] = {}
+    async for info in backend.list(f"{LAYOUT_VERSION}/"):
+        parts = info.key.split("/")
+        if len(parts) < 3:
+            continue
+        env = envs.setdefault(parts[1], {"fields": {}, "entries": 0, "bytes": 0})
+        if parts[2] == ENV_FILE:
+            continue
+        env["entries"] += 1
+        env["bytes"] += info.size
+    for env_id, env in envs.items():
+        raw = await backend.get(f"{LAYOUT_VERSION}/{env_id}/{ENV_FILE}")
+        if raw:
+            try:
+                env["fields"] = json.loads(raw)
+            except ValueError:
+                env["fields"] = {"error": "unreadable ENV.json"}
+    return envs
+
+
+async def _bounded(
+    items: list[Any], fn: Callable[[Any], Any], progress: Progress | None
+) -> list[Any]:
+    limit = asyncio.Semaphore(CONCURRENCY)
+    done = 0
+
+    async def one(item: Any) -> Any:
+        nonlocal done
+        async with limit:
+            result = await fn(item)
+        done += 1
+        if progress:
+            progress(done)
+        return result
+
+    return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+@dataclass
+class CopyReport:
+    copied: int = 0
+    existed: int = 0
+    refused: int = 0
+    failed: int = 0
+    bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def copy(
+    source: Backend,
+    targets: list[Backend],
+    keys: list[str],
+    codec: Codec,
+    progress: Progress | None = None,
+) -> CopyReport:
+    """Copy entries, verifying each before writing it (a bad entry is never propagated)."""
+    report = CopyReport()
+
+    async def one(okey: str) -> None:
+        try:
+            data = await source.get(okey)
+            if data is None:
+                return
+            if not okey.endswith(ENV_FILE):
+                codec.decode(data)
+            results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
+        except EntryError as exc:
+            report.refused += 1
+            report.errors.append(f"{okey}: {exc}")
+            return
+        except (BackendError, OSError) as exc:
+            report.failed += 1
+            report.errors.append(f"{okey}: {exc}")
+            return
+        if any(results):
+            report.copied += 1
+            report.bytes += len(data)
+        else:
+            report.existed += 1
+
+    await _bounded(keys, one, progress)
+    return report
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    deleted: int = 0
+
+
+async def verify(
+    backend: Backend,
+    codec: Codec,
+    *,
+    env: str | None = None,
+    delete: bool = False,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Check every entry's digest (and signature when keys are configured)."""
+    report = VerifyReport()
+    found = [e async for e in entries(backend, env=env)]
+
+    async def one(entry: Entry) -> None:
+        data = await backend.get(entry.info.key)
+        if data is None:
+            return
+        report.checked += 1
+        try:
+            codec.decode(data)
+        except EntryError as exc:
+            report.bad.append((entry.info.key, exc.reason))
+            if delete and await backend.delete(entry.info.key):
+                report.deleted += 1
+
+    await _bounded(found, one, progress)
+    return report
+
+
+@dataclass
+class GcPlan:
+    delete: list[Entry] = field(default_factory=list)
+    keep_bytes: int = 0
+
+    @property
+    def delete_bytes(self) -> int:
+        return sum(e.info.size for e in self.delete)
+
+
+async def plan_gc(
+    backend: Backend,
+    *,
+    keep_envs: set[str] | None = None,
+    older_than_days: float | None = None,
+    max_bytes: int | None = None,
+) -> GcPlan:
+    """What ``gc`` would delete: other envs, old entries, then oldest until under max_bytes."""
+    plan = GcPlan()
+    keep: list[Entry] = []
+    async for entry in entries(backend):
+        if (keep_envs is not None and entry.env not in keep_envs) or (
+            older_than_days is not None and entry.age_days > older_than_days
+        ):
+            plan.delete.append(entry)
+        else:
+            keep.append(entry)
+    if max_bytes is not None:
+        keep.sort(key=lambda e: e.info.mtime)
+        total = sum(e.info.size for e in keep)
+        while keep and total > max_bytes:
+            victim = keep.pop(0)
+            total -= victim.info.size
+            plan.delete.append(victim)
+    plan.keep_bytes = sum(e.info.size for e in keep)
+    return plan
+
+
+async def run_gc(backend: Backend, plan: GcPlan, progress: Progress | None = None) -> int:
+    async def one(entry: Entry) -> bool:
+        try:
+            return await backend.delete(entry.info.key)
+        except BackendError:
+            return False
+
+    return sum(await _bounded(plan.delete, one, progress))
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    steps: dict[str, float] = field(default_factory=dict)  # step -> ms
+    error: str = ""
+
+
+async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeResult:
+    """Read (and unless read-only, create + read back + delete) a probe object."""
+    key = f"{LAYOUT_VERSION}/_doctor/{socket.gethostname()}-{secrets.token_hex(4)}"
+    result = ProbeResult(ok=False)
+    payload = secrets.token_bytes(1024)
+    try:
+        if write:
+            started = time.perf_counter()
+            if not await backend.put(key, codec.encode(payload), PutMode.CREATE):
+                raise BackendError("create of a fresh probe key reported 'exists'")
+            result.steps["create"] = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        data = await backend.get(key)
+        result.steps["read"] = (time.perf_counter() - started) * 1000
+        if write:
+            if data is None or codec.decode(data) != payload:
+                raise BackendError("probe read back different bytes")
+            started = time.perf_counter()
+            await backend.delete(key)
+            result.steps["delete"] = (time.perf_counter() - started) * 1000
+        result.ok = True
+    except (BackendError, EntryError, OSError) as exc:
+        result.error = str(exc)
+    return result

@@ -1,0 +1,94 @@
+"""Configuration and tier URLs: clear one-line errors naming the bad part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from objcache.config import Config, reference_markdown
+from objcache.errors import ConfigError
+from objcache.urls import parse_tier_list, parse_tier_url, redact
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_unknown_scheme_names_the_index() -> None:
+    with pytest.raises(ConfigError, match=r"^unknown scheme 'sx3' in OBJCACHE_TIERS\[1\]$"):
+        Config.from_env({"OBJCACHE_TIERS": "redis://h:6379/0,sx3://bucket/p"})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("file://relative/dir", "file:// path must be absolute"),
+        ("s3://", "needs a bucket name"),
+        ("s3://Bad_Bucket/p", "invalid bucket name"),
+        ("redis://:6379/0", "needs a host"),
+        ("redis://h:notaport/0", "cannot parse"),
+        ("s3://bucket/p?timeout_ms=soon", "timeout_ms must be a non-negative integer"),
+        ("bucket/prefix", "is not a URL"),
+    ],
+)
+def test_bad_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tier_list(url)
+
+
+def test_good_urls_parse() -> None:
+    tiers = parse_tier_list(
+        "redis://cache:6379/0, s3://bucket/prefix/x?region=us-east-1&read_only=1,"
+        " gs://gbucket/p, file:///mnt/efs/objcache"
+    )
+    assert [t.scheme for t in tiers] == ["redis", "s3", "gs", "file"]
+    s3 = tiers[1]
+    assert (s3.location, s3.path, s3.options["region"]) == ("bucket", "prefix/x", "us-east-1")
+    assert tiers[3].path == "/mnt/efs/objcache"
+
+
+def test_secrets_never_in_display() -> None:
+    spec = parse_tier_url("redis://user:hunter2@cache:6379/0?token=abc&ttl=5")
+    assert "hunter2" not in spec.display and "abc" not in spec.display
+    assert "ttl=5" in spec.display
+    assert redact("rediss://:pw@h:1/0") == "rediss://:***@h:1/0"
+
+
+def test_env_parsing_and_errors() -> None:
+    c = Config.from_env(
+        {
+            "OBJCACHE_READ_ONLY": "yes",
+            "OBJCACHE_TIMEOUT_MS": "250",
+            "OBJCACHE_SIGNING_KEY": "new,old",
+            "OBJCACHE_LOCAL_DIR": "/tmp/x",
+        }
+    )
+    assert c.read_only and c.timeout_ms == 250
+    assert c.signing_keys == (b"new", b"old")
+    assert c.local_dir == Path("/tmp/x")
+    assert "new" not in repr(c)
+    with pytest.raises(ConfigError, match="OBJCACHE_TIMEOUT_MS='soon'"):
+        Config.from_env({"OBJCACHE_TIMEOUT_MS": "soon"})
+    with pytest.raises(ConfigError, match="OBJCACHE_READ_ONLY"):
+        Config.from_env({"OBJCACHE_READ_ONLY": "maybe"})
+
+
+def test_keyword_tiers_and_default_store(tmp_path: Path) -> None:
+    assert Config(tiers="s3://bk1/p").tiers[0].location == "bk1"  # type: ignore[arg-type]
+    default = Config.from_env({}).effective_tiers()
+    assert [t.scheme for t in default] == ["file"]
+    assert not Config.from_env({}).enabled
+    assert Config.from_env({"OBJCACHE_ENABLE": "1"}).enabled
+
+
+def test_signing_key_file(tmp_path: Path) -> None:
+    f = tmp_path / "keys"
+    f.write_text("k-new\nk-old\n")
+    c = Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(f)})
+    assert c.signing_keys == (b"k-new", b"k-old")
+    with pytest.raises(ConfigError, match="cannot read"):
+        Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "missing")})
+
+
+def test_configuration_reference_is_current() -> None:
+    doc = ROOT / "docs" / "configuration.md"
+    assert doc.read_text() == reference_markdown(), "run: make docs"

@@ -1,0 +1,81 @@
+"""Deadlines, retries and the circuit breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from objcache.errors import PermanentBackendError, TransientBackendError
+from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_opens_after_n_failures_and_probes_after_cooldown() -> None:
+    clock = Clock()
+    b = CircuitBreaker(failures=3, cooldown_s=10, clock=clock)
+    assert [b.failure() for _ in range(3)] == [False, False, True]
+    assert b.state == "open" and not b.allow()
+    clock.now = 10
+    assert b.state == "half-open"
+    assert b.allow() and not b.allow(), "exactly one probe passes while half-open"
+    b.failure()  # the probe failed: open again for a full cool-down
+    assert b.state == "open"
+    clock.now = 20
+    assert b.allow()
+    b.success()
+    assert b.state == "closed" and b.allow()
+
+
+def test_success_resets_the_consecutive_count() -> None:
+    b = CircuitBreaker(failures=2, cooldown_s=1, clock=Clock())
+    b.failure()
+    b.success()
+    b.failure()
+    assert b.state == "closed"
+
+
+async def test_transient_errors_are_retried_within_the_deadline() -> None:
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise TransientBackendError("503")
+        return "ok"
+
+    policy = RetryPolicy(timeout_s=2, retries=2, backoff_initial_s=0.001, backoff_max_s=0.01)
+    assert await call_with_policy(flaky, policy) == "ok"
+    assert calls == 3
+
+
+async def test_permanent_errors_are_not_retried() -> None:
+    calls = 0
+
+    async def denied() -> None:
+        nonlocal calls
+        calls += 1
+        raise PermanentBackendError("AccessDenied")
+
+    with pytest.raises(PermanentBackendError):
+        await call_with_policy(denied, RetryPolicy(retries=5, backoff_initial_s=0.001))
+    assert calls == 1
+
+
+async def test_deadline_bounds_a_hanging_call() -> None:
+    async def hang() -> None:
+        await asyncio.sleep(60)
+
+    started = time.perf_counter()
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+        await call_with_policy(hang, RetryPolicy(timeout_s=0.2))
+    assert time.perf_counter() - started < 1.0

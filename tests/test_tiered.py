@@ -1,0 +1,223 @@
+"""TieredCache policy: concurrent remote lookup, write-through, single-flight, write-behind,
+breakers, read-only, refusal of bad entries. Uses the in-process MemoryBackend; the real
+backends are covered by the contract suite."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from objcache.backends.base import PutMode
+from objcache.codec import Codec
+from objcache.layout import Namespace
+from objcache.policy import CircuitBreaker, RetryPolicy
+from objcache.tier import Tier, TierFlags
+from objcache.tiered import TieredCache
+from tests.memory_backend import MemoryBackend
+
+NS = Namespace("testenv")
+CODEC = Codec()
+
+
+def tier(name: str, *, timeout: float = 1.0, flags: TierFlags | None = None) -> Tier:
+    policy = RetryPolicy(timeout_s=timeout, retries=1, backoff_initial_s=0.001)
+    return Tier(MemoryBackend(name), policy, CircuitBreaker(3, 60), flags or TierFlags())
+
+
+def mem(t: Tier) -> MemoryBackend:
+    assert isinstance(t.backend, MemoryBackend)
+    return t.backend
+
+
+def make(*remotes: Tier, read_only: bool = False, **kw: int) -> tuple[TieredCache, Tier]:
+    local = tier("mem://local")
+    cache = TieredCache(
+        local, list(remotes), CODEC, NS, read_only=read_only, env_fields={"torch": "t"}, **kw
+    )
+    return cache, local
+
+
+def seed(t: Tier, key: str, payload: bytes, kind: str = "fx-graph") -> str:
+    okey = NS.object_key(kind, key)
+    mem(t).data[okey] = CODEC.encode(payload)
+    return okey
+
+
+async def test_local_hit_asks_no_remote() -> None:
+    remote = tier("mem://r")
+    cache, local = make(remote)
+    seed(local, "k", b"v")
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert mem(remote).calls["get"] == 0
+
+
+async def test_remote_hit_is_written_through_to_local() -> None:
+    remote = tier("mem://r")
+    cache, local = make(remote)
+    okey = seed(remote, "k", b"v")
+    assert await cache.get("fx-graph", "k") == b"v"
+    await cache.flush(5)
+    assert CODEC.decode(mem(local).data[okey]) == b"v"
+    assert cache.stats.write_through == 1
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert mem(remote).calls["get"] == 1, "second lookup is local"
+
+
+async def test_remote_tiers_are_asked_concurrently() -> None:
+    a, b, c = tier("mem://a"), tier("mem://b"), tier("mem://c")
+    for t in (a, b, c):
+        mem(t).delay_s = 0.2
+    seed(c, "k", b"from-c")
+    cache, _ = make(a, b, c)
+    started = time.perf_counter()
+    assert await cache.get("fx-graph", "k") == b"from-c"
+    assert time.perf_counter() - started < 0.35, "three 0.2 s tiers cost one round trip"
+
+
+async def test_priority_order_wins_within_the_grace_and_losers_are_cancelled() -> None:
+    near, far = tier("mem://near"), tier("mem://far")
+    mem(near).delay_s = 0.005
+    seed(near, "k", b"near")
+    seed(far, "k", b"far")
+    cache, _ = make(near, far)
+    assert await cache.get("fx-graph", "k") == b"near"
+    mem(near).delay_s = 0.5  # a near tier slower than the grace does not hold the far hit
+    seed(near, "k3", b"near")
+    seed(far, "k3", b"far")
+    started = time.perf_counter()
+    assert await cache.get("fx-graph", "k3") == b"far"
+    assert time.perf_counter() - started < 0.3
+    slow = tier("mem://slow")
+    mem(slow).delay_s = 5
+    fast = tier("mem://fast")
+    seed(fast, "k2", b"fast")
+    cache2, _ = make(fast, slow)
+    started = time.perf_counter()
+    assert await cache2.get("fx-graph", "k2") == b"fast"
+    assert time.perf_counter() - started < 1, "the slow loser is cancelled, not awaited"
+
+
+async def test_faster_tiers_are_backfilled_but_not_when_read_only() -> None:
+    near, far = tier("mem://near"), tier("mem://far")
+    okey = seed(far, "k", b"v")
+    cache, _ = make(near, far)
+    assert await cache.get("fx-graph", "k") == b"v"
+    await cache.flush(5)
+    assert okey in mem(near).data and cache.stats.backfills == 1
+    near2, far2 = tier("mem://near"), tier("mem://far")
+    seed(far2, "k", b"v")
+    ro, _ = make(near2, far2, read_only=True)
+    assert await ro.get("fx-graph", "k") == b"v"
+    await ro.put("fx-graph", "other", b"x")
+    await ro.flush(5)
+    assert mem(near2).calls["put"] == 0 and mem(far2).calls["put"] == 0
+
+
+async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through() -> None:
+    bad, good = tier("mem://bad"), tier("mem://good")
+    okey = seed(bad, "k", b"v")
+    mem(bad).data[okey] = mem(bad).data[okey][:-1] + b"!"
+    cache, local = make(bad, good)
+    assert await cache.get("fx-graph", "k") is None
+    assert bad.stats.misses["corrupt"] == 1
+    seed(good, "k", b"v")
+    assert await cache.get("fx-graph", "k") == b"v"
+    await cache.flush(5)
+    assert CODEC.decode(mem(local).data[okey]) == b"v"
+
+
+async def test_signed_cache_refuses_unsigned_entries() -> None:
+    remote = tier("mem://r")
+    seed(remote, "k", b"unsigned pickle")
+    local = tier("mem://local")
+    cache = TieredCache(local, [remote], Codec(signing_keys=(b"key",)), NS)
+    assert await cache.get("fx-graph", "k") is None
+    assert remote.stats.misses["unsigned"] == 1
+    assert mem(local).calls["put"] == 0
+
+
+async def test_single_flight_shares_one_fetch() -> None:
+    remote = tier("mem://r")
+    mem(remote).delay_s = 0.1
+    seed(remote, "k", b"v")
+    cache, _ = make(remote)
+    results = await asyncio.gather(*(cache.get("fx-graph", "k") for _ in range(20)))
+    assert results == [b"v"] * 20
+    assert mem(remote).calls["get"] == 1
+    assert cache.stats.single_flight_shared == 19
+
+
+async def test_hanging_tier_costs_one_deadline_then_the_breaker_skips_it() -> None:
+    hung = tier("mem://hung", timeout=0.1)
+    mem(hung).fault = "hang"
+    cache, _ = make(hung)
+    for i in range(3):
+        started = time.perf_counter()
+        assert await cache.get("fx-graph", f"k{i}") is None
+        assert time.perf_counter() - started < 0.5
+    assert hung.breaker.state == "open" and hung.stats.breaker_opened == 1
+    started = time.perf_counter()
+    assert await cache.get("fx-graph", "k-next") is None
+    assert time.perf_counter() - started < 0.02, "open breaker: no call at all"
+    assert hung.stats.misses["timeout"] == 3
+
+
+async def test_writes_go_local_now_and_remote_behind() -> None:
+    remote = tier("mem://r")
+    mem(remote).delay_s = 0.2
+    cache, local = make(remote)
+    started = time.perf_counter()
+    await cache.put("fx-graph", "k", b"v")
+    assert time.perf_counter() - started < 0.1, "remote write does not block"
+    okey = NS.object_key("fx-graph", "k")
+    assert okey in mem(local).data and okey not in mem(remote).data
+    assert await cache.flush(5) == 0
+    assert CODEC.decode(mem(remote).data[okey]) == b"v"
+    assert NS.env_file in mem(remote).data
+
+
+async def test_write_behind_coalesces_and_drops_over_the_bound() -> None:
+    remote = tier("mem://r")
+    mem(remote).fault = "hang"
+    cache, _ = make(remote, write_behind_max_bytes=4000)
+    big = b"\x00" * 1500
+    import os
+
+    for i in range(20):
+        await cache.put("fx-graph", f"k{i}", os.urandom(1500) if i else big)
+    assert cache.stats.write_behind_dropped > 0
+    left = await cache.close(flush_timeout=0.2)
+    assert left > 0
+
+
+async def test_remote_put_failure_never_raises_and_is_counted() -> None:
+    remote = tier("mem://r")
+    mem(remote).fault = "permanent"
+    cache, _ = make(remote)
+    await cache.put("fx-graph", "k", b"v")
+    assert await cache.flush(5) == 0
+    assert remote.stats.put_errors["error"] >= 1
+
+
+async def test_create_mode_keeps_the_first_remote_writer() -> None:
+    remote = tier("mem://r")
+    okey = NS.object_key("fx-graph", "k")
+    assert await remote.put(okey, CODEC.encode(b"first"), PutMode.CREATE)
+    cache, _ = make(remote)
+    await cache.put("fx-graph", "k", b"second")
+    await cache.flush(5)
+    assert CODEC.decode(mem(remote).data[okey]) == b"first"
+    assert remote.stats.put_skipped_exists == 1
+
+
+async def test_write_only_and_size_limited_tiers() -> None:
+    wo = tier("mem://wo", flags=TierFlags(write_only=True))
+    small = tier("mem://small", flags=TierFlags(max_size=100))
+    seed(wo, "k", b"v")
+    cache, _ = make(wo, small)
+    assert await cache.get("fx-graph", "k") is None
+    assert mem(wo).calls["get"] == 0
+    await cache.put("fx-graph", "big", bytes(range(256)) * 4)
+    await cache.flush(5)
+    assert small.stats.put_errors["too_large"] == 1
+    assert NS.object_key("fx-graph", "big") in mem(wo).data
