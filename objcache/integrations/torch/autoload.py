@@ -16,7 +16,6 @@ Inductor's compile workers are Python processes too: they load the same ``.pth``
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -24,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
-
-log = logging.getLogger("objcache.torch")
 
 #: The torch modules whose import applies a part of the install (see hooks.PARTS).
 WATCHED = (
@@ -121,7 +118,13 @@ def _apply(name: str, module: ModuleType | None = None) -> None:
 
         hooks.apply_part(name, module)
     except Exception:  # never break an import
-        log.warning("objcache: could not hook %s", name, exc_info=True)
+        _warn(f"objcache: could not hook {name}")
+
+
+def _warn(message: str) -> None:
+    import logging  # not at import time: logging alone costs ~10 ms of start-up
+
+    logging.getLogger("objcache.torch").warning(message, exc_info=True)
 
 
 def _remove_finder() -> None:
@@ -149,7 +152,7 @@ def activate(environ: Mapping[str, str] | None = None) -> bool:
                 _apply(name)
         return True
     except Exception:
-        log.warning("objcache: zero-code activation failed", exc_info=True)
+        _warn("objcache: zero-code activation failed")
         return False
 
 
