@@ -406,8 +406,25 @@ def apply(cpp_builder: Any) -> bool:
     _originals["__init__"] = original_init
     cls.build = build
     cls.__init__ = __init__
-    atexit.register(wait_stored, 60.0)
+    _register_exit_hook()
     return True
+
+
+def _register_exit_hook() -> None:
+    """Finish background stores before the client flushes at exit.
+
+    Registered like the client's own early exit hook (``threading._register_atexit``, which
+    runs in reverse order before thread pools stop), after importing the client so that this
+    one runs first; plain ``atexit`` is the fallback.
+    """
+    import objcache.client  # noqa: F401  (its hook is registered first, so runs after ours)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):
+            register(wait_stored, 60.0)
+            return
+    atexit.register(wait_stored, 60.0)
 
 
 def uninstall() -> None:
