@@ -345,6 +345,19 @@ def install(config: Any | None = None) -> None:
                 _failed(f"import {name}", exc)
                 continue
             apply_part(name, module)
+    start_client()
+
+
+def start_client() -> None:
+    """Build the process-wide client now, so its prefetch overlaps tracing (never raises).
+
+    Building it does no I/O on this thread: the client starts its event loop and submits the
+    job's prefetch (:mod:`objcache.manifest`) in the background.
+    """
+    try:
+        _client()
+    except Exception as exc:
+        _failed("client", exc)
 
 
 def installed() -> bool:
