@@ -482,3 +482,21 @@ def test_pth_imports_nothing_when_unset_and_hooks_torch_when_set(tmp_path: Path)
         "print(c.fx_graph_remote_cache, rc.RemoteFxGraphCache.objcache_kind)"
     )
     assert _python(code, env).split() == ["True", "fx-graph"]
+
+
+def test_a_process_that_exits_right_after_writing_still_uploads(tmp_path: Path) -> None:
+    """Exit-time flushes must run before thread pools stop (they need asyncio.to_thread)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(
+        PYTHONPATH=str(torch_support.ROOT),
+        OBJCACHE_TIERS=f"file://{tmp_path / 'store'}",
+        OBJCACHE_LOCAL_DIR=str(tmp_path / "local"),
+        OBJCACHE_JOB="exit-test",
+    )
+    code = (
+        "from objcache.client import get_client\n"
+        "get_client().put('kernel', 'k1-exit.so', b'x' * 5000)\n"  # no flush: exit at once
+    )
+    _python(code, env)
+    stored = {p.parent.parent.name for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    assert {"kernel", "manifest"} <= stored
