@@ -142,6 +142,11 @@ class DiskBackend(FsBackend):
             self._kick()
         return data
 
+    def note_hit(self, key: str, size: int) -> None:
+        if self.max_bytes:
+            self._index.seen(key, size, time.time())
+            self._kick()
+
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         stored = await super().put(key, data, mode)
         if self.max_bytes:

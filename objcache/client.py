@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -95,6 +96,13 @@ class Client:
             return default
 
     def get(self, kind: str, key: str) -> bytes | None:
+        started = time.perf_counter()
+        hit = self.cache.read_local_sync(kind, key)
+        if hit is not None:
+            payload, okey, size = hit
+            ms = (time.perf_counter() - started) * 1000
+            self.bridge.loop.call_soon_threadsafe(self.cache.note_local_hit, kind, okey, size, ms)
+            return payload
         return self._run(lambda: self.cache.get(kind, key), None)
 
     def put(self, kind: str, key: str, payload: bytes) -> None:

@@ -88,6 +88,39 @@ class TieredCache:
             self.recorded.add(okey)
         return result
 
+    def read_local_sync(self, kind: str, key: str) -> tuple[bytes, str, int] | None:
+        """The local-hit fast path, run in the *caller's* thread: ``(payload, okey, size)``.
+
+        Anything but a verified hit returns None and the caller takes the async path, which
+        counts, quarantines and asks the remote tiers. Counters are not touched here: the
+        caller posts :meth:`note_local_hit` to the loop thread.
+        """
+        read = getattr(self.local.backend, "read_sync", None) if self.local else None
+        if read is None:
+            return None
+        okey = self.namespace.object_key(kind, key)
+        try:
+            entry = read(okey)
+            if entry is None:
+                return None
+            return self.codec.decode(entry), okey, len(entry)
+        except Exception:
+            return None
+
+    def note_local_hit(self, kind: str, okey: str, size: int, ms: float) -> None:
+        """Account a fast-path hit (event loop thread)."""
+        assert self.local is not None
+        self.stats.gets[kind] += 1
+        self.stats.hits[kind] += 1
+        self.stats.served_by[self.local.name] += 1
+        self.local.stats.hits += 1
+        self.local.stats.bytes_read += size
+        self.local.stats.get_latency.observe(ms)
+        self.recorded.add(okey)
+        note = getattr(self.local.backend, "note_hit", None)
+        if note is not None:
+            note(okey, size)
+
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
 
