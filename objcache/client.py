@@ -153,9 +153,9 @@ class Client:
         _write_stats_file(self)
 
 
-def default_stats_file() -> Path:
+def stats_file(config: Config) -> Path:
     """Where a process leaves its stats at exit for ``objcache stats``."""
-    return Path(os.environ.get("OBJCACHE_STATS_FILE") or user_cache_dir() / "last-stats.json")
+    return config.stats_file or user_cache_dir() / "last-stats.json"
 
 
 def _write_stats_file(client: Client) -> None:
@@ -163,7 +163,7 @@ def _write_stats_file(client: Client) -> None:
     data = client.cache.stats_dict()
     if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
         return
-    target = default_stats_file()
+    target = stats_file(client.config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}")

@@ -122,13 +122,20 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
+    stats_file: Path | None = _opt(
+        "OBJCACHE_STATS_FILE",
+        "Where a process leaves its stats at exit for `objcache stats` "
+        "(default: ~/.cache/objcache/last-stats.json).",
+        default=None,
+    )
     log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
 
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
-        if isinstance(self.local_dir, str):
-            object.__setattr__(self, "local_dir", Path(self.local_dir))
+        for name in ("local_dir", "stats_file", "signing_key_file"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")

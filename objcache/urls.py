@@ -83,7 +83,10 @@ def redact(url: str) -> str:
         f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    out = urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    if not out.startswith(f"{parts.scheme}://") and url.startswith(f"{parts.scheme}://"):
+        out = f"{parts.scheme}://{out[len(parts.scheme) + 1 :]}"
+    return out
 
 
 def flag(spec: TierSpec, name: str) -> bool:
