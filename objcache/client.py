@@ -65,6 +65,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         write_behind_max_bytes=config.write_behind_max_bytes,
         read_only=config.read_only,
         env_fields=fields,
+        write_to=config.write_to,
     )
 
 

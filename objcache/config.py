@@ -41,8 +41,8 @@ class Config:
         "OBJCACHE_TIERS",
         "Comma-separated remote tier URLs, nearest first: redis://, rediss://, unix://, "
         "s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir. Per-tier options go in the "
-        "query: read_only=1, write_only=1, timeout_ms=, retries=, max_size=. Empty: a file:// "
-        "store under the user cache dir (the embedded default).",
+        "query: read_only=1, write_only=1, home=1, timeout_ms=, retries=, max_size=. "
+        "Empty: a file:// store under the user cache dir (the embedded default).",
         default=(),
     )
     enable: bool = _opt(
@@ -60,6 +60,13 @@ class Config:
         "OBJCACHE_LOCAL_MAX_BYTES",
         "Evict least-recently-used local entries above this many bytes (0: no limit).",
         default=10 << 30,
+    )
+    write_to: str = _opt(
+        "OBJCACHE_WRITE_TO",
+        "Which remote tiers new entries go to: 'all' writable tiers, or 'nearest' (the first "
+        "healthy writable tier plus every tier marked ?home=1). Hits in far tiers are always "
+        "back-filled into nearer ones.",
+        default="all",
     )
     read_only: bool = _opt(
         "OBJCACHE_READ_ONLY",
@@ -139,6 +146,8 @@ class Config:
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if self.write_to not in ("all", "nearest"):
+            raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
 

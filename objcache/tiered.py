@@ -47,6 +47,7 @@ class TieredCache:
         read_only: bool = False,
         env_fields: dict[str, str] | None = None,
         priority_grace_s: float = PRIORITY_GRACE_S,
+        write_to: str = "all",
     ) -> None:
         self.local = local
         self.remotes = list(remotes)
@@ -60,6 +61,7 @@ class TieredCache:
         self._env_fields = env_fields
         self._env_written = False
         self.priority_grace_s = priority_grace_s
+        self.write_to = write_to
         #: Object keys this process read (hits) or wrote: the run's prefetch manifest.
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
@@ -239,8 +241,21 @@ class TieredCache:
             self._ensure_env_file()
             self._writes.submit(okey, entry)
 
+    def write_targets(self) -> list[Tier]:
+        """Remote tiers a new entry goes to.
+
+        ``write_to="all"``: every writable tier. ``"nearest"``: the first writable tier whose
+        breaker is closed, plus every ``home`` tier (multi-region fleets: write to the
+        region, and to the home bucket that seeds the others).
+        """
+        healthy = [t for t in self.remotes if t.writable and not t.breaker_open()]
+        if self.write_to == "all":
+            return healthy
+        nearest = healthy[:1]
+        return nearest + [t for t in healthy if t.flags.home and t not in nearest]
+
     async def _write_remotes(self, okey: str, entry: bytes) -> None:
-        targets = [t for t in self.remotes if t.writable and not t.breaker_open()]
+        targets = self.write_targets()
         await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 
     def _ensure_env_file(self) -> None:
