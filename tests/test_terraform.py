@@ -10,9 +10,9 @@ these tests check what can be checked without them:
   regress (read-only reader policy, public access block, lifecycle rules, ...);
 * checkov finds no failed checks, and every skipped check carries a reason.
 
-Timing (2 shared cores): about 10 s in all, most of it the single checkov run (about
-5-8 s, shared by the checkov tests through a module-scoped fixture); fmt takes about
-1 s, parsing about 1 s.
+Timing (2 shared cores): about 8 s of CPU, 10-20 s wall depending on load. Most of it is
+the single checkov run (8-14 s wall), shared by the checkov tests through a module-scoped
+fixture; fmt takes under 1 s, parsing all files about 1 s.
 
 The dict layout of python-hcl2 changed in 5.0 and checkov depends on bc-python-hcl2, a
 fork of the old API that installs the same `hcl2` package; whichever of the two owns
