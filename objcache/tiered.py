@@ -21,7 +21,7 @@ from objcache.codec import Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace
 from objcache.singleflight import SingleFlight
-from objcache.stats import CacheStats, log_once
+from objcache.metrics import CacheStats, log_once
 from objcache.tier import Tier
 from objcache.writebehind import WriteBehind
 
