@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._report import write_section  # noqa: E402
-from objcache.client import Client  # noqa: E402
-from objcache.codec import Codec  # noqa: E402
-from objcache.config import Config  # noqa: E402
+from bench._report import write_section
+from objcache.client import Client
+from objcache.codec import Codec
+from objcache.config import Config
 
 ENTRY = 100 * 1024
 
@@ -153,7 +153,7 @@ def main() -> None:
         f"| **added by objcache** | **{added:.0f}** (target ≤ 150) | "
         f"{hit['get_p99'] - hit['direct_p99']:.0f} |",
         "",
-        f"CREATE race: {race['procs']} processes × {race['keys']} keys on one file:// store: "
+        f"CREATE race: {race['procs']} processes x {race['keys']} keys on one file:// store: "
         f"{race['puts_per_s']:.0f} create puts/s, {race['winners']} winners for "
         f"{race['keys']} keys (exactly one each), {race['torn']} torn or partial entries "
         f"(every entry read back and verified), {race['temp_left']} temp files left.",

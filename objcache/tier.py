@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from objcache.backends.base import Backend, PutMode
 from objcache.errors import BackendError, EntryTooLarge, PermanentBackendError
-from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
 from objcache.metrics import TierStats, log_once
+from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
 from objcache.urls import flag
 
 T = TypeVar("T")

@@ -20,8 +20,8 @@ from objcache.backends.base import PutMode
 from objcache.codec import Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace
-from objcache.singleflight import SingleFlight
 from objcache.metrics import CacheStats, log_once
+from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.writebehind import WriteBehind
 

@@ -16,7 +16,7 @@ BLOCK = re.compile(r"^```(python|bash) runnable\n(.*?)^```", re.S | re.M)
 
 def runnable_blocks() -> list[tuple[str, str, str]]:
     found = []
-    for page in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+    for page in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
         for i, m in enumerate(BLOCK.finditer(page.read_text())):
             found.append((f"{page.name}#{i}", m.group(1), m.group(2)))
     return found
@@ -31,7 +31,11 @@ def test_runnable_block(where: str, lang: str, code: str, tmp_path: Path) -> Non
         "OBJCACHE_PREFETCH": "0",
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
-    cmd = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
+    cmd = (
+        [sys.executable, "-c", code]
+        if lang == "python"
+        else ["bash", "-euo", "pipefail", "-c", code]
+    )
     r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{where} failed:\n{r.stdout}\n{r.stderr}"
 
