@@ -116,7 +116,7 @@ class DiskBackend(FsBackend):
     #: Eviction stops below this fraction of ``max_bytes``.
     low_water: ClassVar[float] = 0.9
     rescan_interval_s: ClassVar[float] = 300.0
-    #: After an eviction pass that freed nothing, wait this long before trying again.
+    #: After an eviction pass that failed or freed nothing, wait this long before retrying.
     evict_backoff_s: ClassVar[float] = 30.0
 
     def __init__(self, spec: TierSpec) -> None:
@@ -200,6 +200,7 @@ class DiskBackend(FsBackend):
                     await self._evict()
             except Exception as exc:
                 log.warning("%s: cache maintenance failed: %s", self.name, exc)
+                self._evict_after = time.monotonic() + self.evict_backoff_s
                 return
             if not self._pending or self.closed:
                 return
@@ -219,7 +220,7 @@ class DiskBackend(FsBackend):
         removed = await self._run("evict", _evict, self.store, snapshot, excess)
         for key in removed:
             self._index.gone(key)
-        if not removed or self._index.total > self.max_bytes:
+        if not removed:  # nothing left to evict that this process knows of
             self._evict_after = time.monotonic() + self.evict_backoff_s
         log.debug(
             "%s: evicted %d entries, %d bytes left", self.name, len(removed), self.total_bytes
