@@ -165,8 +165,8 @@ class DiskBackend(FsBackend):
 
     async def wait_idle(self) -> None:
         """Wait for background scanning and eviction to finish (tests, shutdown)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        while (task := self._current_task()) is not None and not task.done():
+            await asyncio.shield(task)
 
     async def close(self) -> None:
         await super().close()
@@ -178,10 +178,19 @@ class DiskBackend(FsBackend):
         """Start maintenance when the index is missing, stale or over the limit."""
         if self.closed or not self._due():
             return
-        if self._task is not None and not self._task.done():
+        task = self._current_task()
+        if task is not None and not task.done():
             self._pending = True
             return
         self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _current_task(self) -> asyncio.Task[None] | None:
+        """The maintenance task, unless it belongs to another event loop: the sync bridge's
+        loop of a parent process (after fork) or one that was replaced. That loop will never
+        run it, so it must neither block new maintenance nor be awaited."""
+        if self._task is not None and self._task.get_loop() is not asyncio.get_running_loop():
+            self._task = None
+        return self._task
 
     def _due(self) -> bool:
         idx, now = self._index, time.monotonic()
