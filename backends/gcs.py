@@ -5,6 +5,7 @@ URL options (all optional)::
     project=my-project        endpoint=http://127.0.0.1:4443   (emulators)
     connect_timeout=3  read_timeout=20   (seconds)
     resumable_threshold=8388608          (bytes; larger entries use a resumable upload)
+    resumable_chunk=67108864             (bytes, a multiple of 256 KiB)
     concurrency=32                       (get_many fan-out)
 
 google-cloud-storage is blocking. Its calls run in one bounded thread pool per process
@@ -17,10 +18,13 @@ created on first use, never in ``__init__``; after a fork the child makes its ow
   errors inside the deadline. Socket timeouts are explicit.
 * **CREATE** is ``if_generation_match=0``; 412 means another writer won. Entries up to
   ``resumable_threshold`` go in one multipart request; larger ones through a resumable
-  upload in 8 MiB chunks (an interrupted resumable session leaves no object behind).
-  Real GCS enforces the precondition on both. fake-gcs-server before the fix of
-  fsouza/fake-gcs-server#1967 (PR #2260) ignores it on resumable uploads, so there a
-  large CREATE races as last-writer-wins; small entries, the common case, are exact.
+  upload whose chunk is ``resumable_chunk`` (64 MiB: objcache never resumes a session, the
+  policy layer re-sends the whole put, so fewer chunks only save round trips). An
+  interrupted resumable session leaves no object behind. Real GCS enforces the
+  precondition on every path; fake-gcs-server (v1.54, before fsouza/fake-gcs-server#2260)
+  ignores it on *multi-chunk* resumable uploads, so on that emulator a CREATE above
+  ``resumable_chunk`` races as last-writer-wins. A large CREATE first checks that the
+  object is absent, so a loser usually skips the upload altogether.
 * Checksums are left off (``checksum=None``): every entry carries its own BLAKE2b digest,
   checked by :mod:`objcache.codec` on every read.
 * Credentials: Application Default Credentials only; anonymous credentials only when an
@@ -52,8 +56,8 @@ T = TypeVar("T")
 
 #: Threads running blocking google-cloud-storage calls, per process.
 MAX_THREADS = 32
-#: Chunk size of resumable uploads (a multiple of 256 KiB, as GCS requires).
-RESUMABLE_CHUNK = 8 * MiB
+#: GCS requires resumable chunks to be multiples of this.
+CHUNK_QUANTUM = 256 * 1024
 _SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 
 
@@ -142,6 +146,9 @@ class GCSBackend(Backend):
             opt_float(spec, "read_timeout", 20.0),
         )
         self.resumable_threshold = opt_int(spec, "resumable_threshold", 8 * MiB, minimum=1)
+        self.resumable_chunk = opt_int(spec, "resumable_chunk", 64 * MiB, minimum=CHUNK_QUANTUM)
+        if self.resumable_chunk % CHUNK_QUANTUM:
+            raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
         self.concurrency = opt_int(spec, "concurrency", MAX_THREADS, minimum=1)
         if self.concurrency > MAX_THREADS:
             raise ConfigError(f"{spec.display}: concurrency must be <= {MAX_THREADS}")
@@ -205,7 +212,8 @@ class GCSBackend(Backend):
 
     def _put(self, client: Any, name: str, data: bytes, create: bool) -> bool:
         large = len(data) > self.resumable_threshold
-        blob = client.bucket(self.bucket).blob(name, chunk_size=RESUMABLE_CHUNK if large else None)
+        chunk = self.resumable_chunk if large else None
+        blob = client.bucket(self.bucket).blob(name, chunk_size=chunk)
         if large and create and blob.exists(retry=None, timeout=self.timeout):
             return False  # cheap early exit; if_generation_match=0 is what makes it atomic
         try:
