@@ -61,9 +61,12 @@ MGET_BATCH = 64
 SCAN_COUNT = 1000
 
 _GLOB = re.compile(r"([\\*?\[\]])")
-#: ResponseError prefixes that say "not now" rather than "never".
-_TRANSIENT_REPLIES = ("OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
-                      "READONLY", "MISCONF", "NOREPLICAS")  # fmt: skip
+#: Error replies that say "not now" rather than "never" (failover, memory, loading).
+_TRANSIENT_REPLIES = frozenset({"OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
+                                "CLUSTERDOWN", "READONLY", "MISCONF", "NOREPLICAS"})  # fmt: skip
+_TRANSIENT_REPLY_ERRORS = (rex.OutOfMemoryError, rex.ReadOnlyError, rex.TryAgainError,
+                           rex.ClusterDownError)  # fmt: skip
+_CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,14 @@ async def _open_client(key: PoolKey) -> aioredis.Redis:
     kwargs.update(
         socket_connect_timeout=key.connect_timeout,
         socket_timeout=key.socket_timeout,
-        socket_keepalive=True,
         retry=Retry(NoBackoff(), 0),
         retry_on_error=[],
         max_connections=key.max_connections,
         # wait for a free connection (bounded) instead of failing with "Too many connections"
         timeout=key.connect_timeout,
     )
+    if "path" not in kwargs:  # TCP (unix sockets take no keepalive option)
+        kwargs["socket_keepalive"] = True
     return aioredis.Redis(connection_pool=BlockingConnectionPool(**kwargs))
 
 
@@ -111,34 +115,40 @@ def glob_escape(text: str) -> str:
 
 
 def classify(exc: BaseException, op: str, tier: str) -> BackendError:
-    """The typed error for an exception raised by redis-py."""
+    """The typed error for an exception raised by redis-py.
+
+    redis-py strips the error code (OOM, NOPERM, ...) from the message and encodes it in
+    the exception class; unknown codes stay at the start of a plain ResponseError."""
     if isinstance(exc, BackendError):
         return exc
     text = str(exc)
-    if isinstance(exc, rex.AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
+    code = str(getattr(exc, "status_code", None) or text.split(" ", 1)[0])
+    if isinstance(
+        exc, (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError)
+    ) or code in ("WRONGPASS", "NOAUTH"):
         return PermanentBackendError(
-            f"{op}: authentication failed ({text.split(' ', 1)[0] or type(exc).__name__}): "
-            "check the user and password in the tier URL (redis://user:password@host)",
+            f"{op}: authentication failed ({text}): check the user and password in the tier "
+            "URL (redis://user:password@host)",
             tier=tier,
         )
-    if isinstance(exc, rex.NoPermissionError) or text.startswith("NOPERM"):
+    if isinstance(exc, rex.NoPermissionError) or code == "NOPERM":
         return PermanentBackendError(
             f"{op}: the Redis ACL user may not run this command or key ({text}): grant it "
             "+@read +@write +scan +object on the key prefix",
             tier=tier,
         )
-    if text.startswith(("MOVED", "ASK ")):
+    if isinstance(exc, (rex.AskError, rex.ClusterCrossSlotError)) or code in _CLUSTER_REPLIES:
         return PermanentBackendError(
             f"{op}: this is a Redis Cluster node, which objcache does not support: point the "
             "tier at a standalone Redis or a cluster proxy",
             tier=tier,
         )
+    if isinstance(exc, _TRANSIENT_REPLY_ERRORS) or code in _TRANSIENT_REPLIES:
+        return TransientBackendError(f"{op}: {code} {text}", tier=tier)
     if isinstance(exc, rex.ResponseError):
-        if text.startswith(_TRANSIENT_REPLIES):
-            return TransientBackendError(f"{op}: {text}", tier=tier)
         return PermanentBackendError(f"{op}: {text}", tier=tier)
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError)):
-        # includes BusyLoadingError, refused/reset connections, socket timeouts
+        # includes BusyLoadingError, "max number of clients", resets, socket timeouts
         return TransientBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
     return PermanentBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
 
