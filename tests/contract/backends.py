@@ -53,11 +53,35 @@ def _fs(scheme: str, query: str = "", hardlinks: bool = True) -> Factory:
     return make
 
 
+def _redis(request: pytest.FixtureRequest, unique: str) -> Backend:
+    server = request.getfixturevalue("redis_server")
+    return create_backend(parse_tier_url(f"{server.url}?prefix={unique}/"))
+
+
+def _s3(fixture: str) -> Factory:
+    def make(request: pytest.FixtureRequest, unique: str) -> Backend:
+        from cloud_support import s3_url
+
+        return create_backend(parse_tier_url(s3_url(request.getfixturevalue(fixture), unique)))
+
+    return make
+
+
+def _gcs(request: pytest.FixtureRequest, unique: str) -> Backend:
+    from cloud_support import gcs_url
+
+    return create_backend(parse_tier_url(gcs_url(request.getfixturevalue("fake_gcs"), unique)))
+
+
 BACKENDS: list[BackendParam] = [
     # A size limit the tests never reach still runs the LRU bookkeeping on every call.
     BackendParam("disk", _fs("disk", "?max_bytes=1G")),
     BackendParam("file", _fs("file")),
     BackendParam("file-nolinks", _fs("file", hardlinks=False)),
+    BackendParam("redis", _redis, marks=(pytest.mark.servers,)),
+    BackendParam("s3-seaweed", _s3("seaweed_s3"), marks=(pytest.mark.servers,)),
+    BackendParam("s3-moto", _s3("moto_s3"), marks=(pytest.mark.servers,)),
+    BackendParam("gcs", _gcs, marks=(pytest.mark.servers,)),
 ]
 
 
