@@ -320,6 +320,24 @@ def test_reset_after_n_bytes_mid_body(http_server: Address, fault_proxy: MakePro
     conn.close()
 
 
+def test_reset_after_delivers_n_bytes_to_a_slow_reader(
+    http_server: Address, fault_proxy: MakeProxy
+) -> None:
+    proxy = fault_proxy(*http_server)
+    proxy.reset_after(300_000)
+    received = bytearray()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # small window
+        sock.settimeout(5)
+        sock.connect(proxy.address)
+        sock.sendall(b"GET /blob/1000000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)  # most of the 300 kB now waits in the proxy's send queue
+        with pytest.raises(ConnectionResetError):
+            while data := sock.recv(65536):
+                received += data
+    assert len(received) == 300_000
+
+
 def test_reset_after_counts_from_when_it_is_set(
     http_server: Address, fault_proxy: MakeProxy
 ) -> None:
@@ -349,7 +367,7 @@ def test_close_immediately(echo_server: Address, fault_proxy: MakeProxy) -> None
 
 
 def test_close_drops_hung_connections_and_leaks_nothing(echo_server: Address) -> None:
-    threads_before = threading.active_count()
+    threads_before = set(threading.enumerate())
     proxy = FaultProxy(*echo_server)
     proxy.blackhole()
     hung = [socket.create_connection(proxy.address, timeout=2) for _ in range(3)]
@@ -365,7 +383,7 @@ def test_close_drops_hung_connections_and_leaks_nothing(echo_server: Address) ->
         assert data == b""
         sock.close()
     assert proxy.tasks_left_at_close == 0
-    assert threading.active_count() == threads_before
+    assert set(threading.enumerate()) - threads_before == set()  # the proxy thread ended
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(proxy.address, timeout=2)
     proxy.close()  # idempotent
