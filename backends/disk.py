@@ -1,0 +1,226 @@
+"""``disk:///dir?max_bytes=10G``: the machine-local tier, with LRU eviction by bytes.
+
+* **No fsync** (``?fsync=1`` turns it on): the local tier is a cache of data that exists
+  elsewhere; after a power loss an entry may come back empty or torn, the entry codec's
+  digest refuses it and :meth:`DiskBackend.quarantine` moves it aside. Atomic publish
+  (temp file + link/rename) still guarantees that running readers never see partial data.
+* **LRU clock**: a hit stamps the entry's atime with ``os.utime`` (at most once a minute
+  per entry), so the order survives restarts and works on ``noatime`` mounts; in memory
+  every hit counts.
+* **Size accounting**: sizes are file lengths (``st_size``). The tree is scanned once at
+  first use, in the background; from then on this process's puts, hits and deletes keep
+  the total, and a rescan every five minutes (when there is traffic) picks up what other
+  processes sharing the folder (DDP ranks) wrote and read.
+* **Eviction**: when the total passes ``max_bytes`` a background task deletes the least
+  recently used entries until it is under 90% of the limit. Puts never wait for it.
+  ``max_bytes=0`` (the default) means unlimited and skips all of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import ClassVar
+
+from objcache.backends._fs import FsBackend, FsStore, check_key
+from objcache.backends.base import PutMode, TierSpec
+from objcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_option(spec: TierSpec, name: str) -> int:
+    """A byte count such as ``1048576``, ``512M``, ``10G`` or ``10GiB`` (binary units)."""
+    raw = spec.options.get(name, "0").strip().lower()
+    match = re.fullmatch(r"(\d+)\s*([kmgt]?)(?:i?b)?", raw)
+    if not match:
+        raise ConfigError(f"{spec.display}: {name} must be a byte count like 10G, got {raw!r}")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+class _Index:
+    """This process's view of the tier: size and last use of every entry."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.used: dict[str, float] = {}
+        self.total = 0
+        self.ready = False
+        self.scanned_at = 0.0
+        #: Changes made while a scan runs, replayed on top of its result.
+        self._journal: list[tuple[str, int, float]] | None = None
+
+    def seen(self, key: str, size: int, now: float) -> None:
+        if self._journal is not None:
+            self._journal.append((key, size, now))
+        self.total += size - self.sizes.get(key, 0)
+        self.sizes[key] = size
+        self.used[key] = now
+
+    def gone(self, key: str) -> None:
+        if self._journal is not None:
+            self._journal.append((key, -1, 0.0))
+        self.total -= self.sizes.pop(key, 0)
+        self.used.pop(key, None)
+
+    def begin_rebuild(self) -> None:
+        self._journal = []
+
+    def abort_rebuild(self) -> None:
+        self._journal = None
+        self.ready = True  # fall back to what this process has seen
+        self.scanned_at = time.monotonic()
+
+    def finish_rebuild(self, scanned: dict[str, tuple[int, float]]) -> None:
+        journal, self._journal = self._journal or [], None
+        used = self.used
+        self.sizes = {k: size for k, (size, _) in scanned.items()}
+        self.used = {k: max(atime, used.get(k, 0.0)) for k, (_, atime) in scanned.items()}
+        self.total = sum(self.sizes.values())
+        for key, size, now in journal:
+            if size < 0:
+                self.gone(key)
+            else:
+                self.seen(key, size, now)
+        self.ready = True
+        self.scanned_at = time.monotonic()
+
+    def snapshot(self) -> list[tuple[str, int, float]]:
+        return [(k, s, self.used.get(k, 0.0)) for k, s in self.sizes.items()]
+
+
+def _evict(store: FsStore, entries: list[tuple[str, int, float]], excess: int) -> list[str]:
+    """Delete least recently used entries until ``excess`` bytes are gone (worker thread)."""
+    entries.sort(key=lambda e: e[2])
+    removed: list[str] = []
+    for key, size, _ in entries:
+        if excess <= 0:
+            break
+        store.delete(key)  # already gone counts as freed
+        removed.append(key)
+        excess -= size
+    return removed
+
+
+class DiskBackend(FsBackend):
+    """Machine-local store with LRU eviction and quarantine."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("disk",)
+    remote: ClassVar[bool] = False
+    fsync_default: ClassVar[bool] = False
+    touch_on_read: ClassVar[bool] = True
+    #: Eviction stops below this fraction of ``max_bytes``.
+    low_water: ClassVar[float] = 0.9
+    rescan_interval_s: ClassVar[float] = 300.0
+    #: After an eviction pass that freed nothing, wait this long before trying again.
+    evict_backoff_s: ClassVar[float] = 30.0
+
+    def __init__(self, spec: TierSpec) -> None:
+        super().__init__(spec)
+        self.max_bytes = size_option(spec, "max_bytes")
+        self._index = _Index()
+        self._task: asyncio.Task[None] | None = None
+        self._pending = False
+        self._evict_after = 0.0
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes in the tier as this process knows them (only tracked with max_bytes)."""
+        return self._index.total
+
+    async def get(self, key: str) -> bytes | None:
+        data = await super().get(key)
+        if self.max_bytes:
+            if data is None:
+                self._index.gone(key)
+            else:
+                self._index.seen(key, len(data), time.time())
+            self._kick()
+        return data
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        stored = await super().put(key, data, mode)
+        if self.max_bytes:
+            if stored:
+                self._index.seen(key, len(data), time.time())
+            self._kick()
+        return stored
+
+    async def delete(self, key: str) -> bool:
+        existed = await super().delete(key)
+        self._index.gone(key)
+        return existed
+
+    async def quarantine(self, key: str) -> bool:
+        """Move a bad entry to ``<root>/.objcache-quarantine/``: no longer served or listed,
+        deleted after a day. Returns whether there was an entry to move."""
+        check_key(key)
+        moved = await self._run(f"quarantine {key}", self.store.quarantine, key)
+        self._index.gone(key)
+        return moved
+
+    async def wait_idle(self) -> None:
+        """Wait for background scanning and eviction to finish (tests, shutdown)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def close(self) -> None:
+        await super().close()
+        await self.wait_idle()
+
+    # --- background maintenance ---------------------------------------------------------
+
+    def _kick(self) -> None:
+        """Start maintenance when the index is missing, stale or over the limit."""
+        if self.closed or not self._due():
+            return
+        if self._task is not None and not self._task.done():
+            self._pending = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _due(self) -> bool:
+        idx, now = self._index, time.monotonic()
+        if not idx.ready or now - idx.scanned_at > self.rescan_interval_s:
+            return True
+        return idx.total > self.max_bytes and now >= self._evict_after
+
+    async def _maintain(self) -> None:
+        while True:
+            self._pending = False
+            try:
+                idx = self._index
+                if not idx.ready or time.monotonic() - idx.scanned_at > self.rescan_interval_s:
+                    await self._rescan()
+                if idx.total > self.max_bytes and time.monotonic() >= self._evict_after:
+                    await self._evict()
+            except Exception as exc:
+                log.warning("%s: cache maintenance failed: %s", self.name, exc)
+                return
+            if not self._pending or self.closed:
+                return
+
+    async def _rescan(self) -> None:
+        self._index.begin_rebuild()
+        try:
+            scanned = await self._run("scan", self.store.scan_all)
+        except BaseException:
+            self._index.abort_rebuild()
+            raise
+        self._index.finish_rebuild(scanned)
+
+    async def _evict(self) -> None:
+        excess = self._index.total - int(self.max_bytes * self.low_water)
+        snapshot = self._index.snapshot()
+        removed = await self._run("evict", _evict, self.store, snapshot, excess)
+        for key in removed:
+            self._index.gone(key)
+        if not removed or self._index.total > self.max_bytes:
+            self._evict_after = time.monotonic() + self.evict_backoff_s
+        log.debug(
+            "%s: evicted %d entries, %d bytes left", self.name, len(removed), self.total_bytes
+        )
