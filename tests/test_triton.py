@@ -239,6 +239,38 @@ def test_a_broken_configuration_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> No
     assert ot.stats()["errors"] == 2
 
 
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: triton.language.constexpr):  # type: ignore[no-untyped-def]
+    offs = triton.language.program_id(0) * BLOCK + triton.language.arange(0, BLOCK)
+    mask = offs < n
+    triton.language.store(
+        out_ptr + offs, triton.language.load(x_ptr + offs, mask=mask) * 2, mask=mask
+    )
+
+
+def test_triton_compiles_when_objcache_is_broken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end through Triton's RemoteCacheManager: a broken objcache costs a compile."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    monkeypatch.setenv("OBJCACHE_TIERS", "nosuchscheme://x")
+    monkeypatch.setenv(ot.ENV_CACHE_DIR, str(tmp_path / "tc"))
+    objcache.client.reset_client()
+    assert ot.install() is True
+    src = ASTSource(
+        scale_kernel,
+        {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 64},
+    )
+    kernel = triton.compile(src, target=GPUTarget("cuda", 80, 32))
+    assert kernel.asm["cubin"][:4] == b"\x7fELF"
+    counters = ot.stats()
+    # One failed lookup (the group file), then 8 failed puts: 7 files and the group.
+    assert counters["errors"] == 1 + 8 and "puts" not in counters
+
+
 # --- Triton facts the design rests on ------------------------------------------------------
 
 
