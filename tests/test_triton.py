@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -212,6 +213,7 @@ def test_failures_are_counted_misses_logged_once(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("tier exploded")
 
+    working = probe.client.bridge.call
     probe.client.bridge.call = broken  # type: ignore[method-assign]
     probe.client.put = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="objcache"):
@@ -228,6 +230,65 @@ def test_failures_are_counted_misses_logged_once(
     probe.client.bridge.call = slow  # type: ignore[method-assign]
     assert backend.get(["a"]) == {}
     assert ot.stats()["timeouts"] == 1
+    probe.client.bridge.call = working  # type: ignore[method-assign]
+
+
+def test_files_already_in_the_triton_cache_dir_serve_when_objcache_cannot(
+    probe: Probe, tmp_path: Path
+) -> None:
+    kernel_dir = tmp_path / "tc" / KEY  # where RemoteCacheManager materializes files
+    kernel_dir.mkdir(parents=True)
+    for name, data in {**CHILDREN, GROUP: GROUP_DATA}.items():
+        (kernel_dir / name).write_bytes(data)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("store down")
+
+    working = probe.client.bridge.call
+    probe.client.bridge.call = broken  # type: ignore[method-assign]
+    backend = ot.backend_class()(KEY, client=probe.client)
+    assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
+    assert backend.get(sorted(CHILDREN)) == CHILDREN
+    assert ot.stats()["cache_dir_hits"] == 1 + len(CHILDREN)
+    # A group is only served complete, and nothing outside the kernel's folder is read.
+    (kernel_dir / "k.cubin").unlink()
+    backend = ot.backend_class()(KEY, client=probe.client)
+    assert backend.get([GROUP]) == {}
+    assert backend.get(["../" + KEY + "/k.ptx", "k.ptx"]) == {"k.ptx": CHILDREN["k.ptx"]}
+    probe.client.bridge.call = working  # type: ignore[method-assign]
+
+
+def test_files_only_in_the_triton_cache_dir_are_published(probe: Probe, tmp_path: Path) -> None:
+    # E.g. compiled while the store was down, or the store was garbage-collected since.
+    kernel_dir = tmp_path / "tc" / KEY
+    kernel_dir.mkdir(parents=True)
+    for name, data in {**CHILDREN, GROUP: GROUP_DATA}.items():
+        (kernel_dir / name).write_bytes(data)
+    backend = ot.backend_class()(KEY, client=probe.client)
+    assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
+    assert ot.stats()["republished"] == 1 + len(CHILDREN)
+    assert probe.client.flush() == 0
+    shutil.rmtree(kernel_dir)  # the other machine has only the store
+    other = fresh_machine(tmp_path, "other-local")
+    try:
+        fetched = ot.backend_class()(KEY, client=other.client)
+        assert fetched.get([GROUP]) == {GROUP: GROUP_DATA}
+        assert fetched.get(sorted(CHILDREN)) == CHILDREN
+        assert other.client.stats()["cache"]["served_by"] == {
+            f"file://{tmp_path / 'store'}": 1 + len(CHILDREN)
+        }
+    finally:
+        other.client.close()
+
+
+def test_objcache_is_asked_before_the_triton_cache_dir(probe: Probe, tmp_path: Path) -> None:
+    store_all(probe)
+    kernel_dir = tmp_path / "tc" / KEY
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "k.ptx").write_bytes(b"stale")
+    backend = ot.backend_class()(KEY, client=probe.client)
+    assert backend.get(["k.ptx"]) == {"k.ptx": CHILDREN["k.ptx"]}
+    assert "cache_dir_hits" not in ot.stats()
 
 
 def test_a_broken_configuration_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,11 +325,18 @@ def test_triton_compiles_when_objcache_is_broken(
         {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 64},
     )
+    hits: list[bool] = []
+    knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
     kernel = triton.compile(src, target=GPUTarget("cuda", 80, 32))
     assert kernel.asm["cubin"][:4] == b"\x7fELF"
     counters = ot.stats()
     # One failed lookup (the group file), then 8 failed puts: 7 files and the group.
     assert counters["errors"] == 1 + 8 and "puts" not in counters
+    # Still broken: the files RemoteCacheManager materialized serve the next compile.
+    again = triton.compile(src, target=GPUTarget("cuda", 80, 32))
+    assert hits == [False, True]
+    assert again.asm["cubin"] == kernel.asm["cubin"]
+    assert ot.stats()["cache_dir_hits"] == 8
 
 
 # --- Triton facts the design rests on ------------------------------------------------------

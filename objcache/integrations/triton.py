@@ -27,6 +27,10 @@ Facts about ``triton/runtime/cache.py`` (3.7.1) this module is built on:
   therefore only returned together with *all* of its children (else it is a miss and Triton
   recompiles), which also makes the order in which remote writes land irrelevant.
 
+Since RemoteCacheManager never reads ``TRITON_CACHE_DIR`` itself, what objcache cannot
+serve is looked up in the files it materialized there before (and stored back into
+objcache): a store that is down or was emptied costs no recompile of what the machine has.
+
 Nothing here raises into Triton: every failure is a miss (or a dropped write), counted in
 :func:`stats` and logged once.
 """
@@ -109,9 +113,13 @@ _counters = _Counters()
 
 
 def stats() -> dict[str, int]:
-    """Counters of this process: ``get_calls``, ``files_requested``, ``files_hit``,
-    ``puts``, ``put_bytes``, ``incomplete_groups``, ``errors``, ``timeouts``,
-    ``mixed_dir``. Per-tier hits and misses are in ``objcache.stats()``."""
+    """Counters of this process.
+
+    ``get_calls``, ``files_requested``, ``files_hit``; ``cache_dir_hits`` (served from files
+    already in ``TRITON_CACHE_DIR``) and ``republished`` (those stored back into objcache);
+    ``puts``, ``put_bytes``; ``incomplete_groups``, ``errors``, ``timeouts``, ``mixed_dir``.
+    Per-tier hits and misses: ``objcache.stats()``.
+    """
     return _counters.snapshot()
 
 
@@ -189,7 +197,10 @@ class _BackendImpl:
         #: Children fetched with their group file, handed to the next ``get`` without a
         #: round trip (RemoteCacheManager.get_group asks for them right after the group).
         self._ready: dict[str, bytes] = {}
-        _check_current_dir()
+        #: Where RemoteCacheManager materializes this kernel's files (its FileCacheManager
+        #: reads the same knob right after building the backend, cache.py:176-182).
+        cache_dir = _check_current_dir()
+        self._dir = os.path.join(cache_dir, key) if cache_dir else None
 
     @property
     def key(self) -> str:
@@ -207,22 +218,89 @@ class _BackendImpl:
         return client.bridge.call(lambda: factory(client), client.call_timeout_s * scale)
 
     def get(self, filenames: Iterable[str]) -> dict[str, bytes]:
-        """The stored bytes of those ``filenames`` that objcache has (one bridge call)."""
+        """The stored bytes of those ``filenames`` that objcache has (one bridge call).
+
+        What objcache cannot serve (a miss everywhere, or objcache failing) is looked up in
+        the files RemoteCacheManager already materialized in ``TRITON_CACHE_DIR``, so that a
+        broken or emptied store costs no recompile of what this machine already has.
+        """
         try:
             names = [str(n) for n in dict.fromkeys(filenames)]
-            found = {n: self._ready.pop(n) for n in names if n in self._ready}
-            todo = [n for n in names if n not in found]
-            if todo:
-                # A group file costs two dependent rounds (group, then its children).
-                scale = 2.0 if any(n.startswith(GROUP_PREFIX) for n in todo) else 1.0
-                fetched, ready = self._call(lambda c: _fetch(c.cache, self._key, todo), scale)
-                found.update(fetched)
-                self._ready.update(ready)
-            _counters.add(get_calls=1, files_requested=len(names), files_hit=len(found))
-            return found
         except Exception as exc:
             _failed("get", exc)
             return {}
+        found = {n: self._ready.pop(n) for n in names if n in self._ready}
+        todo = [n for n in names if n not in found]
+        if todo:
+            # A group file costs two dependent rounds (group, then its children).
+            scale = 2.0 if any(n.startswith(GROUP_PREFIX) for n in todo) else 1.0
+            try:
+                fetched, ready = self._call(lambda c: _fetch(c.cache, self._key, todo), scale)
+                found.update(fetched)
+                self._ready.update(ready)
+            except Exception as exc:
+                _failed("get", exc)
+            try:
+                local = self._from_cache_dir([n for n in todo if n not in found])
+            except Exception as exc:
+                _failed("get", exc)
+                local = {}
+            if local:
+                self._publish(local)
+                found.update({n: d for n, d in local.items() if n in todo})
+        _counters.add(get_calls=1, files_requested=len(names), files_hit=len(found))
+        return found
+
+    def _read_local(self, filename: str) -> bytes | None:
+        if self._dir is None or os.sep in filename or filename in ("", ".", ".."):
+            return None
+        try:
+            with open(os.path.join(self._dir, filename), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _from_cache_dir(self, names: list[str]) -> dict[str, bytes]:
+        """Every file read from this kernel's ``TRITON_CACHE_DIR`` folder for ``names``.
+
+        A group file only counts when every child is available too; the children read for
+        it are returned as well and handed to the next ``get`` through ``_ready``.
+        """
+        read: dict[str, bytes] = {}
+        for name in names:
+            data = self._read_local(name)
+            if data is None:
+                continue
+            if name.startswith(GROUP_PREFIX):
+                listed = _group_children(data)
+                if listed is None:
+                    continue
+                children = {c: self._ready.get(c) or self._read_local(c) for c in listed}
+                fresh = {c: v for c, v in children.items() if v is not None}
+                if len(fresh) != len(children):
+                    continue
+                for child, value in fresh.items():
+                    if child not in self._ready:
+                        self._ready[child] = read[child] = value
+            read[name] = data
+        if read:
+            _counters.add(cache_dir_hits=len(read))
+        return read
+
+    def _publish(self, files: dict[str, bytes]) -> None:
+        """Store files objcache lacked but this machine had, in one bridge call, so that
+        the fleet gets them: the local tier now, the remote tiers in the background."""
+
+        async def put_all(client: Client) -> None:
+            await asyncio.gather(
+                *(client.cache.put(KIND, f"{self._key}/{n}", d) for n, d in files.items())
+            )
+
+        try:
+            self._call(put_all, 1.0)
+            _counters.add(republished=len(files))
+        except Exception as exc:
+            _failed("put", exc)
 
     def put(self, filename: str, data: bytes | bytearray | memoryview | str) -> None:
         """Store one artifact: local tier now, remote tiers in the background."""
@@ -357,21 +435,24 @@ def _write_marker(root: Path) -> None:
         log.debug("cannot write %s: %s", marker, exc)
 
 
-def _check_current_dir() -> None:
-    """Warn (once) when Triton's remote mode runs on a FileCacheManager directory.
+def _check_current_dir() -> str | None:
+    """Triton's current cache dir; warns (once) when it belongs to the default manager.
 
-    Reached when the knobs were set by hand or ``TRITON_CACHE_DIR`` changed after
-    :func:`install`. The backend keeps serving: RemoteCacheManager writes into the directory
-    whatever the backend does, and serving at least saves the recompiles.
+    A default-manager dir is reached when the knobs were set by hand or
+    ``TRITON_CACHE_DIR`` changed after :func:`install`. The backend keeps serving:
+    RemoteCacheManager writes into the directory whatever the backend does, and serving at
+    least saves the recompiles.
     """
     try:
         from triton import knobs
 
-        path = knobs.cache.dir
+        path = str(knobs.cache.dir)
         if path and not claim_cache_dir(path):
             _counters.add(mixed_dir=1)
+        return path or None
     except Exception as exc:
         log.debug("cannot check the Triton cache dir: %r", exc)
+        return None
 
 
 # --- install / uninstall -------------------------------------------------------------------
