@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -546,3 +547,18 @@ def test_second_machine_compiles_nothing_and_gets_identical_binaries(tmp_path: P
     assert second["served_by"] == {f"disk:{tmp_path / 'local-b'}": files}
     assert second["asm"] == ra["asm"]
     assert (Path(second["cache_dir"]) / ot.MARKER).is_file()
+
+
+def test_forked_child_does_not_inherit_held_locks(tmp_path: Path) -> None:
+    with ot._verdicts_lock:  # held by the parent at fork time
+        pid = os.fork()
+        if pid == 0:  # child: would block forever on the inherited lock
+            signal.alarm(10)
+            try:
+                ot.reset_stats()
+                os._exit(0 if ot.claim_cache_dir(tmp_path / "child") else 1)
+            finally:
+                os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / "child" / ot.MARKER).is_file()

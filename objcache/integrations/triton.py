@@ -177,7 +177,7 @@ async def _fetch(
                 "triton",
                 "incomplete_group",
                 f"objcache: Triton group {key}/{group} is corrupt or misses children; "
-                "treated as a miss (Triton recompiles)",
+                "treated as a miss",
             )
             continue
         children.update({c: p for c, p in zip(need, got, strict=True) if p is not None})
@@ -525,3 +525,14 @@ def install_from_env() -> bool:
     Importing this module and calling this with the switch off imports nothing from Triton.
     """
     return install() if enabled_by_env() else False
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork time stays locked forever in the child.
+    global _verdicts_lock, _backend_lock
+    _verdicts_lock = threading.Lock()
+    _backend_lock = threading.Lock()
+    _counters._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
