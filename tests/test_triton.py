@@ -479,6 +479,19 @@ def test_switch_off_imports_no_triton() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_install_from_env_never_raises(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> bool:
+        raise OSError("read-only home")
+
+    monkeypatch.setattr(ot, "install", broken)
+    monkeypatch.setenv(ot.ENV_SWITCH, "1")
+    with caplog.at_level(logging.WARNING, logger="objcache"):
+        assert ot.install_from_env() is False
+    assert "not installed" in caplog.text
+
+
 def test_enabled_by_env() -> None:
     assert ot.enabled_by_env({"OBJCACHE_TRITON": "1"})
     assert ot.enabled_by_env({"OBJCACHE_TRITON": "yes"})

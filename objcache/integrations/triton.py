@@ -481,7 +481,7 @@ def install() -> bool:
     try:
         from triton import knobs
     except ImportError:
-        log_once.warn("triton", "import", "objcache: OBJCACHE_TRITON is set but Triton is absent")
+        log_once.warn("triton", "import", "objcache: Triton integration asked for, Triton absent")
         return False
     manager, backend = os.environ.get(ENV_MANAGER), os.environ.get(ENV_BACKEND)
     ours = manager == MANAGER and backend == BACKEND
@@ -523,8 +523,15 @@ def install_from_env() -> bool:
     """:func:`install` when ``OBJCACHE_TRITON=1``; what ``objcache.install()`` calls.
 
     Importing this module and calling this with the switch off imports nothing from Triton.
+    Never raises: start-up must not fail because of the cache.
     """
-    return install() if enabled_by_env() else False
+    if not enabled_by_env():
+        return False
+    try:
+        return install()
+    except Exception as exc:
+        log.warning("objcache: Triton integration not installed: %r", exc)
+        return False
 
 
 def _after_fork_in_child() -> None:
