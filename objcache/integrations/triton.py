@@ -47,7 +47,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from objcache.stats import log_once
+from objcache.metrics import log_once
 
 if TYPE_CHECKING:
     from objcache.client import Client
