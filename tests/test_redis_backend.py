@@ -16,7 +16,13 @@ import pytest
 import redis
 
 from objcache.backends.base import PutMode
-from objcache.backends.redis import CLIENTS, RedisBackend, classify, glob_escape
+from objcache.backends.redis import (
+    CLIENTS,
+    RedisBackend,
+    classify,
+    connection_url,
+    glob_escape,
+)
 from objcache.errors import EntryTooLarge, PermanentBackendError, TransientBackendError
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.testing.proxy import FaultProxy
@@ -162,6 +168,19 @@ async def test_list_escapes_glob_characters(redis_server: RedisServer) -> None:
         for key in (f"{tricky}1", *(f"{d}1" for d in decoys)):
             await made.delete(key)
         await made.close()
+
+
+def test_connection_url_keeps_only_redis_options() -> None:
+    spec = parse_tier_url(
+        "rediss://user:s3cret@cache:6380/2?ttl=60&prefix=p/&max_size=10&timeout_ms=50"
+        "&ssl_cert_reqs=none&read_only=1"
+    )
+    assert connection_url(spec) == "rediss://user:s3cret@cache:6380/2?ssl_cert_reqs=none"
+    made = RedisBackend(spec)
+    assert (made.ttl, made.prefix, made.max_size) == (60, "p/", 10)
+    assert "s3cret" not in repr(made.pool_key) and "s3cret" not in made.name
+    unix = RedisBackend(parse_tier_url("unix:///run/redis.sock?db=3&prefix=x/"))
+    assert unix.pool_key.url == "unix:///run/redis.sock?db=3"
 
 
 def test_glob_escape() -> None:
