@@ -288,9 +288,9 @@ async def bench_target(target: Target, network: str, rtt_ms: float, scale: float
                     # Many short alternating rounds: on a shared machine, drift and the
                     # position in a round otherwise favour one implementation.
                     if conc == 1:
-                        rounds, per = max(2, int(6 * scale)), 3 if slow else 10
+                        rounds, per = max(2, int(6 * scale)), 3 if slow else 8
                     else:  # 1 MB batches are slow: fewer rounds keep the run near 2.5 min
-                        rounds, per = max(2, int((6 if nbytes < MiB else 4) * scale)), 1
+                        rounds, per = max(2, int((5 if nbytes < MiB else 4) * scale)), 1
                     await run_cell(cell, impls, data, rounds, per)
                     cells.append(cell)
                     print(".", end="", flush=True, file=sys.stderr)
