@@ -108,15 +108,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _read_all(fd: int, size: int) -> bytes:
     data = os.read(fd, size) if size else b""
-    if len(data) == size:
+    if len(data) == size:  # the common case: one read
         return data
-    chunks = [data]
-    while size - len(data) > 0:
-        chunk = os.read(fd, size - len(data))
+    chunks, remaining = [data], size - len(data)
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
         if not chunk:
             break
         chunks.append(chunk)
-        size -= len(chunk)
+        remaining -= len(chunk)
     return b"".join(chunks)
 
 

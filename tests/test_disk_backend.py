@@ -73,6 +73,34 @@ async def test_access_order_survives_a_restart(tmp_path: Path) -> None:
     await second.close()
 
 
+async def test_hits_stamp_atime_at_most_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LRU clock must not depend on the mount's atime policy (noatime, relatime)."""
+    backend = make(tmp_path)
+    await backend.put("k", b"v")
+    stamps: list[tuple[int, int]] = []
+    real_utime = os.utime
+
+    def spy(target: int, *, ns: tuple[int, int]) -> None:
+        stamps.append(ns)
+        real_utime(target, ns=ns)
+
+    monkeypatch.setattr(os, "utime", spy)
+    assert await backend.get("k") == b"v"
+    assert stamps == []  # just written: its atime is fresh
+    hour_ago = time.time() - 3600
+    real_utime(tmp_path / "k", (hour_ago, hour_ago))
+    before = time.time_ns()
+    assert await backend.get("k") == b"v"
+    assert len(stamps) == 1
+    assert stamps[0][0] >= before  # atime = now
+    assert abs(stamps[0][1] / 1e9 - hour_ago) < 1  # mtime (the write time) is kept
+    assert await backend.get("k") == b"v"
+    assert len(stamps) == 1  # now fresh again
+    await backend.close()
+
+
 async def test_first_use_counts_entries_written_before(tmp_path: Path) -> None:
     (tmp_path / "old" / "ab").mkdir(parents=True)
     for i in range(3):
@@ -186,3 +214,21 @@ def test_accepted_keys_stay_inside_the_root(key: str) -> None:
         return
     assert os.path.normpath(store.path(key)).startswith("/srv/cache/")
     assert store.key_of(store.path(key)) == key
+
+
+def test_maintenance_restarts_on_a_new_event_loop(tmp_path: Path) -> None:
+    """A loop that stops with maintenance in flight (the sync bridge's loop, copied into a
+    forked child) must not block maintenance on the loop that replaces it."""
+    backend = make(tmp_path, "?max_bytes=3000")
+    old_loop = asyncio.new_event_loop()
+    old_loop.run_until_complete(backend.put("k0", b"x" * 1000))  # starts the first scan
+    old_loop.close()  # ... which never gets to run
+
+    async def fill() -> None:
+        for i in range(1, 6):
+            await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+
+    asyncio.run(asyncio.wait_for(fill(), 10))
+    assert bytes_on_disk(tmp_path) <= 3000
+    assert (tmp_path / "k5").exists()

@@ -7,7 +7,8 @@ does) and a name unique to the test, to use as key prefix, folder or bucket path
 two tests see each other's keys. It returns the backend, or an awaitable of it. For example::
 
     def _redis(request: pytest.FixtureRequest, unique: str) -> Backend:
-        url = request.getfixturevalue("redis_server")  # "redis://127.0.0.1:port/0"
+        url = request.getfixturevalue("redis_server")  # e.g. "redis://127.0.0.1:port/0"
+        # however the backend takes a key prefix; an S3 factory would use s3://bucket/{unique}
         return create_backend(parse_tier_url(f"{url}?prefix={unique}"))
 
     BACKENDS.append(BackendParam("redis", _redis, marks=(pytest.mark.servers,)))

@@ -159,6 +159,7 @@ async def test_concurrent_creates_have_one_winner(backend: Backend) -> None:
     async def reader() -> None:
         while not done.is_set():
             seen.append(await backend.get("race"))
+            await asyncio.sleep(0)  # let writers run even if get() never suspends
 
     async def writers() -> list[bool]:
         try:
