@@ -249,7 +249,8 @@ def render(scenarios: list[Scenario], runs: int, model: str, command: str) -> st
         f"_Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} vCPU "
         f"({_cpu()}), torch {torch.__version__}. Reproduce: `{command}`_",
         "",
-        f"torch.compile warm start on CPU: model `{model}` (one forward+backward step), median of {runs} runs per row, each a "
+        f"torch.compile warm start on CPU: model `{model}` (one forward+backward step), "
+        f"median of {runs} runs per row, each a "
         "fresh process; a fresh machine is a fresh set of local dirs (objcache local tier, "
         "`TORCHINDUCTOR_CACHE_DIR`, `TMPDIR`), only the store is shared. *First step* is "
         "compile + step inside the process; *process* adds interpreter start, `import torch` "
