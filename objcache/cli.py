@@ -321,9 +321,9 @@ def push(
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
     if inductor_dir is not None or bundle:
-        from objcache.integrations.torch import seed
+        from objcache.integrations.torch.seed import import_local
 
-        imported = seed.import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
+        imported = import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
         out.print(f"imported {imported} artifacts into the local tier")
     src_dir = source or config.local_dir
     if not src_dir.is_dir():
