@@ -146,7 +146,7 @@ def test_local_tier_answers_without_a_remote_round_trip(probe: Probe) -> None:
     assert got == CHILDREN
     assert probe.remote_gets == 0
     assert probe.client.stats()["cache"]["served_by"] == {
-        f"disk:{probe.client.config.local_dir}": 4
+        f"disk://{probe.client.config.local_dir}": 4
     }
 
 
@@ -557,7 +557,7 @@ def test_second_machine_compiles_nothing_and_gets_identical_binaries(tmp_path: P
     # Same machine, another fresh TRITON_CACHE_DIR: the local tier answers, no remote call.
     assert second["cache_hit"] is True and second["stages_run"] == {}
     assert second["remote_gets"] == 0
-    assert second["served_by"] == {f"disk:{tmp_path / 'local-b'}": files}
+    assert second["served_by"] == {f"disk://{tmp_path / 'local-b'}": files}
     assert second["asm"] == ra["asm"]
     assert (Path(second["cache_dir"]) / ot.MARKER).is_file()
 
