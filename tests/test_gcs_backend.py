@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from cloud_support import gcs_url
+from tests.cloud_support import gcs_url
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as gauth
 

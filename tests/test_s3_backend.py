@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from cloud_support import aws_profile, s3_url, session_bucket
+from tests.cloud_support import aws_profile, s3_url, session_bucket
 
 from objcache.backends._s3_errors import classify
 from objcache.backends.base import PutMode
