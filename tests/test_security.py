@@ -20,13 +20,13 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from objcache.backends.base import Backend, PutMode
 from objcache.client import Client
+from objcache.codec import Codec
 from objcache.config import Config
 from objcache.registry import create_backend
 from objcache.testing.proxy import FaultProxy
@@ -52,9 +52,7 @@ def make_backend(url: str) -> Backend:
 
 
 @pytest.fixture
-def remote_url(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Callable[[str, str | None], str]:
+def remote_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str, str | None], str]:
     """``remote_url(kind, endpoint)``: a fresh prefix in a real store of ``kind``."""
     prefix = f"sec-{uuid.uuid4().hex[:10]}"
 
@@ -109,7 +107,7 @@ def test_planted_malicious_pickle_is_refused(
     try:
         raw(lambda: target.put(okey, entry, PutMode.OVERWRITE))
         # a genuine entry signed with the victim's key under another key: the control
-        good = Codec_signed(b"genuine")
+        good = genuine_entry(b"genuine")
         raw(lambda: target.put(client.cache.namespace.object_key(KIND, "good"), good))
 
         caplog.set_level(logging.WARNING, logger="objcache")
@@ -147,9 +145,7 @@ def test_planted_malicious_pickle_is_refused(
     assert not marker.exists()
 
 
-def Codec_signed(payload: bytes) -> bytes:  # noqa: N802 - reads like a constructor
-    from objcache.codec import Codec
-
+def genuine_entry(payload: bytes) -> bytes:
     return Codec(signing_keys=(KEY,)).encode(payload)
 
 
@@ -177,7 +173,7 @@ def commandstats(r: redis.Redis) -> dict[str, int]:
 def proxies(seaweed_s3: SeaweedS3, fake_gcs: FakeGCS) -> Iterator[dict[str, FaultProxy]]:
     made = {
         "s3": FaultProxy("127.0.0.1", port_of(seaweed_s3.endpoint_url)),
-        "gcs": FakeGCS and FaultProxy("127.0.0.1", port_of(fake_gcs.endpoint)),
+        "gcs": FaultProxy("127.0.0.1", port_of(fake_gcs.endpoint)),
     }
     yield made
     for p in made.values():
@@ -238,9 +234,7 @@ def test_read_only_makes_no_write_calls(
         assert c.flush(10) == 0
     close(reader, fresh)
 
-    writes = {
-        kind: sum(p.count_requests(m) for m in WRITE_METHODS) for kind, p in proxies.items()
-    }
+    writes = {kind: sum(p.count_requests(m) for m in WRITE_METHODS) for kind, p in proxies.items()}
     redis_writes = redis_write_calls(admin, before)
     admin.close()
     gets = {kind: p.count_requests("GET") for kind, p in proxies.items()}
@@ -291,8 +285,12 @@ def test_hostile_keys_stay_inside_the_stores(tmp_path: Path) -> None:
     for k, v in values.items():
         assert client.get(KIND, k) == v  # round-trips, distinct keys stay distinct
     reader = Client(
-        Config(tiers=f"file://{store}", local_dir=tmp_path / "r", prefetch=False,
-               stats_file=tmp_path / "stats.json")
+        Config(
+            tiers=f"file://{store}",
+            local_dir=tmp_path / "r",
+            prefetch=False,
+            stats_file=tmp_path / "stats.json",
+        )
     )
     for k, v in values.items():
         assert reader.get(KIND, k) == v  # from the file:// store
@@ -351,7 +349,10 @@ def assert_no_secret(text: str, where: str) -> None:
 
 @pytest.fixture
 def secret_env(
-    tmp_path: Path, redis_server: RedisServer, seaweed_s3: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    redis_server: RedisServer,
+    seaweed_s3: SeaweedS3,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> dict[str, str]:
     """Tiers whose calls all fail, each with a planted secret: a redis URL with a password
     the server does not accept, S3 with planted keys from the environment (the server
@@ -389,9 +390,7 @@ def test_secrets_never_reach_logs_errors_or_stats(
     remote = stats["tiers"][1:]
     assert all(sum(t["put_errors"].values()) + sum(t["misses"].values()) for t in remote), remote
     close(client)
-    text = caplog.text + "\n".join(
-        f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records
-    )
+    text = caplog.text + "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     assert "failed" in text  # the failures were logged, with their errors
     assert_no_secret(text, "the objcache log (DEBUG, with tracebacks)")
     assert_no_secret(json.dumps(stats), "Client.stats()")
@@ -400,9 +399,7 @@ def test_secrets_never_reach_logs_errors_or_stats(
 
 
 @pytest.mark.parametrize("args", [["doctor"], ["stats", "--json"], ["stats"]])
-def test_secrets_never_reach_cli_output(
-    secret_env: dict[str, str], args: list[str]
-) -> None:
+def test_secrets_never_reach_cli_output(secret_env: dict[str, str], args: list[str]) -> None:
     # leave a stats file from a failing session, for `stats` to print
     Client(Config.from_env()).close()
     done = subprocess.run(
@@ -425,6 +422,3 @@ def test_secrets_never_reach_cli_output(
         assert done.returncode != 0  # both tiers fail their checks
         assert "redis://:***@127.0.0.1" in out  # named, with the password redacted
     assert_no_secret(out, f"`objcache {' '.join(args)}`")
-
-
-__all__ = ["Any"]

@@ -26,9 +26,7 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
 
 
 class ThrottleShim:
-    def __init__(
-        self, upstream_port: int, *, status: int, body: bytes, content_type: str
-    ) -> None:
+    def __init__(self, upstream_port: int, *, status: int, body: bytes, content_type: str) -> None:
         self.upstream_port = upstream_port
         self.status = status
         self.body = body

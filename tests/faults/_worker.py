@@ -87,6 +87,6 @@ if __name__ == "__main__":
 
     fields = dict(params["env_fields"])
     objcache.client.fingerprint = lambda: fields  # type: ignore[attr-defined]
-    {"big_writer": big_writer, "contender": contender, "exit_writer": exit_writer}[
-        params["mode"]
-    ](params)
+    {"big_writer": big_writer, "contender": contender, "exit_writer": exit_writer}[params["mode"]](
+        params
+    )

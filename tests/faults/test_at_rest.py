@@ -47,9 +47,7 @@ def local_get(client: Client, okey: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(
-    store: Store, damage: str
-) -> None:
+def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(store: Store, damage: str) -> None:
     value = os.urandom(3000) + b"z" * 3000
     writer = store.client(timeout_ms=5000)
     writer.put(KIND, "key", value)
