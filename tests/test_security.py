@@ -90,7 +90,8 @@ def test_planted_malicious_pickle_is_refused(
     evil = malicious_pickle(marker)
     entry = unsigned_entry(evil) if forgery == "unsigned" else foreign_signed_entry(evil)
     remote = remote_url("file" if kind == "disk" else kind)
-    config = Config(
+    config = Config.from_env(
+        {},
         tiers=remote,
         local_dir=tmp_path / "local",
         signing_keys=(KEY,),
@@ -203,7 +204,9 @@ def test_read_only_makes_no_write_calls(
         "timeout_ms": 5000,
         "stats_file": tmp_path / "stats.json",
     }
-    seeder = Client(Config(tiers=",".join(tiers[1:]), local_dir=tmp_path / "seed", **base))
+    seeder = Client(
+        Config.from_env({}, tiers=",".join(tiers[1:]), local_dir=tmp_path / "seed", **base)
+    )
     for i in range(4):
         seeder.put(KIND, f"seeded-{i}", os.urandom(2000))
     assert seeder.flush(10) == 0
@@ -214,12 +217,15 @@ def test_read_only_makes_no_write_calls(
     for p in proxies.values():
         p.reset_counters()
     reader = Client(
-        Config(tiers=",".join(tiers), local_dir=tmp_path / "reader", read_only=read_only, **base)
+        Config.from_env(
+            {}, tiers=",".join(tiers), local_dir=tmp_path / "reader", read_only=read_only, **base
+        )
     )
     if reader.prefetch_result is not None:
         reader.prefetch_result.result(30)
     fresh = Client(
-        Config(
+        Config.from_env(
+            {},
             tiers=",".join(tiers),
             local_dir=tmp_path / "reader2",
             read_only=read_only,
@@ -270,7 +276,8 @@ HOSTILE = [
 def test_hostile_keys_stay_inside_the_stores(tmp_path: Path) -> None:
     store, local = tmp_path / "store", tmp_path / "local"
     client = Client(
-        Config(
+        Config.from_env(
+            {},
             tiers=f"file://{store}",
             local_dir=local,
             prefetch=False,
@@ -285,7 +292,8 @@ def test_hostile_keys_stay_inside_the_stores(tmp_path: Path) -> None:
     for k, v in values.items():
         assert client.get(KIND, k) == v  # round-trips, distinct keys stay distinct
     reader = Client(
-        Config(
+        Config.from_env(
+            {},
             tiers=f"file://{store}",
             local_dir=tmp_path / "r",
             prefetch=False,
@@ -310,7 +318,8 @@ def test_hostile_keys_stay_inside_the_stores(tmp_path: Path) -> None:
 
 def test_oversized_keys_are_misses_that_do_not_take_the_tier_down(tmp_path: Path) -> None:
     client = Client(
-        Config(
+        Config.from_env(
+            {},
             tiers=f"file://{tmp_path / 'store'}",
             local_dir=tmp_path / "local",
             prefetch=False,

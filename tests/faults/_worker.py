@@ -86,7 +86,7 @@ if __name__ == "__main__":
     import objcache.client
 
     fields = dict(params["env_fields"])
-    objcache.client.fingerprint = lambda: fields  # type: ignore[attr-defined]
+    objcache.client.fingerprint = lambda: fields  # type: ignore[attr-defined,assignment]
     {"big_writer": big_writer, "contender": contender, "exit_writer": exit_writer}[params["mode"]](
         params
     )

@@ -77,7 +77,8 @@ def test_damaged_file_store_and_local_entries(tmp_path: Path, damage: str) -> No
 
     def client(local: str) -> Client:
         return Client(
-            Config(
+            Config.from_env(
+                {},
                 tiers=f"file://{store}",
                 local_dir=tmp_path / local,
                 prefetch=False,
@@ -135,7 +136,7 @@ def test_local_disk_full(tiny_disk: Path, tmp_path: Path) -> None:
         "stats_file": tmp_path / "stats.json",
         "local_max_bytes": 0,  # no eviction: the disk fills up
     }
-    client = Client(Config(local_dir=tiny_disk, **config))  # type: ignore[arg-type]
+    client = Client(Config.from_env({}, local_dir=tiny_disk, **config))
     values = {f"k{i}": os.urandom(48 << 10) for i in range(24)}  # ~1.1 MiB > 512 KiB
     for k, v in values.items():
         client.put(KIND, k, v)
@@ -151,7 +152,7 @@ def test_local_disk_full(tiny_disk: Path, tmp_path: Path) -> None:
             assert not path.name.startswith("."), f"temp file left behind: {path}"
             codec.decode(path.read_bytes())
     # the remote tier got everything despite the local failures
-    reader = Client(Config(local_dir=tmp_path / "reader", **config))  # type: ignore[arg-type]
+    reader = Client(Config.from_env({}, local_dir=tmp_path / "reader", **config))
     assert all(reader.get(KIND, k) == v for k, v in values.items())
     for c in (client, reader):
         c.close()

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -66,7 +67,7 @@ def test_unreachable_tier_costs_the_deadline_then_nothing(store: Store, fault: s
 
     latencies = []
     for i in range(BREAKER_FAILURES + 3):
-        value, ms = timed(lambda i=i: client.get(KIND, "present" if i % 2 else f"k{i}"))
+        value, ms = timed(partial(client.get, KIND, "present" if i % 2 else f"k{i}"))
         assert value is None
         latencies.append(ms)
     # a put never waits for the remote tier, whatever its state
@@ -181,7 +182,7 @@ def test_throttling_bursts(shim_store: tuple[Store, ThrottleShim]) -> None:
     shim.throttle_next(10_000)
     latencies = []
     for i in range(BREAKER_FAILURES + 3):
-        got, ms = timed(lambda i=i: client.get(KIND, f"absent-{i}"))
+        got, ms = timed(partial(client.get, KIND, f"absent-{i}"))
         assert got is None
         latencies.append(ms)
         if i == BREAKER_FAILURES - 1:
@@ -221,7 +222,7 @@ def test_redis_oom_puts_are_counted_errors_and_store_nothing(redis_store: Store)
     client = redis_store.client(timeout_ms=1000)
     values = {f"k{i}": os.urandom(32 << 10) for i in range(2)}
     for k, v in values.items():
-        _, ms = timed(lambda k=k, v=v: client.put(KIND, k, v))
+        _, ms = timed(partial(client.put, KIND, k, v))
         assert ms < OPEN_BREAKER_MS
     assert client.flush(5) == 0
     tier = remote_stats(client)
@@ -261,9 +262,12 @@ def test_s3_puts_broken_mid_body_store_nothing_partial(s3_store: Store) -> None:
     rng = random.Random(7)
     ends = time.monotonic() + 6
     while time.monotonic() < ends:
-        rng.choice(
-            [proxy.refuse, lambda: proxy.reset_after(rng.choice((0, 300))), proxy.close_immediately]
-        )()
+        faults: list[Callable[[], None]] = [
+            proxy.refuse,
+            lambda: proxy.reset_after(rng.choice((0, 300))),
+            proxy.close_immediately,
+        ]
+        rng.choice(faults)()
         time.sleep(rng.uniform(0.05, 0.3))
         proxy.passthrough()
         time.sleep(rng.uniform(0.05, 0.3))

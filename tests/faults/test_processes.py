@@ -110,7 +110,7 @@ def test_kill_9_writer_mid_put(
     local = create_backend(parse_tier_url(f"disk://{tmp_path / 'writer-local'}"))
     assert_all_complete(listed_entries(local))
 
-    reader = Client(Config(**{**config, "local_dir": tmp_path / "reader"}))  # type: ignore[arg-type]
+    reader = Client(Config.from_env({}, **{**config, "local_dir": tmp_path / "reader"}))
     for key in keys:
         got = reader.get(KIND, key)
         assert got is None or got == make_value(0, key, size)
@@ -126,7 +126,7 @@ def test_eight_processes_same_keys(tmp_path: Path, redis_fault_server: Any) -> N
     read is complete and verified, none is mixed, and the stores hold only whole entries."""
     keys = [f"shared-{i}" for i in range(6)]
     prefix = f"p8-{os.getpid()}-{time.time_ns()}"
-    config = {
+    config: dict[str, Any] = {
         "tiers": f"file://{tmp_path / 'store'},"
         f"redis://127.0.0.1:{redis_fault_server.port}/0?prefix={prefix}/",
         "local_dir": str(tmp_path / "shared-local"),
@@ -189,7 +189,7 @@ def test_write_behind_flushes_everything_on_normal_exit(
     assert proc.returncode == 0, err
     assert int(out.split()[1]) > 0  # writes were still queued at the end of the script
     assert "not flushed" not in err
-    probe = Client(Config(**{**config, "local_dir": tmp_path / "probe"}))  # type: ignore[arg-type]
+    probe = Client(Config.from_env({}, **{**config, "local_dir": tmp_path / "probe"}))
     ns = probe.cache.namespace
     for i in range(n):
         entry = store.raw_get(ns.object_key(KIND, f"wb-{i}"))
