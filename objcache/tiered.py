@@ -154,7 +154,14 @@ class TieredCache:
         A hit from tier i is taken as soon as every tier before it has missed; while a
         faster tier is still running, it waits at most ``priority_grace_s`` for it.
         """
-        tiers = [t for t in self.remotes if t.readable and not t.breaker_open()]
+        tiers = []
+        for t in self.remotes:
+            if not t.readable:
+                continue
+            if t.breaker_open():  # skipped: still a miss of this tier, with its reason
+                t.stats.misses["breaker"] += 1
+                continue
+            tiers.append(t)
         if not tiers:
             return None
         tasks: dict[asyncio.Future[Any], int] = {
