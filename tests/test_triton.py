@@ -511,6 +511,8 @@ def run_machine(tmp_path: Path, name: str, rounds: int = 1) -> dict[str, Any]:
         "OBJCACHE_TRITON": "1",
         "OBJCACHE_TIERS": f"file://{tmp_path / 'store'}",
         "OBJCACHE_LOCAL_DIR": str(tmp_path / f"local-{name}"),
+        # Each lookup must reach the store on its own: no job-manifest prefetch.
+        "OBJCACHE_PREFETCH": "0",
         "TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}"),
         "TRITON_HOME": str(tmp_path / "home"),
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
