@@ -152,7 +152,8 @@ def classify(exc: BaseException, op: str, bucket: str, tier: str) -> BackendErro
     if isinstance(
         exc,
         (
-            bce.HTTPClientError,  # connect/read timeouts, endpoint connection, closed, proxy
+            bce.ConnectionError,  # endpoint connection refused, connect timeout
+            bce.HTTPClientError,  # read timeout, connection closed, proxy
             bce.ResponseStreamingError,
             bce.IncompleteReadError,
             aiohttp.ClientPayloadError,  # reset mid-body

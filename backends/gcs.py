@@ -17,14 +17,17 @@ created on first use, never in ``__init__``; after a fork the child makes its ow
   for up to 120 s, far past any tier deadline); :mod:`objcache.policy` retries transient
   errors inside the deadline. Socket timeouts are explicit.
 * **CREATE** is ``if_generation_match=0``; 412 means another writer won. Entries up to
-  ``resumable_threshold`` go in one multipart request; larger ones through a resumable
-  upload whose chunk is ``resumable_chunk`` (64 MiB: objcache never resumes a session, the
-  policy layer re-sends the whole put, so fewer chunks only save round trips). An
-  interrupted resumable session leaves no object behind. Real GCS enforces the
-  precondition on every path; fake-gcs-server (v1.54, before fsouza/fake-gcs-server#2260)
-  ignores it on *multi-chunk* resumable uploads, so on that emulator a CREATE above
-  ``resumable_chunk`` races as last-writer-wins. A large CREATE first checks that the
-  object is absent, so a loser usually skips the upload altogether.
+  ``resumable_threshold`` (8 MiB, google-cloud-storage's own multipart limit) go in one
+  multipart request; larger ones through a resumable upload whose chunk is
+  ``resumable_chunk`` (64 MiB: objcache never resumes a session, the policy layer re-sends
+  the whole put, so fewer chunks only save round trips). An interrupted resumable session
+  leaves no object behind. A large CREATE first checks that the object is absent, so a
+  loser usually skips the upload altogether. Real GCS enforces the precondition when the
+  object is finalized, on every upload path. fake-gcs-server 1.54 checks it on a
+  resumable upload only when the session starts (fixed upstream by
+  fsouza/fake-gcs-server#2260), so there concurrent large CREATEs can all succeed.
+* google-cloud-storage 3.x's bucket-metadata lookups for tracing (a background
+  ``buckets.get`` per bucket and after every 404) are switched off.
 * Checksums are left off (``checksum=None``): every entry carries its own BLAKE2b digest,
   checked by :mod:`objcache.codec` on every read.
 * Credentials: Application Default Credentials only; anonymous credentials only when an
@@ -90,9 +93,16 @@ def _make_client(key: ClientKey) -> Any:
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     options = {"api_endpoint": key.endpoint} if key.endpoint else None
-    return storage.Client(
+    client = storage.Client(
         project=project, credentials=credentials, _http=session, client_options=options
     )
+    # google-cloud-storage >= 3.x fetches bucket metadata (buckets.get, with its own
+    # retries) in a new background thread on first use of each bucket and again after
+    # every 404, only to label tracing spans: an extra request per miss, and a permission
+    # readers lack. Every use of the cache is guarded by a truthiness check.
+    if getattr(client, "_bucket_metadata_cache", None) is not None:
+        client._bucket_metadata_cache = None
+    return client
 
 
 class _Shared:
@@ -150,6 +160,8 @@ class GCSBackend(Backend):
         if self.resumable_chunk % CHUNK_QUANTUM:
             raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
         self.concurrency = opt_int(spec, "concurrency", MAX_THREADS, minimum=1)
+        #: objects per listing page (GCS's maximum; tests lower it to exercise paging)
+        self.list_page_size = 1000
         if self.concurrency > MAX_THREADS:
             raise ConfigError(f"{spec.display}: concurrency must be <= {MAX_THREADS}")
 
@@ -248,12 +260,17 @@ class GCSBackend(Backend):
             self.bucket,
             prefix=prefix,
             page_token=token,
-            max_results=None,
+            page_size=self.list_page_size,
             fields="items(name,size,updated),nextPageToken",
             retry=None,
             timeout=self.timeout,
         )
-        page = next(iterator.pages, None)
+        try:
+            page = next(iterator.pages, None)
+        except Exception as exc:
+            if is_not_found(exc):
+                raise missing_bucket(self.bucket, self.name) from None
+            raise
         items = [] if page is None else [(b.name, b.size, b.updated) for b in page]
         return items, iterator.next_page_token
 

@@ -95,6 +95,12 @@ async def _close_client(client: Any) -> None:
 #: Shared by every S3Backend in the process.
 CLIENTS: SharedClients[ClientKey, Any] = SharedClients(_open_client, _close_client)
 
+#: Waits between attempts to abort a failed multipart upload (in the background).
+ABORT_RETRY_DELAYS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
+#: How long a failed put waits for its abort before returning its error.
+ABORT_WAIT_S = 1.0
+#: Aborts of failed multipart uploads still running (held so they are not collected).
+_BACKGROUND: set[asyncio.Task[None]] = set()
 #: (endpoint, bucket) pairs whose existence has been confirmed: a HEAD 404 is then a miss.
 _BUCKETS_SEEN: set[tuple[str | None, str]] = set()
 
@@ -123,6 +129,8 @@ class S3Backend(Backend):
         self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
         self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
         self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
+        #: keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise paging)
+        self.list_page_size = 1000
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -224,7 +232,12 @@ class S3Backend(Backend):
         cut = len(self.prefix)
         try:
             paginator = client.get_paginator("list_objects_v2")
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+            pages = paginator.paginate(
+                Bucket=self.bucket,
+                Prefix=self.prefix + prefix,
+                PaginationConfig={"PageSize": self.list_page_size},
+            )
+            async for page in pages:
                 for obj in page.get("Contents", ()):
                     yield ObjectInfo(
                         key=obj["Key"][cut:],
@@ -271,7 +284,12 @@ class S3Backend(Backend):
                 **extra,
             )
         except BaseException as exc:
-            await self._abort(client, name, upload_id)
+            abort = self._start_abort(client, name, upload_id)
+            if not isinstance(exc, Exception):
+                raise  # cancelled (tier deadline): the abort finishes in the background
+            # Usually done in one round trip; when the network is failing, the put's error
+            # is not held back: the abort keeps trying in the background.
+            await asyncio.wait({abort}, timeout=ABORT_WAIT_S)
             if mode is PutMode.CREATE and is_precondition_failure(exc):
                 return False
             if isinstance(exc, Exception):
@@ -305,13 +323,32 @@ class S3Backend(Backend):
                 task.cancel()  # no-op for finished ones; stops the rest after a failure
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _abort(self, client: Any, name: str, upload_id: str) -> None:
-        """Abort the upload, even when the caller is being cancelled (best effort)."""
-        abort = asyncio.ensure_future(
-            client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload_id)
-        )
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.shield(abort)
+    def _start_abort(self, client: Any, name: str, upload_id: str) -> asyncio.Task[None]:
+        """Abort the upload in a task of its own, retried a few times over
+        :data:`ABORT_RETRY_DELAYS_S`, so that neither a cancelled put (the tier deadline)
+        nor a failing network leaves parts behind; the bucket's lifecycle rule
+        (AbortIncompleteMultipartUpload, terraform/modules/s3-cache) is the last resort."""
+
+        async def abort() -> None:
+            for delay in ABORT_RETRY_DELAYS_S:
+                await asyncio.sleep(delay)
+                try:
+                    await client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=name, UploadId=upload_id
+                    )
+                    return
+                except bce.ClientError as exc:
+                    if error_code(exc) == "NoSuchUpload" or status_code(exc) == 404:
+                        return  # already gone
+                    if not isinstance(self._error(exc, "abort"), TransientBackendError):
+                        return
+                except Exception:
+                    continue
+
+        task = asyncio.ensure_future(abort())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        return task
 
     async def delete(self, key: str) -> bool:
         name = self._object_name(key)

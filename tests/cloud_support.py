@@ -61,14 +61,18 @@ def s3_url(
     profile: str | None = None,
     **options: Any,
 ) -> str:
-    """``s3://bucket/prefix?...`` for ``server`` (or a proxy in front of it)."""
+    """``s3://bucket/prefix?...`` for ``server`` (or a proxy in front of it).
+
+    ``profile=None`` uses the server's own profile; ``profile=""`` names none (the default
+    credential chain)."""
     query = {
         "endpoint_url": endpoint_url or server.endpoint_url,
         "region": server.region,
         "addressing_style": "path",
-        "profile": profile or server_profile(server),
+        "profile": server_profile(server) if profile is None else profile,
         **{k: str(v) for k, v in options.items()},
     }
+    query = {k: v for k, v in query.items() if v}
     return f"s3://{bucket or session_bucket(server)}/{prefix}?{urlencode(query, safe=':/')}"
 
 
