@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from cloud_support import gcs_url
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as gauth
 
@@ -30,6 +29,7 @@ from objcache.testing.proxy import FaultProxy
 from objcache.testing.servers import FakeGCS
 from objcache.tier import Tier
 from objcache.urls import parse_tier_url
+from tests.cloud_support import gcs_url
 
 pytestmark = pytest.mark.servers
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from cloud_support import aws_profile, s3_url, session_bucket
 
 from objcache.backends._s3_errors import classify
 from objcache.backends.base import PutMode
@@ -28,6 +27,7 @@ from objcache.testing.proxy import FaultProxy
 from objcache.testing.servers import S3Server, SeaweedS3
 from objcache.tier import Tier
 from objcache.urls import parse_tier_url
+from tests.cloud_support import aws_profile, s3_url, session_bucket
 
 pytestmark = pytest.mark.servers
 

@@ -60,7 +60,7 @@ def _redis(request: pytest.FixtureRequest, unique: str) -> Backend:
 
 def _s3(fixture: str) -> Factory:
     def make(request: pytest.FixtureRequest, unique: str) -> Backend:
-        from cloud_support import s3_url
+        from tests.cloud_support import s3_url
 
         return create_backend(parse_tier_url(s3_url(request.getfixturevalue(fixture), unique)))
 
@@ -68,7 +68,7 @@ def _s3(fixture: str) -> Factory:
 
 
 def _gcs(request: pytest.FixtureRequest, unique: str) -> Backend:
-    from cloud_support import gcs_url
+    from tests.cloud_support import gcs_url
 
     return create_backend(parse_tier_url(gcs_url(request.getfixturevalue("fake_gcs"), unique)))
 
