@@ -4,17 +4,47 @@ Enable it with environment variables (``OBJCACHE_TIERS=...``) or one call::
 
     import objcache
     objcache.install()            # routes torch's remote caches through objcache
+
+``import objcache`` is light (no asyncio, no torch): the names below load on first use, so
+the zero-code path (``objcache-autoload.pth``) costs nothing measurable at start-up.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from objcache.config import Config
-from objcache.errors import ConfigError, ObjcacheError
+if TYPE_CHECKING:
+    from objcache.config import Config
+    from objcache.errors import ConfigError, ObjcacheError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "ObjcacheError", "__version__", "get_client", "stats"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ObjcacheError",
+    "__version__",
+    "get_client",
+    "install",
+    "stats",
+    "uninstall",
+]
+
+_LAZY = {
+    "Config": "objcache.config",
+    "ConfigError": "objcache.errors",
+    "ObjcacheError": "objcache.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'objcache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def get_client(config: Config | None = None) -> Any:
@@ -27,3 +57,17 @@ def get_client(config: Config | None = None) -> Any:
 def stats() -> dict[str, Any]:
     """Hits, misses by reason, bytes and latency per tier for this process."""
     return dict(get_client().stats())
+
+
+def install(config: Config | None = None) -> None:
+    """Route torch.compile's caches (and CPU kernel builds) through objcache (idempotent)."""
+    from objcache.integrations.torch import install as _install
+
+    _install(config)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: torch's cache classes, flags and builders as they were."""
+    from objcache.integrations.torch import uninstall as _uninstall
+
+    _uninstall()

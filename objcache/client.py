@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -209,6 +210,28 @@ def _close_at_exit() -> None:
     client = _client
     if client is not None and _client_pid == os.getpid():
         client.close()
+
+
+def _register_early_exit_hook() -> None:
+    """Close the client before thread pools refuse work, not after.
+
+    ``atexit`` runs after ``threading._shutdown`` has stopped every ``ThreadPoolExecutor``
+    (``concurrent.futures.thread._python_exit``), so an exit-time flush that needs
+    ``asyncio.to_thread`` (the disk and file backends) fails with "cannot schedule new futures
+    after shutdown": the last write-behind entries and the run manifest were lost. Hooks
+    registered with ``threading._register_atexit`` run in reverse order *before* that, so
+    concurrent.futures.thread is imported first (registering its hook first, running last).
+    The ``atexit`` hook above stays as the fallback; closing twice is a no-op.
+    """
+    import concurrent.futures.thread  # noqa: F401
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # interpreter already shutting down
+            register(_close_at_exit)
+
+
+_register_early_exit_hook()
 
 
 def _after_fork_in_child() -> None:

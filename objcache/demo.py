@@ -1,0 +1,469 @@
+"""``objcache demo``: a cold compile, the same compile on a "new machine", then warm.
+
+Three subprocesses compile and run one training step of a small model on the configured
+tiers (``OBJCACHE_TIERS``) or the embedded default ``file://`` store, so it works on a laptop
+without any cloud account:
+
+1. **cold** — empty local dirs: every cache misses, everything is built and stored;
+2. **new machine** — a fresh objcache local dir, a fresh ``TORCHINDUCTOR_CACHE_DIR`` and a
+   fresh temp dir (where Inductor keeps precompiled headers): only the shared store is warm;
+3. **warm** — the new machine again: torch's local caches are warm now.
+
+Each run reports the wall time of its first step, hits per cache kind, bytes moved to and
+from remote tiers, kernel g++ builds, and whether outputs and gradients match eager. The
+model bakes a per-demo constant into its graph, so each demo's cold run really is cold.
+
+The same module is the workload of the tests and of ``bench/warm_start.py``:
+``python -m objcache.demo --worker ...`` runs one compile and prints one JSON result line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+RESULT_TAG = "OBJCACHE_RESULT "
+STAGE_TAG = "objcache-demo: stage "
+MODELS = ("tiny", "block")
+
+
+# --- the worker: one process, one compile -----------------------------------------------------
+
+
+def build_model(name: str, salt: float) -> tuple[Any, Any]:
+    """``(module, input)``: ``tiny`` is a 2-layer MLP; ``block`` a 4-layer MLP + attention."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    torch.manual_seed(0)
+    if name == "tiny":
+
+        class Tiny(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+            def forward(self, x: Any) -> Any:
+                return self.net(x) * salt
+
+        return Tiny(), torch.randn(4, 8)
+
+    class Block(nn.Module):
+        def __init__(self, d: int = 64, heads: int = 4) -> None:
+            super().__init__()
+            self.heads = heads
+            self.norm1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.norm2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(
+                nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.GELU(),
+                nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d),
+            )  # fmt: skip
+
+        def forward(self, x: Any) -> Any:
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+            return (x + self.mlp(self.norm2(x))) * salt
+
+    return Block(), torch.randn(2, 16, 64)
+
+
+def _stage(name: str) -> None:
+    print(f"{STAGE_TAG}{name}", file=sys.stderr, flush=True)
+
+
+def _step(model: Any, x: Any) -> tuple[Any, list[Any]]:
+    out = model(x)
+    out.float().pow(2).mean().backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return out.detach(), grads
+
+
+def run_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Compile and run one step; everything the parent reports, as a dict."""
+    started = time.perf_counter()
+    result: dict[str, Any] = {"ok": False, "model": args.model, "objcache": args.objcache}
+    _stage("import torch")
+    import copy
+
+    import torch
+
+    result["import_s"] = time.perf_counter() - started
+    setup_started = time.perf_counter()
+    # Import what objcache.install() imports in every mode, so that "first step" measures
+    # compile + step alike with and without objcache (not who paid for the imports).
+    import importlib
+
+    from objcache.integrations.torch.autoload import WATCHED
+
+    for name in WATCHED:
+        importlib.import_module(name)
+    if args.objcache == "install":
+        import objcache
+
+        objcache.install()
+    if args.torch_mega_load:
+        with open(args.torch_mega_load, "rb") as f:
+            torch.compiler.load_cache_artifacts(f.read())
+    if args.mega_load:
+        from objcache import mega
+
+        result["mega_load"] = mega.load(args.mega_load)
+    result["setup_s"] = time.perf_counter() - setup_started
+
+    model, x = build_model(args.model, args.salt)
+    ref_out, ref_grads = _step(copy.deepcopy(model), x)
+    _stage("compile")
+    compiled = torch.compile(model)
+    t0 = time.perf_counter()
+    out, grads = _step(compiled, x)
+    result["first_step_s"] = time.perf_counter() - t0
+    _stage("check")
+    pairs = list(zip([out, *grads], [ref_out, *ref_grads], strict=True))
+    errs = [float((a - b).abs().max()) for a, b in pairs]
+    result["max_abs_err"] = max(errs)
+    result["match"] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
+    from torch._dynamo.utils import counters
+
+    result["torch"] = {
+        k: v
+        for group in ("inductor", "aot_autograd")
+        for k, v in counters[group].items()
+        if "cache" in k
+    }
+    if args.torch_mega_save:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            with open(args.torch_mega_save, "wb") as f:
+                f.write(saved[0])
+    if args.mega_save:
+        from objcache import mega
+
+        result["mega_save"] = mega.save(args.mega_save)
+    _report_objcache(result)
+    result["total_s"] = time.perf_counter() - started
+    result["ok"] = True
+    return result
+
+
+def _report_objcache(result: dict[str, Any]) -> None:
+    import objcache.integrations.torch as integration
+
+    if not integration.installed() and not _kernels_hooked():
+        return
+    from objcache.client import get_client
+    from objcache.integrations.torch import kernels
+
+    _stage("flush")
+    kernels.wait_stored(60)
+    client = get_client()
+    client.flush()
+    result["integration"] = integration.stats()
+    result["stats"] = client.stats()
+    prefetch = getattr(client, "prefetch_result", None)
+    if prefetch is not None and prefetch.done() and not prefetch.cancelled():
+        try:
+            result["prefetch"] = prefetch.result()
+        except Exception as exc:
+            result["prefetch"] = {"error": repr(exc)}
+
+
+def _kernels_hooked() -> bool:
+    mod = sys.modules.get("torch._inductor.cpp_builder")
+    return mod is not None and bool(getattr(mod.CppBuilder.build, "__objcache__", False))
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m objcache.demo --worker")
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--model", choices=MODELS, default="tiny")
+    p.add_argument("--salt", type=float, default=1.0)
+    p.add_argument(
+        "--objcache",
+        choices=("off", "install", "auto"),
+        default="install",
+        help="off: torch only; install: objcache.install(); auto: the zero-code path decides",
+    )
+    p.add_argument("--mega-save", default="")
+    p.add_argument("--mega-load", default="")
+    p.add_argument("--torch-mega-save", default="")
+    p.add_argument("--torch-mega-load", default="")
+    return p
+
+
+def worker_main(argv: Sequence[str] | None = None) -> int:
+    args = worker_parser().parse_args(argv)
+    try:
+        result = run_worker(args)
+    except Exception as exc:  # report, do not hide: the parent prints it
+        import traceback
+
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    print(RESULT_TAG + json.dumps(result, default=str), flush=True)
+    return 0 if result.get("ok") else 1
+
+
+# --- the parent: run workers ------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One worker run: its result, wall time and the tail of its stderr."""
+
+    result: dict[str, Any]
+    wall_s: float
+    returncode: int
+    stderr_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and bool(self.result.get("ok"))
+
+
+def run_job(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    command: Sequence[str] | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    timeout: float = 900.0,
+) -> Job:
+    """Run a worker in a subprocess and parse its result line."""
+    cmd = [*(command or [sys.executable, "-m", "objcache.demo"]), "--worker", *args]
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    tail: deque[str] = deque(maxlen=60)
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith(STAGE_TAG):
+                if on_stage is not None:
+                    on_stage(line[len(STAGE_TAG) :].strip())
+            else:
+                tail.append(line.rstrip())
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, _ = proc.communicate()
+        tail.append(f"worker timed out after {timeout:.0f}s")
+    reader.join(5)
+    result: dict[str, Any] = {"ok": False, "error": "no result line"}
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            result = json.loads(line[len(RESULT_TAG) :])
+    return Job(result, time.perf_counter() - started, proc.returncode, list(tail))
+
+
+def machine_env(root: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a simulated machine whose local state lives under ``root``."""
+    env = dict(os.environ if base is None else base)
+    for sub in ("inductor", "triton", "tmp", "objcache-local"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+        TRITON_CACHE_DIR=os.path.join(root, "triton"),
+        TMPDIR=os.path.join(root, "tmp"),
+        OBJCACHE_LOCAL_DIR=os.path.join(root, "objcache-local"),
+    )
+    return env
+
+
+# --- summaries --------------------------------------------------------------------------------
+
+
+def remote_bytes(result: Mapping[str, Any]) -> tuple[int, int]:
+    """(bytes read from, bytes written to) remote tiers."""
+    tiers = result.get("stats", {}).get("tiers", [])
+    remote = [t for t in tiers if not t.get("local")]
+    return sum(t["bytes_read"] for t in remote), sum(t["bytes_written"] for t in remote)
+
+
+def objcache_hits(result: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """kind -> (hits, gets) as objcache served them."""
+    cache = result.get("stats", {}).get("cache", {})
+    gets, hits = cache.get("gets", {}), cache.get("hits", {})
+    return {kind: (int(hits.get(kind, 0)), int(n)) for kind, n in sorted(gets.items())}
+
+
+def gxx_builds(result: Mapping[str, Any]) -> int | None:
+    kernels = result.get("integration", {}).get("kernels")
+    return None if kernels is None else int(kernels.get("builds", 0))
+
+
+def _fmt_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KB"
+    return f"{n / (1 << 20):.1f} MB"
+
+
+_SHORT = {"fx-graph": "fx", "aot-autograd": "aot", "kernel": "kernel", "pgo": "pgo"}
+
+
+def _hits_cell(result: Mapping[str, Any]) -> str:
+    parts = [
+        f"{_SHORT.get(kind, kind)} {h}/{n}"
+        for kind, (h, n) in objcache_hits(result).items()
+        if kind not in ("manifest",)
+    ]
+    return ", ".join(parts) or "-"
+
+
+def _torch_cell(result: Mapping[str, Any]) -> str:
+    t = result.get("torch", {})
+    fx = int(t.get("fxgraph_cache_hit", 0))
+    fx_all = fx + int(t.get("fxgraph_cache_miss", 0))
+    aot = int(t.get("autograd_cache_hit", 0))
+    aot_all = aot + int(t.get("autograd_cache_miss", 0))
+    return f"fx {fx}/{fx_all}, aot {aot}/{aot_all}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        return worker_main(argv)
+    parser = argparse.ArgumentParser(prog="objcache demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="block")
+    parser.add_argument("--keep", action="store_true", help="keep the demo's temp dirs")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    opts = parser.parse_args(argv)
+    return _demo(opts.model, opts.keep, opts.timeout)
+
+
+def _run_with_progress(
+    console: Any, what: str, args: Sequence[str], env: Mapping[str, str], timeout: float
+) -> Job:
+    """Run one worker under a spinner showing its current stage and elapsed time."""
+    started = time.perf_counter()
+    stage = ["starting"]
+    done = threading.Event()
+    with console.status(what) as status:
+
+        def on_stage(name: str) -> None:
+            stage[0] = name
+
+        def tick() -> None:
+            while not done.is_set():
+                elapsed = time.perf_counter() - started
+                status.update(f"{what} — {stage[0]} ({elapsed:.0f}s)")
+                done.wait(0.5)
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            return run_job(args, env, on_stage=on_stage, timeout=timeout)
+        finally:
+            done.set()
+            ticker.join()
+
+
+def _demo(model: str, keep: bool, timeout: float) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from objcache.config import Config
+
+    console = Console()
+    config = Config.from_env()
+    tiers = ", ".join(t.display for t in config.effective_tiers())
+    default = "" if config.tiers else " (embedded default: set OBJCACHE_TIERS to use yours)"
+    console.print(f"[bold]objcache demo[/]: model [cyan]{model}[/], store {tiers}{default}")
+    root = tempfile.mkdtemp(prefix="objcache-demo-")
+    run_id = f"{random.randrange(1 << 30):08x}"
+    salt = 1.0 + int(run_id, 16) * 1e-12
+    cold_env = machine_env(os.path.join(root, "machine-a"))
+    new_env = machine_env(os.path.join(root, "machine-b"))
+    for env in (cold_env, new_env):
+        env["OBJCACHE_JOB"] = f"objcache-demo-{run_id}"
+        env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    args = ["--model", model, "--salt", repr(salt), "--objcache", "install"]
+    plan = [
+        ("cold", cold_env, "compiling from scratch (g++ for every kernel)"),
+        ("new machine", new_env, "fresh local dirs, shared store"),
+        ("warm", new_env, "same machine again"),
+    ]
+    jobs: list[tuple[str, Job]] = []
+    try:
+        for label, env, what in plan:
+            job = _run_with_progress(console, f"{label}: {what}", args, env, timeout)
+            jobs.append((label, job))
+            if not job.ok:
+                console.print(f"[red]{label} run failed:[/] {job.result.get('error', '')}")
+                for line in job.stderr_tail[-20:]:
+                    console.print(f"  {line}", highlight=False, markup=False)
+                return 1
+            console.print(f"  {label}: first step {job.result['first_step_s']:.1f}s")
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    table = Table(title="objcache demo: one training step, three machines' worth")
+    for col in (
+        "run",
+        "first step",
+        "torch local hits",
+        "objcache hits/gets",
+        "from remote",
+        "to remote",
+        "kernel g++ builds",
+        "matches eager",
+    ):
+        table.add_column(
+            col, justify="right" if col not in ("run", "objcache hits/gets") else "left"
+        )
+    for label, job in jobs:
+        r = job.result
+        down, up = remote_bytes(r)
+        builds = gxx_builds(r)
+        table.add_row(
+            label,
+            f"{r['first_step_s']:.1f} s",
+            _torch_cell(r),
+            _hits_cell(r),
+            _fmt_bytes(down),
+            _fmt_bytes(up),
+            "-" if builds is None else str(builds),
+            "[green]yes[/]" if r.get("match") else f"[red]no[/] ({r.get('max_abs_err'):.2g})",
+        )
+    console.print(table)
+    cold, new = jobs[0][1].result, jobs[1][1].result
+    speedup = cold["first_step_s"] / max(new["first_step_s"], 1e-9)
+    console.print(
+        f"The new machine's first step took {new['first_step_s']:.1f}s instead of "
+        f"{cold['first_step_s']:.1f}s ({speedup:.1f}x), with "
+        f"{gxx_builds(new) or 0} kernel builds."
+    )
+    ok = all(job.result.get("match") for _, job in jobs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

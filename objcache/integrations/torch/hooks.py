@@ -1,0 +1,404 @@
+"""Route torch's five remote caches through objcache, and put torch back exactly.
+
+torch resolves its remote cache classes **by name at call time**
+(``remote_cache.py:403`` ``create_cache`` does ``getattr(this_module, oss_cache_cls)``), so
+replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCache``,
+``RemoteAutotuneCache``, ``RemoteBundledAutotuneCache`` and ``RemoteDynamoPGOCache`` with
+subclasses routes every cache object torch creates from then on, each with its ``cache_id``.
+The subclasses work at the *value* level (``RedisRemoteCache._get/_put``,
+``remote_cache.py:345-352``): torch's JSON/base64 envelope is never built on a put, the raw
+pickle is stored (:mod:`.serde`), and a hit is written through to Inductor's local cache
+(:mod:`.writethrough`). Their ``backend`` is an :class:`ObjcacheBackend` (a real
+``RemoteCacheBackend[bytes]``) for code that talks to the backend directly, and a
+``backend_override_cls`` set on them (torch's own test mocks) still wins.
+
+Nothing here raises into torch: a raising ``_put`` breaks AOTAutograd (the error escapes
+``loss.backward()``, ``autograd_cache.py:1387`` is outside any try) and PGO. Every failure is
+a counted miss, logged once. Gets are bounded by the client's deadline; puts write the local
+objcache tier and go remote through the write-behind queue.
+
+The install is made of *parts*, one per torch module, so that the zero-code path
+(:mod:`.autoload`) can apply each part when its module is first imported, without importing
+anything torch would not have imported anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from objcache.integrations.torch import serde, writethrough
+
+log = logging.getLogger("objcache.torch")
+
+#: torch class name -> objcache kind.
+CACHE_CLASSES: dict[str, str] = {
+    "RemoteFxGraphCache": "fx-graph",
+    "RemoteAOTAutogradCache": "aot-autograd",
+    "RemoteAutotuneCache": "autotune",
+    "RemoteBundledAutotuneCache": "bundled-autotune",
+    "RemoteDynamoPGOCache": "pgo",
+}
+
+#: objcache kind -> torch's cache_id, for the kinds with a fixed one (the autotune cache id
+#: is a per-kernel hash). Sources: codecache.py:2264, autograd_cache.py:1395, pgo.py:679,
+#: autotune_cache.py begin_compile.
+CACHE_IDS: dict[str, str] = {
+    "fx-graph": "fx-graph-v1",
+    "aot-autograd": "autograd-experimental",
+    "pgo": "dynamo-pgo",
+    "bundled-autotune": "bundled-autotune-v1",
+}
+
+#: (config module, attribute, environment variable that, when present, wins).
+FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("torch._inductor.config", "fx_graph_remote_cache", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"),
+    ("torch._inductor.config", "autotune_remote_cache", "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"),
+    (
+        "torch._inductor.config",
+        "bundled_autotune_remote_cache",
+        "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",
+    ),
+    (
+        "torch._functorch.config",
+        "enable_remote_autograd_cache",
+        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    ),
+    (
+        "torch._dynamo.config",
+        "automatic_dynamic_remote_pgo",
+        "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO",
+    ),
+)
+#: Environment variables that set torch.compiler.config.job_id (PGO needs a job id).
+JOB_ID_ENV = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
+
+_lock = threading.RLock()
+#: What install() changed: (module name, attribute) -> previous value.
+_saved: dict[tuple[str, str], Any] = {}
+_installed_parts: set[str] = set()
+#: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
+counters: Counter[str] = Counter()
+_warned: set[str] = set()
+
+
+def _failed(where: str, exc: BaseException) -> None:
+    counters[f"errors:{where}"] += 1
+    if where not in _warned:
+        _warned.add(where)
+        log.warning("objcache: %s failed; torch goes on without objcache there: %r", where, exc)
+    else:
+        log.debug("objcache: %s failed", where, exc_info=True)
+
+
+def _client() -> Any:
+    from objcache.client import get_client
+
+    return get_client()
+
+
+# --- the value-level cache classes -----------------------------------------------------------
+
+
+def _make_backend_class(base: type) -> type:
+    class ObjcacheBackend(base):  # type: ignore[misc]
+        """``RemoteCacheBackend[bytes]`` speaking torch's JSON envelope on top of objcache."""
+
+        def __init__(self, kind: str = "blob") -> None:
+            super().__init__()
+            self.kind = kind
+
+        def _get(self, key: str) -> bytes | None:
+            try:
+                payload = _client().get(self.kind, key)
+                return None if payload is None else serde.envelope_bytes(self.kind, payload)
+            except Exception as exc:
+                _failed(f"backend get ({self.kind})", exc)
+                return None
+
+        def _put(self, key: str, data: bytes) -> None:
+            try:
+                _client().put(self.kind, key, serde.pack_envelope_bytes(self.kind, data))
+            except Exception as exc:
+                _failed(f"backend put ({self.kind})", exc)
+
+    return ObjcacheBackend
+
+
+def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: type) -> type:
+    from torch._inductor.remote_cache import RemoteCache
+
+    class ObjcacheRemoteCache(original):  # type: ignore[misc]
+        objcache_kind = kind
+
+        def __init__(self, cache_id: str) -> None:
+            # RedisRemoteCache.__init__ would insist on the redis package; objcache does not
+            # need it. Same key format as remote_cache.py:338-339.
+            RemoteCache.__init__(self, backend_cls(kind), json_serde())
+            self._key_fmt = f"pt2:{cache_id}::{{key}}:c1"
+
+        def _get(self, key: str, sample: Any) -> Any:
+            if type(self).backend_override_cls is not None:
+                return super()._get(key, sample)
+            counters[f"gets:{kind}"] += 1
+            try:
+                payload = _client().get(kind, self._get_key(key))
+                if payload is None:
+                    return None
+                value, raw = serde.unpack(kind, payload)
+            except Exception as exc:
+                _failed(f"get ({kind})", exc)
+                return None
+            counters[f"hits:{kind}"] += 1
+            if raw is not None:
+                writethrough.write_through(kind, key, raw)
+            return value
+
+        def _put(self, key: str, value: Any, sample: Any) -> None:
+            if type(self).backend_override_cls is not None:
+                super()._put(key, value, sample)
+                return
+            try:
+                _client().put(kind, self._get_key(key), serde.pack(kind, value))
+                counters[f"puts:{kind}"] += 1
+            except Exception as exc:
+                _failed(f"put ({kind})", exc)
+
+    # torch reports cache stats under type(self).__name__: keep torch's names there.
+    ObjcacheRemoteCache.__name__ = original.__name__
+    ObjcacheRemoteCache.__qualname__ = original.__qualname__
+    ObjcacheRemoteCache.__module__ = __name__
+    ObjcacheRemoteCache.__doc__ = f"torch's {original.__name__}, stored in objcache ({kind})."
+    return ObjcacheRemoteCache
+
+
+def _apply_remote_cache(module: Any) -> None:
+    backend_cls = _make_backend_class(module.RemoteCacheBackend)
+    module.ObjcacheBackend = backend_cls
+    for name, kind in CACHE_CLASSES.items():
+        current = getattr(module, name)
+        if getattr(current, "objcache_kind", None):
+            continue
+        _save(module.__name__, name, current)
+        setattr(
+            module, name, _make_cache_class(current, kind, backend_cls, module.RemoteCacheJsonSerde)
+        )
+    _clear_cached_remote_caches()
+
+
+def _clear_cached_remote_caches() -> None:
+    """AOTAutogradCache.get_remote_cache is functools.cache'd (autograd_cache.py:1390)."""
+    mod = sys.modules.get("torch._functorch._aot_autograd.autograd_cache")
+    getter = getattr(getattr(mod, "AOTAutogradCache", None), "get_remote_cache", None)
+    clear = getattr(getter, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
+# --- flags -----------------------------------------------------------------------------------
+
+
+def _apply_flags(module: Any) -> None:
+    for mod_name, attr, env in FLAGS:
+        if mod_name != module.__name__ or env in os.environ:
+            continue
+        if getattr(module, attr, None) is not None:  # set explicitly in code
+            continue
+        _set_config(module, attr, True)
+    if module.__name__ == "torch._dynamo.config":
+        _apply_job_id()
+
+
+def _apply_job_id() -> None:
+    """PGO needs ``torch.compiler.config.job_id``: take ``OBJCACHE_JOB`` when it is set."""
+    job = os.environ.get("OBJCACHE_JOB", "").strip()
+    if not job or any(v in os.environ for v in JOB_ID_ENV):
+        return
+    cconfig = sys.modules.get("torch.compiler.config")
+    if cconfig is None or getattr(cconfig, "job_id", None) is not None:
+        return
+    _set_config(cconfig, "job_id", job)
+
+
+def _set_config(module: Any, attr: str, value: Any) -> None:
+    """Set a torch config value, remembering the raw override so uninstall restores it.
+
+    torch config modules keep a user override per entry (``utils/_config_module.py:418``);
+    restoring "unset" is not the same as setting the default value back, so the raw
+    override is saved and put back as it was.
+    """
+    entry = getattr(module, "_config", {}).get(attr)
+    override = getattr(entry, "user_override", None)
+    if override is not None:
+        _save(module.__name__, f"config:{attr}", override.get())
+    else:
+        _save(module.__name__, attr, getattr(module, attr))
+    setattr(module, attr, value)
+
+
+def _restore(mod: Any, attr: str, value: Any) -> None:
+    if attr.startswith("config:"):
+        mod._config[attr[len("config:") :]].user_override.set(value)
+        dirty = getattr(mod, "_hash_dirty_var", None)
+        if dirty is not None:
+            dirty.set(True)
+        mark = getattr(mod, "_mark_get_dict_dirty", None)
+        if mark is not None:
+            mark(attr[len("config:") :])
+    elif attr == "AutotuneCache._read":
+        mod.AutotuneCache._read = value
+    elif attr == "AutotuneCacheBundler.begin_compile":
+        mod.AutotuneCacheBundler.begin_compile = value
+    else:
+        setattr(mod, attr, value)
+
+
+# --- parts -----------------------------------------------------------------------------------
+
+
+def _apply_autotune(module: Any) -> None:
+    cls = module.AutotuneCache
+    if getattr(cls._read, "__objcache__", False):
+        return
+    _save(module.__name__, "AutotuneCache._read", cls._read)
+    cls._read = writethrough.wrap_autotune_read(cls._read)
+    bundler = module.AutotuneCacheBundler
+    _save(module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"])
+    bundler.begin_compile = classmethod(_guarded_begin_compile(bundler.begin_compile))
+
+
+def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]:
+    """Skip the bundled autotune cache where torch cannot key it.
+
+    With ``bundled_autotune_remote_cache`` on and no Triton backend (a CPU-only host),
+    ``AutotuneCacheBundler.begin_compile`` asserts that ``backend_hash`` is a str
+    (``autotune_cache.py:457``) and the compile fails. The bundle only holds Triton autotune
+    results, so there is nothing to cache there anyway.
+    """
+
+    def begin_compile(cls: Any, inductor_meta: Any, *args: Any, **kwargs: Any) -> None:
+        if inductor_meta.get("bundled_autotune_remote_cache") and not isinstance(
+            inductor_meta.get("backend_hash"), str
+        ):
+            counters["bundled_autotune_skipped"] += 1
+            return
+        original(inductor_meta, *args, **kwargs)
+
+    begin_compile.__wrapped__ = original  # type: ignore[attr-defined]
+    return begin_compile
+
+
+def _apply_kernels(module: Any) -> None:
+    from objcache.integrations.torch import kernels
+
+    kernels.apply(module)
+    _installed_parts.add("kernels")
+
+
+#: torch module -> the part applied when it is (or once it gets) imported.
+PARTS: dict[str, Callable[[Any], None]] = {
+    "torch._inductor.config": _apply_flags,
+    "torch._functorch.config": _apply_flags,
+    "torch._dynamo.config": _apply_flags,
+    "torch._inductor.remote_cache": _apply_remote_cache,
+    "torch._inductor.runtime.autotune_cache": _apply_autotune,
+    "torch._inductor.cpp_builder": _apply_kernels,
+}
+
+
+def apply_part(module_name: str, module: Any | None = None) -> None:
+    """Apply the part for ``module_name`` (idempotent, never raises)."""
+    with _lock:
+        if module_name in _installed_parts:
+            return
+        try:
+            mod = module if module is not None else sys.modules[module_name]
+            PARTS[module_name](mod)
+            _installed_parts.add(module_name)
+        except Exception as exc:
+            _failed(f"install ({module_name})", exc)
+
+
+def install(config: Any | None = None) -> None:
+    """Route torch's remote caches and C++ kernel builds through objcache (idempotent).
+
+    Imports the torch modules involved. With ``config`` (an :class:`objcache.Config`), the
+    process-wide client is rebuilt from it; otherwise it is built from ``OBJCACHE_*`` on
+    first use.
+    """
+    import importlib
+
+    with _lock:
+        if config is not None:
+            from objcache.client import get_client
+
+            get_client(config)
+        for name in PARTS:
+            try:
+                module = importlib.import_module(name)
+            except Exception as exc:
+                _failed(f"import {name}", exc)
+                continue
+            apply_part(name, module)
+    start_client()
+
+
+def start_client() -> None:
+    """Build the process-wide client now, so its prefetch overlaps tracing (never raises).
+
+    Building it does no I/O on this thread: the client starts its event loop and submits the
+    job's prefetch (:mod:`objcache.manifest`) in the background.
+    """
+    try:
+        _client()
+    except Exception as exc:
+        _failed("client", exc)
+
+
+def installed() -> bool:
+    mod = sys.modules.get("torch._inductor.remote_cache")
+    return mod is not None and bool(getattr(mod.RemoteFxGraphCache, "objcache_kind", None))
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (and stop the zero-code path from installing again)."""
+    from objcache.integrations.torch import autoload, kernels
+
+    with _lock:
+        autoload.disable()
+        for (mod_name, attr), value in reversed(list(_saved.items())):
+            mod = sys.modules.get(mod_name)
+            if mod is None:
+                continue
+            try:
+                _restore(mod, attr, value)
+            except Exception as exc:
+                _failed(f"uninstall ({mod_name}.{attr})", exc)
+        _saved.clear()
+        rc = sys.modules.get("torch._inductor.remote_cache")
+        if rc is not None and hasattr(rc, "ObjcacheBackend"):
+            del rc.ObjcacheBackend
+        if "kernels" in _installed_parts:
+            kernels.uninstall()
+        _installed_parts.clear()
+        _clear_cached_remote_caches()
+
+
+def _save(mod_name: str, attr: str, value: Any) -> None:
+    _saved.setdefault((mod_name, attr), value)
+
+
+def stats() -> dict[str, Any]:
+    """This process's integration counters (hook calls, write-through, kernel layer)."""
+    from objcache.integrations.torch import kernels
+
+    return {
+        "hooks": dict(counters),
+        "writethrough": dict(writethrough.counters),
+        "kernels": kernels.counters(),
+    }

@@ -1,0 +1,464 @@
+"""CPU kernel artifacts: compiled C++ kernels (``.so``/``.o``) and precompiled headers.
+
+On CPU neither torch's remote caches nor Mega-Cache carry the binaries g++ produced: a
+remote hit in a fresh ``TORCHINDUCTOR_CACHE_DIR`` still runs one g++ per kernel, per ISA
+probe (``cpu_vec_isa.py`` ``VecISA.check_build``) and for the precompiled header — tens of
+seconds. Every one of those builds goes through ``CppBuilder.build``
+(``cpp_builder.py:2556``: kernels via ``codecache.py`` ``_worker_compile_cpp``, the header
+via ``_precompile_header``, the ISA probes directly), so that is the hook:
+
+* before g++ runs, the output is looked up in objcache (kind ``kernel``) under a
+  content-addressed key and, on a hit, written to the path torch expects;
+* after g++ ran, the output is stored (in the background: a precompiled header is 150 MB).
+
+The key is what decides the binary, independent of where things live on this machine: the
+content of every input file on the command line (sources, the ``-include`` header, link
+inputs), the command line with machine-specific directories (torch, Python, the cache and
+temp dirs) replaced by placeholders, the compiler's identity (``g++ -v``) and, when the
+flags say ``-march=native``, what *native* means here (``g++ -march=native -Q
+--help=target``). torch's own file names hash the command line including absolute paths,
+so they differ between machines whose virtualenvs differ; objcache's key does not. Entries
+also live in the environment namespace (torch, Python, CPU ISA, architecture).
+
+**Deferred precompiled header.** ``_precompile_header`` builds the header before torch knows
+whether any kernel needs compiling (``codecache.py:3784``). objcache defers that build: the
+header is built (or fetched) only when a kernel that includes it actually has to be
+compiled. When every kernel comes from the cache, the header is never built at all.
+Preprocessing runs (``g++ -E``, used by torch to hash the header) are not cached.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import hashlib
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("objcache.torch")
+
+KIND = "kernel"
+KEY_VERSION = "k1"
+#: How many builders are remembered for Mega-Cache bundles.
+MAX_RECORDED = 20_000
+
+_counters: Counter[str] = Counter()
+_counter_lock = threading.Lock()
+_pch_lock = threading.Lock()
+#: Deferred precompiled headers: output path -> (builder, original build).
+_pending_pch: dict[str, tuple[Any, Callable[[Any], None]]] = {}
+#: Builders created in this process (for bundles); only ones with absolute targets.
+_recorded: deque[Any] = deque(maxlen=MAX_RECORDED)
+_compiler_ids: dict[str, str] = {}
+_native_ids: dict[str, str] = {}
+_roots_cache: list[tuple[str, str]] | None = None
+_warned: set[str] = set()
+_originals: dict[str, Any] = {}
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_pid = 0
+_inflight: set[concurrent.futures.Future[None]] = set()
+
+
+def count(name: str, n: int = 1) -> None:
+    with _counter_lock:
+        _counters[name] += n
+
+
+def counters() -> dict[str, int]:
+    """Kernel-layer counters of this process: builds, fetched, stored, deferred headers..."""
+    with _counter_lock:
+        return dict(_counters)
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    count("errors")
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("objcache: kernel cache %s failed (build goes on): %r", what, exc)
+    else:
+        log.debug("objcache: kernel cache %s failed", what, exc_info=True)
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    key: str
+    target: str
+    precompiled_header: bool
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.blake2b(digest_size=20)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def compiler_id(compiler: str) -> str:
+    """A digest of ``<compiler> -v`` (torch's own notion of the compiler's identity)."""
+    cached = _compiler_ids.get(compiler)
+    if cached is None:
+        try:
+            from torch._inductor.cpp_builder import get_compiler_version_info
+
+            info = get_compiler_version_info(compiler)
+        except Exception:
+            info = ""
+        cached = _digest(compiler if not info else "", info)
+        _compiler_ids[compiler] = cached
+    return cached
+
+
+def native_id(compiler: str) -> str:
+    """What ``-march=native`` resolves to here (the -m flags g++ enables)."""
+    cached = _native_ids.get(compiler)
+    if cached is None:
+        text = ""
+        try:
+            out = subprocess.run(
+                [compiler, "-march=native", "-Q", "--help=target"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={**os.environ, "LC_ALL": "C"},
+            )
+            if out.returncode == 0:
+                text = out.stdout
+        except (OSError, subprocess.SubprocessError):
+            pass
+        if not text:
+            text = _cpuinfo()
+        cached = _digest(text)
+        _native_ids[compiler] = cached
+    return cached
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("flags", "model name", "Features"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+def _roots() -> list[tuple[str, str]]:
+    """Machine-specific directories and their placeholders, longest first."""
+    global _roots_cache
+    if _roots_cache is None:
+        import sysconfig
+
+        import torch
+
+        candidates = [
+            (os.path.dirname(os.path.abspath(torch.__file__)), "<torch>"),
+            (sysconfig.get_paths().get("include", ""), "<py-include>"),
+            (str(sysconfig.get_config_var("LIBDIR") or ""), "<py-libdir>"),
+            (sys.prefix, "<prefix>"),
+            (sys.base_prefix, "<base-prefix>"),
+        ]
+        _roots_cache = [(p.rstrip(os.sep), tag) for p, tag in candidates if len(p) > 1]
+    dynamic = [(tempfile.gettempdir(), "<tmp>")]
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache:
+        dynamic.append((os.path.abspath(cache), "<cache>"))
+    roots = _roots_cache + [(p.rstrip(os.sep), t) for p, t in dynamic if len(p) > 1]
+    return sorted(roots, key=lambda r: len(r[0]), reverse=True)
+
+
+def _normalize(token: str, roots: list[tuple[str, str]]) -> str:
+    for path, tag in roots:
+        if path in token:
+            token = token.replace(path, tag)
+    return token
+
+
+def plan(builder: Any) -> Plan | None:
+    """The cache key of ``builder``'s output, or None for builds objcache does not cache."""
+    if getattr(builder, "_preprocessing", False) or getattr(builder, "_use_relative_path", False):
+        return None
+    target = str(builder.get_target_file_path())
+    if not os.path.isabs(target):
+        return None
+    tokens = shlex.split(builder.get_command_line())
+    if not tokens:
+        return None
+    compiler = tokens[0]
+    roots = _roots()
+    parts: list[str] = [KEY_VERSION, f"cc:{compiler_id(compiler)}"]
+    native = False
+    for tok in tokens[1:]:
+        if tok == target:
+            parts.append("<out>")
+        elif os.path.isabs(tok) and os.path.isfile(tok):
+            parts.append(f"<file:{_file_digest(tok)}>")
+        else:
+            if tok.endswith("=native") and tok.startswith(("-march=", "-mtune=", "-mcpu=")):
+                native = True
+            parts.append(_normalize(tok, roots))
+    if native:
+        parts.append(f"native:{native_id(compiler)}")
+    ext = os.path.splitext(target)[1]
+    parts.append(ext)
+    return Plan(
+        key=f"{KEY_VERSION}-{_digest(*parts)}{ext}",
+        target=target,
+        precompiled_header=bool(getattr(builder, "_precompiling", False)),
+    )
+
+
+# --- objcache I/O ---------------------------------------------------------------------------
+
+
+def _client() -> Any:
+    from objcache.client import get_client
+
+    return get_client()
+
+
+def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".objcache-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def fetch(p: Plan) -> bool:
+    """Write the cached output of ``p`` where torch expects it; False on a miss."""
+    try:
+        data = _client().get(KIND, p.key)
+        if data is None:
+            count("misses")
+            return False
+        _atomic_write(p.target, data)
+    except Exception as exc:
+        _warn_once("fetch", exc)
+        return False
+    count("fetched")
+    count("fetched_bytes", len(data))
+    return True
+
+
+def _put_now(key: str, path: str) -> None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        _client().put(KIND, key, data)
+        count("stored")
+        count("stored_bytes", len(data))
+    except Exception as exc:
+        _warn_once("store", exc)
+
+
+def store(p: Plan) -> None:
+    """Store the freshly built output of ``p`` without holding up the compile."""
+    global _executor, _executor_pid
+    try:
+        if _executor is None or _executor_pid != os.getpid():
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="objcache-kernel-put"
+            )
+            _executor_pid = os.getpid()
+        future = _executor.submit(_put_now, p.key, p.target)
+        _inflight.add(future)
+        future.add_done_callback(_inflight.discard)
+    except Exception:
+        _put_now(p.key, p.target)  # interpreter shutting down: store inline
+
+
+def wait_stored(timeout: float | None = None) -> None:
+    """Wait for background stores (at exit, before the client flushes)."""
+    pending = [f for f in list(_inflight) if not f.done()]
+    if pending:
+        concurrent.futures.wait(pending, timeout=timeout)
+
+
+# --- the hook -------------------------------------------------------------------------------
+
+
+def _build(builder: Any, original: Callable[[Any], None]) -> None:
+    try:
+        p = plan(builder)
+    except Exception as exc:
+        _warn_once("key", exc)
+        p = None
+    if p is None:
+        original(builder)
+        return
+    if p.precompiled_header:
+        if os.path.exists(p.target):
+            return
+        with _pch_lock:
+            _pending_pch[p.target] = (builder, original)
+        count("pch_deferred")
+        return
+    if fetch(p):
+        return
+    _ensure_precompiled_header(builder)
+    original(builder)
+    count("builds")
+    store(p)
+
+
+def _ensure_precompiled_header(builder: Any) -> None:
+    """Fetch or build the precompiled header ``builder`` includes, if it was deferred."""
+    header = getattr(getattr(builder, "_build_option", None), "precompiled_header", None)
+    if not header:
+        return
+    with _pch_lock:
+        for target in (f"{header}.gch", f"{header}.pch"):
+            entry = _pending_pch.get(target)
+            if entry is None:
+                continue
+            pch_builder, original = entry
+            try:
+                _build_header(target, pch_builder, original)
+            finally:
+                _pending_pch.pop(target, None)
+
+
+def _build_header(target: str, pch_builder: Any, original: Callable[[Any], None]) -> None:
+    from torch.utils._filelock import FileLock
+
+    name = os.path.splitext(os.path.basename(target[: -len(".gch")]))[0]
+    lock_path = os.path.join(os.path.dirname(target), "locks", f"{name}.lock")
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with FileLock(lock_path, timeout=600):
+        if os.path.exists(target):
+            return
+        try:
+            p = plan(pch_builder)
+        except Exception as exc:
+            _warn_once("key", exc)
+            p = None
+        if p is not None and fetch(p):
+            count("pch_fetched")
+            return
+        original(pch_builder)
+        count("builds")
+        count("pch_built")
+        if p is not None:
+            store(p)
+
+
+def install() -> bool:
+    """Hook ``CppBuilder`` (idempotent). False when torch has no C++ builder to hook."""
+    try:
+        from torch._inductor import cpp_builder
+    except Exception:
+        return False
+    return apply(cpp_builder)
+
+
+def apply(cpp_builder: Any) -> bool:
+    cls = cpp_builder.CppBuilder
+    if getattr(cls.build, "__objcache__", False):
+        return True
+    original_build = cls.build
+    original_init = cls.__init__
+
+    def build(self: Any) -> None:
+        _build(self, original_build)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        try:
+            if os.path.isabs(self.get_target_file_path()):
+                _recorded.append(self)
+        except Exception:
+            pass
+
+    build.__objcache__ = True  # type: ignore[attr-defined]
+    build.__wrapped__ = original_build  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    _originals["build"] = original_build
+    _originals["__init__"] = original_init
+    cls.build = build
+    cls.__init__ = __init__
+    _register_exit_hook()
+    return True
+
+
+def _register_exit_hook() -> None:
+    """Finish background stores before the client flushes at exit.
+
+    Registered like the client's own early exit hook (``threading._register_atexit``, which
+    runs in reverse order before thread pools stop), after importing the client so that this
+    one runs first; plain ``atexit`` is the fallback.
+    """
+    import objcache.client  # noqa: F401  (its hook is registered first, so runs after ours)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):
+            register(wait_stored, 60.0)
+            return
+    atexit.register(wait_stored, 60.0)
+
+
+def uninstall() -> None:
+    try:
+        from torch._inductor import cpp_builder
+    except Exception:
+        return
+    cls: Any = cpp_builder.CppBuilder
+    if "build" in _originals:
+        cls.build = _originals.pop("build")
+    if "__init__" in _originals:
+        cls.__init__ = _originals.pop("__init__")
+    with _pch_lock:
+        _pending_pch.clear()
+
+
+# --- bundles (objcache.mega) ------------------------------------------------------------------
+
+
+def used_artifacts(include_headers: bool = False) -> Iterator[tuple[str, bytes]]:
+    """``(key, bytes)`` of every built output this process created a builder for."""
+    seen: set[str] = set()
+    for builder in list(_recorded):
+        try:
+            target = str(builder.get_target_file_path())
+            if target in seen or not os.path.isfile(target):
+                continue
+            seen.add(target)
+            p = plan(builder)
+            if p is None or (p.precompiled_header and not include_headers):
+                continue
+            with open(target, "rb") as f:
+                data = f.read()
+        except Exception as exc:
+            _warn_once("bundle", exc)
+            continue
+        yield p.key, data

@@ -1,0 +1,502 @@
+"""The torch integration without compiling a model: serde, install/uninstall, the cache classes
+and write-through against a real file:// store, the kernel layer on tiny g++ builds, bundles,
+and the zero-code gate."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from objcache.integrations.torch import autoload, serde
+from tests import torch_support
+
+torch = pytest.importorskip("torch")
+
+
+# --- serde ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fx-graph", "aot-autograd"])
+def test_graph_envelope_is_stored_as_raw_pickle(kind: str) -> None:
+    raw = pickle.dumps({"graph": list(range(100))})
+    value = {"data": base64.b64encode(raw).decode("ascii"), "time_taken_ms": 1234}
+    stored = serde.pack(kind, value)
+    assert stored == raw
+    back, raw_back = serde.unpack(kind, stored)
+    assert raw_back == raw
+    assert back == {"data": value["data"], "time_taken_ms": 0}
+    assert isinstance(back["data"], str)
+
+
+def test_pgo_envelope_has_only_data() -> None:
+    raw = pickle.dumps({"state": 1})
+    stored = serde.pack("pgo", {"data": base64.b64encode(raw).decode("ascii")})
+    assert stored == raw
+    value, _ = serde.unpack("pgo", stored)
+    assert set(value) == {"data"} and isinstance(value["data"], str)
+
+
+def test_autotune_values_are_compact_json() -> None:
+    best = {"XBLOCK": 128, "num_warps": 4, "num_stages": 1, "configs_hash": "abc"}
+    stored = serde.pack("autotune", best)
+    assert stored == b'{"XBLOCK":128,"num_warps":4,"num_stages":1,"configs_hash":"abc"}'
+    assert serde.unpack("autotune", stored) == (best, None)
+    bundle = {"c1.best_config": best}
+    assert serde.unpack("bundled-autotune", serde.pack("bundled-autotune", bundle))[0] == bundle
+
+
+def test_unexpected_envelopes_round_trip_unchanged() -> None:
+    odd = {"data": base64.b64encode(pickle.dumps(1)).decode(), "extra": [1, 2]}
+    assert serde.unpack("fx-graph", serde.pack("fx-graph", odd))[0] == odd
+    not_b64 = {"data": "%%%", "time_taken_ms": 1}
+    assert serde.unpack("fx-graph", serde.pack("fx-graph", not_b64))[0] == not_b64
+    with pytest.raises(serde.SerdeError):
+        serde.unpack("fx-graph", b"\x01garbage")
+
+
+# --- install / uninstall ----------------------------------------------------------------------
+
+
+def _snapshot() -> dict[str, Any]:
+    import torch._dynamo.config as dconf
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+    import torch.compiler.config as cconf
+    from torch._inductor import cpp_builder, remote_cache
+    from torch._inductor.runtime import autotune_cache
+
+    snap: dict[str, Any] = {name: getattr(remote_cache, name) for name in ("RemoteFxGraphCache",
+        "RemoteAOTAutogradCache", "RemoteAutotuneCache", "RemoteBundledAutotuneCache",
+        "RemoteDynamoPGOCache")}  # fmt: skip
+    for mod, attr in (
+        (iconf, "fx_graph_remote_cache"),
+        (iconf, "autotune_remote_cache"),
+        (iconf, "bundled_autotune_remote_cache"),
+        (fconf, "enable_remote_autograd_cache"),
+        (dconf, "automatic_dynamic_remote_pgo"),
+        (cconf, "job_id"),
+    ):
+        snap[f"{mod.__name__}.{attr}"] = mod._config[attr].user_override.get()
+    snap["_read"] = autotune_cache.AutotuneCache._read
+    snap["begin_compile"] = autotune_cache.AutotuneCacheBundler.__dict__["begin_compile"]
+    snap["build"] = cpp_builder.CppBuilder.build
+    snap["__init__"] = cpp_builder.CppBuilder.__init__
+    snap["has_backend"] = hasattr(remote_cache, "ObjcacheBackend")
+    return snap
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (*(f[2] for f in _flags()), "TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _flags() -> tuple[tuple[str, str, str], ...]:
+    from objcache.integrations.torch import hooks
+
+    return hooks.FLAGS
+
+
+def test_install_is_idempotent_and_uninstall_restores_torch_exactly(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._inductor.config as iconf
+    import torch.compiler.config as cconf
+    from torch._inductor import remote_cache
+
+    import objcache
+
+    monkeypatch.setenv("OBJCACHE_JOB", "unit-job")
+    before = _snapshot()
+    objcache.install()
+    objcache.install()
+    try:
+        assert objcache.integrations.torch.installed()  # type: ignore[attr-defined]
+        for name, kind in (("RemoteFxGraphCache", "fx-graph"), ("RemoteDynamoPGOCache", "pgo")):
+            cls = getattr(remote_cache, name)
+            assert cls.objcache_kind == kind
+            assert cls.__name__ == name  # torch's cache stats keep their names
+            assert issubclass(cls, before[name])  # one level: installing twice wraps once
+            assert cls.__mro__[1] is before[name]
+        assert iconf.fx_graph_remote_cache is True
+        assert iconf.bundled_autotune_remote_cache is True
+        assert cconf.job_id == "unit-job"
+        cache = remote_cache.create_cache("fx-graph-v1", False, "X", "RemoteFxGraphCache")
+        assert cache is not None and type(cache).objcache_kind == "fx-graph"
+        assert cache._get_key("fabc") == "pt2:fx-graph-v1::fabc:c1"
+    finally:
+        objcache.uninstall()
+    after = _snapshot()
+    assert after == before
+    for key in ("RemoteFxGraphCache", "_read", "begin_compile", "build", "__init__"):
+        assert after[key] is before[key]
+    assert not objcache.integrations.torch.installed()  # type: ignore[attr-defined]
+
+
+def test_flags_set_by_env_or_code_are_respected(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+
+    import objcache
+
+    monkeypatch.setenv("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "0")
+    before = fconf._config["enable_remote_autograd_cache"].user_override.get()
+    fconf.enable_remote_autograd_cache = False
+    try:
+        objcache.install()
+        assert fconf.enable_remote_autograd_cache is False
+        assert iconf.autotune_remote_cache is None  # env var present: not touched
+        assert iconf.fx_graph_remote_cache is True
+    finally:
+        objcache.uninstall()
+        fconf._config["enable_remote_autograd_cache"].user_override.set(before)
+
+
+def test_bundled_autotune_is_skipped_where_torch_cannot_key_it() -> None:
+    from torch._inductor.runtime.autotune_cache import AutotuneCacheBundler
+
+    import objcache
+    from objcache.integrations.torch import hooks
+
+    objcache.install()
+    try:
+        meta = {"bundled_autotune_remote_cache": True, "backend_hash": None}
+        AutotuneCacheBundler.begin_compile(meta, code="x = 1")  # torch asserts here
+        assert hooks.counters["bundled_autotune_skipped"] >= 1
+    finally:
+        objcache.uninstall()
+
+
+# --- the cache classes against a real store -------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A file:// store, a fresh objcache local dir and TORCHINDUCTOR_CACHE_DIR; installed."""
+    import objcache
+    from objcache.client import reset_client
+
+    monkeypatch.setenv("OBJCACHE_TIERS", f"file://{tmp_path / 'store'}")
+    monkeypatch.setenv("OBJCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("OBJCACHE_PREFETCH", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("OBJCACHE_SIGNING_KEY", raising=False)
+    reset_client()
+    objcache.install()
+    yield tmp_path
+    objcache.uninstall()
+    reset_client()
+
+
+def _new_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    """Forget everything local: a fresh objcache local dir and Inductor dir, same store."""
+    from objcache.client import get_client, reset_client
+
+    get_client().flush()
+    reset_client()
+    monkeypatch.setenv("OBJCACHE_LOCAL_DIR", str(tmp_path / f"local-{name}"))
+    inductor = tmp_path / f"inductor-{name}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    return inductor
+
+
+def _cache(name: str, cache_id: str) -> Any:
+    from torch._inductor import remote_cache
+
+    cache = remote_cache.create_cache(cache_id, False, "Fb" + name, name)
+    assert cache is not None
+    return cache
+
+
+def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objcache.client import get_client
+    from objcache.integrations.torch import writethrough
+
+    raw = pickle.dumps({"compiled": "graph"})
+    envelope = {"data": base64.b64encode(raw).decode("ascii"), "time_taken_ms": 7}
+    _cache("RemoteFxGraphCache", "fx-graph-v1").put("fkey123", envelope)
+    _cache("RemoteAOTAutogradCache", "autograd-experimental").put("akey456", envelope)
+    pgo_raw = pickle.dumps({"code": "state"})
+    pgo_value = {"data": base64.b64encode(pgo_raw).decode("ascii")}
+    _cache("RemoteDynamoPGOCache", "dynamo-pgo").put("job:None:", pgo_value)
+    assert get_client().get("fx-graph", "pt2:fx-graph-v1::fkey123:c1") == raw
+
+    inductor = _new_machine(store, monkeypatch, "b")
+    before = dict(writethrough.counters)
+    got = _cache("RemoteFxGraphCache", "fx-graph-v1").get("fkey123")
+    assert got == {"data": envelope["data"], "time_taken_ms": 0}
+    assert _cache("RemoteAOTAutogradCache", "autograd-experimental").get("akey456")["data"]
+    assert _cache("RemoteDynamoPGOCache", "dynamo-pgo").get("job:None:") == pgo_value
+    assert get_client().stats()["cache"]["hits"] == {"fx-graph": 1, "aot-autograd": 1, "pgo": 1}
+    # torch's own layout, via torch's own writers
+    fx_dir = inductor / "fxgraph" / "ke" / "fkey123"
+    assert [p.read_bytes() for p in fx_dir.iterdir()] == [raw]
+    assert [p.read_bytes() for p in (inductor / "aotautograd" / "akey456").iterdir()] == [raw]
+    assert (inductor / "dynamo" / "code_state_job_None_.pkl").read_bytes() == pgo_raw
+    for kind in ("fx-graph", "aot-autograd", "pgo"):
+        key = f"writethrough:{kind}"
+        assert writethrough.counters[key] == before.get(key, 0) + 1
+
+
+def test_autotune_hit_lands_in_the_local_autotune_cache(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    meta = {"autotune_remote_cache": True, "autotune_local_cache": True, "backend_hash": "bh"}
+    best = {"XBLOCK": 64, "num_warps": 4, "num_stages": 1, "configs_hash": "ch"}
+
+    def create(inductor: Path) -> Any:
+        kernel = inductor / "ab" / "cabcdef.py"
+        kernel.parent.mkdir(parents=True, exist_ok=True)
+        cache = AutotuneCache.create(meta, str(kernel), "ch")
+        assert cache is not None and cache.remote_cache is not None
+        return cache
+
+    first = create(store / "inductor")
+    first.remote_cache[0].put(first.remote_cache[1], best)
+    inductor = _new_machine(store, monkeypatch, "b")
+    second = create(inductor)
+    local_path = Path(second.local_cache[1])
+    assert not local_path.exists()
+    assert second._read() == best
+    assert json.loads(local_path.read_text()) == best
+
+
+def test_hooks_never_raise_into_torch(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from objcache.integrations.torch import hooks
+
+    def broken() -> Any:
+        raise RuntimeError("client exploded")
+
+    monkeypatch.setattr(hooks, "_client", broken)
+    cache = _cache("RemoteAOTAutogradCache", "autograd-experimental")
+    cache.put("k", {"data": base64.b64encode(pickle.dumps(1)).decode(), "time_taken_ms": 1})
+    assert cache.get("k") is None
+    assert cache.backend.get("pt2:x") is None
+    cache.backend.put("pt2:x", b"{}")
+    assert hooks.counters["errors:put (aot-autograd)"] >= 1
+    assert hooks.counters["errors:get (aot-autograd)"] >= 1
+
+
+# --- kernels -----------------------------------------------------------------------------------
+
+
+def _builder(src: Path, out_dir: Path | None, **options: Any) -> Any:
+    from torch._inductor.cpp_builder import CppBuilder, CppOptions
+
+    header = options.pop("precompiled_header", None)
+    opts = CppOptions(**options)
+    opts.precompiled_header = header
+    if out_dir is None:  # how _precompile_header names its builder: the header's full path
+        return CppBuilder(str(src), str(src), opts)
+    return CppBuilder(src.stem, [str(src)], opts, str(out_dir))
+
+
+def test_kernel_keys_follow_content_and_flags_not_paths(tmp_path: Path) -> None:
+    from objcache.integrations.torch import kernels
+
+    code = 'extern "C" int answer() { return 42; }\n'
+    a, b = tmp_path / "a" / "k1.cpp", tmp_path / "b" / "zz" / "k2.cpp"
+    for path in (a, b):
+        path.parent.mkdir(parents=True)
+        path.write_text(code)
+    pa, pb = kernels.plan(_builder(a, a.parent)), kernels.plan(_builder(b, b.parent))
+    assert pa is not None and pb is not None
+    assert pa.key == pb.key  # same source and flags in other dirs: same entry
+    assert pa.target.endswith(".so") and pa.key.endswith(".so")
+    assert kernels.plan(_builder(a, a.parent, compile_only=True)).key != pa.key  # type: ignore[union-attr]
+    b.write_text(code.replace("42", "43"))
+    assert kernels.plan(_builder(b, b.parent)).key != pa.key  # type: ignore[union-attr]
+    assert kernels.plan(_builder(a, a.parent, preprocessing=True)) is None
+
+
+def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objcache.integrations.torch import kernels
+
+    header = store / "pch" / "prefix.h"
+    header.parent.mkdir()
+    header.write_text("#include <vector>\n")
+    src = store / "src" / "k.cpp"
+    src.parent.mkdir()
+    src.write_text('#include <vector>\nextern "C" int n() { return std::vector<int>(3).size(); }\n')
+
+    def counted() -> dict[str, int]:
+        return kernels.counters()
+
+    start = counted()
+    pch = _builder(header, None, precompiling=True)
+    pch.build()  # deferred: no kernel needs it yet
+    gch = Path(pch.get_target_file_path())
+    assert not gch.exists()
+    kernel = _builder(src, store / "out-a", precompiled_header=str(header))
+    kernel.build()  # a miss: the header is built first, then the kernel
+    assert gch.exists() and Path(kernel.get_target_file_path()).exists()
+    kernels.wait_stored(60)
+    after_cold = counted()
+    assert after_cold.get("pch_built", 0) == start.get("pch_built", 0) + 1
+    assert after_cold.get("builds", 0) == start.get("builds", 0) + 2
+
+    _new_machine(store, monkeypatch, "b")
+    gch.unlink()
+    pch.build()
+    again = _builder(src, store / "out-b", precompiled_header=str(header))
+    again.build()
+    fetched = Path(again.get_target_file_path())
+    assert fetched.read_bytes() == Path(kernel.get_target_file_path()).read_bytes()
+    assert os.access(fetched, os.X_OK)
+    assert not gch.exists()  # never needed: every kernel came from the cache
+    after_warm = counted()
+    assert after_warm.get("builds", 0) == after_cold.get("builds", 0)
+    assert after_warm.get("fetched", 0) == after_cold.get("fetched", 0) + 1
+
+
+# --- bundles ------------------------------------------------------------------------------------
+
+
+def test_bundle_bytes_are_verified_before_anything_else() -> None:
+    from objcache import mega
+
+    bundle = mega.Bundle("b", {"torch": "2.13"}, b"torch-bytes", [("k1-x.so", b"\x7fELF")])
+    data = bundle.to_bytes()
+    back = mega.Bundle.from_bytes(data)
+    assert (back.torch_bytes, back.kernels, back.fingerprint) == (
+        b"torch-bytes",
+        [("k1-x.so", b"\x7fELF")],
+        {"torch": "2.13"},
+    )
+    tampered = data[:-2] + b"X" + data[-1:]
+    with pytest.raises(mega.BundleError, match="digest mismatch"):
+        mega.Bundle.from_bytes(tampered)
+    with pytest.raises(mega.BundleError, match="truncated"):
+        mega.Bundle.from_bytes(data[:-1])
+    with pytest.raises(mega.BundleError, match="bad magic"):
+        mega.Bundle.from_bytes(b"XXXX" + data[4:])
+
+
+def test_loading_a_bundle_of_another_environment_lists_what_differs(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objcache import mega
+    from objcache.client import get_client
+    from objcache.fingerprint import fingerprint
+    from objcache.layout import Namespace
+
+    client = get_client()
+    theirs = {**fingerprint(), "torch": "2.99.0", "cpu_isa": "avx2"}
+    other_env = Namespace("0123456789abcdef")
+    blob = mega.Bundle("nightly", theirs, b"x").to_bytes()
+    pointer = json.dumps({"env": other_env.env, "fingerprint": theirs}).encode()
+
+    async def write() -> None:
+        await mega._write_overwrite(client.cache, other_env.object_key("mega", "nightly"), blob)
+        await mega._write_overwrite(client.cache, mega._pointer_key(client, "nightly"), pointer)
+
+    mega._call(client, write)
+    with pytest.raises(mega.BundleError) as info:
+        mega.load("nightly")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "torch: 2.99.0 (stored) != " in message and "cpu_isa: avx2 (stored) != " in message
+    with pytest.raises(mega.BundleError, match="no bundle named 'absent'"):
+        mega.load("absent")
+
+
+def test_a_corrupt_bundle_is_refused_before_torch_sees_it(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.compiler._cache import CacheArtifactManager
+
+    from objcache import mega
+    from objcache.client import get_client
+    from objcache.fingerprint import fingerprint
+
+    client = get_client()
+    blob = bytearray(mega.Bundle("bad", dict(fingerprint()), b"torch artifacts").to_bytes())
+    blob[-3] ^= 0xFF  # inside the torch part: the entry codec is fine, the bundle digest is not
+    okey = client.cache.namespace.object_key("mega", "bad")
+    mega._call(client, lambda: mega._write_overwrite(client.cache, okey, bytes(blob)))
+
+    def never(*_: Any) -> None:
+        raise AssertionError("torch saw the bundle")
+
+    monkeypatch.setattr(CacheArtifactManager, "deserialize", never)
+    monkeypatch.setattr(CacheArtifactManager, "populate_caches", never)
+    with pytest.raises(mega.BundleError, match="corrupt"):
+        mega.load("bad")
+    assert "bad" in "\n".join(mega.list_bundles())
+
+
+# --- zero-code path ------------------------------------------------------------------------------
+
+
+def test_autoload_gate() -> None:
+    assert not autoload.enabled({})
+    assert not autoload.enabled({"OBJCACHE_TIERS": " "})
+    assert autoload.enabled({"OBJCACHE_TIERS": "file:///x"})
+    assert autoload.enabled({"OBJCACHE_ENABLE": "1"})
+    assert not autoload.enabled({"OBJCACHE_ENABLE": "0", "OBJCACHE_TIERS": "file:///x"})
+    from objcache.integrations.torch import hooks
+
+    assert set(autoload.WATCHED) == set(hooks.PARTS)
+
+
+def _python(code: str, env: dict[str, str]) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_pth_imports_nothing_when_unset_and_hooks_torch_when_set(tmp_path: Path) -> None:
+    site_dir = torch_support.make_site_dir(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env["PYTHONPATH"] = str(torch_support.ROOT)
+    probe = (
+        f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+        "print(sorted(m for m in sys.modules if m.startswith('objcache')))"
+    )
+    assert _python(probe, env).strip() == "[]"
+    env["OBJCACHE_ENABLE"] = "1"
+    env["OBJCACHE_LOCAL_DIR"] = str(tmp_path / "local")
+    code = (
+        f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+        "import torch; assert 'torch._inductor.remote_cache' not in sys.modules; "
+        "import torch._inductor.config as c, torch._inductor.remote_cache as rc; "
+        "print(c.fx_graph_remote_cache, rc.RemoteFxGraphCache.objcache_kind)"
+    )
+    assert _python(code, env).split() == ["True", "fx-graph"]
+
+
+def test_a_process_that_exits_right_after_writing_still_uploads(tmp_path: Path) -> None:
+    """Exit-time flushes must run before thread pools stop (they need asyncio.to_thread)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(
+        PYTHONPATH=str(torch_support.ROOT),
+        OBJCACHE_TIERS=f"file://{tmp_path / 'store'}",
+        OBJCACHE_LOCAL_DIR=str(tmp_path / "local"),
+        OBJCACHE_JOB="exit-test",
+    )
+    code = (
+        "from objcache.client import get_client\n"
+        "get_client().put('kernel', 'k1-exit.so', b'x' * 5000)\n"  # no flush: exit at once
+    )
+    _python(code, env)
+    stored = {p.parent.parent.name for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    assert {"kernel", "manifest"} <= stored
