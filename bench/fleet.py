@@ -3,9 +3,10 @@
 (b) ``objcache push`` / ``objcache pull`` of N entries of 50-500 KB vs ``aws s3 sync`` of the
     very same files (the local tier's directory) on the same server, both as a user runs them
     (a fresh CLI process each; wall time includes start-up).
-(a) warm start at the cache level: a fresh machine replays the key set of a compile (200
-    entries of realistic sizes, looked up one after another as torch does) through a fresh
-    Client at 50 ms added RTT, with and without the start-up prefetch.
+(a) warm start at 50 ms added RTT, with and without the start-up prefetch: at the cache level
+    (a fresh Client replays the key set of a compile, 200 entries of realistic sizes looked up
+    one after another as torch does) and at the torch level (``objcache.demo``'s worker: a
+    real torch.compile and training step in fresh subprocess "machines").
 
     .venv/bin/python bench/fleet.py [--entries 2000] [--out docs/benchmarks.md]
 
@@ -288,10 +289,11 @@ def bench_torch_warm(server: SeaweedS3, rtt_ms: float, work: Path) -> dict[str, 
     repo = str(Path(__file__).resolve().parents[1])
 
     def machine(name: str, endpoint: str | None, prefetch: bool) -> dict[str, str]:
+        tiers = s3_url(server, "c", bucket=bucket, endpoint_url=endpoint)  # sets AWS_* first
         env = demo.machine_env(str(work / name))
         env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
         env.update(
-            OBJCACHE_TIERS=s3_url(server, "c", bucket=bucket, endpoint_url=endpoint),
+            OBJCACHE_TIERS=tiers,
             OBJCACHE_JOB=job,
             OBJCACHE_PREFETCH="1" if prefetch else "0",
             PYTHONPATH=repo,
@@ -317,8 +319,16 @@ def bench_torch_warm(server: SeaweedS3, rtt_ms: float, work: Path) -> dict[str, 
                 "down": down,
                 "match": j.result.get("match"),
                 "gxx": demo.gxx_builds(j.result),
+                "misses": [
+                    dict(t["misses"])
+                    for t in j.result.get("stats", {}).get("tiers", [])
+                    if not t.get("local")
+                ],
+                "sync_timeouts": j.result.get("stats", {}).get("sync_timeouts"),
             }
             print(label, out[label], file=sys.stderr, flush=True)
+            if label == "cold" and any(m for m in out[label]["misses"] if set(m) - {"absent"}):
+                raise SystemExit(f"the seeding run could not use the store: {out[label]}")
     finally:
         proxy.close()
     return out
@@ -359,7 +369,14 @@ def report(
                     f"| {a:.1f} ({r[f'aws_{what}_cpu']:.1f}) | "
                     f"**{a / o:.2f}x** (target ≥ 2x) |"
                 )
+        ratios = [r[f"aws_{w}"] / r[f"objcache_{w}"] for r in syncs for w in ("push", "pull")]
         lines += [
+            "",
+            f"Target ≥ 2x both ways: **{'met' if min(ratios) >= 2 else 'not met'}** in this run. "
+            "The CPU seconds of the two clients are close: on this shared 2-vCPU machine both "
+            "are bound by the CPU they share with SeaweedFS and the proxy (and with other "
+            "jobs: repeated runs moved single cells by 2x), not by round trips, so objcache's "
+            "deeper concurrency (64 vs 10 in flight) cannot show here.",
             "",
             f"Start-up inside those times: the objcache CLI computes the environment "
             f"fingerprint, which imports torch: {costs['objcache_fingerprint']:.1f} s "
