@@ -103,3 +103,28 @@ class SharedClients(Generic[K, C]):
         slots = self._by_loop.get(asyncio.get_running_loop())
         slot = slots.get(key) if slots else None
         return slot.client if slot else None
+
+
+class Memo(Generic[C]):
+    """One instance's memo of the client it acquired on the running loop: the fast path of
+    every call skips the shared registry (and a coroutine). Cleared by ``close``."""
+
+    __slots__ = ("_client", "_loop")
+
+    def __init__(self) -> None:
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._client: C | None = None
+
+    def get(self) -> C | None:
+        loop = self._loop
+        if loop is not None and loop() is asyncio.get_running_loop():
+            return self._client
+        return None
+
+    def set(self, client: C) -> C:
+        self._loop = weakref.ref(asyncio.get_running_loop())
+        self._client = client
+        return client
+
+    def clear(self) -> None:
+        self._loop = self._client = None

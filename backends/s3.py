@@ -49,7 +49,7 @@ from objcache.backends._s3_errors import (
     missing_bucket,
     status_code,
 )
-from objcache.backends._shared import SharedClients
+from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import BackendError, ConfigError, TransientBackendError
 
@@ -129,14 +129,18 @@ class S3Backend(Backend):
         self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
         self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
         self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
+        self._memo: Memo[Any] = Memo()
         #: keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000
 
     # --- plumbing ----------------------------------------------------------------------
 
     async def _client(self) -> Any:
+        client = self._memo.get()
+        if client is not None:
+            return client
         try:
-            return await CLIENTS.acquire(self.client_key, self)
+            return self._memo.set(await CLIENTS.acquire(self.client_key, self))
         except Exception as exc:
             raise self._error(exc, "client") from exc
 
@@ -362,4 +366,5 @@ class S3Backend(Backend):
         return existed
 
     async def close(self) -> None:
+        self._memo.clear()
         await CLIENTS.release(self.client_key, self)

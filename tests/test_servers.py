@@ -3,6 +3,7 @@ create-if-absent behaviour (HTTP 412 / SET NX) that the backends rely on."""
 
 from __future__ import annotations
 
+import io
 import os
 import time
 import urllib.request
@@ -10,12 +11,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import boto3
+import boto3  # type: ignore[import-untyped,unused-ignore]
 import pytest
 import redis
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
+from objcache.testing.proxy import FaultProxy
 from objcache.testing.servers import (
     FakeGCS,
     MotoS3,
@@ -174,35 +176,47 @@ def test_gcs_roundtrip(fake_gcs: FakeGCS, make_bucket: MakeBucket) -> None:
     assert bucket.get_blob("nope") is None
 
 
-@pytest.mark.parametrize("upload", ["multipart", "resumable"])
-def test_gcs_if_generation_match_0_on_existing_object_is_412(
-    fake_gcs: FakeGCS, make_bucket: MakeBucket, upload: str
+@pytest.mark.parametrize(
+    ("upload", "refused"), [("multipart", True), ("resumable", False), ("media", False)]
+)
+def test_gcs_if_generation_match_0_on_existing_object(
+    fake_gcs: FakeGCS,
+    make_bucket: MakeBucket,
+    fault_proxy: Callable[[str, int], FaultProxy],
+    upload: str,
+    refused: bool,
 ) -> None:
-    bucket = fake_gcs.client().bucket(make_bucket(fake_gcs))
-    # upload_from_string is multipart below chunk_size; a chunk_size makes it resumable.
-    chunk_size = 256 * 1024 if upload == "resumable" else None
-    bucket.blob("k", chunk_size=chunk_size).upload_from_string(b"first", if_generation_match=0)
-    with pytest.raises(gcs_errors.PreconditionFailed):
-        bucket.blob("k", chunk_size=chunk_size).upload_from_string(b"second", if_generation_match=0)
-    assert bucket.blob("k").download_as_bytes() == b"first"
-
-
-def test_gcs_simple_media_upload_ignores_if_generation_match(
-    fake_gcs: FakeGCS, make_bucket: MakeBucket
-) -> None:
-    """fake-gcs-server diverges from GCS here: uploadType=media overwrites despite
-    ifGenerationMatch=0. google-cloud-storage never uses media uploads, but a
-    backend that does cannot rely on fake-gcs to test its create mode."""
+    """Real GCS answers 412 to every upload type here; fake-gcs-server only to
+    multipart uploads, and silently overwrites on resumable and media uploads.
+    google-cloud-storage uploads <= 8 MiB of known size as multipart, larger or
+    unknown-size ones as resumable (``chunk_size`` does not change that)."""
     name = make_bucket(fake_gcs)
-    bucket = fake_gcs.client().bucket(name)
+    proxy = fault_proxy(fake_gcs.host, fake_gcs.port)  # to see which upload type was used
+    bucket = fake_gcs.client(endpoint=proxy.url()).bucket(name)
     bucket.blob("k").upload_from_string(b"first")
-    url = (
-        f"{fake_gcs.endpoint}/upload/storage/v1/b/{name}/o"
-        "?uploadType=media&name=k&ifGenerationMatch=0"
-    )
-    with urllib.request.urlopen(urllib.request.Request(url, b"second", method="POST")) as r:
-        assert r.status == 200
-    assert bucket.blob("k").download_as_bytes() == b"second"
+    proxy.reset_counters()
+
+    def upload_second() -> None:
+        if upload == "multipart":
+            bucket.blob("k").upload_from_string(b"second", if_generation_match=0)
+        elif upload == "resumable":  # unknown size: resumable
+            bucket.blob("k").upload_from_file(io.BytesIO(b"second"), if_generation_match=0)
+        else:
+            url = f"{proxy.url()}/upload/storage/v1/b/{name}/o"
+            request = urllib.request.Request(
+                f"{url}?uploadType=media&name=k&ifGenerationMatch=0", b"second", method="POST"
+            )
+            with urllib.request.urlopen(request) as response:
+                assert response.status == 200
+
+    if refused:
+        with pytest.raises(gcs_errors.PreconditionFailed):
+            upload_second()
+    else:
+        upload_second()
+    upload_path = f"/upload/storage/v1/b/{name}/o?uploadType={upload}"
+    assert proxy.count_requests("POST", upload_path) == 1
+    assert bucket.blob("k").download_as_bytes() == (b"first" if refused else b"second")
 
 
 # -- lifecycle -------------------------------------------------------------------

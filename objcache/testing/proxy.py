@@ -174,6 +174,9 @@ class _HttpRequestParser:
             else:
                 self._skip, self._after_skip = size, self._CHUNK_END
         elif self._state == self._CHUNK_END:
+            if line:  # chunk data must be followed by an empty line
+                self.active = False
+                return False
             self._state = self._CHUNK_SIZE
         elif self._state == self._TRAILERS and not line:
             self._state = self._HEAD

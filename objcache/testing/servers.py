@@ -524,7 +524,13 @@ class FakeGCS(ProcessServer):
 
     No ``-external-url`` is given on purpose: resumable-upload ``Location``
     headers then echo the request's Host, so uploads through a proxy stay on
-    the proxy.
+    the proxy. Object ``mediaLink``s still name the server itself, so to
+    download through a proxy use a fresh ``bucket.blob(name)``, not a blob
+    returned by ``get_blob``/``list_blobs``.
+
+    Unlike GCS, fake-gcs-server honours ``ifGenerationMatch=0`` only on
+    multipart uploads (google-cloud-storage's choice for known sizes up to
+    8 MiB); resumable and media uploads overwrite an existing object.
     """
 
     name = "fake-gcs"
