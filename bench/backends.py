@@ -1,6 +1,6 @@
 """objcache's cloud backends against the raw clients doing the same call, on loopback.
 
-    PYTHONPATH=. python bench/backends.py [--out results.md] [--only redis,s3,gcs]
+    python bench/backends.py [--out docs/benchmarks.md] [--only redis,s3,gcs]
                                           [--rtt-ms 20] [--scale 1.0]
 
 Starts redis-server, SeaweedFS (S3) and fake-gcs-server on 127.0.0.1 (objcache.testing),
@@ -377,8 +377,13 @@ def main() -> None:
     text = asyncio.run(main_async(args))
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from pathlib import Path
+
+        from bench._report import write_section
+
+        write_section(
+            Path(args.out), "backends", "python bench/backends.py --out docs/benchmarks.md", text
+        )
 
 
 if __name__ == "__main__":

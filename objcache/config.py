@@ -51,6 +51,11 @@ class Config:
         "even with OBJCACHE_TIERS unset (then the embedded default store is used).",
         default=False,
     )
+    triton: bool = _opt(
+        "OBJCACHE_TRITON",
+        "Also serve Triton's kernel cache from objcache (RemoteCacheManager); see docs/triton.md.",
+        default=False,
+    )
     local_dir: Path = _opt(
         "OBJCACHE_LOCAL_DIR",
         "The machine-local tier: verified entries, written through on every remote hit.",

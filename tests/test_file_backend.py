@@ -288,7 +288,7 @@ async def test_cancelled_put_leaves_no_trace(scheme: str, tmp_path: Path) -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(100):  # the worker thread finishes the whole operation on its own
+    for _ in range(1000):  # the worker thread finishes the whole operation on its own
         if not reserved_files(tmp_path):
             break
         await asyncio.sleep(0.02)
