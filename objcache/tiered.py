@@ -66,6 +66,10 @@ class TieredCache:
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
         self.prefetched: set[str] = set()
+        #: Remote hits whose write-through to the local tier has not finished: a lookup that
+        #: arrives after the shared fetch ended but before the entry is on disk is served
+        #: from here instead of issuing a second remote GET.
+        self._landing: dict[str, bytes] = {}
 
     @property
     def tiers(self) -> list[Tier]:
@@ -128,6 +132,10 @@ class TieredCache:
 
     async def _fetch(self, okey: str) -> tuple[bytes | None, str]:
         if self.local is not None:
+            landing = self._landing.get(okey)
+            if landing is not None:
+                self.stats.served_by[self.local.name] += 1
+                return landing, self.local.name
             entry, _ = await self.local.get(okey)
             if entry is not None:
                 payload = await self._verify(self.local, okey, entry)
@@ -141,6 +149,7 @@ class TieredCache:
         winner, entry, payload, absent_in = hit
         self.stats.served_by[winner.name] += 1
         if self.local is not None:
+            self._landing[okey] = payload
             self._spawn(self._write_through(okey, entry))
         if not self.read_only:
             for tier in absent_in:
@@ -223,8 +232,11 @@ class TieredCache:
 
     async def _write_through(self, okey: str, entry: bytes) -> None:
         assert self.local is not None
-        if await self.local.put(okey, entry, PutMode.OVERWRITE):
-            self.stats.write_through += 1
+        try:
+            if await self.local.put(okey, entry, PutMode.OVERWRITE):
+                self.stats.write_through += 1
+        finally:
+            self._landing.pop(okey, None)
 
     # --- write path --------------------------------------------------------------------
 
