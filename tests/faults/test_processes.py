@@ -199,7 +199,7 @@ def test_write_behind_flushes_everything_on_normal_exit(
     probe.bridge.stop()
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["cache"]["write_behind_dropped"] == 0
-    assert stats["tiers"][1]["puts"] == n + 1  # and ENV.json
+    assert stats["tiers"][1]["puts"] == n + 2  # and ENV.json and the run's manifest
 
 
 def test_write_behind_reports_drops_when_the_tier_hangs_at_exit(
@@ -222,7 +222,8 @@ def test_write_behind_reports_drops_when_the_tier_hangs_at_exit(
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, err
     assert elapsed < 15, elapsed  # bounded by the flush timeout, not the 30 s deadline
-    assert f"{n + 1} remote writes were not flushed at exit" in err  # entries + ENV.json
+    queued = n + 2  # entries + ENV.json + the run's manifest
+    assert f"{queued} remote writes were not flushed at exit" in err
     stats = json.loads((tmp_path / "stats.json").read_text())
-    assert stats["cache"]["write_behind_dropped"] == n + 1
-    print(f"hung tier at exit: process ended after {elapsed:.1f}s, reported {n + 1} dropped")
+    assert stats["cache"]["write_behind_dropped"] == queued
+    print(f"hung tier at exit: process ended after {elapsed:.1f}s, reported {queued} dropped")
