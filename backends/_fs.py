@@ -108,15 +108,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _read_all(fd: int, size: int) -> bytes:
     data = os.read(fd, size) if size else b""
-    if len(data) == size:
+    if len(data) == size:  # the common case: one read
         return data
-    chunks = [data]
-    while size - len(data) > 0:
-        chunk = os.read(fd, size - len(data))
+    chunks, remaining = [data], size - len(data)
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
         if not chunk:
             break
         chunks.append(chunk)
-        size -= len(chunk)
+        remaining -= len(chunk)
     return b"".join(chunks)
 
 
@@ -434,6 +434,18 @@ class FsBackend(Backend):
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         check_key(key)
         return await self._run(f"put {key}", self.store.write, key, data, mode)
+
+    def read_sync(self, key: str) -> bytes | None:
+        """Blocking read in the caller's thread: the local-hit fast path of the sync client
+        (no event-loop or worker-thread hop). Errors are raised as for :meth:`get`."""
+        check_key(key)
+        try:
+            return self.store.read(key)
+        except OSError as exc:
+            raise os_error(exc, self.name, f"get {key}") from exc
+
+    def note_hit(self, key: str, size: int) -> None:
+        """Called on the event loop after a :meth:`read_sync` hit (LRU bookkeeping)."""
 
     async def exists(self, key: str) -> bool:
         check_key(key)

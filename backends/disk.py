@@ -67,20 +67,19 @@ class _Index:
         self.total -= self.sizes.pop(key, 0)
         self.used.pop(key, None)
 
-    def begin_rebuild(self) -> None:
+    def begin_rebuild(self) -> dict[str, float]:
+        """Start journaling; returns a copy of the in-memory clock for :func:`_scan`."""
         self._journal = []
+        return dict(self.used)
 
     def abort_rebuild(self) -> None:
         self._journal = None
         self.ready = True  # fall back to what this process has seen
         self.scanned_at = time.monotonic()
 
-    def finish_rebuild(self, scanned: dict[str, tuple[int, float]]) -> None:
+    def finish_rebuild(self, sizes: dict[str, int], used: dict[str, float], total: int) -> None:
         journal, self._journal = self._journal or [], None
-        used = self.used
-        self.sizes = {k: size for k, (size, _) in scanned.items()}
-        self.used = {k: max(atime, used.get(k, 0.0)) for k, (_, atime) in scanned.items()}
-        self.total = sum(self.sizes.values())
+        self.sizes, self.used, self.total = sizes, used, total
         for key, size, now in journal:
             if size < 0:
                 self.gone(key)
@@ -89,20 +88,29 @@ class _Index:
         self.ready = True
         self.scanned_at = time.monotonic()
 
-    def snapshot(self) -> list[tuple[str, int, float]]:
-        return [(k, s, self.used.get(k, 0.0)) for k, s in self.sizes.items()]
+
+# The two functions below run in a worker thread: on a large cache they take a while, and the
+# event loop also serves torch's synchronous calls. They only see copies of the index.
 
 
-def _evict(store: FsStore, entries: list[tuple[str, int, float]], excess: int) -> list[str]:
-    """Delete least recently used entries until ``excess`` bytes are gone (worker thread)."""
-    entries.sort(key=lambda e: e[2])
+def _scan(store: FsStore, seen: dict[str, float]) -> tuple[dict[str, int], dict[str, float], int]:
+    """Sizes and last use of every entry on disk, the last use being the later of the
+    entry's atime and this process's own (more precise) clock."""
+    scanned = store.scan_all()
+    sizes = {k: size for k, (size, _) in scanned.items()}
+    used = {k: max(atime, seen.get(k, 0.0)) for k, (_, atime) in scanned.items()}
+    return sizes, used, sum(sizes.values())
+
+
+def _evict(store: FsStore, sizes: dict[str, int], used: dict[str, float], excess: int) -> list[str]:
+    """Delete least recently used entries until ``excess`` bytes are gone."""
     removed: list[str] = []
-    for key, size, _ in entries:
+    for key in sorted(sizes, key=lambda k: used.get(k, 0.0)):
         if excess <= 0:
             break
         store.delete(key)  # already gone counts as freed
         removed.append(key)
-        excess -= size
+        excess -= sizes[key]
     return removed
 
 
@@ -116,7 +124,7 @@ class DiskBackend(FsBackend):
     #: Eviction stops below this fraction of ``max_bytes``.
     low_water: ClassVar[float] = 0.9
     rescan_interval_s: ClassVar[float] = 300.0
-    #: After an eviction pass that freed nothing, wait this long before trying again.
+    #: After an eviction pass that failed or freed nothing, wait this long before retrying.
     evict_backoff_s: ClassVar[float] = 30.0
 
     def __init__(self, spec: TierSpec) -> None:
@@ -142,6 +150,11 @@ class DiskBackend(FsBackend):
             self._kick()
         return data
 
+    def note_hit(self, key: str, size: int) -> None:
+        if self.max_bytes:
+            self._index.seen(key, size, time.time())
+            self._kick()
+
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         stored = await super().put(key, data, mode)
         if self.max_bytes:
@@ -165,8 +178,8 @@ class DiskBackend(FsBackend):
 
     async def wait_idle(self) -> None:
         """Wait for background scanning and eviction to finish (tests, shutdown)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        while (task := self._current_task()) is not None and not task.done():
+            await asyncio.shield(task)
 
     async def close(self) -> None:
         await super().close()
@@ -178,10 +191,19 @@ class DiskBackend(FsBackend):
         """Start maintenance when the index is missing, stale or over the limit."""
         if self.closed or not self._due():
             return
-        if self._task is not None and not self._task.done():
+        task = self._current_task()
+        if task is not None and not task.done():
             self._pending = True
             return
         self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _current_task(self) -> asyncio.Task[None] | None:
+        """The maintenance task, unless it belongs to another event loop: the sync bridge's
+        loop of a parent process (after fork) or one that was replaced. That loop will never
+        run it, so it must neither block new maintenance nor be awaited."""
+        if self._task is not None and self._task.get_loop() is not asyncio.get_running_loop():
+            self._task = None
+        return self._task
 
     def _due(self) -> bool:
         idx, now = self._index, time.monotonic()
@@ -200,26 +222,28 @@ class DiskBackend(FsBackend):
                     await self._evict()
             except Exception as exc:
                 log.warning("%s: cache maintenance failed: %s", self.name, exc)
+                self._evict_after = time.monotonic() + self.evict_backoff_s
                 return
             if not self._pending or self.closed:
                 return
 
     async def _rescan(self) -> None:
-        self._index.begin_rebuild()
+        seen = self._index.begin_rebuild()
         try:
-            scanned = await self._run("scan", self.store.scan_all)
+            merged = await self._run("scan", _scan, self.store, seen)
         except BaseException:
             self._index.abort_rebuild()
             raise
-        self._index.finish_rebuild(scanned)
+        self._index.finish_rebuild(*merged)
 
     async def _evict(self) -> None:
-        excess = self._index.total - int(self.max_bytes * self.low_water)
-        snapshot = self._index.snapshot()
-        removed = await self._run("evict", _evict, self.store, snapshot, excess)
+        idx = self._index
+        excess = idx.total - int(self.max_bytes * self.low_water)
+        sizes, used = dict(idx.sizes), dict(idx.used)
+        removed = await self._run("evict", _evict, self.store, sizes, used, excess)
         for key in removed:
             self._index.gone(key)
-        if not removed or self._index.total > self.max_bytes:
+        if not removed:  # nothing left to evict that this process knows of
             self._evict_after = time.monotonic() + self.evict_backoff_s
         log.debug(
             "%s: evicted %d entries, %d bytes left", self.name, len(removed), self.total_bytes

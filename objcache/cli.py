@@ -47,6 +47,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing.")]
 
 
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 class UserError(Exception):
     """Reported as one line, exit code 2."""
 
@@ -153,19 +157,15 @@ def doctor(tier: TierOpt = None) -> None:
 # --- stats -------------------------------------------------------------------------------
 
 
-def stats_file() -> Path:
-    from objcache.client import default_stats_file
-
-    return default_stats_file()
-
-
 @app.command()
 def stats(
     as_json: JsonOpt = False,
     file: Annotated[Path | None, typer.Option(help="Stats file (default: last run's).")] = None,
 ) -> None:
     """Hits, misses by reason, bytes and latency per tier of the last objcache process."""
-    path = file or stats_file()
+    from objcache.client import stats_file
+
+    path = file or stats_file(_config())
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -173,7 +173,7 @@ def stats(
     except ValueError:
         raise UserError(f"{path} is not an objcache stats file") from None
     if as_json:
-        out.print_json(data=data)
+        _print_json(data)
         return
     cache = data.get("cache", {})
     out.print(f"environment {data.get('env')}  gets {cache.get('gets')}  hits {cache.get('hits')}")
@@ -231,7 +231,7 @@ def ls(
     if envs:
         found = _run(_closing([backend], ops.environments(backend)))
         if as_json:
-            out.print_json(data=found)
+            _print_json(found)
             return
         table = Table("env", "entries", "bytes", "torch", "cpu_isa", "gpu", "this machine")
         for eid, info in sorted(found.items()):

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,6 +66,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         write_behind_max_bytes=config.write_behind_max_bytes,
         read_only=config.read_only,
         env_fields=fields,
+        write_to=config.write_to,
     )
 
 
@@ -96,6 +98,13 @@ class Client:
             return default
 
     def get(self, kind: str, key: str) -> bytes | None:
+        started = time.perf_counter()
+        hit = self.cache.read_local_sync(kind, key)
+        if hit is not None:
+            payload, okey, size = hit
+            ms = (time.perf_counter() - started) * 1000
+            self.bridge.loop.call_soon_threadsafe(self.cache.note_local_hit, kind, okey, size, ms)
+            return payload
         return self._run(lambda: self.cache.get(kind, key), None)
 
     def put(self, kind: str, key: str, payload: bytes) -> None:
@@ -164,9 +173,9 @@ class Client:
         _write_stats_file(self)
 
 
-def default_stats_file() -> Path:
+def stats_file(config: Config) -> Path:
     """Where a process leaves its stats at exit for ``objcache stats``."""
-    return Path(os.environ.get("OBJCACHE_STATS_FILE") or user_cache_dir() / "last-stats.json")
+    return config.stats_file or user_cache_dir() / "last-stats.json"
 
 
 def _write_stats_file(client: Client) -> None:
@@ -174,7 +183,7 @@ def _write_stats_file(client: Client) -> None:
     data = client.cache.stats_dict()
     if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
         return
-    target = default_stats_file()
+    target = stats_file(client.config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}")

@@ -41,14 +41,19 @@ class Config:
         "OBJCACHE_TIERS",
         "Comma-separated remote tier URLs, nearest first: redis://, rediss://, unix://, "
         "s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir. Per-tier options go in the "
-        "query: read_only=1, write_only=1, timeout_ms=, retries=, max_size=. Empty: a file:// "
-        "store under the user cache dir (the embedded default).",
+        "query: read_only=1, write_only=1, home=1, timeout_ms=, retries=, max_size=. "
+        "Empty: a file:// store under the user cache dir (the embedded default).",
         default=(),
     )
     enable: bool = _opt(
         "OBJCACHE_ENABLE",
         "Route torch's remote caches through objcache in every process that imports torch, "
         "even with OBJCACHE_TIERS unset (then the embedded default store is used).",
+        default=False,
+    )
+    triton: bool = _opt(
+        "OBJCACHE_TRITON",
+        "Also serve Triton's kernel cache from objcache (RemoteCacheManager); see docs/triton.md.",
         default=False,
     )
     local_dir: Path = _opt(
@@ -60,6 +65,13 @@ class Config:
         "OBJCACHE_LOCAL_MAX_BYTES",
         "Evict least-recently-used local entries above this many bytes (0: no limit).",
         default=10 << 30,
+    )
+    write_to: str = _opt(
+        "OBJCACHE_WRITE_TO",
+        "Which remote tiers new entries go to: 'all' writable tiers, or 'nearest' (the first "
+        "healthy writable tier plus every tier marked ?home=1). Hits in far tiers are always "
+        "back-filled into nearer ones.",
+        default="all",
     )
     read_only: bool = _opt(
         "OBJCACHE_READ_ONLY",
@@ -129,16 +141,25 @@ class Config:
         "(one LIST per tier, then concurrent GETs). 0: torch's one value per key.",
         default=True,
     )
+    stats_file: Path | None = _opt(
+        "OBJCACHE_STATS_FILE",
+        "Where a process leaves its stats at exit for `objcache stats` "
+        "(default: ~/.cache/objcache/last-stats.json).",
+        default=None,
+    )
     log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
 
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
-        if isinstance(self.local_dir, str):
-            object.__setattr__(self, "local_dir", Path(self.local_dir))
+        for name in ("local_dir", "stats_file", "signing_key_file"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if self.write_to not in ("all", "nearest"):
+            raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
 

@@ -255,6 +255,7 @@ def run_job(
         cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     tail: deque[str] = deque(maxlen=60)
+    out: list[str] = []
 
     def read_stderr() -> None:
         assert proc.stderr is not None
@@ -265,17 +266,23 @@ def run_job(
             else:
                 tail.append(line.rstrip())
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        out.extend(proc.stdout)
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_stderr, read_stdout)]
+    for reader in readers:
+        reader.start()
     try:
-        stdout, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        stdout, _ = proc.communicate()
+        proc.wait()
         tail.append(f"worker timed out after {timeout:.0f}s")
-    reader.join(5)
+    for reader in readers:
+        reader.join(10)
     result: dict[str, Any] = {"ok": False, "error": "no result line"}
-    for line in stdout.splitlines():
+    for line in out:
         if line.startswith(RESULT_TAG):
             result = json.loads(line[len(RESULT_TAG) :])
     return Job(result, time.perf_counter() - started, proc.returncode, list(tail))
@@ -347,7 +354,8 @@ def _torch_cell(result: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The demo (``objcache demo`` calls this with no arguments) or, with --worker, a worker."""
+    argv = list(argv or [])
     if "--worker" in argv:
         return worker_main(argv)
     parser = argparse.ArgumentParser(prog="objcache demo", description=__doc__.split("\n")[0])
@@ -466,4 +474,4 @@ def _demo(model: str, keep: bool, timeout: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

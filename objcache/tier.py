@@ -14,8 +14,8 @@ from typing import TypeVar
 
 from objcache.backends.base import Backend, PutMode
 from objcache.errors import BackendError, EntryTooLarge, PermanentBackendError
+from objcache.metrics import TierStats, log_once
 from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
-from objcache.stats import TierStats, log_once
 from objcache.urls import flag
 
 T = TypeVar("T")
@@ -27,6 +27,8 @@ class TierFlags:
     write_only: bool = False
     #: Largest entry this tier stores (0: no limit); bigger ones go to the next tier.
     max_size: int = 0
+    #: A home tier receives every write even when writes go to the nearest tier only.
+    home: bool = False
 
 
 class Failed(Exception):
@@ -71,6 +73,7 @@ class Tier:
             read_only=read_only or flag(backend.spec, "read_only"),
             write_only=flag(backend.spec, "write_only"),
             max_size=int(opts.get("max_size", 0)),
+            home=flag(backend.spec, "home"),
         )
         return cls(backend, policy, CircuitBreaker(breaker_failures, breaker_cooldown_s), flags)
 

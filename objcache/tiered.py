@@ -22,8 +22,8 @@ from objcache.backends.base import PutMode
 from objcache.codec import Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace
+from objcache.metrics import CacheStats, log_once
 from objcache.singleflight import SingleFlight
-from objcache.stats import CacheStats, log_once
 from objcache.tier import Tier
 from objcache.writebehind import WriteBehind
 
@@ -70,6 +70,7 @@ class TieredCache:
         read_only: bool = False,
         env_fields: dict[str, str] | None = None,
         priority_grace_s: float = PRIORITY_GRACE_S,
+        write_to: str = "all",
     ) -> None:
         self.local = local
         self.remotes = list(remotes)
@@ -83,6 +84,7 @@ class TieredCache:
         self._env_fields = env_fields
         self._env_written = False
         self.priority_grace_s = priority_grace_s
+        self.write_to = write_to
         #: Object keys this process read (hits) or wrote: the run's prefetch manifest.
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
@@ -110,6 +112,39 @@ class TieredCache:
         if result[0] is not None:
             self.recorded.add(okey)
         return result
+
+    def read_local_sync(self, kind: str, key: str) -> tuple[bytes, str, int] | None:
+        """The local-hit fast path, run in the *caller's* thread: ``(payload, okey, size)``.
+
+        Anything but a verified hit returns None and the caller takes the async path, which
+        counts, quarantines and asks the remote tiers. Counters are not touched here: the
+        caller posts :meth:`note_local_hit` to the loop thread.
+        """
+        read = getattr(self.local.backend, "read_sync", None) if self.local else None
+        if read is None:
+            return None
+        okey = self.namespace.object_key(kind, key)
+        try:
+            entry = read(okey)
+            if entry is None:
+                return None
+            return self.codec.decode(entry), okey, len(entry)
+        except Exception:
+            return None
+
+    def note_local_hit(self, kind: str, okey: str, size: int, ms: float) -> None:
+        """Account a fast-path hit (event loop thread)."""
+        assert self.local is not None
+        self.stats.gets[kind] += 1
+        self.stats.hits[kind] += 1
+        self.stats.served_by[self.local.name] += 1
+        self.local.stats.hits += 1
+        self.local.stats.bytes_read += size
+        self.local.stats.get_latency.observe(ms)
+        self.recorded.add(okey)
+        note = getattr(self.local.backend, "note_hit", None)
+        if note is not None:
+            note(okey, size)
 
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
@@ -309,8 +344,21 @@ class TieredCache:
             self._ensure_env_file()
             self._writes.submit(okey, entry)
 
+    def write_targets(self) -> list[Tier]:
+        """Remote tiers a new entry goes to.
+
+        ``write_to="all"``: every writable tier. ``"nearest"``: the first writable tier whose
+        breaker is closed, plus every ``home`` tier (multi-region fleets: write to the
+        region, and to the home bucket that seeds the others).
+        """
+        healthy = [t for t in self.remotes if t.writable and not t.breaker_open()]
+        if self.write_to == "all":
+            return healthy
+        nearest = healthy[:1]
+        return nearest + [t for t in healthy if t.flags.home and t not in nearest]
+
     async def _write_remotes(self, okey: str, entry: bytes) -> None:
-        targets = [t for t in self.remotes if t.writable and not t.breaker_open()]
+        targets = self.write_targets()
         await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 
     def _ensure_env_file(self) -> None:

@@ -12,7 +12,7 @@ from objcache.errors import ConfigError
 BUILTIN_SCHEMES = ("disk", "file", "redis", "rediss", "unix", "s3", "gs")
 
 #: Query options every tier understands (the rest belong to the backend).
-TIER_OPTIONS = ("read_only", "write_only", "timeout_ms", "max_size", "retries", "name")
+TIER_OPTIONS = ("read_only", "write_only", "home", "timeout_ms", "max_size", "retries")
 
 _SECRET_QUERY = re.compile(r"(?i)(password|secret|token|key|credential|signature)")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
@@ -50,7 +50,7 @@ def parse_tier_url(url: str, where: str = "tier URL", known: tuple[str, ...] = (
         path = path.strip("/")
     elif scheme in ("redis", "rediss") and not parts.hostname:
         raise ConfigError(f"{where}: {scheme}:// URL needs a host")
-    for flag in ("read_only", "write_only"):
+    for flag in ("read_only", "write_only", "home"):
         if flag in options and options[flag].lower() not in ("", "0", "1", "true", "false"):
             raise ConfigError(f"{where}: {flag} must be 0/1/true/false")
     for num in ("timeout_ms", "max_size", "retries"):
@@ -83,7 +83,10 @@ def redact(url: str) -> str:
         f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    out = urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    if not out.startswith(f"{parts.scheme}://") and url.startswith(f"{parts.scheme}://"):
+        out = f"{parts.scheme}://{out[len(parts.scheme) + 1 :]}"
+    return out
 
 
 def flag(spec: TierSpec, name: str) -> bool:

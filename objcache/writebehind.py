@@ -12,7 +12,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from objcache.stats import CacheStats
+from objcache.metrics import CacheStats
 
 log = logging.getLogger("objcache")
 

@@ -221,3 +221,20 @@ async def test_write_only_and_size_limited_tiers() -> None:
     await cache.flush(5)
     assert small.stats.put_errors["too_large"] == 1
     assert NS.object_key("fx-graph", "big") in mem(wo).data
+
+
+async def test_nearest_write_policy_writes_region_and_home() -> None:
+    regional, eu, home = tier("mem://regional"), tier("mem://eu"), tier("mem://home")
+    home.flags = TierFlags(home=True)
+    local = tier("mem://local")
+    cache = TieredCache(local, [regional, eu, home], CODEC, NS, write_to="nearest")
+    await cache.put("fx-graph", "k", b"v")
+    await cache.flush(5)
+    okey = NS.object_key("fx-graph", "k")
+    assert okey in mem(regional).data and okey in mem(home).data
+    assert okey not in mem(eu).data
+    mem(regional).fault = "hang"  # nearest tier down: its breaker opens, the next one takes writes
+    regional.breaker = CircuitBreaker(1, 60)
+    regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
+    await regional.put("probe", b"x")
+    assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]

@@ -7,7 +7,8 @@ a PATH shim, independently of objcache's counters.
 
 * A (cold): store + a tier that hangs; saves a Mega-Cache bundle.
 * B (new machine): the zero-code ``.pth`` path; everything from the store, no g++.
-* C (B's dirs, every remote tier failing): torch's local caches serve everything.
+* C (B's dirs; tiers: a closed Redis port and an erroring tier): torch's local caches serve
+  everything.
 * D (``ATEN_CPU_CAPABILITY=avx2``): A's entries are not served.
 * E (fresh machine whose store holds only A's bundle): the bundle alone avoids all g++.
 """
@@ -69,7 +70,10 @@ class World:
     @cached_property
     def offline(self) -> dict[str, Any]:
         _ = self.new_machine
-        env, log = self.env("b", "fault:///t?mode=error")
+        from objcache.testing.ports import free_port
+
+        closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+        env, log = self.env("b", f"{closed},fault:///t?mode=error")
         env["OBJCACHE_LOCAL_DIR"] = str(self.base / "c-objcache-local")  # nothing cached there
         log.unlink(missing_ok=True)
         result = ts.run_compile(env)

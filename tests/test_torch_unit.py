@@ -116,10 +116,13 @@ def test_install_is_idempotent_and_uninstall_restores_torch_exactly(
     import objcache
 
     monkeypatch.setenv("OBJCACHE_JOB", "unit-job")
+    monkeypatch.delenv("OBJCACHE_ENABLE", raising=False)
+    monkeypatch.delenv("OBJCACHE_TIERS", raising=False)
     before = _snapshot()
     objcache.install()
     objcache.install()
     try:
+        assert os.environ["OBJCACHE_ENABLE"] == "1"  # compile workers install it too
         assert objcache.integrations.torch.installed()  # type: ignore[attr-defined]
         for name, kind in (("RemoteFxGraphCache", "fx-graph"), ("RemoteDynamoPGOCache", "pgo")):
             cls = getattr(remote_cache, name)
@@ -136,6 +139,7 @@ def test_install_is_idempotent_and_uninstall_restores_torch_exactly(
     finally:
         objcache.uninstall()
     after = _snapshot()
+    assert "OBJCACHE_ENABLE" not in os.environ
     assert after == before
     for key in ("RemoteFxGraphCache", "_read", "begin_compile", "build", "__init__"):
         assert after[key] is before[key]
@@ -500,3 +504,37 @@ def test_a_process_that_exits_right_after_writing_still_uploads(tmp_path: Path) 
     _python(code, env)
     stored = {p.parent.parent.name for p in (tmp_path / "store").rglob("*") if p.is_file()}
     assert {"kernel", "manifest"} <= stored
+
+
+def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from objcache import demo
+
+    machines: list[str] = []
+
+    def fake_run_job(args: Any, env: Any, **kw: Any) -> demo.Job:
+        machines.append(env["TORCHINDUCTOR_CACHE_DIR"])
+        assert env["TMPDIR"].startswith(os.path.dirname(env["TORCHINDUCTOR_CACHE_DIR"]))
+        kw["on_stage"]("compile")
+        n = len(machines) - 1
+        result = {
+            "ok": True,
+            "match": True,
+            "first_step_s": (40.0, 5.0, 4.0)[n],
+            "torch": {"fxgraph_cache_miss": 2} if n == 0 else {"fxgraph_cache_hit": 2},
+            "stats": {
+                "cache": {"gets": {"fx-graph": 2}, "hits": {"fx-graph": 2 if n == 1 else 0}},
+                "tiers": [{"local": False, "bytes_read": 2048 * n, "bytes_written": 0}],
+            },
+            "integration": {"kernels": {"builds": (10, 0, 0)[n]}},
+        }
+        return demo.Job(result, 1.0, 0)
+
+    monkeypatch.setattr(demo, "run_job", fake_run_job)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert demo.main() == 0  # what `objcache demo` calls: no arguments
+    out = capsys.readouterr().out
+    assert machines[0] != machines[1] == machines[2]
+    for text in ("cold", "new machine", "warm", "fx 2/2", "8.0x", "0 kernel builds"):
+        assert text in out, text

@@ -82,6 +82,8 @@ _lock = threading.RLock()
 #: What install() changed: (module name, attribute) -> previous value.
 _saved: dict[tuple[str, str], Any] = {}
 _installed_parts: set[str] = set()
+#: Environment variables install() set (for child processes), removed by uninstall().
+_env_set: set[str] = set()
 #: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
 counters: Counter[str] = Counter()
 _warned: set[str] = set()
@@ -352,7 +354,24 @@ def install(config: Any | None = None) -> None:
                 _failed(f"import {name}", exc)
                 continue
             apply_part(name, module)
+        if config is None:
+            _enable_in_children()
     start_client()
+
+
+def _enable_in_children() -> None:
+    """Let child processes (Inductor's compile workers) install objcache too.
+
+    They are fresh interpreters: with ``OBJCACHE_ENABLE=1`` inherited, the ``.pth`` installs
+    objcache there from the same ``OBJCACHE_*`` environment. Without it, a worker whose
+    inductor config says ``autotune_remote_cache`` would try torch's Redis cache. Not done
+    when the environment already decides (``OBJCACHE_ENABLE`` or ``OBJCACHE_TIERS`` set), nor
+    for ``install(config)``, whose settings the environment does not carry.
+    """
+    if "OBJCACHE_ENABLE" in os.environ or os.environ.get("OBJCACHE_TIERS", "").strip():
+        return
+    os.environ["OBJCACHE_ENABLE"] = "1"
+    _env_set.add("OBJCACHE_ENABLE")
 
 
 def start_client() -> None:
@@ -395,6 +414,9 @@ def uninstall() -> None:
         candidates.uninstall()
         _installed_parts.clear()
         _clear_cached_remote_caches()
+        for var in _env_set:
+            os.environ.pop(var, None)
+        _env_set.clear()
 
 
 def _save(mod_name: str, attr: str, value: Any) -> None:

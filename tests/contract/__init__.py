@@ -1,0 +1,1 @@
+"""The backend contract suite: one set of tests run against every backend."""

@@ -1,0 +1,126 @@
+"""The objcache CLI against a real file:// store and local tier, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from objcache.client import Client
+from objcache.config import Config
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OBJCACHE_TIERS": f"file://{tmp_path}/store",
+        "OBJCACHE_LOCAL_DIR": str(tmp_path / "local"),
+        "OBJCACHE_STATS_FILE": str(tmp_path / "stats.json"),
+        "OBJCACHE_PREFETCH": "0",
+        "OBJCACHE_JOB": "clitest",
+    }
+
+
+@pytest.fixture
+def run(env: dict[str, str]) -> Run:
+    def _run(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "objcache.cli", *args],
+            env={**env, **(extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return _run
+
+
+def populate(env: dict[str, str], n: int = 5) -> Client:
+    client = Client(Config.from_env(env))
+    for i in range(n):
+        client.put("fx-graph", f"key-{i}", f"value-{i}".encode() * 100)
+    client.get("fx-graph", "key-0")
+    client.close()
+    return client
+
+
+def test_doctor_ok_and_failing_tier(run: Run, tmp_path: Path) -> None:
+    ok = run("doctor")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ok" in ok.stdout and "FAILED" not in ok.stdout
+    bad = run("doctor", extra={"OBJCACHE_TIERS": "file:///proc/objcache-cannot-write"})
+    assert bad.returncode == 1
+    assert "FAILED" in bad.stdout
+
+
+def test_bad_config_is_one_line_exit_2(run: Run) -> None:
+    r = run("ls", extra={"OBJCACHE_TIERS": "redis://h:1/0,sx3://b/p"})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "objcache: error: unknown scheme 'sx3' in OBJCACHE_TIERS[1]"
+    assert "Traceback" not in r.stderr
+
+
+def test_ls_stats_verify_and_gc(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    populate(env)
+    listing = run("ls", "--json")
+    assert listing.returncode == 0, listing.stderr
+    keys = {e["key"] for e in json.loads(listing.stdout)}
+    assert {f"key-{i}" for i in range(5)} <= keys
+    envs = json.loads(run("ls", "--envs", "--json").stdout)
+    assert len(envs) == 1 and next(iter(envs.values()))["fields"]["python"]
+
+    stats = json.loads(run("stats", "--json").stdout)
+    assert stats["cache"]["hits"] == {"fx-graph": 1}
+    assert any(t["puts"] >= 5 for t in stats["tiers"])
+
+    # Corrupt one entry at rest in the store: verify reports it, --delete removes it.
+    victim = next((tmp_path / "store").rglob("key-3"))
+    victim.write_bytes(victim.read_bytes()[:-3] + b"xyz")
+    store = f"file://{tmp_path}/store"
+    v = run("verify", "--tier", store)
+    assert v.returncode == 1 and "corrupt" in v.stdout and "1 bad" in v.stdout
+    assert run("verify", "--tier", store, "--delete").returncode == 0
+    assert not victim.exists()
+
+    dry = run("gc", "--keep-env", "someotherenv", "--dry-run")
+    assert dry.returncode == 0 and "would delete" in dry.stdout
+    assert len(list((tmp_path / "store").rglob("key-*"))) == 4, "dry run deletes nothing"
+    real = run("gc", "--keep-env", "someotherenv", "--yes")
+    assert real.returncode == 0
+    assert list((tmp_path / "store").rglob("key-*")) == []
+
+
+def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    populate(env, n=20)
+    seeded = f"file://{tmp_path}/seeded"
+    push = run("push", "--tier", seeded)
+    assert push.returncode == 0, push.stderr
+    assert "20 copied" in push.stdout or "21 copied" in push.stdout
+    again = run("push", "--tier", seeded)
+    assert "0 copied" in again.stdout
+    fresh = str(tmp_path / "fresh-local")
+    pull = run("pull", "--tier", seeded, extra={"OBJCACHE_LOCAL_DIR": fresh})
+    assert pull.returncode == 0, pull.stderr
+    client = Client(Config.from_env({**env, "OBJCACHE_TIERS": "", "OBJCACHE_LOCAL_DIR": fresh}))
+    try:
+        assert client.cache.read_local_sync("fx-graph", "key-7") is not None
+    finally:
+        client.close()
+
+
+def test_pull_by_job_manifest(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    populate(env, n=3)  # closing the client writes the run's manifest for job clitest
+    fresh = str(tmp_path / "fresh-local")
+    r = run("pull", "--job", "clitest", extra={"OBJCACHE_LOCAL_DIR": fresh})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3 fetched" in r.stdout
+    missing = run("pull", "--job", "nosuchjob", extra={"OBJCACHE_LOCAL_DIR": fresh})
+    assert missing.returncode == 1

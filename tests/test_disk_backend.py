@@ -1,0 +1,234 @@
+"""``disk://``: LRU eviction by bytes, the backend's own access clock, quarantine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from objcache.backends import _fs, disk
+from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
+from objcache.backends.disk import DiskBackend, size_option
+from objcache.errors import ConfigError, InvalidKey
+from objcache.urls import parse_tier_url
+
+
+def make(root: Path, query: str = "") -> DiskBackend:
+    return DiskBackend(parse_tier_url(f"disk://{root}{query}"))
+
+
+def bytes_on_disk(root: Path) -> int:
+    return sum(
+        os.path.getsize(os.path.join(d, n))
+        for d, dirs, names in os.walk(root)
+        if QUARANTINE_DIR not in d
+        for n in names
+    )
+
+
+async def present(backend: DiskBackend, keys: list[str]) -> list[str]:
+    return [k for k in keys if await backend.exists(k)]
+
+
+async def test_evicts_least_recently_read_first(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=10000")
+    keys = [f"e/{i:02d}" for i in range(11)]
+    for key in keys[:10]:
+        assert await backend.put(key, b"x" * 1000)
+    await backend.wait_idle()
+    assert backend.total_bytes == 10_000  # at the limit, not over: nothing evicted
+    assert await present(backend, keys) == keys[:10]
+    assert await backend.get(keys[0]) is not None  # the oldest write is now recently read
+    await backend.put(keys[10], b"x" * 1000)
+    await backend.wait_idle()
+    # Over the limit: down to 90% (9000 bytes) by dropping the two least recently *used*.
+    assert await present(backend, keys) == [keys[0], *keys[3:]]
+    assert backend.total_bytes == bytes_on_disk(tmp_path) == 9000
+    await backend.close()
+
+
+async def test_access_order_survives_a_restart(tmp_path: Path) -> None:
+    """Hits are stamped into atime by the backend, so a new process evicts in LRU order."""
+    first = make(tmp_path)
+    keys = [f"r/{i}" for i in range(5)]
+    for key in keys:
+        await first.put(key, b"y" * 1000)
+    for i, key in enumerate(keys):  # written an hour ago, oldest first
+        then = time.time() - 3600 + i
+        os.utime(tmp_path / key, (then, then))
+    assert await first.get(keys[0]) == b"y" * 1000  # stamps atime = now
+    await first.close()
+    assert (tmp_path / keys[0]).stat().st_atime > time.time() - 60
+
+    second = make(tmp_path, "?max_bytes=5000")
+    await second.put("r/new", b"z" * 1000)
+    await second.wait_idle()
+    assert await present(second, [*keys, "r/new"]) == [keys[0], *keys[3:], "r/new"]
+    await second.close()
+
+
+async def test_hits_stamp_atime_at_most_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LRU clock must not depend on the mount's atime policy (noatime, relatime)."""
+    backend = make(tmp_path)
+    await backend.put("k", b"v")
+    stamps: list[tuple[int, int]] = []
+    real_utime = os.utime
+
+    def spy(target: int, *, ns: tuple[int, int]) -> None:
+        stamps.append(ns)
+        real_utime(target, ns=ns)
+
+    monkeypatch.setattr(os, "utime", spy)
+    assert await backend.get("k") == b"v"
+    assert stamps == []  # just written: its atime is fresh
+    hour_ago = time.time() - 3600
+    real_utime(tmp_path / "k", (hour_ago, hour_ago))
+    before = time.time_ns()
+    assert await backend.get("k") == b"v"
+    assert len(stamps) == 1
+    assert stamps[0][0] >= before  # atime = now
+    assert abs(stamps[0][1] / 1e9 - hour_ago) < 1  # mtime (the write time) is kept
+    assert await backend.get("k") == b"v"
+    assert len(stamps) == 1  # now fresh again
+    await backend.close()
+
+
+async def test_first_use_counts_entries_written_before(tmp_path: Path) -> None:
+    (tmp_path / "old" / "ab").mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / "old" / "ab" / f"k{i}").write_bytes(b"o" * 700)
+    backend = make(tmp_path, "?max_bytes=1M")
+    assert await backend.get("old/ab/k0") == b"o" * 700
+    await backend.wait_idle()
+    assert backend.total_bytes == 2100
+    await backend.put("new", b"n" * 100)
+    await backend.delete("old/ab/k1")
+    assert backend.total_bytes == 1500
+    await backend.close()
+
+
+async def test_put_does_not_wait_for_eviction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release, evicting = threading.Event(), threading.Event()
+    real_evict = disk._evict
+
+    def slow_evict(*args: object) -> list[str]:
+        evicting.set()
+        release.wait(10)
+        return real_evict(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(disk, "_evict", slow_evict)
+    backend = make(tmp_path, "?max_bytes=2000")
+    try:
+        for i in range(3):
+            await backend.put(f"k{i}", b"x" * 1000)
+        await asyncio.to_thread(evicting.wait, 5)
+        assert evicting.is_set()
+        t0 = time.monotonic()
+        for i in range(3, 6):
+            assert await backend.put(f"k{i}", b"x" * 1000)
+        assert time.monotonic() - t0 < 2  # eviction is blocked, puts are not
+    finally:
+        release.set()
+    await backend.wait_idle()
+    assert bytes_on_disk(tmp_path) <= 2000
+    await backend.close()
+
+
+async def test_unlimited_tracks_nothing(tmp_path: Path) -> None:
+    backend = make(tmp_path)
+    assert backend.max_bytes == 0
+    for i in range(20):
+        await backend.put(f"u/{i}", b"u" * 1000)
+        await backend.get(f"u/{i}")
+    assert backend._task is None
+    assert bytes_on_disk(tmp_path) == 20_000
+    await backend.close()
+
+
+async def test_quarantine_hides_the_entry(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("v1/env/fx/ab/bad", b"garbage")
+    await backend.put("v1/env/fx/ab/good", b"fine")
+    assert await backend.quarantine("v1/env/fx/ab/bad") is True
+    assert await backend.get("v1/env/fx/ab/bad") is None
+    assert await backend.exists("v1/env/fx/ab/bad") is False
+    assert [i.key async for i in backend.list()] == ["v1/env/fx/ab/good"]
+    moved = list((tmp_path / QUARANTINE_DIR).iterdir())
+    assert len(moved) == 1
+    assert moved[0].name.endswith("-bad")
+    assert moved[0].read_bytes() == b"garbage"
+    assert await backend.quarantine("v1/env/fx/ab/bad") is False
+    assert await backend.put("v1/env/fx/ab/bad", b"rebuilt") is True  # the key is free again
+    await backend.wait_idle()
+    assert backend.total_bytes == len(b"rebuilt") + len(b"fine")
+    with pytest.raises(InvalidKey):
+        await backend.quarantine("../x")
+    await backend.close()
+
+
+def test_quarantine_is_emptied_after_a_day(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    (tmp_path / "k").write_bytes(b"bad")
+    assert store.quarantine("k")
+    qdir = tmp_path / QUARANTINE_DIR
+    old_stamp = time.time_ns() - int((_fs.QUARANTINE_TTL_S + 60) * 1e9)
+    (qdir / f"{old_stamp}-0123-old").write_bytes(b"older")
+    assert store.scan_all() == {}
+    assert [p.name.endswith("-k") for p in qdir.iterdir()] == [True]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("0", 0), ("1048576", 1 << 20), ("512M", 512 << 20), ("10G", 10 << 30), ("2GiB", 2 << 30)],
+)
+def test_max_bytes_option(value: str, expected: int) -> None:
+    assert size_option(parse_tier_url(f"disk:///c?max_bytes={value}"), "max_bytes") == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "ten", "1.5G", "10X"])
+def test_bad_max_bytes_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="max_bytes"):
+        make(Path("/c"), f"?max_bytes={value}")
+
+
+_SEGMENTS = st.one_of(st.sampled_from(["", ".", "..", "...", "a", "\\", ".objcache-t"]), st.text())
+_KEYS = st.one_of(st.text(max_size=60), st.lists(_SEGMENTS, min_size=1, max_size=6).map("/".join))
+
+
+@given(_KEYS)
+def test_accepted_keys_stay_inside_the_root(key: str) -> None:
+    store = FsStore("/srv/cache", fsync=False, touch_on_read=False)
+    try:
+        check_key(key)
+    except InvalidKey:
+        return
+    assert os.path.normpath(store.path(key)).startswith("/srv/cache/")
+    assert store.key_of(store.path(key)) == key
+
+
+def test_maintenance_restarts_on_a_new_event_loop(tmp_path: Path) -> None:
+    """A loop that stops with maintenance in flight (the sync bridge's loop, copied into a
+    forked child) must not block maintenance on the loop that replaces it."""
+    backend = make(tmp_path, "?max_bytes=3000")
+    old_loop = asyncio.new_event_loop()
+    old_loop.run_until_complete(backend.put("k0", b"x" * 1000))  # starts the first scan
+    old_loop.close()  # ... which never gets to run
+
+    async def fill() -> None:
+        for i in range(1, 6):
+            await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+
+    asyncio.run(asyncio.wait_for(fill(), 60))
+    assert bytes_on_disk(tmp_path) <= 3000
+    assert (tmp_path / "k5").exists()

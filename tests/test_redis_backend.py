@@ -1,0 +1,352 @@
+"""redis:// backend against a real redis-server, directly and through a fault proxy.
+
+The shared contract (round trips, CREATE races, listing, keys) runs in tests/contract;
+these tests cover what is Redis-specific: pool sharing, TTL, the size limit, glob escaping,
+and that every failure is classified and bounded in time (no hidden redis-py retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+import redis
+
+from objcache.backends.base import PutMode
+from objcache.backends.redis import (
+    CLIENTS,
+    RedisBackend,
+    classify,
+    connection_url,
+    glob_escape,
+)
+from objcache.errors import EntryTooLarge, PermanentBackendError, TransientBackendError
+from objcache.policy import CircuitBreaker, RetryPolicy
+from objcache.testing.proxy import FaultProxy
+from objcache.testing.servers import RedisServer
+from objcache.tier import Tier
+from objcache.urls import parse_tier_url
+
+pytestmark = pytest.mark.servers
+
+MakeProxy = Callable[[str, int], FaultProxy]
+
+
+def backend(url: str, **options: object) -> RedisBackend:
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    sep = "&" if "?" in url else "?"
+    return RedisBackend(parse_tier_url(f"{url}{sep}{query}" if query else url))
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}/"
+
+
+@pytest.fixture
+def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def b(redis_server: RedisServer, prefix: str) -> AsyncIterator[RedisBackend]:
+    made = backend(redis_server.url, prefix=prefix)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer, fault_proxy: MakeProxy) -> FaultProxy:
+    return fault_proxy(redis_server.host, redis_server.port)
+
+
+def proxied(proxy: FaultProxy, prefix: str, **options: object) -> RedisBackend:
+    return backend(f"redis://{proxy.host}:{proxy.port}/0", prefix=prefix, **options)
+
+
+async def test_construction_does_no_io_and_instances_share_one_pool(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    a, b2 = proxied(proxy, prefix), proxied(proxy, prefix)
+    await asyncio.sleep(0.05)
+    assert proxy.connections == 0, "constructing a backend must not connect"
+    assert CLIENTS.peek(a.pool_key) is None
+    await a.put("k", b"v")
+    assert await b2.get("k") == b"v"
+    client = CLIENTS.peek(a.pool_key)
+    assert client is not None and client is CLIENTS.peek(b2.pool_key)
+    assert proxy.connections == 1  # sequential calls reuse one pooled connection
+    await a.close()
+    assert CLIENTS.peek(a.pool_key) is client, "the other instance still uses the pool"
+    await a.close()  # idempotent
+    assert await b2.get("k") == b"v"
+    await b2.close()
+    assert CLIENTS.peek(b2.pool_key) is None
+    await b2.close()
+
+
+async def test_closed_instance_reopens_on_next_call(b: RedisBackend) -> None:
+    await b.put("k", b"v")
+    await b.close()
+    assert await b.get("k") == b"v"
+
+
+async def test_unix_socket_url(redis_server: RedisServer, prefix: str) -> None:
+    made = backend(redis_server.unix_url, prefix=prefix)
+    try:
+        assert await made.put("u", b"over unix") is True
+        assert await made.get("u") == b"over unix"
+    finally:
+        await made.close()
+
+
+async def test_ttl_is_set_on_create_and_overwrite(
+    redis_server: RedisServer, raw: redis.Redis, prefix: str
+) -> None:
+    made = backend(redis_server.url, prefix=prefix, ttl=120)
+    try:
+        await made.put("c", b"1")
+        await made.put("o", b"1", PutMode.OVERWRITE)
+        assert 100 < raw.ttl(f"{prefix}c") <= 120
+        assert 100 < raw.ttl(f"{prefix}o") <= 120
+    finally:
+        await made.close()
+    await (plain := backend(redis_server.url, prefix=prefix)).put("n", b"1")
+    await plain.close()
+    assert raw.ttl(f"{prefix}n") == -1  # no ttl option: no expiry
+
+
+async def test_too_large_raises_before_sending(proxy: FaultProxy, prefix: str) -> None:
+    made = proxied(proxy, prefix, max_size=1000)
+    try:
+        await made.put("small", b"x" * 1000)
+        sent = proxy.bytes_to_server
+        with pytest.raises(EntryTooLarge):
+            await made.put("big", b"x" * 1001)
+        with pytest.raises(EntryTooLarge):
+            await made.put("big", b"x" * 1001, PutMode.OVERWRITE)
+        assert proxy.bytes_to_server == sent, "nothing may be sent for an oversized value"
+        assert await made.get("big") is None
+    finally:
+        await made.close()
+
+
+async def test_default_max_size_is_64_mib(b: RedisBackend) -> None:
+    assert b.max_size == 64 << 20
+
+
+async def test_too_large_sends_tier_to_next(redis_server: RedisServer, prefix: str) -> None:
+    tier = Tier(
+        backend(redis_server.url, prefix=prefix, max_size=10),
+        RetryPolicy(timeout_s=1.0, retries=2),
+        CircuitBreaker(failures=1),
+    )
+    assert await tier.put("k", b"x" * 11) is False
+    assert tier.stats.put_errors["too_large"] == 1
+    assert tier.breaker.state == "closed", "a size refusal is not a tier failure"
+    await tier.backend.close()
+
+
+async def test_list_escapes_glob_characters(redis_server: RedisServer) -> None:
+    tricky = f"g{uuid.uuid4().hex[:6]}*[ab]?/"
+    made = backend(redis_server.url, prefix="")
+    decoys = {tricky.replace("*", "X"), tricky.replace("[ab]", "a"), tricky.replace("?", "Q")}
+    try:
+        await made.put(f"{tricky}1", b"one")
+        for d in decoys:
+            await made.put(f"{d}1", b"decoy")
+        listed = {i.key: i.size async for i in made.list(tricky)}
+        assert listed == {f"{tricky}1": 3}
+        for info in [i async for i in made.list(tricky)]:
+            assert abs(info.mtime - time.time()) < 60
+    finally:
+        for key in (f"{tricky}1", *(f"{d}1" for d in decoys)):
+            await made.delete(key)
+        await made.close()
+
+
+def test_connection_url_keeps_only_redis_options() -> None:
+    spec = parse_tier_url(
+        "rediss://user:s3cret@cache:6380/2?ttl=60&prefix=p/&max_size=10&timeout_ms=50"
+        "&ssl_cert_reqs=none&read_only=1"
+    )
+    assert connection_url(spec) == "rediss://user:s3cret@cache:6380/2?ssl_cert_reqs=none"
+    made = RedisBackend(spec)
+    assert (made.ttl, made.prefix, made.max_size) == (60, "p/", 10)
+    assert "s3cret" not in repr(made.pool_key) and "s3cret" not in made.name
+    unix = RedisBackend(parse_tier_url("unix:///run/redis.sock?db=3&prefix=x/"))
+    assert unix.pool_key.url == "unix:///run/redis.sock?db=3"
+
+
+def test_glob_escape() -> None:
+    assert glob_escape("a*b?c[d]e\\f") == "a\\*b\\?c\\[d\\]e\\\\f"
+
+
+async def test_get_many_spans_batches(b: RedisBackend) -> None:
+    keys = [f"m/{i}" for i in range(150)]
+    for k in keys[::2]:
+        await b.put(k, k.encode())
+    assert await b.get_many(keys) == {k: k.encode() for k in keys[::2]}
+
+
+async def test_list_skips_foreign_types(b: RedisBackend, raw: redis.Redis, prefix: str) -> None:
+    raw.rpush(f"{prefix}alist", b"x")
+    await b.put("mine", b"v")
+    assert {i.key async for i in b.list()} == {"mine"}
+
+
+# --- failures: classified and bounded in time ----------------------------------------
+
+
+async def test_blackholed_server_get_returns_within_tier_deadline(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """redis-py's default retries took 26.7 s to fail here; the tier deadline rules."""
+    made = proxied(proxy, prefix)
+    tier = Tier(made, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(failures=100))
+    try:
+        await made.put("k", b"v")  # a pooled connection exists, then the server vanishes
+        proxy.blackhole()
+        started = time.monotonic()
+        data, reason = await tier.get("k")
+        elapsed = time.monotonic() - started
+        assert (data, reason) == (None, "timeout")
+        assert elapsed < 1.5, f"get took {elapsed:.2f}s with a 0.5s tier deadline"
+        # a fresh connection (connect succeeds, handshake never answers) is bounded too
+        fresh = proxied(proxy, prefix + "fresh/")
+        started = time.monotonic()
+        assert await Tier(fresh, RetryPolicy(0.5, 2), CircuitBreaker(100)).get("k") == (
+            None,
+            "timeout",
+        )
+        assert time.monotonic() - started < 1.5
+        await fresh.close()
+    finally:
+        proxy.passthrough()
+        await made.close()
+
+
+async def test_blackhole_socket_timeout_is_transient_without_retries(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    made = proxied(proxy, prefix, socket_timeout=1, connect_timeout=1)
+    try:
+        await made.put("k", b"v")
+        proxy.blackhole()
+        started = time.monotonic()
+        with pytest.raises(TransientBackendError):
+            await made.get("k")
+        elapsed = time.monotonic() - started
+        # one attempt takes the 1 s socket timeout; a second attempt would double it
+        assert 0.9 < elapsed < 1.8, f"one 1 s attempt expected, took {elapsed:.2f}s"
+    finally:
+        proxy.passthrough()
+        await made.close()
+
+
+async def test_refused_is_transient_and_fast(proxy: FaultProxy, prefix: str) -> None:
+    made = proxied(proxy, prefix)
+    proxy.refuse()
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransientBackendError):
+            await made.get("k")
+        with pytest.raises(TransientBackendError):
+            await made.put("k", b"v")
+        assert time.monotonic() - started < 1.5
+    finally:
+        proxy.passthrough()
+        await made.close()
+
+
+async def test_reset_mid_reply_is_transient(proxy: FaultProxy, prefix: str) -> None:
+    made = proxied(proxy, prefix)
+    try:
+        await made.put("big", b"z" * (1 << 20))
+        proxy.reset_after(64 * 1024)
+        with pytest.raises(TransientBackendError):
+            await asyncio.wait_for(made.get("big"), 5)
+        proxy.passthrough()
+        assert await made.get("big") == b"z" * (1 << 20)  # the pool recovers
+    finally:
+        proxy.passthrough()
+        await made.close()
+
+
+async def test_oom_is_transient(b: RedisBackend, raw: redis.Redis) -> None:
+    old = raw.config_get("maxmemory*")
+    raw.config_set("maxmemory-policy", "noeviction")
+    raw.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(TransientBackendError, match="OOM"):
+            await b.put("k", b"v")
+        assert await b.get("k") is None  # reads still work
+    finally:
+        raw.config_set("maxmemory", old["maxmemory"])
+        raw.config_set("maxmemory-policy", old["maxmemory-policy"])
+    assert await b.put("k", b"v") is True
+
+
+@pytest.fixture
+def acl_users(raw: redis.Redis) -> Iterator[str]:
+    """Two ACL users: ``ok`` (password pw, keys acl/*) and ``narrow`` (keys other/*)."""
+    tag = uuid.uuid4().hex[:6]
+    raw.acl_setuser(f"ok{tag}", enabled=True, passwords=["+pw"], keys=["acl/*"], commands=["+@all"])
+    raw.acl_setuser(
+        f"narrow{tag}", enabled=True, passwords=["+pw"], keys=["other/*"], commands=["+@all"]
+    )
+    yield tag
+    raw.acl_deluser(f"ok{tag}", f"narrow{tag}")
+
+
+async def test_wrong_password_is_permanent(redis_server: RedisServer, acl_users: str) -> None:
+    host = f"{redis_server.host}:{redis_server.port}"
+    good = backend(f"redis://ok{acl_users}:pw@{host}/0", prefix="acl/")
+    bad = backend(f"redis://ok{acl_users}:wrong@{host}/0", prefix="acl/")
+    try:
+        assert await good.put("k", b"v") is True
+        with pytest.raises(PermanentBackendError, match="authentication failed") as info:
+            await bad.get("k")
+        assert "wrong" not in str(info.value), "the password must not appear in errors"
+        assert "***" in str(info.value)
+    finally:
+        await good.delete("k")
+        await good.close()
+        await bad.close()
+
+
+async def test_acl_denied_key_is_permanent(redis_server: RedisServer, acl_users: str) -> None:
+    host = f"{redis_server.host}:{redis_server.port}"
+    narrow = backend(f"redis://narrow{acl_users}:pw@{host}/0", prefix="acl/")
+    try:
+        with pytest.raises(PermanentBackendError, match="ACL"):
+            await narrow.get("k")
+    finally:
+        await narrow.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (redis.exceptions.BusyLoadingError("LOADING Redis is loading"), TransientBackendError),
+        (redis.exceptions.ResponseError("OOM command not allowed"), TransientBackendError),
+        (redis.exceptions.OutOfMemoryError("command not allowed"), TransientBackendError),
+        (redis.exceptions.ResponseError("MISCONF cannot persist"), TransientBackendError),
+        (redis.exceptions.ReadOnlyError("READONLY replica"), TransientBackendError),
+        (redis.exceptions.ResponseError("MOVED 3999 127.0.0.1:6381"), PermanentBackendError),
+        (redis.exceptions.ResponseError("WRONGTYPE Operation"), PermanentBackendError),
+        (redis.exceptions.AuthenticationError("invalid password"), PermanentBackendError),
+        (redis.exceptions.ResponseError("NOAUTH Authentication required."), PermanentBackendError),
+        (redis.exceptions.NoPermissionError("NOPERM no perms"), PermanentBackendError),
+        (redis.exceptions.TimeoutError("Timeout reading"), TransientBackendError),
+        (ConnectionResetError(104, "reset"), TransientBackendError),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else v.__name__,
+)
+def test_classification(error: Exception, kind: type[Exception]) -> None:
+    assert type(classify(error, "get", "redis://h:1/0")) is kind
