@@ -54,6 +54,7 @@ class Candidate:
     payload: bytes
     entry: bytes
     tier: str
+    #: Already in the local tier: nothing to write through when it is adopted.
     local: bool
     mtime: float
 
@@ -251,8 +252,12 @@ class TieredCache:
         *,
         limit: int = MAX_CANDIDATES,
         concurrency: int = CANDIDATE_FETCHES,
+        include_single: bool = True,
     ) -> list[Candidate]:
         """Every verified candidate of ``key``: local tier first, then remote, newest first.
+
+        With ``include_single``, the key's single value (:meth:`get`) comes last, unless its
+        bytes are already a candidate.
 
         Each readable tier's candidate folder is listed concurrently (one LIST per tier);
         an object in several tiers is fetched from the nearest. At most ``limit`` are
@@ -264,6 +269,10 @@ class TieredCache:
         self.stats.gets[label] += 1
         prefix = self.namespace.object_prefix(kind, key)
         tiers = [t for t in self.tiers if t.readable and not t.breaker_open()]
+        # The key's single value too (seeded entries, writers with candidates off), fetched
+        # alongside the listings: no extra round trip on the critical path.
+        single_okey = self.namespace.object_key(kind, key)
+        single = asyncio.ensure_future(self.get_object(single_okey)) if include_single else None
         listings = await asyncio.gather(*(self._list_tier(t, prefix) for t in tiers))
         where: dict[str, tuple[int, float]] = {}
         for i, infos in enumerate(listings):
@@ -292,6 +301,12 @@ class TieredCache:
 
         found = await asyncio.gather(*(fetch(k, i, m) for k, (i, m) in ordered))
         candidates = [c for c in found if c is not None]
+        if single is not None:
+            payload, tier_name = await single
+            digests = {candidate_digest(c.payload) for c in candidates}
+            if payload is not None and candidate_digest(payload) not in digests:
+                # get_object already wrote a remote hit through to the local tier.
+                candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
         if candidates:
             self.stats.hits[label] += 1
         return candidates

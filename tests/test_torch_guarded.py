@@ -106,9 +106,10 @@ async def test_get_candidates_lists_every_tier_local_first_and_verifies() -> Non
     assert {c.payload for c in found} == {b"L", b"N", b"F"}
     assert {c.okey: c.tier for c in found}[both] == "mem://near"
     assert {c.okey for c in found} == {in_local, both, only_far}
-    # One LIST per tier, one GET per candidate (the corrupt one included, then refused).
+    # One LIST per tier, one GET per candidate (the corrupt one included, then refused),
+    # plus one GET of the key's single value per tier, alongside the LISTs.
     assert [mem(t).calls["list"] for t in (local, near, far)] == [1, 1, 1]
-    assert mem(far).calls["get"] == 1 and mem(near).calls["get"] == 2
+    assert mem(far).calls["get"] == 1 + 1 and mem(near).calls["get"] == 2 + 1
     assert near.stats.misses["corrupt"] == 1
     # Nothing is written through until a candidate is adopted.
     assert set(mem(local).data) == {in_local}
@@ -126,9 +127,25 @@ async def test_get_candidates_is_bounded_and_survives_a_broken_tier() -> None:
         seed_candidate(good, f"v{i}".encode())
     found = await cache.get_candidates("fx-graph", KEY, limit=16)
     assert len(found) == 16
-    assert mem(good).calls["get"] == 16
+    assert mem(good).calls["get"] == 16 + 1
     assert broken.stats.misses["list"] == 1
     assert await cache.get_candidates("fx-graph", "pt2:none") == []
+
+
+async def test_the_single_value_of_a_key_comes_last_unless_already_a_candidate() -> None:
+    """Seeded entries and writers with candidates off store one value per key."""
+    local, remote = tier("mem://local"), tier("mem://r")
+    cache = TieredCache(local, [remote], CODEC, NS)
+    seed_candidate(remote, b"C")
+    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(b"S")
+    found = await cache.get_candidates("fx-graph", KEY)
+    assert [c.payload for c in found] == [b"C", b"S"]
+    assert found[-1].okey == NS.object_key("fx-graph", KEY)
+    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(b"C")
+    cache2 = TieredCache(tier("mem://local2"), [remote], CODEC, NS)
+    assert [c.payload for c in await cache2.get_candidates("fx-graph", KEY)] == [b"C"]
+    without = await cache2.get_candidates("fx-graph", KEY, include_single=False)
+    assert [c.okey for c in without] == [found[0].okey]
 
 
 # --- torch hooks, in-process -------------------------------------------------------------------
