@@ -265,8 +265,7 @@ class TieredCache:
         Nothing is written through here: the caller adopts the candidates it uses
         (:meth:`adopt_candidate`).
         """
-        label = f"{kind}:candidates"
-        self.stats.gets[label] += 1
+        self.stats.gets[kind] += 1
         prefix = self.namespace.object_prefix(kind, key)
         tiers = [t for t in self.tiers if t.readable and not t.breaker_open()]
         # The key's single value too (seeded entries, writers with candidates off), fetched
@@ -308,7 +307,7 @@ class TieredCache:
                 # get_object already wrote a remote hit through to the local tier.
                 candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
         if candidates:
-            self.stats.hits[label] += 1
+            self.stats.hits[kind] += 1
         return candidates
 
     async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:
