@@ -141,7 +141,11 @@ def test_new_machine_gets_every_kind_remotely_and_runs_no_gxx(world: World) -> N
         "writethrough:aot-autograd": 1,
         "writethrough:pgo": 1,
     }
-    assert ts.tier_stats(new, "file://")["hits"] >= sum(h for h, _ in got.values())
+    store = ts.tier_stats(new, "file://")
+    assert store["hits"] >= sum(h for h, _ in got.values())
+    # A's run manifest was found and prefetched, but not the 150 MB precompiled header
+    assert new["prefetch"]["keys"] >= kernel_gets
+    assert store["bytes_read"] < 5 << 20, store["bytes_read"]
     assert new["first_step_s"] < world.cold["first_step_s"]
 
 
