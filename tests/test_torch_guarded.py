@@ -280,8 +280,12 @@ def test_every_variant_is_offered_and_only_the_passing_one_is_written_through(
 def test_flag_off_keeps_torchs_single_remote_value(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from objcache.client import get_client
+
     _machine(store, monkeypatch, "a", OBJCACHE_GUARDED_CANDIDATES="0")
-    _put_variants(["s0 > 8", "s0 <= 8"])
+    for expr in ("s0 > 8", "s0 <= 8"):  # flushed one by one: write-behind would coalesce
+        _put_variants([expr])
+        get_client().flush()
     inductor = _machine(store, monkeypatch, "b")
     monkeypatch.setenv("OBJCACHE_GUARDED_CANDIDATES", "0")
     graph, seen = _find("s0 <= 8")
