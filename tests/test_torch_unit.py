@@ -226,9 +226,12 @@ def _cache(name: str, cache_id: str) -> Any:
 def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from objcache.client import get_client
+    from objcache.client import get_client, reset_client
     from objcache.integrations.torch import writethrough
 
+    # torch's single-value path; guarded candidates: tests/test_torch_guarded.py
+    monkeypatch.setenv("OBJCACHE_GUARDED_CANDIDATES", "0")
+    reset_client()
     raw = pickle.dumps({"compiled": "graph"})
     envelope = {"data": base64.b64encode(raw).decode("ascii"), "time_taken_ms": 7}
     _cache("RemoteFxGraphCache", "fx-graph-v1").put("fkey123", envelope)
@@ -538,3 +541,33 @@ def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
     assert machines[0] != machines[1] == machines[2]
     for text in ("cold", "new machine", "warm", "fx 2/2", "8.0x", "0 kernel builds"):
         assert text in out, text
+
+
+def test_seed_imports_inductor_dirs_and_mega_cache_files_under_the_hook_keys(
+    store: Path,
+) -> None:
+    from torch.compiler._cache import CacheArtifactManager
+
+    from objcache.client import get_client
+    from objcache.integrations.torch import seed
+
+    inductor = store / "seed-inductor"
+    (inductor / "fxgraph" / "ab" / "fabc1").mkdir(parents=True)
+    (inductor / "fxgraph" / "ab" / "fabc1" / "entry").write_bytes(b"\x80fx")
+    (inductor / "aotautograd" / "aqq2").mkdir(parents=True)
+    (inductor / "aotautograd" / "aqq2" / "entry").write_bytes(b"\x80aot")
+    CacheArtifactManager._ensure_cache_artifacts_registered()
+    with CacheArtifactManager.with_fresh_cache():
+        CacheArtifactManager.record_artifact("inductor", "fmega3", b"\x80mega")
+        CacheArtifactManager.record_artifact("pgo", "job:None:", b"\x80pgo")
+        serialized = CacheArtifactManager.serialize()
+    assert serialized is not None
+    bundle = store / "artifacts.bin"
+    bundle.write_bytes(serialized[0])
+
+    assert seed.import_local(inductor_dir=inductor, bundles=[bundle]) == 4
+    client = get_client()
+    assert client.get("fx-graph", "pt2:fx-graph-v1::fabc1:c1") == b"\x80fx"
+    assert client.get("aot-autograd", "pt2:autograd-experimental::aqq2:c1") == b"\x80aot"
+    assert client.get("fx-graph", "pt2:fx-graph-v1::fmega3:c1") == b"\x80mega"
+    assert client.get("pgo", "pt2:dynamo-pgo::job:None::c1") == b"\x80pgo"

@@ -254,10 +254,22 @@ def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
         raise
 
 
+def _keep_out_of_prefetch(client: Any, p: Plan) -> None:
+    """Precompiled headers are ~150 MB and needed only when a kernel must compile: keep
+    them out of the job's prefetch manifest (which lists the keys a run read or wrote), so a
+    warm start does not download and decompress one it will never use."""
+    if p.precompiled_header:
+        recorded = getattr(client.cache, "recorded", None)
+        if isinstance(recorded, set):
+            recorded.discard(client.cache.namespace.object_key(KIND, p.key))
+
+
 def fetch(p: Plan) -> bool:
     """Write the cached output of ``p`` where torch expects it; False on a miss."""
     try:
-        data = _client().get(KIND, p.key)
+        client = _client()
+        data = client.get(KIND, p.key)
+        _keep_out_of_prefetch(client, p)
         if data is None:
             count("misses")
             return False
@@ -270,11 +282,13 @@ def fetch(p: Plan) -> bool:
     return True
 
 
-def _put_now(key: str, path: str) -> None:
+def _put_now(p: Plan) -> None:
     try:
-        with open(path, "rb") as f:
+        with open(p.target, "rb") as f:
             data = f.read()
-        _client().put(KIND, key, data)
+        client = _client()
+        client.put(KIND, p.key, data)
+        _keep_out_of_prefetch(client, p)
         count("stored")
         count("stored_bytes", len(data))
     except Exception as exc:
@@ -290,11 +304,11 @@ def store(p: Plan) -> None:
                 max_workers=2, thread_name_prefix="objcache-kernel-put"
             )
             _executor_pid = os.getpid()
-        future = _executor.submit(_put_now, p.key, p.target)
+        future = _executor.submit(_put_now, p)
         _inflight.add(future)
         future.add_done_callback(_inflight.discard)
     except Exception:
-        _put_now(p.key, p.target)  # interpreter shutting down: store inline
+        _put_now(p)  # interpreter shutting down: store inline
 
 
 def wait_stored(timeout: float | None = None) -> None:
