@@ -95,11 +95,6 @@ class World:
         return result
 
 
-@pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return World(tmp_path_factory.mktemp("torch-compile"))
-
-
 def hits(result: dict[str, Any]) -> dict[str, tuple[int, int]]:
     from objcache.demo import objcache_hits
 
