@@ -34,6 +34,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,12 +50,17 @@ sys.path.insert(0, str(ROOT))
 from objcache.demo import Job, machine_env, run_job  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
 
+#: Servers this bench started (stopped in main's finally).
+_SERVERS: list[Any] = []
+
 
 def _redis(root: Path) -> str:
-    """A throwaway local redis-server (stopped at exit by objcache.testing.servers)."""
+    """A throwaway local redis-server."""
     from objcache.testing.servers import RedisServer
 
-    return RedisServer(unix_socket=False).start().url
+    server = RedisServer(unix_socket=False).start()
+    _SERVERS.append(server)
+    return server.url
 
 
 #: Built-in remote stores: name -> URL for a bench root. Add S3/GCS here (one line each).
@@ -142,15 +149,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the bench's temp dirs")
     opts = parser.parse_args()
+    # A SIGTERM must still stop the servers and remove the temp dirs (finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = max(1, min(MAX_RUNS, opts.runs))
     root = Path(tempfile.mkdtemp(prefix="objcache-bench-"))
     remotes: dict[str, str] = {}
-    for spec in opts.remote or ["file"]:
-        name, _, url = spec.partition("=")
-        remotes[name] = url or REMOTES[name](root)
-    bench = Bench(root, opts.model, remotes)
     started = time.time()
     try:
+        for spec in opts.remote or ["file"]:
+            name, _, url = spec.partition("=")
+            remotes[name] = url or REMOTES[name](root)
+        bench = Bench(root, opts.model, remotes)
         scenarios = prepare_and_define(bench)
         for i in range(runs):
             for sc in scenarios:
@@ -164,6 +173,8 @@ def main() -> int:
                     flush=True,
                 )
     finally:
+        for server in _SERVERS:
+            server.stop()
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)
     command = "python bench/warm_start.py " + " ".join(
