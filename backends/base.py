@@ -64,6 +64,10 @@ class TierSpec:
 
         return redact(self.url)
 
+    def __repr__(self) -> str:
+        # The URL and location may hold a password (redis://:pw@host): never show them.
+        return f"TierSpec({self.display!r})"
+
 
 def validate_key(key: str) -> str:
     """Reject keys that could escape a store or that no store accepts."""

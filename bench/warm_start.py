@@ -16,6 +16,8 @@ Scenarios (medians of ``--runs`` runs each, interleaved round by round to spread
 * objcache warm-from-remote (<remote>) — objcache installed, fresh machine, warm store;
 * Mega-Cache load then compile — ``torch.compiler.load_cache_artifacts`` of a cold run's
   artifacts, fresh machine;
+* ``--guarded``: dynamic shapes across processes, guard variants served by guarded
+  candidates, and the candidate lookup cost at 0/50 ms RTT (``bench/warm_start_guarded.py``);
 * objcache bundle load then compile — ``objcache.mega.load`` of a bundle (graphs and CPU
   kernels), fresh machine whose store holds only that bundle.
 
@@ -134,6 +136,10 @@ class Bench:
 
 
 def main() -> int:
+    if "--guarded" in sys.argv[1:]:  # dynamic shapes across processes: bench/warm_start_guarded.py
+        from bench.warm_start_guarded import main as guarded_main
+
+        return guarded_main([a for a in sys.argv[1:] if a != "--guarded"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help=f"runs per scenario (1..{MAX_RUNS})")
     parser.add_argument("--model", choices=("block", "tiny"), default="block")

@@ -62,8 +62,10 @@ def stats() -> dict[str, Any]:
 def install(config: Config | None = None) -> None:
     """Route torch.compile's caches (and CPU kernel builds) through objcache (idempotent)."""
     from objcache.integrations.torch import install as _install
+    from objcache.integrations.triton import install_from_env
 
     _install(config)
+    install_from_env()  # Triton's own kernel cache, when OBJCACHE_TRITON=1
 
 
 def uninstall() -> None:

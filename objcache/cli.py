@@ -138,8 +138,11 @@ def doctor(tier: TierOpt = None) -> None:
     async def check_all() -> list[ops.ProbeResult]:
         return list(await asyncio.gather(*(check(s) for s in specs)))
 
+    reasons: list[str] = []
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
+        if not result.ok:
+            reasons.append(f"FAILED {spec.display}: {' '.join(result.error.split())}")
         steps = [
             f"{result.steps[s]:.1f}" if s in result.steps else "-"
             for s in ("create", "read", "delete")
@@ -151,6 +154,8 @@ def doctor(tier: TierOpt = None) -> None:
             result.error or ("read-only" if "create" not in result.steps else ""),
         )
     out.print(table)
+    for line in reasons:  # the table cell wraps and truncates: one whole line per failure
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
     raise typer.Exit(1 if failed else 0)
 
 
@@ -321,9 +326,9 @@ def push(
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
     if inductor_dir is not None or bundle:
-        from objcache.integrations.torch import seed
+        from objcache.integrations.torch.seed import import_local
 
-        imported = seed.import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
+        imported = import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
         out.print(f"imported {imported} artifacts into the local tier")
     src_dir = source or config.local_dir
     if not src_dir.is_dir():

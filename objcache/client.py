@@ -28,7 +28,7 @@ from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.registry import create_backend
 from objcache.tier import Tier
-from objcache.tiered import TieredCache
+from objcache.tiered import Candidate, TieredCache
 
 log = logging.getLogger("objcache")
 T = TypeVar("T")
@@ -110,6 +110,24 @@ class Client:
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    def get_candidates(self, kind: str, key: str) -> list[Candidate]:
+        """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""
+        try:
+            return self.bridge.call(
+                lambda: self.cache.get_candidates(kind, key), 2 * self.call_timeout_s
+            )
+        except BridgeTimeout:
+            self.timeouts += 1
+            return []
+
+    def put_candidate(self, kind: str, key: str, payload: bytes) -> None:
+        """Store one guarded candidate of ``key`` (local now, remote in the background)."""
+        self._run(lambda: self.cache.put_candidate(kind, key, payload), "")
+
+    def adopt_candidate(self, candidate: Candidate) -> None:
+        """Keep a candidate that passed its guards in the local tier."""
+        self._run(lambda: self.cache.adopt_candidate(candidate), None)
 
     def flush(self, timeout: float | None = None) -> int:
         t = self.config.flush_timeout_s if timeout is None else timeout

@@ -134,6 +134,13 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
+    guarded_candidates: bool = _opt(
+        "OBJCACHE_GUARDED_CANDIDATES",
+        "Store every guard variant of torch's FX graph and AOTAutograd entries as its own "
+        "content-addressed candidate, and hand torch all of a key's candidates on a lookup "
+        "(one LIST per tier, then concurrent GETs). 0: torch's one value per key.",
+        default=True,
+    )
     stats_file: Path | None = _opt(
         "OBJCACHE_STATS_FILE",
         "Where a process leaves its stats at exit for `objcache stats` "

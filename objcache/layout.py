@@ -30,6 +30,9 @@ KINDS = (
 )
 
 _SAFE = "-_.:=+@~"
+#: Ends the folder segment holding a key's guarded candidates. ``encode_key`` always
+#: percent-encodes "!", so ``<encoded key>!`` can never be a single-value key segment.
+CANDIDATES_MARK = "!"
 
 
 def shard(key: str) -> str:
@@ -62,6 +65,20 @@ class Namespace:
             raise ValueError(f"bad kind {kind!r}")
         return f"{self.root}/{kind}/{shard(key)}/{encode_key(key)}"
 
+    def object_prefix(self, kind: str, key: str) -> str:
+        """Folder of the content-addressed candidates of ``key``: ``.../<shard>/<key>!/``.
+
+        One LIST of this prefix (a directory listing on disk and file://, a SCAN on Redis)
+        finds every candidate; it never matches a single-value key or another key's folder.
+        """
+        single = self.object_key(kind, key)
+        return f"{single}{CANDIDATES_MARK}/"
+
+    def candidate_key(self, kind: str, key: str, digest: str) -> str:
+        if not digest or not all(c in "0123456789abcdef" for c in digest):
+            raise ValueError(f"bad candidate digest {digest!r}")
+        return f"{self.object_prefix(kind, key)}{digest}"
+
     def kind_prefix(self, kind: str) -> str:
         return f"{self.root}/{kind}/"
 
@@ -71,9 +88,17 @@ class Namespace:
 
 
 def parse_object_key(object_key: str) -> tuple[str, str, str] | None:
-    """``(env, kind, key)`` of an object key made by :meth:`Namespace.object_key`."""
+    """``(env, kind, key)`` of an object key made by :meth:`Namespace.object_key`.
+
+    A candidate (:meth:`Namespace.candidate_key`) parses as ``(env, kind, "<key>/<digest>")``.
+    """
     parts = object_key.split("/")
-    if len(parts) != 5 or parts[0] != LAYOUT_VERSION:
+    if parts[0] != LAYOUT_VERSION:
+        return None
+    if len(parts) == 6 and parts[4].endswith(CANDIDATES_MARK) and parts[5]:
+        _, env, kind, _, seg, digest = parts
+        return env, kind, f"{decode_key(seg[: -len(CANDIDATES_MARK)])}/{digest}"
+    if len(parts) != 5:
         return None
     _, env, kind, _, seg = parts
     return env, kind, decode_key(seg)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from objcache.backends.base import PutMode
 from objcache.errors import EntryError
 from objcache.layout import parse_object_key
 from objcache.tier import Tier
@@ -141,9 +142,16 @@ async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str
     if len(runs) <= COMPACT_AFTER or cache.read_only:
         return False
     name = _merged_name(job, keys)
-    await cache.put(KIND, name, Manifest(job, frozenset(keys), time.time()).to_bytes())
-    if await cache.flush(30):
-        return False  # the merged manifest is not safely stored: keep the runs
+    okey = cache.namespace.object_key(KIND, name)
+    entry = cache.codec.encode(Manifest(job, frozenset(keys), time.time()).to_bytes())
+    # Written directly, not through write-behind: a failed or refused put (error, breaker,
+    # max_size) is not "left pending", so only each tier's own answer proves it is stored.
+    targets = [t for t in cache.remotes if t.writable]
+    stored = await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
+    if not targets or not all(stored):
+        return False  # the merged manifest is not safely stored everywhere: keep the runs
+    if cache.local is not None:
+        await cache.local.put(okey, entry, PutMode.OVERWRITE)
     for run in runs:
         okey = cache.namespace.object_key(KIND, run)
         await asyncio.gather(*(t.delete(okey) for t in cache.tiers if t.writable))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from objcache.backends.base import Backend, PutMode
-from objcache.errors import BackendError, EntryTooLarge, PermanentBackendError
+from objcache.errors import BackendError, EntryTooLarge, InvalidKey, PermanentBackendError
 from objcache.metrics import TierStats, log_once
 from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
 from objcache.urls import flag
@@ -102,6 +102,13 @@ class Tier:
         except EntryTooLarge:
             self.breaker.success()
             raise Failed("too_large") from None
+        except InvalidKey as exc:
+            # The caller's key, not the tier, is at fault: not a breaker failure, or a few
+            # oversized keys would take a healthy tier down for everyone (and like
+            # EntryTooLarge it ends a half-open probe).
+            self.breaker.success()
+            log_once.warn(self.name, f"{op}-invalid_key", f"{self.name}: {op} refused: {exc}")
+            raise Failed("invalid_key") from None
         except PermanentBackendError as exc:
             # A permanent error says the tier is misconfigured: count it against the breaker.
             self._failed(op, "error", f"{op} failed: {exc}")

@@ -11,9 +11,11 @@ back-filled; a refused entry is a counted miss and, in the local tier, quarantin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from objcache.backends.base import PutMode
@@ -33,6 +35,28 @@ OFFLOAD_BYTES = 1 << 20
 #: Entries under one key are interchangeable (verified, same environment), so a slow or
 #: hung near tier must not hold a far hit back for a whole deadline.
 PRIORITY_GRACE_S = 0.020
+#: Guarded candidates: at most this many per key are fetched on a lookup (newest first).
+MAX_CANDIDATES = 16
+#: Candidate GETs in flight at once for one lookup.
+CANDIDATE_FETCHES = 8
+
+
+def candidate_digest(payload: bytes) -> str:
+    """Content address of a guarded candidate (BLAKE2b-128 of the payload, hex)."""
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One verified guarded candidate of a key (see :meth:`TieredCache.get_candidates`)."""
+
+    okey: str
+    payload: bytes
+    entry: bytes
+    tier: str
+    #: Already in the local tier: nothing to write through when it is adopted.
+    local: bool
+    mtime: float
 
 
 class TieredCache:
@@ -66,6 +90,10 @@ class TieredCache:
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
         self.prefetched: set[str] = set()
+        #: Remote hits whose write-through to the local tier has not finished: a lookup that
+        #: arrives after the shared fetch ended but before the entry is on disk is served
+        #: from here instead of issuing a second remote GET.
+        self._landing: dict[str, bytes] = {}
 
     @property
     def tiers(self) -> list[Tier]:
@@ -128,6 +156,10 @@ class TieredCache:
 
     async def _fetch(self, okey: str) -> tuple[bytes | None, str]:
         if self.local is not None:
+            landing = self._landing.get(okey)
+            if landing is not None:
+                self.stats.served_by[self.local.name] += 1
+                return landing, self.local.name
             entry, _ = await self.local.get(okey)
             if entry is not None:
                 payload = await self._verify(self.local, okey, entry)
@@ -141,6 +173,7 @@ class TieredCache:
         winner, entry, payload, absent_in = hit
         self.stats.served_by[winner.name] += 1
         if self.local is not None:
+            self._landing[okey] = payload
             self._spawn(self._write_through(okey, entry))
         if not self.read_only:
             for tier in absent_in:
@@ -154,7 +187,14 @@ class TieredCache:
         A hit from tier i is taken as soon as every tier before it has missed; while a
         faster tier is still running, it waits at most ``priority_grace_s`` for it.
         """
-        tiers = [t for t in self.remotes if t.readable and not t.breaker_open()]
+        tiers = []
+        for t in self.remotes:
+            if not t.readable:
+                continue
+            if t.breaker_open():  # skipped: still a miss of this tier, with its reason
+                t.stats.misses["breaker"] += 1
+                continue
+            tiers.append(t)
         if not tiers:
             return None
         tasks: dict[asyncio.Future[Any], int] = {
@@ -216,8 +256,104 @@ class TieredCache:
 
     async def _write_through(self, okey: str, entry: bytes) -> None:
         assert self.local is not None
-        if await self.local.put(okey, entry, PutMode.OVERWRITE):
-            self.stats.write_through += 1
+        try:
+            if await self.local.put(okey, entry, PutMode.OVERWRITE):
+                self.stats.write_through += 1
+        finally:
+            self._landing.pop(okey, None)
+
+    # --- guarded candidates ------------------------------------------------------------
+
+    async def get_candidates(
+        self,
+        kind: str,
+        key: str,
+        *,
+        limit: int = MAX_CANDIDATES,
+        concurrency: int = CANDIDATE_FETCHES,
+        include_single: bool = True,
+    ) -> list[Candidate]:
+        """Every verified candidate of ``key``: local tier first, then remote, newest first.
+
+        With ``include_single``, the key's single value (:meth:`get`) comes last, unless its
+        bytes are already a candidate.
+
+        Each readable tier's candidate folder is listed concurrently (one LIST per tier);
+        an object in several tiers is fetched from the nearest. At most ``limit`` are
+        fetched (local ones first, then the newest remote ones), ``concurrency`` at a time.
+        Nothing is written through here: the caller adopts the candidates it uses
+        (:meth:`adopt_candidate`).
+        """
+        self.stats.gets[kind] += 1
+        prefix = self.namespace.object_prefix(kind, key)
+        tiers = [t for t in self.tiers if t.readable and not t.breaker_open()]
+        # The key's single value too (seeded entries, writers with candidates off), fetched
+        # alongside the listings: no extra round trip on the critical path.
+        single_okey = self.namespace.object_key(kind, key)
+        single = asyncio.ensure_future(self.get_object(single_okey)) if include_single else None
+        listings = await asyncio.gather(*(self._list_tier(t, prefix) for t in tiers))
+        where: dict[str, tuple[int, float]] = {}
+        for i, infos in enumerate(listings):
+            for okey, mtime in infos:
+                if okey not in where:
+                    where[okey] = (i, mtime)
+        ordered = sorted(
+            where.items(),
+            key=lambda kv: (tiers[kv[1][0]] is not self.local, -kv[1][1], kv[1][0], kv[0]),
+        )[: max(0, limit)]
+        sem = asyncio.Semaphore(max(1, concurrency))
+
+        async def fetch(okey: str, i: int, mtime: float) -> Candidate | None:
+            async with sem:
+                tier = tiers[i]
+                entry, _ = await tier.get(okey)
+                if entry is None:
+                    return None
+                payload = await self._verify(tier, okey, entry)
+                if payload is None:
+                    return None
+                tier.stats.hits += 1
+                self.stats.served_by[tier.name] += 1
+                local = tier is self.local
+                return Candidate(okey, payload, entry, tier.name, local, mtime)
+
+        found = await asyncio.gather(*(fetch(k, i, m) for k, (i, m) in ordered))
+        candidates = [c for c in found if c is not None]
+        if single is not None:
+            payload, tier_name = await single
+            digests = {candidate_digest(c.payload) for c in candidates}
+            if payload is not None and candidate_digest(payload) not in digests:
+                # get_object already wrote a remote hit through to the local tier.
+                candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
+        if candidates:
+            self.stats.hits[kind] += 1
+        return candidates
+
+    async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:
+        async def collect() -> list[tuple[str, float]]:
+            return [(info.key, info.mtime) async for info in tier.backend.list(prefix)]
+
+        try:
+            return await tier._call("list", collect)
+        except Exception:
+            tier.stats.misses["list"] += 1
+            return []
+
+    async def adopt_candidate(self, candidate: Candidate) -> None:
+        """A candidate the caller used: keep it in the local tier and in the run's manifest."""
+        self.recorded.add(candidate.okey)
+        if self.local is not None and not candidate.local:
+            self._spawn(self._write_through(candidate.okey, candidate.entry))
+
+    async def put_candidate(self, kind: str, key: str, payload: bytes) -> str:
+        """Store ``payload`` as one content-addressed candidate of ``key``; returns its key.
+
+        Local now, remote through write-behind in CREATE mode: the same bytes written by
+        many processes make one object.
+        """
+        okey = self.namespace.candidate_key(kind, key, candidate_digest(payload))
+        await self.put_object(okey, payload)
+        return okey
 
     # --- write path --------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class WriteBehind:
         self._pending: OrderedDict[str, bytes] = OrderedDict()
         self._pending_bytes = 0
         self._active: set[asyncio.Task[None]] = set()
+        self._active_bytes: dict[asyncio.Task[None], int] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._warned_drop = False
@@ -75,6 +76,7 @@ class WriteBehind:
             self._pending_bytes -= len(data)
             task = asyncio.ensure_future(self._write(key, data))
             self._active.add(task)
+            self._active_bytes[task] = len(data)
             task.add_done_callback(self._finished)
 
     async def _write(self, key: str, data: bytes) -> None:
@@ -85,6 +87,7 @@ class WriteBehind:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._active.discard(task)
+        self._active_bytes.pop(task, None)
         self._pump()
         if not self._pending and not self._active:
             self._idle.set()
@@ -108,6 +111,9 @@ class WriteBehind:
         self._pending.clear()
         self._pending_bytes = 0
         for task in list(self._active):
+            if not task.done():  # cancelled mid-write: as lost as a pending one
+                self._stats.write_behind_dropped += 1
+                self._stats.write_behind_dropped_bytes += self._active_bytes.get(task, 0)
             task.cancel()
         await asyncio.gather(*self._active, return_exceptions=True)
         self._idle.set()

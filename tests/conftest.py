@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -78,3 +78,11 @@ def make_bucket(request: pytest.FixtureRequest) -> Iterator[Callable[[BucketServ
     yield make
     for server, name in created:
         server.delete_bucket(name)
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The shared torch.compile runs (one cold compile per session, see test_torch_compile)."""
+    from tests.test_torch_compile import World
+
+    return World(tmp_path_factory.mktemp("torch-compile"))

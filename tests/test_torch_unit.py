@@ -226,9 +226,12 @@ def _cache(name: str, cache_id: str) -> Any:
 def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from objcache.client import get_client
+    from objcache.client import get_client, reset_client
     from objcache.integrations.torch import writethrough
 
+    # torch's single-value path; guarded candidates: tests/test_torch_guarded.py
+    monkeypatch.setenv("OBJCACHE_GUARDED_CANDIDATES", "0")
+    reset_client()
     raw = pickle.dumps({"compiled": "graph"})
     envelope = {"data": base64.b64encode(raw).decode("ascii"), "time_taken_ms": 7}
     _cache("RemoteFxGraphCache", "fx-graph-v1").put("fkey123", envelope)

@@ -146,7 +146,7 @@ def test_local_tier_answers_without_a_remote_round_trip(probe: Probe) -> None:
     assert got == CHILDREN
     assert probe.remote_gets == 0
     assert probe.client.stats()["cache"]["served_by"] == {
-        f"disk:{probe.client.config.local_dir}": 4
+        f"disk://{probe.client.config.local_dir}": 4
     }
 
 
@@ -511,6 +511,8 @@ def run_machine(tmp_path: Path, name: str, rounds: int = 1) -> dict[str, Any]:
         "OBJCACHE_TRITON": "1",
         "OBJCACHE_TIERS": f"file://{tmp_path / 'store'}",
         "OBJCACHE_LOCAL_DIR": str(tmp_path / f"local-{name}"),
+        # Each lookup must reach the store on its own: no job-manifest prefetch.
+        "OBJCACHE_PREFETCH": "0",
         "TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}"),
         "TRITON_HOME": str(tmp_path / "home"),
         "XDG_CACHE_HOME": str(tmp_path / "xdg"),
@@ -557,7 +559,7 @@ def test_second_machine_compiles_nothing_and_gets_identical_binaries(tmp_path: P
     # Same machine, another fresh TRITON_CACHE_DIR: the local tier answers, no remote call.
     assert second["cache_hit"] is True and second["stages_run"] == {}
     assert second["remote_gets"] == 0
-    assert second["served_by"] == {f"disk:{tmp_path / 'local-b'}": files}
+    assert second["served_by"] == {f"disk://{tmp_path / 'local-b'}": files}
     assert second["asm"] == ra["asm"]
     assert (Path(second["cache_dir"]) / ot.MARKER).is_file()
 

@@ -32,6 +32,8 @@ WATCHED = (
     "torch._inductor.remote_cache",
     "torch._inductor.runtime.autotune_cache",
     "torch._inductor.cpp_builder",
+    "torch._inductor.codecache",
+    "torch._functorch._aot_autograd.autograd_cache",
 )
 
 _TRUE = ("1", "true", "yes", "on")

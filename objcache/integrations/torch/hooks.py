@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import serde, writethrough
+from objcache.integrations.torch import candidates, serde, writethrough
 
 log = logging.getLogger("objcache.torch")
 
@@ -166,7 +166,12 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 super()._put(key, value, sample)
                 return
             try:
-                _client().put(kind, self._get_key(key), serde.pack(kind, value))
+                client = _client()
+                payload = serde.pack(kind, value)
+                if kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
+                    client.put_candidate(kind, self._get_key(key), payload)
+                else:
+                    client.put(kind, self._get_key(key), payload)
                 counters[f"puts:{kind}"] += 1
             except Exception as exc:
                 _failed(f"put ({kind})", exc)
@@ -310,6 +315,8 @@ PARTS: dict[str, Callable[[Any], None]] = {
     "torch._inductor.remote_cache": _apply_remote_cache,
     "torch._inductor.runtime.autotune_cache": _apply_autotune,
     "torch._inductor.cpp_builder": _apply_kernels,
+    "torch._inductor.codecache": candidates.apply_fx,
+    "torch._functorch._aot_autograd.autograd_cache": candidates.apply_aot,
 }
 
 
@@ -404,6 +411,7 @@ def uninstall() -> None:
             del rc.ObjcacheBackend
         if "kernels" in _installed_parts:
             kernels.uninstall()
+        candidates.uninstall()
         _installed_parts.clear()
         _clear_cached_remote_caches()
         for var in _env_set:
@@ -423,4 +431,5 @@ def stats() -> dict[str, Any]:
         "hooks": dict(counters),
         "writethrough": dict(writethrough.counters),
         "kernels": kernels.counters(),
+        "candidates": dict(candidates.counters),
     }

@@ -1,0 +1,1 @@
+"""Fault suite: real servers behind fault proxies, cache calls through Client/TieredCache."""
