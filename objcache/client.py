@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from objcache.backends.base import Backend, TierSpec
+from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.codec import Codec
 from objcache.config import Config, user_cache_dir
@@ -55,7 +55,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
     }
     local = Tier.from_backend(create_backend(local_spec), **common)
     remotes = [
-        Tier.from_backend(_backend(spec), read_only=config.read_only, **common)
+        Tier.from_backend(create_backend(spec), read_only=config.read_only, **common)
         for spec in config.effective_tiers()
     ]
     return TieredCache(
@@ -68,10 +68,6 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         env_fields=fields,
         write_to=config.write_to,
     )
-
-
-def _backend(spec: TierSpec) -> Backend:
-    return create_backend(spec)
 
 
 class Client:

@@ -19,6 +19,7 @@ from objcache.backends.base import Backend, ObjectInfo, PutMode
 from objcache.codec import Codec
 from objcache.errors import BackendError, EntryError
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
+from objcache.tiered import OFFLOAD_BYTES
 
 Progress = Callable[[int], None]
 CONCURRENCY = 64
@@ -124,7 +125,11 @@ async def copy(
             if data is None:
                 return
             if not okey.endswith(ENV_FILE):
-                codec.decode(data)
+                # Verify off the event loop when big, so the other copies keep flowing.
+                if len(data) >= OFFLOAD_BYTES:
+                    await asyncio.to_thread(codec.decode, data)
+                else:
+                    codec.decode(data)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
         except EntryError as exc:
             report.refused += 1
