@@ -15,8 +15,10 @@ URL options (all optional)::
   transient errors inside the tier deadline. Errors are classified in
   :mod:`objcache.backends._s3_errors`.
 * **CREATE** sends ``If-None-Match: *`` (on PutObject, and on CompleteMultipartUpload for
-  large entries); 412 / 409 ConditionalRequestConflict means another writer won. AWS S3,
-  SeaweedFS and moto enforce it atomically. A server that ignores the header silently
+  large entries); 412 / 409 ConditionalRequestConflict means another writer won. AWS S3
+  enforces both atomically; SeaweedFS and moto do for PutObject but check the header before
+  assembling a multipart upload, so racing large CREATEs can all succeed there (the stored
+  object is still one writer's whole entry). A server that ignores the header silently
   turns CREATE into OVERWRITE (last writer wins): the bytes are the same entry, so this is
   harmless for a content-addressed cache, but the race is not detected.
 * **Large entries** (> ``multipart_threshold``) go through a multipart upload with

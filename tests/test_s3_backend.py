@@ -135,25 +135,24 @@ async def test_large_entry_goes_multipart_and_round_trips(
     assert uploads_left(s3, prefix) == []
 
 
-MOTO_RACY_MPU = pytest.mark.xfail(
-    reason="moto 5.2 checks If-None-Match on CompleteMultipartUpload, then assembles and "
-    "stores the object without a lock (moto/s3/responses.py), so concurrent completes all "
-    "win; SeaweedFS and AWS S3 are atomic",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "s3", ["seaweed_s3", pytest.param("moto_s3", marks=MOTO_RACY_MPU)], indirect=True
-)
-async def test_concurrent_large_creates_have_one_winner(
+async def test_concurrent_large_creates_store_one_whole_entry(
     via_proxy: Callable[..., S3Backend], s3: S3Server, prefix: str
 ) -> None:
+    """Racing multipart CREATEs of one key: what every server here guarantees.
+
+    Exactly one winner needs a server that serialises conditional
+    CompleteMultipartUploads, as AWS S3 does. SeaweedFS 4.48 and moto 5 check If-None-Match
+    before assembling, so concurrent completes can all succeed (raw aioboto3, three
+    completes in flight: more than one winner in 15 of 15 tries on SeaweedFS). What holds
+    everywhere: at least one writer wins, the stored object is one winner's whole entry
+    (never a mix of parts), and no upload is left behind.
+    """
     backend = via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
     values = [bytes([i]) * (11 * MiB) for i in range(3)]
     results = await asyncio.gather(*(backend.put("race", v) for v in values))
-    assert sorted(results) == [False, False, True]
-    assert await backend.get("race") == values[results.index(True)]
+    assert any(results)
+    stored = await backend.get("race")
+    assert stored in [v for v, won in zip(values, results, strict=True) if won]
     assert uploads_left(s3, prefix) == [], "losing uploads must be aborted"
 
 
