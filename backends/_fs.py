@@ -38,6 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
+from objcache.backends._opts import opt_bool
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import (
     BackendError,
@@ -392,17 +393,6 @@ class FsStore:
             pass
 
 
-def bool_option(spec: TierSpec, name: str, default: bool) -> bool:
-    raw = spec.options.get(name)
-    if raw is None:
-        return default
-    if raw.lower() in ("", "1", "true", "yes"):
-        return True
-    if raw.lower() in ("0", "false", "no"):
-        return False
-    raise ConfigError(f"{spec.display}: {name} must be 0/1/true/false, got {raw!r}")
-
-
 class FsBackend(Backend):
     """Async face of :class:`FsStore`: each operation is one worker-thread hop."""
 
@@ -415,7 +405,7 @@ class FsBackend(Backend):
         super().__init__(spec)
         if not spec.path.startswith("/"):
             raise ConfigError(f"{spec.display}: the store path must be absolute")
-        fsync = bool_option(spec, "fsync", self.fsync_default)
+        fsync = opt_bool(spec, "fsync", self.fsync_default)
         self.store = FsStore(spec.path, fsync=fsync, touch_on_read=self.touch_on_read)
         self.closed = False
 

@@ -37,3 +37,14 @@ def opt_float(spec: TierSpec, name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{spec.display}: option {name} must be > 0")
     return value
+
+
+def opt_bool(spec: TierSpec, name: str, default: bool) -> bool:
+    raw = spec.options.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("", "1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise ConfigError(f"{spec.display}: {name} must be 0/1/true/false, got {raw!r}")
