@@ -7,10 +7,15 @@ URL options (all optional)::
     connect_timeout=3  read_timeout=20           (seconds, per socket operation)
     max_pool_connections=64   concurrency=32     (get_many fan-out)
     multipart_threshold=16777216  part_size=8388608  part_concurrency=8
+    direct=1                    (0: send every request through botocore)
 
 * **One client per (process, event loop, region/endpoint/profile/...)**, shared by every
   instance: construction does no I/O; the client is created on the first call and closed
   when the last instance that used it is closed (:mod:`objcache.backends._shared`).
+* **Single-part GET, PUT and HEAD skip botocore's per-call machinery**
+  (:mod:`objcache.backends._s3_direct`): signed here, sent over aiohttp, at about a quarter
+  of the CPU. botocore still resolves the endpoint and credentials and makes every other
+  call; ``direct=0`` sends everything through it.
 * **No hidden retries**: botocore makes one attempt; :mod:`objcache.policy` retries
   transient errors inside the tier deadline. Errors are classified in
   :mod:`objcache.backends._s3_errors`.
@@ -35,7 +40,7 @@ import asyncio
 import base64
 import builtins
 import contextlib
-import hashlib
+import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -43,8 +48,10 @@ from typing import Any, ClassVar
 import aioboto3
 from aiobotocore.config import AioConfig
 from botocore import exceptions as bce
+from botocore.httpsession import get_cert_path
 
-from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._opts import MiB, opt_bool, opt_float, opt_int, opt_str
+from objcache.backends._s3_direct import DirectS3, Reroute, Route
 from objcache.backends._s3_errors import (
     classify,
     error_code,
@@ -73,9 +80,19 @@ class ClientKey:
     connect_timeout: float
     read_timeout: float
     max_pool_connections: int
+    direct: bool
 
 
-async def _open_client(key: ClientKey) -> Any:
+@dataclass(frozen=True)
+class S3Client:
+    """The botocore client, and the direct path for the calls it makes per entry (None
+    when turned off or when there are no credentials to sign with)."""
+
+    boto: Any
+    direct: DirectS3 | None
+
+
+async def _open_client(key: ClientKey) -> S3Client:
     session = aioboto3.Session(profile_name=key.profile, region_name=key.region)
     config = AioConfig(
         region_name=key.region,
@@ -89,15 +106,31 @@ async def _open_client(key: ClientKey) -> Any:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    return await session.client("s3", endpoint_url=key.endpoint_url, config=config).__aenter__()
+    boto = await session.client("s3", endpoint_url=key.endpoint_url, config=config).__aenter__()
+    direct = None
+    if key.direct:
+        credentials = await session.get_credentials()
+        if credentials is not None:
+            ca_bundle = session._session.get_config_variable("ca_bundle")
+            direct = DirectS3(
+                boto,
+                credentials,
+                connect_timeout=key.connect_timeout,
+                read_timeout=key.read_timeout,
+                max_connections=key.max_pool_connections,
+                ca_bundle=ca_bundle or get_cert_path(True),
+            )
+    return S3Client(boto, direct)
 
 
-async def _close_client(client: Any) -> None:
-    await client.close()
+async def _close_client(client: S3Client) -> None:
+    if client.direct is not None:
+        await client.direct.close()
+    await client.boto.close()
 
 
 #: Shared by every S3Backend in the process.
-CLIENTS: SharedClients[ClientKey, Any] = SharedClients(_open_client, _close_client)
+CLIENTS: SharedClients[ClientKey, S3Client] = SharedClients(_open_client, _close_client)
 
 #: Waits between attempts to abort a failed multipart upload (in the background).
 ABORT_RETRY_DELAYS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
@@ -128,18 +161,19 @@ class S3Backend(Backend):
             connect_timeout=opt_float(spec, "connect_timeout", 3.0),
             read_timeout=opt_float(spec, "read_timeout", 20.0),
             max_pool_connections=opt_int(spec, "max_pool_connections", 64, minimum=1),
+            direct=opt_bool(spec, "direct", True),
         )
         self.concurrency = opt_int(spec, "concurrency", 32, minimum=1)
         self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
         self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
         self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
-        self._memo: Memo[Any] = Memo()
+        self._memo: Memo[S3Client] = Memo()
         #: keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000
 
     # --- plumbing ----------------------------------------------------------------------
 
-    async def _client(self) -> Any:
+    async def _client(self) -> S3Client:
         client = self._memo.get()
         if client is not None:
             return client
@@ -170,6 +204,28 @@ class S3Backend(Backend):
         _BUCKETS_SEEN.add(seen)
         return False
 
+    async def _route(self, client: S3Client) -> Route | None:
+        """The direct path's route to this bucket, or None to use botocore."""
+        if client.direct is None:
+            return None
+        try:
+            return await client.direct.route(self.bucket)
+        except Exception:
+            return None  # botocore's own call reports the cause (e.g. no credentials)
+
+    async def _direct(
+        self, client: S3Client, method: str, name: str, operation: str, **kwargs: Any
+    ) -> bytes | None:
+        """The direct path's answer, or None when botocore must make this call."""
+        route = await self._route(client)
+        if route is None or client.direct is None:
+            return None
+        try:
+            return await client.direct.request(method, route, name, operation, **kwargs)
+        except Reroute:
+            client.direct.disable(self.bucket)
+            return None
+
     async def _fail(self, client: Any, exc: BaseException, op: str) -> BackendError:
         """Classify ``exc``; an access error on an unconfirmed bucket may be a missing one
         (SeaweedFS answers AccessDenied to a put into a missing bucket)."""
@@ -186,21 +242,24 @@ class S3Backend(Backend):
         name = self._object_name(key)
         client = await self._client()
         try:
-            response = await client.get_object(Bucket=self.bucket, Key=name)
+            data = await self._direct(client, "GET", name, "GetObject")
+            if data is not None:
+                return data
+            response = await client.boto.get_object(Bucket=self.bucket, Key=name)
             body = response["Body"]
             try:
                 # read() validates the length against Content-Length (IncompleteReadError)
-                data: bytes = await body.read()
+                payload: bytes = await body.read()
             except BaseException:
                 body.close()  # drop the half-read connection instead of pooling it
                 raise
-            return data
+            return payload
         except bce.ClientError as exc:
             if is_not_found(exc):
                 return None
-            raise await self._fail(client, exc, "get") from exc
+            raise await self._fail(client.boto, exc, "get") from exc
         except Exception as exc:
-            raise await self._fail(client, exc, "get") from exc
+            raise await self._fail(client.boto, exc, "get") from exc
 
     async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         keys = list(dict.fromkeys(keys))
@@ -218,25 +277,27 @@ class S3Backend(Backend):
         client = await self._client()
         return await self._head(client, name, "exists")
 
-    async def _head(self, client: Any, name: str, op: str) -> bool:
+    async def _head(self, client: S3Client, name: str, op: str) -> bool:
+        boto = client.boto
         try:
-            await client.head_object(Bucket=self.bucket, Key=name)
+            if await self._direct(client, "HEAD", name, "HeadObject") is None:
+                await boto.head_object(Bucket=self.bucket, Key=name)
             return True
         except bce.ClientError as exc:
             if not is_not_found(exc):
-                raise await self._fail(client, exc, op) from exc
+                raise await self._fail(boto, exc, op) from exc
         except Exception as exc:
-            raise await self._fail(client, exc, op) from exc
+            raise await self._fail(boto, exc, op) from exc
         try:
-            missing = await self._bucket_missing(client)
+            missing = await self._bucket_missing(boto)
         except Exception as exc:
-            raise await self._fail(client, exc, op) from exc
+            raise await self._fail(boto, exc, op) from exc
         if missing:
             raise missing_bucket(self.bucket, self.name)
         return False
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        client = await self._client()
+        client = (await self._client()).boto
         cut = len(self.prefix)
         try:
             paginator = client.get_paginator("list_objects_v2")
@@ -262,25 +323,33 @@ class S3Backend(Backend):
         client = await self._client()
         if len(data) > self.multipart_threshold:
             return await self._put_multipart(client, name, data, mode)
-        extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
-        # Content-MD5 makes the server refuse a body cut short by a broken connection:
+        # A body checksum makes the server refuse a body cut short by a broken connection:
         # SeaweedFS otherwise stored such a PUT as an empty object (found by bench/soak.py).
-        md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+        # CRC32 is the checksum the AWS SDKs send by default, at 5x the speed of Content-MD5;
+        # SeaweedFS checks it too (and ignores a wrong signed payload hash).
+        crc = await crc32_checksum(data)
         try:
-            await client.put_object(
-                Bucket=self.bucket, Key=name, Body=data, ContentMD5=md5, **extra
-            )
+            headers = {"x-amz-checksum-crc32": crc}
+            if mode is PutMode.CREATE:
+                headers["If-None-Match"] = "*"
+            sent = await self._direct(client, "PUT", name, "PutObject", body=data, extra=headers)
+            if sent is None:
+                extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
+                await client.boto.put_object(
+                    Bucket=self.bucket, Key=name, Body=data, ChecksumCRC32=crc, **extra
+                )
         except Exception as exc:
             if mode is PutMode.CREATE and is_precondition_failure(exc):
                 return False
-            raise await self._fail(client, exc, "put") from exc
+            raise await self._fail(client.boto, exc, "put") from exc
         return True
 
-    async def _put_multipart(self, client: Any, name: str, data: bytes, mode: PutMode) -> bool:
+    async def _put_multipart(self, s3: S3Client, name: str, data: bytes, mode: PutMode) -> bool:
         # Cheap early exit for a large CREATE that already lost; the conditional
         # CompleteMultipartUpload below is what makes the create atomic.
-        if mode is PutMode.CREATE and await self._head(client, name, "put"):
+        if mode is PutMode.CREATE and await self._head(s3, name, "put"):
             return False
+        client = s3.boto
         try:
             created = await client.create_multipart_upload(Bucket=self.bucket, Key=name)
         except Exception as exc:
@@ -369,11 +438,25 @@ class S3Backend(Backend):
         existed = await self._head(client, name, "delete")
         if existed:
             try:
-                await client.delete_object(Bucket=self.bucket, Key=name)
+                await client.boto.delete_object(Bucket=self.bucket, Key=name)
             except Exception as exc:
-                raise await self._fail(client, exc, "delete") from exc
+                raise await self._fail(client.boto, exc, "delete") from exc
         return existed
 
     async def close(self) -> None:
         self._memo.clear()
         await CLIENTS.release(self.client_key, self)
+
+
+#: Bodies at least this big are checksummed in a worker thread (zlib releases the GIL);
+#: below it the thread hop costs the event loop more than the checksum (4 GB/s).
+CHECKSUM_OFFLOAD_BYTES = 1 << 20
+
+
+async def crc32_checksum(data: bytes) -> str:
+    """The ``x-amz-checksum-crc32`` header of ``data``."""
+    if len(data) >= CHECKSUM_OFFLOAD_BYTES:
+        crc = await asyncio.to_thread(zlib.crc32, data)
+    else:
+        crc = zlib.crc32(data)
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()

@@ -1,0 +1,299 @@
+"""The S3 direct path (objcache.backends._s3_direct): signatures identical to botocore's,
+routes read off botocore's endpoint resolution, the per-entry calls really taking the path
+against real servers, and the fall back to botocore when the server redirects."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import ReadOnlyCredentials
+
+from objcache.backends import _s3_direct
+from objcache.backends._s3_direct import (
+    EMPTY_SHA256,
+    UNSIGNED_PAYLOAD,
+    Route,
+    SigV4,
+    env_proxy,
+    is_special_bucket,
+    route_from_presigned,
+)
+from objcache.backends.base import PutMode
+from objcache.backends.s3 import CLIENTS, S3Backend
+from objcache.errors import PermanentBackendError
+from objcache.testing.servers import S3Server
+from objcache.urls import parse_tier_url
+from tests.cloud_support import s3_url
+from tests.faults._shim import ThrottleShim
+
+NOW = datetime.datetime(2026, 11, 23, 6, 30, 15, tzinfo=datetime.timezone.utc)
+
+
+# --- the signer ------------------------------------------------------------------------
+
+
+class _FixedPayload(S3SigV4Auth):
+    """botocore's S3 signer with a given payload hash (it would hash the body over http)."""
+
+    def __init__(self, credentials: ReadOnlyCredentials, region: str, payload_hash: str) -> None:
+        super().__init__(credentials, "s3", region)
+        self._payload_hash = payload_hash
+
+    def payload(self, request: AWSRequest) -> str:
+        return self._payload_hash
+
+
+def botocore_authorization(
+    method: str, url: str, headers: dict[str, str], creds: ReadOnlyCredentials, region: str
+) -> str:
+    request = AWSRequest(method=method, url=url, headers=dict(headers))
+    signer = _FixedPayload(creds, region, headers["x-amz-content-sha256"])
+    # botocore stamps the time itself (naive UTC): make it ours.
+    with mock.patch("botocore.auth.get_current_datetime", return_value=NOW.replace(tzinfo=None)):
+        signer.add_auth(request)
+    return str(request.headers["Authorization"])
+
+
+KEYS = [
+    "v1/0123abcd/fx-graph/3f/fabc",
+    "v1/env/kind/00/with space+plus=equals&amp",
+    "v1/env/kind/ff/ünïcødé/日本語",
+    "v1/env/kind/aa/!'()*~._-@$,;:",
+]
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("token", [None, "FwoGZXIvYXdzEJr//session+token=="])
+@pytest.mark.parametrize(
+    ("method", "payload", "extra"),
+    [
+        ("GET", EMPTY_SHA256, {}),
+        ("HEAD", EMPTY_SHA256, {}),
+        (
+            "PUT",
+            UNSIGNED_PAYLOAD,
+            {"x-amz-checksum-crc32": "AAAAAA==", "If-None-Match": "*"},
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "route",
+    [
+        Route("http://127.0.0.1:8333/bucket", "127.0.0.1:8333", "/bucket", "us-east-1"),
+        Route(
+            "https://b.s3.eu-west-1.amazonaws.com", "b.s3.eu-west-1.amazonaws.com", "", "eu-west-1"
+        ),
+    ],
+    ids=["path-style", "virtual-hosted"],
+)
+def test_signature_is_the_one_botocore_computes(
+    key: str,
+    token: str | None,
+    method: str,
+    payload: str,
+    extra: dict[str, str],
+    route: Route,
+) -> None:
+    creds = ReadOnlyCredentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
+    encoded = _s3_direct.quote(key, safe="/~")
+    ours = SigV4().headers(method, route, f"{route.path}/{encoded}", creds, payload, extra, NOW)
+    sent = {k: v for k, v in ours.items() if k != "authorization"}
+    expected = botocore_authorization(method, f"{route.base}/{encoded}", sent, creds, route.region)
+    assert ours["authorization"] == expected
+
+
+def test_signing_key_is_cached_per_day_and_region() -> None:
+    signer = SigV4()
+    creds = ReadOnlyCredentials("AK", "secret", None)
+    route = Route("http://h/b", "h", "/b", "r1")
+    a = signer.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, NOW)
+    b = signer.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, NOW)
+    other = Route("http://h/b", "h", "/b", "r2")
+    c = signer.headers("GET", other, "/b/k", creds, EMPTY_SHA256, {}, NOW)
+    assert a == b
+    assert a["authorization"] != c["authorization"]
+    assert "/r2/s3/aws4_request" in c["authorization"]
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "region", "expected"),
+    [
+        (
+            "http://127.0.0.1:8333/bkt/objcache-route-probe?AWSAccessKeyId=a&Signature=s",
+            "us-east-1",
+            Route("http://127.0.0.1:8333/bkt", "127.0.0.1:8333", "/bkt", "us-east-1"),
+        ),
+        (
+            "https://bkt.s3.amazonaws.com/objcache-route-probe?AWSAccessKeyId=a",
+            "us-east-1",
+            Route("https://bkt.s3.amazonaws.com", "bkt.s3.amazonaws.com", "", "us-east-1"),
+        ),
+        (
+            "https://s3.eu-west-1.amazonaws.com:443/my.dotted/objcache-route-probe?x=1",
+            "eu-west-1",
+            Route(
+                "https://s3.eu-west-1.amazonaws.com/my.dotted",
+                "s3.eu-west-1.amazonaws.com",
+                "/my.dotted",
+                "eu-west-1",
+            ),
+        ),
+        (
+            "https://b.minio:9000/objcache-route-probe?X-Amz-Credential=AK%2F20261123%2Fhome%2Fs3%2Faws4_request",
+            "ignored",
+            Route("https://b.minio:9000", "b.minio:9000", "", "home"),
+        ),
+    ],
+)
+def test_route_is_read_off_botocores_presigned_url(url: str, region: str, expected: Route) -> None:
+    assert route_from_presigned(url, region) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://b.s3express-usw2-az1.us-west-2.amazonaws.com/objcache-route-probe"
+        "?X-Amz-Credential=AK%2F20261123%2Fus-west-2%2Fs3express%2Faws4_request",
+        "https://b.s3.amazonaws.com/other-key?AWSAccessKeyId=a",
+        "ftp://b/objcache-route-probe",
+    ],
+)
+def test_unexpected_presigned_urls_keep_botocore(url: str) -> None:
+    assert route_from_presigned(url, "us-east-1") is None
+
+
+def test_access_points_and_directory_buckets_keep_botocore() -> None:
+    assert is_special_bucket("arn:aws:s3:us-west-2:123456789012:accesspoint/ap")
+    assert is_special_bucket("cache--usw2-az1--x-s3")
+    assert not is_special_bucket("objcache-cache")
+
+
+# --- against the real servers ----------------------------------------------------------
+
+servers = pytest.mark.servers
+
+
+class BotoCalls:
+    """Counts the botocore client's per-entry calls of one backend's shared client."""
+
+    def __init__(self, boto: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for op in ("get_object", "put_object", "head_object"):
+            original = getattr(boto, op)
+
+            async def counted(*args: Any, _op: str = op, _f: Any = original, **kw: Any) -> Any:
+                self.calls.append(_op)
+                return await _f(*args, **kw)
+
+            monkeypatch.setattr(boto, op, counted)
+
+
+@pytest.fixture
+async def backend(seaweed_s3: S3Server, prefix: str) -> AsyncIterator[S3Backend]:
+    b = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix)))
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"d{uuid.uuid4().hex[:10]}"
+
+
+@servers
+async def test_per_entry_calls_take_the_direct_path(
+    backend: S3Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await backend.exists("warm-up")  # opens the shared client
+    client = CLIENTS.peek(backend.client_key)
+    assert client is not None and client.direct is not None
+    boto = BotoCalls(client.boto, monkeypatch)
+    data = bytes(range(256)) * 1000
+    assert await backend.put("k", data) is True
+    assert await backend.put("k", b"other") is False, "If-None-Match is signed and honoured"
+    assert await backend.put("k", b"over", PutMode.OVERWRITE) is True
+    assert await backend.get("k") == b"over"
+    assert await backend.exists("k") is True
+    assert await backend.get("absent") is None
+    assert await backend.exists("absent") is False
+    assert boto.calls == [], "no per-entry call went through botocore"
+    assert await client.direct.route(backend.bucket) is not None
+
+
+@servers
+async def test_direct_0_sends_everything_through_botocore(
+    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix, direct="0")))
+    try:
+        await backend.exists("warm-up")
+        client = CLIENTS.peek(backend.client_key)
+        assert client is not None and client.direct is None
+        boto = BotoCalls(client.boto, monkeypatch)
+        assert await backend.put("k", b"v") is True
+        assert await backend.put("k", b"w") is False
+        assert await backend.get("k") == b"v"
+        assert await backend.exists("k") is True
+        assert boto.calls == ["put_object", "put_object", "get_object", "head_object"]
+    finally:
+        await backend.close()
+
+
+PERMANENT_REDIRECT = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>PermanentRedirect</Code>'
+    b"<Message>The bucket you are attempting to access must be addressed using the "
+    b"specified endpoint.</Message></Error>"
+)
+
+
+@servers
+async def test_a_redirect_hands_the_bucket_back_to_botocore(
+    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
+    shim = ThrottleShim(port, status=301, body=PERMANENT_REDIRECT, content_type="application/xml")
+    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix, endpoint_url=shim.url)))
+    try:
+        assert await backend.put("k", b"v") is True
+        client = CLIENTS.peek(backend.client_key)
+        assert client is not None and client.direct is not None
+        boto = BotoCalls(client.boto, monkeypatch)
+        shim.throttle_next(1)  # the next request (the direct GET) is answered 301
+        assert await backend.get("k") == b"v", "the same call is repeated through botocore"
+        assert shim.throttled == 1
+        assert await backend.exists("k") is True
+        assert boto.calls == ["get_object", "head_object"], "the bucket stays with botocore"
+        assert await client.direct.route(backend.bucket) is None
+    finally:
+        await backend.close()
+        shim.close()
+
+
+@servers
+async def test_direct_errors_are_classified_like_botocores(seaweed_s3: S3Server) -> None:
+    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, "p", bucket="no-such-bucket-d1")))
+    try:
+        with pytest.raises(PermanentBackendError, match="does not exist"):
+            await backend.get("k")
+        with pytest.raises(PermanentBackendError, match="does not exist"):
+            await backend.exists("k")
+    finally:
+        await backend.close()
+
+
+def test_proxy_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.example,127.0.0.1")
+    assert env_proxy("https://b.s3.us-east-1.amazonaws.com") == "http://proxy.corp:3128"
+    assert env_proxy("https://s3.internal.example/b") is None
+    assert env_proxy("http://127.0.0.1:8333/b") is None
