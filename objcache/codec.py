@@ -75,9 +75,26 @@ class Codec:
         mac = _mac(self.signing_keys[0], header, stored)
         return b"".join((header, mac, stored))
 
+    def verify(self, entry: bytes | memoryview) -> None:
+        """Check an entry without decoding it (bulk copies store the verified bytes as they
+        are): raises the :class:`~objcache.errors.EntryError` that :meth:`decode` would."""
+        self._check(memoryview(entry))
+
     def decode(self, entry: bytes | memoryview) -> bytes:
         """The original payload, or a typed :class:`~objcache.errors.EntryError`."""
-        view = memoryview(entry)
+        codec, length, stored = self._check(memoryview(entry))
+        if codec == CODEC_RAW:
+            return bytes(stored)
+        try:
+            out = _decompressor().decompress(stored, max_output_size=length)
+        except zstandard.ZstdError as exc:
+            raise CorruptEntry(f"zstd: {exc}") from None
+        if len(out) != length:
+            raise CorruptEntry("decompressed length mismatch")
+        return out
+
+    def _check(self, view: memoryview) -> tuple[int, int, memoryview]:
+        """Header, digest and signature checks: (codec, payload length, stored bytes)."""
         if len(view) < HEADER_SIZE:
             raise CorruptEntry(f"entry too short ({len(view)} bytes)")
         magic, version, codec, flags, reserved, length, digest = _HEAD.unpack_from(view)
@@ -104,17 +121,9 @@ class Codec:
                 hmac.compare_digest(_mac(k, header, stored), mac) for k in self.signing_keys
             ):
                 raise BadSignature("entry signature matches no configured key")
-        if codec == CODEC_RAW:
-            if len(stored) != length:
-                raise CorruptEntry("raw payload length mismatch")
-            return bytes(stored)
-        try:
-            out = _decompressor().decompress(stored, max_output_size=length)
-        except zstandard.ZstdError as exc:
-            raise CorruptEntry(f"zstd: {exc}") from None
-        if len(out) != length:
-            raise CorruptEntry("decompressed length mismatch")
-        return out
+        if codec == CODEC_RAW and len(stored) != length:
+            raise CorruptEntry("raw payload length mismatch")
+        return codec, length, stored
 
 
 def _mac(key: bytes, header: bytes | memoryview, stored: bytes | memoryview) -> bytes:

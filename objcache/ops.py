@@ -19,10 +19,20 @@ from objcache.backends.base import Backend, ObjectInfo, PutMode
 from objcache.codec import Codec
 from objcache.errors import BackendError, EntryError
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
-from objcache.tiered import OFFLOAD_BYTES
 
 Progress = Callable[[int], None]
 CONCURRENCY = 64
+#: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
+#: a bulk copy hashes on one core while the event loop drives the transfers on another.
+VERIFY_OFFLOAD_BYTES = 64 * 1024
+
+
+async def verify_entry(codec: Codec, data: bytes) -> None:
+    """``codec.verify(data)``, off the event loop when ``data`` is big."""
+    if len(data) >= VERIFY_OFFLOAD_BYTES:
+        await asyncio.to_thread(codec.verify, data)
+    else:
+        codec.verify(data)
 
 
 @dataclass(frozen=True)
@@ -125,11 +135,7 @@ async def copy(
             if data is None:
                 return
             if not okey.endswith(ENV_FILE):
-                # Verify off the event loop when big, so the other copies keep flowing.
-                if len(data) >= OFFLOAD_BYTES:
-                    await asyncio.to_thread(codec.decode, data)
-                else:
-                    codec.decode(data)
+                await verify_entry(codec, data)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
         except EntryError as exc:
             report.refused += 1
@@ -174,7 +180,7 @@ async def verify(
             return
         report.checked += 1
         try:
-            codec.decode(data)
+            await verify_entry(codec, data)
         except EntryError as exc:
             report.bad.append((entry.info.key, exc.reason))
             if delete and await backend.delete(entry.info.key):
