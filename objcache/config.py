@@ -147,6 +147,13 @@ class Config:
         "(default: ~/.cache/objcache/last-stats.json).",
         default=None,
     )
+    fingerprint_cache: bool = _opt(
+        "OBJCACHE_FINGERPRINT_CACHE",
+        "Cache torch's answers for the environment fingerprint per machine, so CLI runs skip "
+        "`import torch` (re-asked whenever the torch install, CPU, GPUs or the variables torch "
+        "reads change). Read from the environment only.",
+        default=True,
+    )
     log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
 
     def __post_init__(self) -> None:

@@ -3,20 +3,44 @@
 Torch's own keys omit the CPU vector ISA (an AVX-512 entry is served to an AVX2 process and
 computes wrong results) and say nothing about the GPU or CUDA build. objcache namespaces
 every entry by a short hash of this fingerprint (DESIGN section 4).
+
+Asking torch costs an ``import torch`` (2-3 s), which a process that compiles pays anyway
+but a CLI run (``objcache pull`` at boot, ``objcache push`` in CI) would pay every time.
+So the fields torch reports are cached per machine in the user's cache directory, under a
+key made of every input that decides them: the torch install (its ``version.py``: path,
+bytes and mtime), the CPU's feature flags, the GPU driver's device list, and the
+environment variables torch reads for them (``ATEN_CPU_CAPABILITY``, the visible-device
+lists, ``CUDA_DEVICE_ORDER``). A change to any of them is a cache miss and torch is asked
+again; a process that has already imported torch always asks it directly and refreshes
+the cache. ``OBJCACHE_FINGERPRINT_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 #: Fields in the order they are shown to users.
 FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "machine")
+#: The fields that come from torch (and so from an ``import torch``).
+TORCH_FIELDS = ("torch", "cuda", "hip", "gpu", "cpu_isa")
+#: Environment variables torch reads when it reports the device and the vector ISA.
+TORCH_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+)
 
 
 def _torch_fields() -> dict[str, str]:
@@ -59,11 +83,115 @@ def _triton_version() -> str:
         return "none"
 
 
+def _read(path: str, limit: int = 1 << 16) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def _cpu_flags() -> bytes:
+    """The first CPU's model and feature flags (what ATen's ISA dispatch looks at)."""
+    lines = _read("/proc/cpuinfo", 1 << 20).splitlines()
+    wanted = (b"model name", b"flags", b"Features", b"isa")
+    picked = [line for line in lines[:64] if line.split(b":")[0].strip() in wanted]
+    return b"\n".join(picked) or platform.processor().encode()
+
+
+def _gpu_inventory() -> bytes:
+    """What the GPU drivers report, cheaply (no CUDA initialisation)."""
+    parts = [_read("/proc/driver/nvidia/version")]
+    for root in ("/proc/driver/nvidia/gpus", "/sys/class/kfd/kfd/topology/nodes"):
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            parts.append(name.encode())
+            parts.append(_read(os.path.join(root, name, "information")))
+            parts.append(_read(os.path.join(root, name, "name")))
+    return b"\0".join(parts)
+
+
+def torch_inputs_key() -> str | None:
+    """A hash of everything that decides :data:`TORCH_FIELDS`, computed without importing
+    torch; None when torch is not installed where it can be found."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    version_py = os.path.join(os.path.dirname(spec.origin), "version.py")
+    try:
+        mtime = os.stat(version_py).st_mtime_ns
+    except OSError:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for part in (
+        sys.executable.encode(),
+        version_py.encode(),
+        str(mtime).encode(),
+        _read(version_py),
+        _cpu_flags(),
+        _gpu_inventory(),
+        *(f"{k}={os.environ.get(k)}".encode() for k in TORCH_ENV),
+    ):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _cache_path(key: str) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "objcache" / "fingerprint" / f"{key}.json"
+
+
+def _cached_torch_fields(key: str) -> dict[str, str] | None:
+    try:
+        data = json.loads(_cache_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or set(data) != set(TORCH_FIELDS):
+        return None
+    if not all(isinstance(v, str) for v in data.values()):
+        return None
+    return data
+
+
+def _store_torch_fields(key: str, fields: dict[str, str]) -> None:
+    path = _cache_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({k: fields[k] for k in TORCH_FIELDS}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: every CLI run asks torch, nothing worse
+
+
+def _torch_fields_cached() -> dict[str, str]:
+    """:func:`_torch_fields`, from the per-machine cache when this process has not imported
+    torch and nothing that decides the answer has changed."""
+    use_cache = os.environ.get("OBJCACHE_FINGERPRINT_CACHE", "1").lower() not in ("0", "false")
+    key = torch_inputs_key() if use_cache else None
+    if key is not None and "torch" not in sys.modules:
+        cached = _cached_torch_fields(key)
+        if cached is not None:
+            return cached
+    fields = _torch_fields()
+    if key is not None and fields["torch"] != "none":
+        _store_torch_fields(key, fields)
+    return fields
+
+
 @functools.cache
 def fingerprint() -> dict[str, str]:
     """The fingerprint of this process (cached: it cannot change within a process)."""
     fields = {
-        **_torch_fields(),
+        **_torch_fields_cached(),
         "triton": _triton_version(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "machine": platform.machine(),
