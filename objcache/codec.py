@@ -123,6 +123,16 @@ class Codec:
                 raise BadSignature("entry signature matches no configured key")
         if codec == CODEC_RAW and len(stored) != length:
             raise CorruptEntry("raw payload length mismatch")
+        if codec == CODEC_ZSTD:
+            # Unsigned, the header's codec and length are outside the digest: the zstd frame
+            # records its content size (inside the digest), so both are checked without
+            # decompressing, and verify() refuses what decode() would.
+            try:
+                framed = zstandard.frame_content_size(stored)
+            except zstandard.ZstdError:
+                raise CorruptEntry("payload is not a zstd frame") from None
+            if framed != length:
+                raise CorruptEntry("declared length differs from the zstd frame's")
         return codec, length, stored
 
 

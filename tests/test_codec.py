@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -36,23 +37,48 @@ def test_compressible_payload_is_compressed_and_tiny_stays_raw() -> None:
     assert len(PLAIN.encode(tiny)) == HEADER_SIZE + len(tiny)
 
 
+#: Both ways of checking an entry: decoding it, and verifying it without decoding (copies).
+CHECKS = {"decode": Codec.decode, "verify": Codec.verify}
+
+
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
 @pytest.mark.parametrize("codec", [PLAIN, SIGNED], ids=["plain", "signed"])
 @pytest.mark.parametrize("payload", [b"", b"a", os.urandom(300), b"ab" * 500])
-def test_every_single_bit_flip_is_detected(codec: Codec, payload: bytes) -> None:
+def test_every_single_bit_flip_is_detected(
+    codec: Codec, payload: bytes, check: Callable[[Codec, bytes], object]
+) -> None:
     entry = codec.encode(payload)
+    check(codec, entry)
     for bit in range(len(entry) * 8):
         flipped = bytearray(entry)
         flipped[bit // 8] ^= 1 << (bit % 8)
         with pytest.raises(EntryError):
-            codec.decode(bytes(flipped))
+            check(codec, bytes(flipped))
 
 
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
 @pytest.mark.parametrize("codec", [PLAIN, SIGNED], ids=["plain", "signed"])
-def test_truncation_at_every_length_is_detected(codec: Codec) -> None:
+def test_truncation_at_every_length_is_detected(
+    codec: Codec, check: Callable[[Codec, bytes], object]
+) -> None:
     entry = codec.encode(b"payload " * 100)
     for n in range(len(entry)):
         with pytest.raises(EntryError):
-            codec.decode(entry[:n])
+            check(codec, entry[:n])
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
+    for codec in (PLAIN, SIGNED):
+        for entry in (blob, codec.encode(blob)):
+            try:
+                codec.decode(entry)
+            except EntryError as exc:
+                with pytest.raises(type(exc)):
+                    codec.verify(entry)
+            else:
+                codec.verify(entry)
 
 
 @settings(max_examples=300)
