@@ -16,10 +16,11 @@ botocore still decides everything that needs its knowledge of S3:
 * **everything else**: listing, multipart uploads, deletes, bucket checks.
 
 Buckets botocore routes specially (access-point or Outposts ARNs, S3 Express directory
-buckets) never take this path. A redirect or a region complaint from the server turns the
-path off for that bucket, and the call is repeated through botocore, which knows how to
-follow S3's region redirects. Error responses become botocore ``ClientError`` objects, so
-one classifier (:mod:`objcache.backends._s3_errors`) serves both paths.
+buckets) never take this path. A redirect, a region complaint or a refused signature turns
+the path off for that bucket and the call is repeated through botocore, which follows S3's
+region redirects and, when the credentials really are wrong, reports that the usual way.
+Error responses become botocore ``ClientError`` objects, so one classifier
+(:mod:`objcache.backends._s3_errors`) serves both paths.
 """
 
 from __future__ import annotations
@@ -45,16 +46,24 @@ _PROBE_KEY = "objcache-route-probe"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 #: Bodies are not hashed for the signature; Content-MD5 guards them instead.
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
-#: Server answers meaning "ask somewhere else": botocore follows these, this path does not.
-_REROUTE_CODES = frozenset(
-    {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed", "Redirect"}
+#: Server answers that botocore may get past and this path cannot: redirects and region
+#: complaints (botocore follows them), and a refused signature (a server or proxy that
+#: disagrees with this signer must not cost the tier).
+_HAND_BACK_CODES = frozenset(
+    {
+        "PermanentRedirect",
+        "TemporaryRedirect",
+        "Redirect",
+        "AuthorizationHeaderMalformed",
+        "SignatureDoesNotMatch",
+    }
 )
 _ERROR_FIELD = re.compile(rb"<(Code|Message)>([^<]{0,1024})</\1>")
 USER_AGENT = "objcache-s3-direct"
 
 
 class Reroute(Exception):
-    """The server sent this bucket's requests elsewhere: use botocore from now on."""
+    """The server redirected or refused this path's request: use botocore from now on."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +284,7 @@ class DirectS3:
                 return data
             error = await response.read() if method != "HEAD" else b""
             exc = client_error(response.status, error, response.headers, operation)
-            if 300 <= response.status < 400 or exc.response["Error"]["Code"] in _REROUTE_CODES:
+            if 300 <= response.status < 400 or exc.response["Error"]["Code"] in _HAND_BACK_CODES:
                 raise Reroute(exc.response["Error"]["Code"])
             raise exc
 

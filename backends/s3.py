@@ -40,6 +40,7 @@ import asyncio
 import base64
 import builtins
 import contextlib
+import os
 import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ async def _open_client(key: ClientKey) -> S3Client:
     if key.direct:
         credentials = await session.get_credentials()
         if credentials is not None:
-            ca_bundle = session._session.get_config_variable("ca_bundle")
+            ca_bundle = _configured_ca_bundle(session)
             direct = DirectS3(
                 boto,
                 credentials,
@@ -121,6 +122,15 @@ async def _open_client(key: ClientKey) -> S3Client:
                 ca_bundle=ca_bundle or get_cert_path(True),
             )
     return S3Client(boto, direct)
+
+
+def _configured_ca_bundle(session: Any) -> str | None:
+    """``AWS_CA_BUNDLE`` or the profile's ``ca_bundle``, as botocore reads them."""
+    try:
+        value = session._session.get_config_variable("ca_bundle")  # the botocore session
+    except Exception:
+        value = os.environ.get("AWS_CA_BUNDLE")
+    return str(value) if value else None
 
 
 async def _close_client(client: S3Client) -> None:

@@ -249,26 +249,34 @@ async def test_direct_0_sends_everything_through_botocore(
         await backend.close()
 
 
-PERMANENT_REDIRECT = (
-    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>PermanentRedirect</Code>'
-    b"<Message>The bucket you are attempting to access must be addressed using the "
-    b"specified endpoint.</Message></Error>"
-)
+def s3_error(code: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        "<Message>m</Message></Error>"
+    ).encode()
 
 
 @servers
-async def test_a_redirect_hands_the_bucket_back_to_botocore(
-    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (301, "PermanentRedirect"),
+        (400, "AuthorizationHeaderMalformed"),
+        (403, "SignatureDoesNotMatch"),
+    ],
+)
+async def test_a_redirect_or_refusal_hands_the_bucket_back_to_botocore(
+    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch, status: int, code: str
 ) -> None:
     port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
-    shim = ThrottleShim(port, status=301, body=PERMANENT_REDIRECT, content_type="application/xml")
+    shim = ThrottleShim(port, status=status, body=s3_error(code), content_type="application/xml")
     backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix, endpoint_url=shim.url)))
     try:
         assert await backend.put("k", b"v") is True
         client = CLIENTS.peek(backend.client_key)
         assert client is not None and client.direct is not None
         boto = BotoCalls(client.boto, monkeypatch)
-        shim.throttle_next(1)  # the next request (the direct GET) is answered 301
+        shim.throttle_next(1)  # the next request (the direct GET) is refused
         assert await backend.get("k") == b"v", "the same call is repeated through botocore"
         assert shim.throttled == 1
         assert await backend.exists("k") is True
