@@ -288,23 +288,18 @@ def prepare_and_define(bench: Bench) -> list[Scenario]:
                     lambda i, m=oc_machine, u=url: (m, ["--objcache", "install"], {"_TIERS": u}),
                 )
             )
-        scenarios.append(
-            Scenario(
-                f"objcache warm-from-remote ({name})",
-                lambda i, u=url, n=name: (
-                    bench.fresh(f"remote-{n}"),
-                    ["--objcache", "install"],
-                    {"_TIERS": u},
-                ),
-            )
-        )
+        # The store as it is, and a region away (behind a proxy adding the RTT).
+        stores = [(f"objcache warm-from-remote ({name})", url, f"remote-{name}")]
         far = behind_proxy(url, bench.rtt_ms) if bench.rtt_ms > 0 else None
         if far:
+            label = f"objcache warm-from-remote ({name}, +{bench.rtt_ms:g} ms RTT)"
+            stores.append((label, far, f"far-{name}"))
+        for label, store_url, machine in stores:
             scenarios.append(
                 Scenario(
-                    f"objcache warm-from-remote ({name}, +{bench.rtt_ms:g} ms RTT)",
-                    lambda i, u=far, n=name: (
-                        bench.fresh(f"far-{n}"),
+                    label,
+                    lambda i, u=store_url, m=machine: (
+                        bench.fresh(m),
                         ["--objcache", "install"],
                         {"_TIERS": u},
                     ),
