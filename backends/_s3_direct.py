@@ -259,7 +259,8 @@ class DirectS3:
         extra: dict[str, str] | None = None,
     ) -> bytes:
         """Send one request; the body of a 2xx answer, else the ``ClientError`` botocore
-        would raise (:class:`Reroute` for redirects and region complaints)."""
+        would raise (:class:`Reroute` for answers botocore may get past: redirects, region
+        complaints, a refused signature)."""
         encoded = quote(name, safe="/~")
         frozen = await self.credentials.get_frozen_credentials()
         headers = self.signer.headers(

@@ -144,8 +144,9 @@ def torch_inputs_key() -> str | None:
 
 
 def _cache_path(key: str) -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "objcache" / "fingerprint" / f"{key}.json"
+    from objcache.config import user_cache_dir
+
+    return user_cache_dir() / "fingerprint" / f"{key}.json"
 
 
 def _cached_torch_fields(key: str) -> dict[str, str] | None:

@@ -109,17 +109,26 @@ def test_signature_is_the_one_botocore_computes(
     assert ours["authorization"] == expected
 
 
-def test_signing_key_is_cached_per_day_and_region() -> None:
-    signer = SigV4()
-    creds = ReadOnlyCredentials("AK", "secret", None)
-    route = Route("http://h/b", "h", "/b", "r1")
-    a = signer.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, NOW)
-    b = signer.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, NOW)
-    other = Route("http://h/b", "h", "/b", "r2")
-    c = signer.headers("GET", other, "/b/k", creds, EMPTY_SHA256, {}, NOW)
-    assert a == b
-    assert a["authorization"] != c["authorization"]
-    assert "/r2/s3/aws4_request" in c["authorization"]
+def test_cached_signing_key_follows_secret_date_and_region() -> None:
+    """One signer, many requests: its cached signing key must never outlive the secret,
+    the day or the region it was derived for (each answer equals a fresh signer's)."""
+    shared = SigV4()
+    tomorrow = NOW + datetime.timedelta(days=1)
+    cases = [
+        (ReadOnlyCredentials("AK", "secret-1", None), "r1", NOW),
+        (ReadOnlyCredentials("AK", "secret-1", None), "r2", NOW),
+        (ReadOnlyCredentials("AK", "secret-2", None), "r2", NOW),
+        (ReadOnlyCredentials("AK", "secret-2", None), "r2", tomorrow),
+        (ReadOnlyCredentials("AK", "secret-1", None), "r1", NOW),
+    ]
+    seen = set()
+    for creds, region, when in cases:
+        route = Route("http://h/b", "h", "/b", region)
+        ours = shared.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, when)
+        fresh = SigV4().headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, when)
+        assert ours == fresh
+        seen.add(ours["authorization"])
+    assert len(seen) == 4, "the first and last case are the same request"
 
 
 # --- routes ----------------------------------------------------------------------------
