@@ -3,7 +3,7 @@
     python bench/backends.py [--out docs/benchmarks.md] [--only redis,s3,gcs]
                                           [--rtt-ms 20] [--scale 1.0]
 
-Starts redis-server, SeaweedFS (S3) and fake-gcs-server on 127.0.0.1 (objcache.testing),
+Starts redis-server, SeaweedFS (S3) and fake-gcs-server on 127.0.0.1 (tests.support),
 then, for each backend, entry size (10 KB, 1 MB), operation (put, get) and concurrency
 (1 = sequential, 32 in flight), measures the per-call latency of:
 
@@ -36,13 +36,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support: the test servers
 
 from objcache.backends.base import Backend, PutMode
 from objcache.registry import create_backend
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS, RedisServer, SeaweedS3
 from objcache.urls import parse_tier_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 Get = Callable[[str], Awaitable[object]]
 Put = Callable[[str, bytes], Awaitable[object]]

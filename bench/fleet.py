@@ -42,9 +42,9 @@ from objcache.config import Config
 from objcache.fingerprint import env_id
 from objcache.layout import Namespace
 from objcache.registry import create_backend
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import SeaweedS3
 from tests.cloud_support import s3_url, server_profile
+from tests.support.proxy import FaultProxy
+from tests.support.servers import SeaweedS3
 
 AWSCLI_VENV = Path(tempfile.gettempdir()) / "objcache-bench-awscli"
 KB = 1024

@@ -33,9 +33,9 @@ from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import BackendError, EntryError
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS, RedisServer, SeaweedS3
 from tests.cloud_support import gcs_url, s3_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 WORKERS = 16
 KEYS = 1500

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from objcache.demo import Job, machine_env, run_job  # noqa: E402
-from objcache.testing.proxy import FaultProxy  # noqa: E402
+from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
 
 #: Servers this bench started (stopped in main's finally).
@@ -66,7 +66,7 @@ _PROXIES: list[FaultProxy] = []
 
 def _redis(root: Path) -> str:
     """A throwaway local redis-server."""
-    from objcache.testing.servers import RedisServer
+    from tests.support.servers import RedisServer
 
     server = RedisServer(unix_socket=False).start()
     _SERVERS.append(server)
@@ -75,8 +75,8 @@ def _redis(root: Path) -> str:
 
 def _s3(root: Path) -> str:
     """A throwaway SeaweedFS (a real S3 server) with one bucket."""
-    from objcache.testing.servers import SeaweedS3
     from tests.cloud_support import s3_url
+    from tests.support.servers import SeaweedS3
 
     server = SeaweedS3().start()
     _SERVERS.append(server)

@@ -13,7 +13,7 @@ Part 2, lookup cost at the cache level: ``redis-server`` behind ``FaultProxy`` w
 round trip of each ``--rtt``; remote-only lookups (no local tier) of one key holding 1 or 4
 candidates of 64 KiB (a LIST per tier and a GET of the key's single value at once, then
 concurrent GETs of the candidates) against one single-value GET; medians of
-``--rounds``. Needs :mod:`objcache.testing.servers`/``proxy`` and the Redis backend.
+``--rounds``. Needs :mod:`tests.support.servers`/``proxy`` and the Redis backend.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ async def _lookup_cost(url: str, rounds: int, sizes: tuple[int, ...]) -> dict[st
 
 
 def lookup_cost(rtts: list[float], rounds: int) -> dict[float, dict[str, float]]:
-    from objcache.testing.proxy import FaultProxy
-    from objcache.testing.servers import RedisServer
+    from tests.support.proxy import FaultProxy
+    from tests.support.servers import RedisServer
 
     results: dict[float, dict[str, float]] = {}
     with RedisServer(unix_socket=False) as redis, FaultProxy(redis.host, redis.port) as proxy:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from objcache.testing.servers import FakeGCS, S3Server
+from tests.support.servers import FakeGCS, S3Server
 
 _lock = threading.Lock()
 _profiles: dict[str, tuple[str, str]] = {}

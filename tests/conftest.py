@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
 
 
 class BucketServer(Protocol):

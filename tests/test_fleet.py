@@ -34,11 +34,11 @@ from objcache.client import Client, build_cache
 from objcache.codec import Codec
 from objcache.config import Config
 from objcache.manifest import Manifest, compact, list_manifests, read_job, write_run
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import MotoS3, RedisServer, S3Server, SeaweedS3
 from objcache.tiered import TieredCache
 from tests.cloud_support import s3_url
 from tests.conftest import BucketServer
+from tests.support.proxy import FaultProxy
+from tests.support.servers import MotoS3, RedisServer, S3Server, SeaweedS3
 
 pytestmark = pytest.mark.servers
 
@@ -414,7 +414,7 @@ def test_every_cli_command_on_a_real_store(
 def test_doctor_bad_endpoint_and_missing_bucket_one_line(
     seaweed_s3: SeaweedS3, moto_s3: MotoS3, tmp_path: Path
 ) -> None:
-    from objcache.testing.ports import free_port
+    from tests.support.ports import free_port
 
     bad_endpoint = s3_url(seaweed_s3, "p", endpoint_url=f"http://127.0.0.1:{free_port()}")
     # moto, not SeaweedFS: SeaweedFS creates a missing bucket on the first PUT.

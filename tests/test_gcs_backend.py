@@ -25,11 +25,11 @@ from objcache.backends.base import PutMode
 from objcache.backends.gcs import SHARED, GCSBackend
 from objcache.errors import PermanentBackendError, TransientBackendError
 from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS
 from objcache.tier import Tier
 from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS
 
 pytestmark = pytest.mark.servers
 

@@ -20,8 +20,8 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from objcache.testing.proxy import FaultProxy, HttpRequest, Mode
-from objcache.testing.servers import MotoS3, RedisServer
+from tests.support.proxy import FaultProxy, HttpRequest, Mode
+from tests.support.servers import MotoS3, RedisServer
 
 MakeProxy = Callable[[str, int], FaultProxy]
 Address = tuple[str, int]

@@ -25,10 +25,10 @@ from objcache.backends.redis import (
 )
 from objcache.errors import EntryTooLarge, PermanentBackendError, TransientBackendError
 from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import RedisServer
 from objcache.tier import Tier
 from objcache.urls import parse_tier_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.servers
 

@@ -23,11 +23,11 @@ from objcache.backends.base import PutMode
 from objcache.backends.s3 import CLIENTS, S3Backend
 from objcache.errors import PermanentBackendError, TransientBackendError
 from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import S3Server, SeaweedS3
 from objcache.tier import Tier
 from objcache.urls import parse_tier_url
 from tests.cloud_support import aws_profile, s3_url, session_bucket
+from tests.support.proxy import FaultProxy
+from tests.support.servers import S3Server, SeaweedS3
 
 pytestmark = pytest.mark.servers
 

@@ -28,10 +28,10 @@ from objcache.backends._s3_direct import (
 from objcache.backends.base import PutMode
 from objcache.backends.s3 import CLIENTS, S3Backend
 from objcache.errors import PermanentBackendError
-from objcache.testing.servers import S3Server
 from objcache.urls import parse_tier_url
 from tests.cloud_support import s3_url
 from tests.faults._shim import ThrottleShim
+from tests.support.servers import S3Server
 
 NOW = datetime.datetime(2026, 11, 23, 6, 30, 15, tzinfo=datetime.timezone.utc)
 

@@ -29,12 +29,12 @@ from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
 from objcache.registry import create_backend
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS, RedisServer, SeaweedS3
 from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.faults.evil import foreign_signed_entry, malicious_pickle, unsigned_entry
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = b"the-victims-signing-key-0123456789"

@@ -17,8 +17,8 @@ import redis
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gcs_errors
 
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import (
+from tests.support.proxy import FaultProxy
+from tests.support.servers import (
     FakeGCS,
     MotoS3,
     RedisServer,
@@ -269,3 +269,18 @@ def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ServerStartError, match=r"apt-get install -y redis-server"):
         RedisServer().start()
+
+
+def test_the_test_harness_is_not_shipped() -> None:
+    """Users install objcache, not 1,300 lines of test servers: the harness lives in tests/."""
+    import importlib.util
+    import re
+
+    assert importlib.util.find_spec("objcache.testing") is None
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    block = re.search(r"^packages = \[(.*?)\]", pyproject, re.S | re.M)
+    assert block, "pyproject.toml lists its packages explicitly"
+    packages = re.findall(r'"([^"]+)"', block.group(1))
+    assert "objcache" in packages
+    assert all(p == "objcache" or p.startswith("objcache.") for p in packages), packages
+    assert not [p for p in packages if "testing" in p or "support" in p]

@@ -71,7 +71,7 @@ class World:
     @cached_property
     def offline(self) -> dict[str, Any]:
         _ = self.new_machine
-        from objcache.testing.ports import free_port
+        from tests.support.ports import free_port
 
         closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
         env, log = self.env("b", f"{closed},fault:///t?mode=error")

@@ -22,10 +22,10 @@ from objcache.bridge import Bridge
 from objcache.client import Client
 from objcache.config import Config
 from objcache.registry import create_backend
-from objcache.testing.proxy import FaultProxy
-from objcache.testing.servers import FakeGCS, RedisServer, SeaweedS3
 from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 T = TypeVar("T")
 

@@ -157,7 +157,7 @@ def shim_store(
         shim = ThrottleShim(upstream, status=429, body=GCS_429, content_type="application/json")
     # the client's tier goes proxy -> shim -> real server
     store.proxy.close()
-    from objcache.testing.proxy import FaultProxy
+    from tests.support.proxy import FaultProxy
 
     store.proxy = FaultProxy("127.0.0.1", shim.port)
     yield store, shim

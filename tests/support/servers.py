@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from objcache.testing.ports import LOOPBACK, free_port
+from tests.support.ports import LOOPBACK, free_port
 
 __all__ = [
     "FakeGCS",

@@ -66,7 +66,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
-from objcache.testing.ports import LOOPBACK
+from tests.support.ports import LOOPBACK
 
 try:
     import fcntl
