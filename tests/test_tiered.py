@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends.base import PutMode
+from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
+from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
@@ -124,6 +128,24 @@ async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through(
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
     assert CODEC.decode(mem(local).data[okey]) == b"v"
+
+
+async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"good")
+    corrupt = CODEC.encode(b"good")[:-1] + b"!"
+    assert await disk.put(okey, corrupt)
+    cache = TieredCache(local, [remote], CODEC, NS)
+    assert await cache.get("fx-graph", "k") == b"good", "a corrupt local entry is a miss"
+    assert local.stats.misses["corrupt"] == 1
+    assert mem(remote).calls["get"] == 1
+    moved = list((tmp_path / QUARANTINE_DIR).iterdir())
+    assert [p.read_bytes() for p in moved] == [corrupt]
+    await cache.flush(5)
+    assert CODEC.decode(await disk.get(okey) or b"") == b"good", "written through afresh"
+    await disk.close()
 
 
 async def test_signed_cache_refuses_unsigned_entries() -> None:
