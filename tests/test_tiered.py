@@ -260,3 +260,45 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
     await regional.put("probe", b"x")
     assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]
+
+
+async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    okey = NS.object_key("fx-graph", "k")
+    entry = CODEC.encode(b"payload")
+    assert await disk.put(okey, entry)
+    assert cache.read_local_sync("fx-graph", "k") == (b"payload", okey, len(entry))
+    assert cache.read_local_sync("fx-graph", "absent") is None
+    assert await disk.put(NS.object_key("fx-graph", "bad"), entry[:-1] + b"!")
+    assert cache.read_local_sync("fx-graph", "bad") is None, "the async path quarantines it"
+    cache.note_local_hit("fx-graph", okey, len(entry), 0.5)
+    assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (1, 1)
+    assert cache.stats.served_by[local.name] == 1 and local.stats.hits == 1
+    assert local.stats.bytes_read == len(entry) and okey in cache.recorded
+    assert [t["local"] for t in cache.stats_dict()["tiers"]] == [True]
+    assert TieredCache(tier("mem://local"), [], CODEC, NS).read_local_sync("fx-graph", "k") is None
+    await disk.close()
+
+
+def test_tier_options_override_the_global_policy() -> None:
+    backend = MemoryBackend("mem://opts")
+    backend.spec.options.update(
+        {"timeout_ms": "250", "retries": "4", "max_size": "1000", "write_only": "1", "home": "1"}
+    )
+    t = Tier.from_backend(
+        backend, timeout_ms=3000, retries=2, breaker_failures=7, breaker_cooldown_s=9
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (0.25, 4)
+    assert t.flags == TierFlags(write_only=True, max_size=1000, home=True)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (7, 9)
+    plain = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=3000,
+        retries=2,
+        breaker_failures=5,
+        breaker_cooldown_s=30,
+    )
+    assert (plain.policy.timeout_s, plain.policy.retries) == (3.0, 2)
+    assert plain.flags == TierFlags() and plain.readable and plain.writable
