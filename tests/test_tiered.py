@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends.base import PutMode
+from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
+from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
@@ -124,6 +128,24 @@ async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through(
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
     assert CODEC.decode(mem(local).data[okey]) == b"v"
+
+
+async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"good")
+    corrupt = CODEC.encode(b"good")[:-1] + b"!"
+    assert await disk.put(okey, corrupt)
+    cache = TieredCache(local, [remote], CODEC, NS)
+    assert await cache.get("fx-graph", "k") == b"good", "a corrupt local entry is a miss"
+    assert local.stats.misses["corrupt"] == 1
+    assert mem(remote).calls["get"] == 1
+    moved = list((tmp_path / QUARANTINE_DIR).iterdir())
+    assert [p.read_bytes() for p in moved] == [corrupt]
+    await cache.flush(5)
+    assert CODEC.decode(await disk.get(okey) or b"") == b"good", "written through afresh"
+    await disk.close()
 
 
 async def test_signed_cache_refuses_unsigned_entries() -> None:
@@ -238,3 +260,45 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
     await regional.put("probe", b"x")
     assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]
+
+
+async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    okey = NS.object_key("fx-graph", "k")
+    entry = CODEC.encode(b"payload")
+    assert await disk.put(okey, entry)
+    assert cache.read_local_sync("fx-graph", "k") == (b"payload", okey, len(entry))
+    assert cache.read_local_sync("fx-graph", "absent") is None
+    assert await disk.put(NS.object_key("fx-graph", "bad"), entry[:-1] + b"!")
+    assert cache.read_local_sync("fx-graph", "bad") is None, "the async path quarantines it"
+    cache.note_local_hit("fx-graph", okey, len(entry), 0.5)
+    assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (1, 1)
+    assert cache.stats.served_by[local.name] == 1 and local.stats.hits == 1
+    assert local.stats.bytes_read == len(entry) and okey in cache.recorded
+    assert [t["local"] for t in cache.stats_dict()["tiers"]] == [True]
+    assert TieredCache(tier("mem://local"), [], CODEC, NS).read_local_sync("fx-graph", "k") is None
+    await disk.close()
+
+
+def test_tier_options_override_the_global_policy() -> None:
+    backend = MemoryBackend("mem://opts")
+    backend.spec.options.update(
+        {"timeout_ms": "250", "retries": "4", "max_size": "1000", "write_only": "1", "home": "1"}
+    )
+    t = Tier.from_backend(
+        backend, timeout_ms=3000, retries=2, breaker_failures=7, breaker_cooldown_s=9
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (0.25, 4)
+    assert t.flags == TierFlags(write_only=True, max_size=1000, home=True)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (7, 9)
+    plain = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=3000,
+        retries=2,
+        breaker_failures=5,
+        breaker_cooldown_s=30,
+    )
+    assert (plain.policy.timeout_s, plain.policy.retries) == (3.0, 2)
+    assert plain.flags == TierFlags() and plain.readable and plain.writable
