@@ -19,9 +19,9 @@ the previous entry is untouched. Each operation is one plain synchronous functio
 async layer runs in ONE thread hop (see ``bench/fs_io.py`` for why not aiofiles); a
 cancelled caller therefore never leaves a half-done operation behind.
 
-Temp files and placeholders older than an hour (writers that crashed) are removed when
-``list()`` or the disk index scan walks past them, and by an occasional sweep of the folder
-a put writes into.
+Temp files, placeholders and lease files older than an hour (writers that crashed) are
+removed when ``list()`` or the disk index scan walks past them, and by an occasional sweep
+of the folder a put writes into.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ T = TypeVar("T")
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
 TMP_PREFIX = RESERVED + "tmp-"
+#: Lease files of cross-process single-flight (objcache/nodelease.py), beside the entry.
+LEASE_PREFIX = RESERVED + "lease-"
 QUARANTINE_DIR = RESERVED + "quarantine"
 #: Temp files and placeholders older than this belong to a crashed writer.
 STALE_AFTER_S = 3600.0
@@ -358,7 +360,7 @@ class FsStore:
 
     @staticmethod
     def _drop_if_stale(entry: os.DirEntry[str], now: float) -> None:
-        if entry.name.startswith(TMP_PREFIX):
+        if entry.name.startswith((TMP_PREFIX, LEASE_PREFIX)):
             st = entry.stat(follow_symlinks=False)
             if st.st_mtime < now - STALE_AFTER_S:
                 _unlink_quietly(entry.path)

@@ -96,6 +96,9 @@ class CacheStats:
     write_behind_dropped_bytes: int = 0
     write_behind_coalesced: int = 0
     single_flight_shared: int = 0
+    #: Cross-process single-flight: claims by outcome (held, landed, missed, busy,
+    #: unleased) and leases taken over from a dead or overdue holder (took_over).
+    node_leases: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class CacheStats:
             "write_behind_dropped_bytes": self.write_behind_dropped_bytes,
             "write_behind_coalesced": self.write_behind_coalesced,
             "single_flight_shared": self.single_flight_shared,
+            "node_leases": dict(self.node_leases),
         }
 
 

@@ -1,0 +1,77 @@
+"""One rank of a node: the subprocess of the node single-flight tests and ``bench/fleet.py``.
+
+``python -m tests.support.node_worker SPEC_JSON`` builds a :class:`~objcache.client.Client`
+from the spec, waits for ``go_file`` to exist (so every rank starts at once), looks every key
+up in order as torch does, checks each value, and prints one JSON line: hits, wrong values,
+seconds from go to the last lookup, the wall-clock time it finished, and objcache's counters.
+
+Spec keys: ``tiers``, ``local_dir``, ``job``, ``prefetch``, ``node_single_flight``,
+``timeout_ms``, ``keys`` (list), ``size`` (bytes of each value), ``go_file``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KIND = "fx-graph"
+
+
+def payload_for(key: str, size: int) -> bytes:
+    """The value stored under ``key``: incompressible and derived from the key alone."""
+    return random.Random(key).randbytes(size)
+
+
+def main(argv: list[str]) -> int:
+    spec: dict[str, Any] = json.loads(argv[0])
+    from objcache.client import Client
+    from objcache.config import Config
+
+    go = Path(spec["go_file"])
+    Path(f"{go}.ready-{os.getpid()}").touch()
+    while not go.exists():
+        time.sleep(0.001)
+    started = time.perf_counter()
+    client = Client(
+        Config(
+            tiers=spec["tiers"],
+            local_dir=Path(spec["local_dir"]),
+            job=spec.get("job", "node"),
+            prefetch=bool(spec.get("prefetch", False)),
+            node_single_flight=bool(spec.get("node_single_flight", True)),
+            timeout_ms=int(spec.get("timeout_ms", 3000)),
+        )
+    )
+    hits = wrong = 0
+    for key in spec["keys"]:
+        value = client.get(KIND, key)
+        if value is None:
+            continue
+        hits += 1
+        wrong += value != payload_for(key, int(spec["size"]))
+    seconds = time.perf_counter() - started
+    done_at = time.time()
+    prefetch = client.prefetch_result.result(60) if client.prefetch_result else None
+    stats = client.stats()
+    client.close()
+    out = {
+        "pid": os.getpid(),
+        "hits": hits,
+        "wrong": wrong,
+        "seconds": seconds,
+        "done_at": done_at,
+        "prefetch": prefetch,
+        "cache": stats["cache"],
+        "misses": [t["misses"] for t in stats["tiers"]],
+    }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
