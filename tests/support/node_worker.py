@@ -14,17 +14,58 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 KIND = "fx-graph"
+MODULE = "tests.support.node_worker"
+REPO = str(Path(__file__).resolve().parents[2])
 
 
 def payload_for(key: str, size: int) -> bytes:
     """The value stored under ``key``: incompressible and derived from the key alone."""
     return random.Random(key).randbytes(size)
+
+
+def start_ranks(specs: list[dict[str, Any]], go: Path) -> list[subprocess.Popen[str]]:
+    """Start one worker per spec and wait until each is ready; touching ``go`` starts them."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.node_worker",
+                json.dumps({**s, "go_file": str(go)}),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for s in specs
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(go.parent.glob(go.name + ".ready-*"))) < len(procs):
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise RuntimeError("ranks did not start")
+        time.sleep(0.01)
+    return procs
+
+
+def results(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """Each worker's JSON line (a worker that failed raises)."""
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"rank {p.pid} exited with {p.returncode}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -68,6 +109,7 @@ def main(argv: list[str]) -> int:
         "prefetch": prefetch,
         "cache": stats["cache"],
         "misses": [t["misses"] for t in stats["tiers"]],
+        "sync_timeouts": client.timeouts,
     }
     print(json.dumps(out), flush=True)
     return 0
