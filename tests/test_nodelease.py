@@ -26,6 +26,7 @@ from objcache.codec import Codec
 from objcache.layout import Namespace
 from objcache.nodelease import RECORD_BYTES, Claim, NodeLeases, lease_path
 from objcache.policy import CircuitBreaker, RetryPolicy
+from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 from tests.memory_backend import MemoryBackend
@@ -239,3 +240,18 @@ async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
     assert await holder == b"value"
     assert other.calls["get"] == 0  # the second rank read what the first wrote through
     await first.flush(5)
+
+
+async def test_a_finished_fetch_whose_cleanup_has_not_run_is_not_joined() -> None:
+    """A task's done callbacks run a loop turn after it finishes; a lookup arriving in that
+    window must start a new fetch, or a retry after a prefetch left a key to another rank
+    would get the same "leased elsewhere" answer again (a miss)."""
+    flight: SingleFlight[str] = SingleFlight()
+    finished = asyncio.get_running_loop().create_future()
+    finished.set_result("old answer")
+    flight._inflight["k"] = finished  # done, cleanup pending
+
+    async def fetch() -> str:
+        return "fresh"
+
+    assert await flight.do("k", fetch) == ("fresh", False)

@@ -89,9 +89,11 @@ def main(argv: list[str]) -> int:
         )
     )
     hits = wrong = 0
+    missed: list[str] = []
     for key in spec["keys"]:
         value = client.get(KIND, key)
         if value is None:
+            missed.append(key)
             continue
         hits += 1
         wrong += value != payload_for(key, int(spec["size"]))
@@ -104,6 +106,7 @@ def main(argv: list[str]) -> int:
         "pid": os.getpid(),
         "hits": hits,
         "wrong": wrong,
+        "missed": missed,
         "seconds": seconds,
         "done_at": done_at,
         "prefetch": prefetch,
