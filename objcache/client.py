@@ -27,6 +27,7 @@ from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.nodelease import NodeLeases
+from objcache.records import Change
 from objcache.registry import create_backend
 from objcache.tier import Tier
 from objcache.tiered import Candidate, TieredCache
@@ -112,6 +113,14 @@ class Client:
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        """A record's value (nearest remote tier first; see TieredCache.get_record)."""
+        return self._run(lambda: self.cache.get_record(kind, key), None)
+
+    def update_record(self, kind: str, key: str, change: Change) -> None:
+        """Read-modify-write of a record: local now, remote tiers in the background."""
+        self._run(lambda: self.cache.update_record(kind, key, change), None)
 
     def get_candidates(self, kind: str, key: str) -> list[Candidate]:
         """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""

@@ -24,6 +24,7 @@ from objcache.errors import EntryError
 from objcache.layout import Namespace
 from objcache.metrics import CacheStats, log_once
 from objcache.nodelease import Claim, Lease, NodeLeases
+from objcache.records import Change
 from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.writebehind import WriteBehind
@@ -468,6 +469,55 @@ class TieredCache:
         self._env_written = True
         body = json.dumps(self._env_fields, indent=1, sort_keys=True).encode()
         self._writes.submit(self.namespace.env_file, body)
+
+    # --- records -------------------------------------------------------------------------
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        """The record's verified value: the nearest remote tier that has one (every
+        readable remote tier is asked at once), else the local tier's. Nothing is written
+        through or back-filled: a record changes, so a copy would go stale."""
+        self.stats.gets[kind] += 1
+        okey = self.namespace.object_key(kind, key)
+        hit = await self._race_remotes(okey)
+        payload = hit[2] if hit is not None else None
+        if payload is None and self.local is not None:
+            entry, _ = await self.local.get(okey)
+            if entry is not None:
+                payload = await self._verify(self.local, okey, entry)
+        if payload is not None:
+            self.stats.hits[kind] += 1
+        return payload
+
+    async def update_record(self, kind: str, key: str, change: Change) -> None:
+        """Apply ``change`` to the record (kind, key): in the local tier now, in every remote
+        write target in the background (like every remote write; :meth:`flush` waits for
+        them). Each tier applies it to its own current value with a conditional write,
+        again on each conflict, within its deadline. ``change`` gets the current payload, or
+        None when there is none or it cannot be read (counted, then replaced)."""
+        okey = self.namespace.object_key(kind, key)
+        entry_change = self._entry_change(kind, okey, change)
+        if self.local is not None:
+            await self.local.update_record(okey, entry_change)
+        if not self.read_only:
+            for tier in self.write_targets():
+                self._spawn(tier.update_record(okey, entry_change))
+
+    def _entry_change(self, kind: str, okey: str, change: Change) -> Change:
+        """``change`` on stored entries: decode (a refused entry counts as unreadable and is
+        treated as absent), apply, encode."""
+
+        def on_entry(entry: bytes | None) -> bytes | None:
+            current = None
+            if entry is not None:
+                try:
+                    current = self.codec.decode(entry)
+                except EntryError as exc:
+                    self.stats.records_unreadable[kind] += 1
+                    log_once.warn("records", exc.reason, f"unreadable record {okey}: {exc}")
+            new = change(current)
+            return None if new is None else self.codec.encode(new)
+
+        return on_entry
 
     # --- lifecycle ---------------------------------------------------------------------
 
