@@ -445,6 +445,7 @@ def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> 
                 done = results(procs)
                 calls = raw.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
                 sample = {
+                    "load": os.getloadavg()[0],  # the machine is shared: say how busy it was
                     "gets_per_entry": int(calls) / entries,  # the manifest's reads included
                     "wall": max(d["seconds"] for d in done),
                     "hits": sum(d["hits"] for d in done),
@@ -460,6 +461,7 @@ def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> 
             "wall": statistics.median(x["wall"] for x in runs),
             "all_walls": [x["wall"] for x in runs],
             "hits": min(x["hits"] for x in runs),
+            "loads": [x["load"] for x in runs],
             "wrong": sum(x["wrong"] for x in runs),
         }
     return out
@@ -487,6 +489,13 @@ def report_node(node: dict[str, Any]) -> str:
             f"({r['max_gets_per_entry']:.2f}) | {r['wall']:.2f} ({walls}) "
             f"| {r['hits']}/{n * e} | {r['wrong']} |"
         )
+    loads = [x for label in node if "-" in label for x in node[label]["loads"]]
+    lines += [
+        "",
+        f"1-minute load average on this {os.cpu_count()}-CPU machine at the end of each run: "
+        f"{min(loads):.1f} to {max(loads):.1f} (shared with other work): wall times are only "
+        "comparable within a round.",
+    ]
     on = [node[f"on-{p}"] for p in ("no_prefetch", "prefetch")]
     worst = max(r["max_gets_per_entry"] for r in on)
     lines += [
