@@ -52,8 +52,9 @@ from objcache.backends._gcs_errors import (
     missing_bucket,
 )
 from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._records import Versioned
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
-from objcache.errors import ConfigError
+from objcache.errors import ConfigError, TransientBackendError
 
 T = TypeVar("T")
 
@@ -245,6 +246,43 @@ class GCSBackend(Backend):
             raise
         return True
 
+    def _get_versioned(self, client: Any, name: str) -> tuple[bytes, str] | None:
+        """The object and its generation: metadata first, then the bytes of exactly that
+        generation (a newer one in between fails the download's precondition: retried)."""
+        blob = client.bucket(self.bucket).get_blob(name, retry=None, timeout=self.timeout)
+        if blob is None:
+            self._check_bucket(client)
+            return None
+        generation = int(blob.generation)
+        try:
+            data: bytes = blob.download_as_bytes(
+                if_generation_match=generation, retry=None, timeout=self.timeout, checksum=None
+            )
+        except Exception as exc:
+            if is_precondition_failure(exc) or is_not_found(exc):
+                raise TransientBackendError("record changed while read", tier=self.name) from exc
+            raise
+        return data, str(generation)
+
+    def _put_if_generation(self, client: Any, name: str, data: bytes, generation: int) -> bool:
+        blob = client.bucket(self.bucket).blob(name)
+        try:
+            blob.upload_from_string(
+                data,
+                content_type="application/octet-stream",
+                if_generation_match=generation,
+                retry=None,
+                timeout=self.timeout,
+                checksum=None,
+            )
+        except Exception as exc:
+            if is_precondition_failure(exc):
+                return False
+            if is_not_found(exc):
+                raise missing_bucket(self.bucket, self.name) from None
+            raise
+        return True
+
     def _delete(self, client: Any, name: str) -> bool:
         try:
             client.bucket(self.bucket).blob(name).delete(retry=None, timeout=self.timeout)
@@ -297,6 +335,16 @@ class GCSBackend(Backend):
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         name = self._object_name(key)
         return await self._run("put", self._put, name, data, mode is PutMode.CREATE)
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        found = await self._run("get", self._get_versioned, self._object_name(key))
+        return None if found is None else Versioned(*found)
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """``if_generation_match``: the generation read, or 0 for "must not exist"."""
+        generation = 0 if version is None else int(version)
+        name = self._object_name(key)
+        return await self._run("put", self._put_if_generation, name, data, generation)
 
     async def delete(self, key: str) -> bool:
         return await self._run("delete", self._delete, self._object_name(key))

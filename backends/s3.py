@@ -52,6 +52,7 @@ from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
 from objcache.backends._opts import MiB, opt_bool, opt_float, opt_int, opt_str
+from objcache.backends._records import Versioned
 from objcache.backends._s3_direct import DirectS3, Reroute, Route
 from objcache.backends._s3_errors import (
     classify,
@@ -249,12 +250,18 @@ class S3Backend(Backend):
     # --- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
+        found = await self._read(key, versioned=False)
+        return None if found is None else found.data
+
+    async def _read(self, key: str, *, versioned: bool) -> Versioned | None:
+        """The object, with its ETag as version when ``versioned`` (else version "")."""
         name = self._object_name(key)
         client = await self._client()
+        headers: dict[str, str] | None = {} if versioned else None
         try:
-            data = await self._direct(client, "GET", name, "GetObject")
+            data = await self._direct(client, "GET", name, "GetObject", response_headers=headers)
             if data is not None:
-                return data
+                return Versioned(data, headers["etag"] if headers is not None else "")
             response = await client.boto.get_object(Bucket=self.bucket, Key=name)
             body = response["Body"]
             try:
@@ -263,7 +270,7 @@ class S3Backend(Backend):
             except BaseException:
                 body.close()  # drop the half-read connection instead of pooling it
                 raise
-            return payload
+            return Versioned(payload, response["ETag"] if versioned else "")
         except bce.ClientError as exc:
             if is_not_found(exc):
                 return None
@@ -350,6 +357,31 @@ class S3Backend(Backend):
                 )
         except Exception as exc:
             if mode is PutMode.CREATE and is_precondition_failure(exc):
+                return False
+            raise await self._fail(client.boto, exc, "put") from exc
+        return True
+
+    # --- records (backends/_records.py): If-Match on the ETag, If-None-Match: * ---------
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        return await self._read(key, versioned=True)
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """One conditional PutObject (records are small: never multipart)."""
+        name = self._object_name(key)
+        client = await self._client()
+        crc = await crc32_checksum(data)
+        condition = {"If-None-Match": "*"} if version is None else {"If-Match": version}
+        try:
+            headers = {"x-amz-checksum-crc32": crc, **condition}
+            sent = await self._direct(client, "PUT", name, "PutObject", body=data, extra=headers)
+            if sent is None:
+                extra = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+                await client.boto.put_object(
+                    Bucket=self.bucket, Key=name, Body=data, ChecksumCRC32=crc, **extra
+                )
+        except Exception as exc:
+            if is_precondition_failure(exc) or (version is not None and is_not_found(exc)):
                 return False
             raise await self._fail(client.boto, exc, "put") from exc
         return True

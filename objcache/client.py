@@ -26,6 +26,8 @@ from objcache.config import Config, user_cache_dir
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
+from objcache.nodelease import NodeLeases
+from objcache.records import Change
 from objcache.registry import create_backend
 from objcache.tier import Tier
 from objcache.tiered import Candidate, TieredCache
@@ -58,6 +60,10 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         Tier.from_backend(create_backend(spec), read_only=config.read_only, **common)
         for spec in config.effective_tiers()
     ]
+    leases = None
+    if config.node_single_flight:
+        hold_s = max((t.policy.timeout_s for t in remotes), default=0.0) + _CALL_MARGIN_S
+        leases = NodeLeases(str(config.local_dir), hold_s=hold_s)
     return TieredCache(
         local,
         remotes,
@@ -67,6 +73,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         read_only=config.read_only,
         env_fields=fields,
         write_to=config.write_to,
+        leases=leases,
     )
 
 
@@ -106,6 +113,14 @@ class Client:
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        """A record's value (nearest remote tier first; see TieredCache.get_record)."""
+        return self._run(lambda: self.cache.get_record(kind, key), None)
+
+    def update_record(self, kind: str, key: str, change: Change) -> None:
+        """Read-modify-write of a record: local now, remote tiers in the background."""
+        self._run(lambda: self.cache.update_record(kind, key, change), None)
 
     def get_candidates(self, kind: str, key: str) -> list[Candidate]:
         """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""

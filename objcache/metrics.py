@@ -66,6 +66,10 @@ class TierStats:
     get_latency: Histogram = field(default_factory=Histogram)
     put_latency: Histogram = field(default_factory=Histogram)
     breaker_opened: int = 0
+    #: Record updates by outcome (stored, unchanged, dropped) or failure reason.
+    records: Counter[str] = field(default_factory=Counter)
+    #: Conditional writes that lost to another writer and were applied again.
+    record_conflicts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,8 @@ class TierStats:
             "get_latency": self.get_latency.as_dict(),
             "put_latency": self.put_latency.as_dict(),
             "breaker_opened": self.breaker_opened,
+            "records": dict(self.records),
+            "record_conflicts": self.record_conflicts,
         }
 
 
@@ -96,6 +102,12 @@ class CacheStats:
     write_behind_dropped_bytes: int = 0
     write_behind_coalesced: int = 0
     single_flight_shared: int = 0
+    #: Cross-process single-flight: claims by outcome (held, landed, missed, busy,
+    #: unleased) and leases taken over from a dead or overdue holder (took_over).
+    node_leases: Counter[str] = field(default_factory=Counter)
+    #: Stored records that could not be read (corrupt, unsigned, foreign): replaced by the
+    #: next write, counted by kind.
+    records_unreadable: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +120,8 @@ class CacheStats:
             "write_behind_dropped_bytes": self.write_behind_dropped_bytes,
             "write_behind_coalesced": self.write_behind_coalesced,
             "single_flight_shared": self.single_flight_shared,
+            "node_leases": dict(self.node_leases),
+            "records_unreadable": dict(self.records_unreadable),
         }
 
 

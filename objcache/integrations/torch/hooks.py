@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import candidates, serde, writethrough
+from objcache.integrations.torch import candidates, pgo_join, serde, writethrough
 
 log = logging.getLogger("objcache.torch")
 
@@ -149,7 +149,10 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 return super()._get(key, sample)
             counters[f"gets:{kind}"] += 1
             try:
-                payload = _client().get(kind, self._get_key(key))
+                if kind in pgo_join.RECORD_KINDS:
+                    payload = _client().get_record(kind, self._get_key(key))
+                else:
+                    payload = _client().get(kind, self._get_key(key))
                 if payload is None:
                     return None
                 value, raw = serde.unpack(kind, payload)
@@ -168,7 +171,10 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
             try:
                 client = _client()
                 payload = serde.pack(kind, value)
-                if kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
+                if kind in pgo_join.RECORD_KINDS:
+                    # a join with every other writer's profile, never last-writer-wins
+                    client.update_record(kind, self._get_key(key), pgo_join.change_for(payload))
+                elif kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
                     client.put_candidate(kind, self._get_key(key), payload)
                 else:
                     client.put(kind, self._get_key(key), payload)
