@@ -275,7 +275,7 @@ def main() -> int:
     table = render(scenarios, runs, opts.model, command.strip(), opts.section)
     write_section(opts.out, table, opts.section)
     print(table)
-    print(f"wrote the warm_start section of {opts.out}; command: {command.strip()}")
+    print(f"wrote the {opts.section} section of {opts.out}; command: {command.strip()}")
     return 0
 
 
