@@ -384,9 +384,7 @@ class S3Backend(Backend):
             await asyncio.wait({abort}, timeout=ABORT_WAIT_S)
             if mode is PutMode.CREATE and is_precondition_failure(exc):
                 return False
-            if isinstance(exc, Exception):
-                raise await self._fail(client, exc, "put") from exc
-            raise
+            raise await self._fail(client, exc, "put") from exc
         return True
 
     async def _upload_parts(

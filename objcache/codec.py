@@ -1,4 +1,4 @@
-"""The entry format every tier stores (DESIGN section 3).
+"""The entry format every tier stores (docs/architecture.md, "Entry format").
 
 ::
 

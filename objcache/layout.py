@@ -1,4 +1,4 @@
-"""Where an entry lives inside a store: ``v1/<env>/<kind>/<shard>/<key>`` (DESIGN section 4).
+"""Where an entry lives inside a store: ``v1/<env>/<kind>/<shard>/<key>``.
 
 The store's own prefix (the path of its URL) is prepended by the backend. ``<shard>`` is two
 hex chars of a hash of the key, spreading load over S3 partitions; user keys are

@@ -1,4 +1,4 @@
-"""Counters that explain every hit and miss, per tier (DESIGN section 6: loud failures).
+"""Counters that explain every hit and miss, per tier: no failure passes silently.
 
 A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
 ``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the

@@ -1,4 +1,4 @@
-"""TieredCache: the read and write paths (DESIGN section 2), top to bottom.
+"""TieredCache: the read and write paths (docs/architecture.md, "Read path" and "Write path").
 
 Read:  local tier -> (miss) every readable remote tier concurrently -> first valid hit in
        priority order -> write through to local -> back-fill faster remote tiers.

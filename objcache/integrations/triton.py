@@ -1,4 +1,4 @@
-"""Triton's kernel cache through objcache (issue 7, items 1 and 2).
+"""Triton's kernel cache through objcache (user guide: docs/triton.md).
 
 Triton (3.x) lets a remote store stand behind its on-disk kernel cache::
 
