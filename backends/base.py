@@ -14,9 +14,8 @@ its own prefix (the path of its URL).
 from __future__ import annotations
 
 import abc
-import asyncio
 import enum
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -99,12 +98,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def get(self, key: str) -> bytes | None:
         """The object's bytes, or None if absent."""
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        """The present objects among ``keys``. Backends with a batch call override this."""
-        keys = list(keys)
-        values = await asyncio.gather(*(self.get(k) for k in keys))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     @abc.abstractmethod
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
