@@ -17,7 +17,7 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 from objcache.errors import InvalidKey
 
@@ -120,3 +120,21 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+
+@runtime_checkable
+class LocalStore(Protocol):
+    """What the local tier offers beyond :class:`Backend` (``disk://`` does).
+
+    :class:`~objcache.tiered.TieredCache` uses these when its local tier's backend has them;
+    with any other backend the local tier is an ordinary one (no fast path, no quarantine).
+    """
+
+    def read_sync(self, key: str) -> bytes | None:
+        """Blocking read in the caller's thread: the sync client's local-hit fast path."""
+
+    def note_hit(self, key: str, size: int) -> None:
+        """Account a :meth:`read_sync` hit; called on the event loop thread."""
+
+    async def quarantine(self, key: str) -> bool:
+        """Move a refused entry aside so it is no longer served; whether one was moved."""

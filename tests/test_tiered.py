@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
-from objcache.backends.base import PutMode
+from objcache.backends._fs import QUARANTINE_DIR
+from objcache.backends.base import LocalStore, PutMode
+from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
+from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
@@ -238,3 +242,28 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
     await regional.put("probe", b"x")
     assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]
+
+
+async def test_disk_local_tier_serves_the_fast_path_and_quarantines(tmp_path: Path) -> None:
+    """The local tier's extras (``LocalStore``) are used when its backend has them."""
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M"))
+    assert isinstance(disk, LocalStore)
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    await cache.put("fx-graph", "good", b"payload")
+    hit = cache.read_local_sync("fx-graph", "good")
+    assert hit is not None and hit[0] == b"payload"
+    bad = NS.object_key("fx-graph", "bad")
+    await disk.put(bad, b"not an entry")
+    assert cache.read_local_sync("fx-graph", "bad") is None
+    assert await cache.get("fx-graph", "bad") is None
+    assert await disk.exists(bad) is False
+    assert len(list((tmp_path / QUARANTINE_DIR).iterdir())) == 1
+    await cache.close(5)
+
+
+def test_a_plain_local_tier_has_no_fast_path() -> None:
+    cache, local = make()
+    assert not isinstance(local.backend, LocalStore)
+    seed(local, "k", b"v")
+    assert cache.read_local_sync("fx-graph", "k") is None
