@@ -84,8 +84,6 @@ class Backend(abc.ABC):
 
     #: URL schemes this backend serves.
     schemes: ClassVar[tuple[str, ...]] = ()
-    #: True for stores whose latency is a network round trip (everything but local disk).
-    remote: ClassVar[bool] = True
 
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec

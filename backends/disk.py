@@ -118,7 +118,6 @@ class DiskBackend(FsBackend):
     """Machine-local store with LRU eviction and quarantine."""
 
     schemes: ClassVar[tuple[str, ...]] = ("disk",)
-    remote: ClassVar[bool] = False
     fsync_default: ClassVar[bool] = False
     touch_on_read: ClassVar[bool] = True
     #: Eviction stops below this fraction of ``max_bytes``.

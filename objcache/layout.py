@@ -15,20 +15,6 @@ from urllib.parse import quote, unquote
 LAYOUT_VERSION = "v1"
 ENV_FILE = "ENV.json"
 
-#: Kinds objcache stores. Third-party callers may use others made of [a-z0-9-].
-KINDS = (
-    "fx-graph",
-    "aot-autograd",
-    "autotune",
-    "bundled-autotune",
-    "pgo",
-    "kernel",
-    "mega",
-    "manifest",
-    "triton",
-    "blob",
-)
-
 _SAFE = "-_.:=+@~"
 #: Ends the folder segment holding a key's guarded candidates. ``encode_key`` always
 #: percent-encodes "!", so ``<encoded key>!`` can never be a single-value key segment.

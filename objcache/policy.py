@@ -35,10 +35,6 @@ class RetryPolicy:
     backoff_max_s: float = 1.0
 
 
-class BreakerOpen(Exception):
-    """The tier is being skipped."""
-
-
 class CircuitBreaker:
     """Consecutive-failure breaker with a half-open probe. Event-loop-thread only."""
 

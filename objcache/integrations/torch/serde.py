@@ -29,8 +29,6 @@ from typing import Any
 
 #: Kinds whose torch value is ``{"data": base64(pickle), ...}``.
 PICKLE_KINDS = frozenset({"fx-graph", "aot-autograd", "pgo"})
-#: Kinds whose torch value is a plain JSON document.
-JSON_KINDS = frozenset({"autotune", "bundled-autotune"})
 #: Envelope fields each pickle kind carries besides ``data``.
 _ENVELOPE_EXTRA: dict[str, tuple[str, ...]] = {
     "fx-graph": ("time_taken_ms",),
