@@ -11,7 +11,15 @@ the zero-code path (``objcache-autoload.pth``) costs nothing measurable at start
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING, Any
+
+# In a checkout the backends' source lives in the top-level backends/ folder as the
+# ``objcache`` portion ``backends/objcache/backends/`` (docs/architecture.md, "Package
+# layout"); installed wheels carry it in objcache/backends/ and this finds nothing.
+_BACKENDS_ROOT = _os.path.join(_os.path.dirname(_os.path.dirname(__file__)), "backends", "objcache")
+if _os.path.isdir(_os.path.join(_BACKENDS_ROOT, "backends")):
+    __path__.append(_BACKENDS_ROOT)
 
 if TYPE_CHECKING:
     from objcache.config import Config
