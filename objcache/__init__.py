@@ -22,6 +22,7 @@ if _os.path.isdir(_os.path.join(_BACKENDS_ROOT, "backends")):
     __path__.append(_BACKENDS_ROOT)
 
 if TYPE_CHECKING:
+    from objcache.client import Client
     from objcache.config import Config
     from objcache.errors import ConfigError, ObjcacheError
 
@@ -55,8 +56,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def get_client(config: Config | None = None) -> Any:
-    """The process-wide synchronous client (see :mod:`objcache.client`)."""
+def get_client(config: Config | None = None) -> Client:
+    """The process-wide synchronous client (see :mod:`objcache.client`).
+
+    The one accessor the integrations use: it imports the client (asyncio and the rest of
+    the core) only on first call, so importing an integration stays cheap.
+    """
     from objcache.client import get_client as _get_client
 
     return _get_client(config)
