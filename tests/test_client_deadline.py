@@ -15,16 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from objcache.client import Client
+from objcache.client import Client, build_cache, sync_deadline_s
 from objcache.config import Config
 from tests.support.proxy import FaultProxy
 from tests.support.servers import RedisServer
 
 MakeProxy = Callable[[str, int], FaultProxy]
 
-pytestmark = pytest.mark.servers
+
+def test_the_sync_deadline_is_the_longest_tier_deadline_plus_a_margin(tmp_path: Path) -> None:
+    config = Config(
+        tiers=f"file://{tmp_path}/near?timeout_ms=500,file://{tmp_path}/far?timeout_ms=10000",
+        local_dir=tmp_path,
+        prefetch=False,
+        timeout_ms=300,
+    )
+    cache = build_cache(config, env_fields={"torch": "t"})
+    assert sync_deadline_s(cache) == 10.0 + 1.0
 
 
+@pytest.mark.servers
 def test_far_tier_gets_its_own_deadline(
     redis_server: RedisServer, fault_proxy: MakeProxy, tmp_path: Path
 ) -> None:

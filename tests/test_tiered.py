@@ -5,14 +5,19 @@ backends are covered by the contract suite."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
+from objcache.metrics import FailureLog
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
@@ -267,3 +272,16 @@ def test_a_plain_local_tier_has_no_fast_path() -> None:
     assert not isinstance(local.backend, LocalStore)
     seed(local, "k", b"v")
     assert cache.read_local_sync("fx-graph", "k") is None
+
+
+def test_an_integration_failure_is_counted_every_time_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counters: Counter[str] = Counter()
+    failed = FailureLog(logging.getLogger("objcache.test"), "test", counters, "errors:", "%s: %r")
+    with caplog.at_level(logging.DEBUG, logger="objcache.test"):
+        for _ in range(3):
+            failed("store", RuntimeError("boom"))
+    assert counters == Counter({"errors:store": 3})
+    levels = [r.levelno for r in caplog.records if r.name == "objcache.test"]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
