@@ -27,7 +27,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check objcache backends tests bench
 	$(BIN)/ruff format --check objcache backends tests bench
-	$(BIN)/mypy --strict objcache tests/support
+	$(BIN)/mypy --strict objcache backends/objcache/backends tests/support
 
 test: venv system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider

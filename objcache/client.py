@@ -35,8 +35,17 @@ from objcache.tiered import Candidate, TieredCache
 log = logging.getLogger("objcache")
 T = TypeVar("T")
 
-#: Added to the per-tier deadline for the whole sync call (local I/O, decoding).
+#: Added to the longest tier deadline for the whole sync call (local I/O, decoding).
 _CALL_MARGIN_S = 1.0
+
+
+def sync_deadline_s(cache: TieredCache) -> float:
+    """How long a synchronous call may wait: the longest tier deadline plus a margin.
+
+    Remote tiers are asked concurrently, so the slowest one allowed bounds a lookup; a far
+    tier's own ``?timeout_ms=`` above ``OBJCACHE_TIMEOUT_MS`` is honoured, not cut short.
+    """
+    return max((t.policy.timeout_s for t in cache.tiers), default=0.0) + _CALL_MARGIN_S
 
 
 def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> TieredCache:
@@ -84,7 +93,7 @@ class Client:
         self.config = config
         self.bridge = bridge or Bridge()
         self.cache = build_cache(config)
-        self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S
+        self.call_timeout_s = sync_deadline_s(self.cache)
         self.timeouts = 0
         self._closed = False
         self.job = config.job or default_job_name()

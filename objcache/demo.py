@@ -132,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # compile + step alike with and without objcache (not who paid for the imports).
     import importlib
 
-    from objcache.integrations.torch.autoload import WATCHED
+    from objcache.integrations.torch.watched import WATCHED
 
     for name in WATCHED:
         importlib.import_module(name)

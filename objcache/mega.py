@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import objcache
 from objcache.errors import ObjcacheError
 
 MAGIC = b"OCMB"
@@ -183,12 +184,6 @@ def _take(view: memoryview, pos: int, n: int, digest: str, what: str) -> bytes:
 # --- storage helpers -------------------------------------------------------------------------
 
 
-def _client() -> Any:
-    from objcache.client import get_client
-
-    return get_client()
-
-
 def _call(client: Any, factory: Any, timeout: float | None = None) -> Any:
     t = client.config.flush_timeout_s if timeout is None else timeout
     return client.bridge.call(factory, t + 5)
@@ -306,7 +301,7 @@ def save(name: str) -> str:
     collected = collect(name)
     bundle = collected.bundle
     payload = bundle.to_bytes()
-    client = _client()
+    client = objcache.get_client()
     okey = client.cache.namespace.object_key(KIND, bundle.name)
     pointer = json.dumps(
         {
@@ -344,7 +339,7 @@ def fetch(name: str) -> Bundle:
     from objcache.fingerprint import differences, fingerprint
 
     name = _check_name(name)
-    client = _client()
+    client = objcache.get_client()
     payload = client.get(KIND, name)
     mine = dict(fingerprint())
     if payload is None:
@@ -377,7 +372,7 @@ def fetch(name: str) -> Bundle:
 def load(name: str) -> str:
     """Load bundle ``name`` into torch's local caches and objcache's local tier."""
     bundle = fetch(name)
-    client = _client()
+    client = objcache.get_client()
     populated = 0
     if bundle.torch_bytes:
         from torch.compiler._cache import CacheArtifactManager
@@ -420,7 +415,7 @@ class BundleInfo:
 
 def list_infos() -> list[BundleInfo]:
     """Bundles of this environment on every tier (largest entry per name)."""
-    client = _client()
+    client = objcache.get_client()
     cache = client.cache
     prefix = cache.namespace.kind_prefix(KIND)
 

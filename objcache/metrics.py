@@ -1,4 +1,4 @@
-"""Counters that explain every hit and miss, per tier (DESIGN section 6: loud failures).
+"""Counters that explain every hit and miss, per tier: no failure passes silently.
 
 A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
 ``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the
@@ -131,6 +131,18 @@ class LogOnce:
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
 
+    def failure(
+        self, logger: logging.Logger, scope: str, what: str, message: str, *args: object
+    ) -> None:
+        """``message % args`` at WARNING the first time ``what`` fails in ``scope`` (say
+        ``"torch"``), later failures at DEBUG with their traceback: a hook that fails on
+        every call must not flood the log of the job it serves."""
+        if (scope, what) in self._seen:
+            logger.debug(message, *args, exc_info=True)
+            return
+        self._seen.add((scope, what))
+        logger.warning(message, *args)
+
     def warn(self, tier: str, reason: str, message: str) -> None:
         if (tier, reason) in self._seen:
             log.debug("%s", message)
@@ -140,3 +152,20 @@ class LogOnce:
 
 
 log_once = LogOnce()
+
+
+@dataclass(frozen=True)
+class FailureLog:
+    """Failures of one part of an integration: each is counted under ``prefix + what`` in
+    ``counters`` and logged through :data:`log_once` (``message`` gets ``what`` and the
+    exception). Integrations never raise into their host; this is how they stay loud."""
+
+    logger: logging.Logger
+    scope: str
+    counters: Counter[str]
+    prefix: str
+    message: str
+
+    def __call__(self, what: str, exc: BaseException) -> None:
+        self.counters[self.prefix + what] += 1
+        log_once.failure(self.logger, self.scope, what, self.message, what, exc)

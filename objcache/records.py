@@ -32,6 +32,18 @@ class Outcome(str, enum.Enum):
     DROPPED = "dropped"
 
 
+async def _attempt(store: RecordBackend, key: str, change: Change) -> Outcome | None:
+    """One read, change and conditional write: the outcome, or None on a conflict."""
+    current = await store.get_versioned(key)
+    new = change(None if current is None else current.data)
+    if new is None or (current is not None and new == current.data):
+        return Outcome.UNCHANGED
+    version = None if current is None else current.version
+    if await store.put_if_version(key, new, version):
+        return Outcome.STORED
+    return None
+
+
 async def read_modify_write(
     store: RecordBackend, key: str, change: Change, *, timeout_s: float
 ) -> tuple[Outcome, int]:
@@ -48,16 +60,11 @@ async def read_modify_write(
         if remaining <= 0:
             return Outcome.DROPPED, conflicts
         try:
-            async with asyncio.timeout(remaining):
-                current = await store.get_versioned(key)
-                new = change(None if current is None else current.data)
-                if new is None or (current is not None and new == current.data):
-                    return Outcome.UNCHANGED, conflicts
-                version = None if current is None else current.version
-                if await store.put_if_version(key, new, version):
-                    return Outcome.STORED, conflicts
-        except TimeoutError:
+            outcome = await asyncio.wait_for(_attempt(store, key, change), remaining)
+        except (asyncio.TimeoutError, TimeoutError):
             return Outcome.DROPPED, conflicts
+        if outcome is not None:
+            return outcome, conflicts
         conflicts += 1
         pause = random.uniform(0, CONFLICT_BACKOFF_S * 2 ** min(conflicts, 6))
         await asyncio.sleep(min(pause, max(0.0, end - loop.time())))

@@ -1,4 +1,4 @@
-"""TieredCache: the read and write paths (DESIGN section 2), top to bottom.
+"""TieredCache: the read and write paths (docs/architecture.md, "Read path" and "Write path").
 
 Read:  local tier -> (miss) every readable remote tier concurrently -> first valid hit in
        priority order -> write through to local -> back-fill faster remote tiers.
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from objcache.backends.base import PutMode
+from objcache.backends.base import LocalStore, PutMode
 from objcache.codec import Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace
@@ -80,6 +80,10 @@ class TieredCache:
         leases: NodeLeases | None = None,
     ) -> None:
         self.local = local
+        #: The local tier's extras (fast path, LRU accounting, quarantine), when it has them.
+        self._local_store: LocalStore | None = (
+            local.backend if local and isinstance(local.backend, LocalStore) else None
+        )
         self.remotes = list(remotes)
         self.codec = codec
         self.namespace = namespace
@@ -140,12 +144,12 @@ class TieredCache:
         counts, quarantines and asks the remote tiers. Counters are not touched here: the
         caller posts :meth:`note_local_hit` to the loop thread.
         """
-        read = getattr(self.local.backend, "read_sync", None) if self.local else None
-        if read is None:
+        store = self._local_store
+        if store is None:
             return None
         okey = self.namespace.object_key(kind, key)
         try:
-            entry = read(okey)
+            entry = store.read_sync(okey)
             if entry is None:
                 return None
             return self.codec.decode(entry), okey, len(entry)
@@ -162,9 +166,8 @@ class TieredCache:
         self.local.stats.bytes_read += size
         self.local.stats.get_latency.observe(ms)
         self.recorded.add(okey)
-        note = getattr(self.local.backend, "note_hit", None)
-        if note is not None:
-            note(okey, size)
+        if self._local_store is not None:
+            self._local_store.note_hit(okey, size)
 
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
@@ -297,10 +300,8 @@ class TieredCache:
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
-            if tier is self.local:
-                quarantine = getattr(tier.backend, "quarantine", None)
-                if quarantine is not None:
-                    await quarantine(okey)
+            if tier is self.local and self._local_store is not None:
+                await self._local_store.quarantine(okey)
             return None
 
     async def _read_local(self, okey: str) -> bytes | None:

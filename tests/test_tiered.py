@@ -5,14 +5,19 @@ backends are covered by the contract suite."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from objcache.backends._fs import QUARANTINE_DIR
-from objcache.backends.base import PutMode
+from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
+from objcache.metrics import FailureLog
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
@@ -302,3 +307,41 @@ def test_tier_options_override_the_global_policy() -> None:
     )
     assert (plain.policy.timeout_s, plain.policy.retries) == (3.0, 2)
     assert plain.flags == TierFlags() and plain.readable and plain.writable
+
+
+async def test_disk_local_tier_serves_the_fast_path_and_quarantines(tmp_path: Path) -> None:
+    """The local tier's extras (``LocalStore``) are used when its backend has them."""
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M"))
+    assert isinstance(disk, LocalStore)
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    await cache.put("fx-graph", "good", b"payload")
+    hit = cache.read_local_sync("fx-graph", "good")
+    assert hit is not None and hit[0] == b"payload"
+    bad = NS.object_key("fx-graph", "bad")
+    await disk.put(bad, b"not an entry")
+    assert cache.read_local_sync("fx-graph", "bad") is None
+    assert await cache.get("fx-graph", "bad") is None
+    assert await disk.exists(bad) is False
+    assert len(list((tmp_path / QUARANTINE_DIR).iterdir())) == 1
+    await cache.close(5)
+
+
+def test_a_plain_local_tier_has_no_fast_path() -> None:
+    cache, local = make()
+    assert not isinstance(local.backend, LocalStore)
+    seed(local, "k", b"v")
+    assert cache.read_local_sync("fx-graph", "k") is None
+
+
+def test_an_integration_failure_is_counted_every_time_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counters: Counter[str] = Counter()
+    failed = FailureLog(logging.getLogger("objcache.test"), "test", counters, "errors:", "%s: %r")
+    with caplog.at_level(logging.DEBUG, logger="objcache.test"):
+        for _ in range(3):
+            failed("store", RuntimeError("boom"))
+    assert counters == Counter({"errors:store": 3})
+    levels = [r.levelno for r in caplog.records if r.name == "objcache.test"]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]

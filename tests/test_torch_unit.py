@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -285,12 +285,13 @@ def test_autotune_hit_lands_in_the_local_autotune_cache(
 
 
 def test_hooks_never_raise_into_torch(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import objcache
     from objcache.integrations.torch import hooks
 
     def broken() -> Any:
         raise RuntimeError("client exploded")
 
-    monkeypatch.setattr(hooks, "_client", broken)
+    monkeypatch.setattr(objcache, "get_client", broken)
     cache = _cache("RemoteAOTAutogradCache", "autograd-experimental")
     cache.put("k", {"data": base64.b64encode(pickle.dumps(1)).decode(), "time_taken_ms": 1})
     assert cache.get("k") is None
@@ -532,9 +533,39 @@ def test_autoload_gate() -> None:
     assert autoload.enabled({"OBJCACHE_TIERS": "file:///x"})
     assert autoload.enabled({"OBJCACHE_ENABLE": "1"})
     assert not autoload.enabled({"OBJCACHE_ENABLE": "0", "OBJCACHE_TIERS": "file:///x"})
-    from objcache.integrations.torch import hooks
 
-    assert set(autoload.WATCHED) == set(hooks.PARTS)
+
+def test_every_watched_module_has_a_part_that_applies_it() -> None:
+    from objcache.integrations.torch import hooks, watched
+
+    assert set(hooks.APPLY) == set(get_args(watched.Part))
+    assert set(watched.WATCHED.values()) == set(hooks.APPLY)
+
+
+def test_importing_the_torch_layer_has_no_side_effects_and_no_import_circle() -> None:
+    """Importing autoload activates nothing; hooks never imports autoload (uninstall
+    included). ``-S``: no site-packages, so no installed ``.pth`` runs first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_support.ROOT), OBJCACHE_ENABLE="1")
+    code = (
+        "import sys\n"
+        "from objcache.integrations.torch import hooks\n"
+        "hooks.uninstall()\n"
+        "assert 'objcache.integrations.torch.autoload' not in sys.modules\n"
+        "from objcache.integrations.torch import autoload\n"
+        "finders = lambda: [type(f).__name__ for f in sys.meta_path]\n"
+        "assert '_PostImportFinder' not in finders()\n"
+        "assert autoload.activate()\n"
+        "assert '_PostImportFinder' in finders()\n"
+        "hooks.uninstall()\n"
+        "assert '_PostImportFinder' not in finders()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"
 
 
 def _python(code: str, env: dict[str, str]) -> str:

@@ -465,18 +465,6 @@ class FsBackend(Backend):
         check_key(key)
         return await self._run(f"put {key}", self.store.write, key, data, mode)
 
-    def read_sync(self, key: str) -> bytes | None:
-        """Blocking read in the caller's thread: the local-hit fast path of the sync client
-        (no event-loop or worker-thread hop). Errors are raised as for :meth:`get`."""
-        check_key(key)
-        try:
-            return self.store.read(key)
-        except OSError as exc:
-            raise os_error(exc, self.name, f"get {key}") from exc
-
-    def note_hit(self, key: str, size: int) -> None:
-        """Called on the event loop after a :meth:`read_sync` hit (LRU bookkeeping)."""
-
     async def exists(self, key: str) -> bool:
         check_key(key)
         return await self._run(f"exists {key}", self.store.stat, key) is not None

@@ -31,7 +31,7 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 from urllib.parse import urlencode, urlsplit
@@ -58,8 +58,6 @@ from objcache.urls import TIER_OPTIONS
 OWN_OPTIONS = frozenset(
     {*TIER_OPTIONS, "ttl", "prefix", "connect_timeout", "socket_timeout", "max_connections"}
 )
-#: Keys per MGET in get_many (bounds the size of one reply).
-MGET_BATCH = 64
 #: put_if_version: KEYS[1] = name; ARGV = data, expected SHA-1 ("" = must be absent), TTL s.
 _COMPARE_AND_SET = """
 local current = redis.call('GET', KEYS[1])
@@ -223,24 +221,6 @@ class RedisBackend(Backend):
         except Exception as exc:
             raise self._error(exc, "get") from exc
         return value
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        names = [self._key(k) for k in keys]
-        if not keys:
-            return {}
-        pool = await self._pool()
-        found: dict[str, bytes] = {}
-        try:
-            for i in range(0, len(keys), MGET_BATCH):
-                async with pool.gate:
-                    values = await pool.redis.mget(names[i : i + MGET_BATCH])
-                for key, value in zip(keys[i : i + MGET_BATCH], values, strict=True):
-                    if value is not None:
-                        found[key] = cast(bytes, value)
-        except Exception as exc:
-            raise self._error(exc, "get_many") from exc
-        return found
 
     async def exists(self, key: str) -> bool:
         name = self._key(key)

@@ -21,6 +21,5 @@ class FileBackend(FsBackend):
     """Shared directory store."""
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
-    remote: ClassVar[bool] = True
     fsync_default: ClassVar[bool] = True
     touch_on_read: ClassVar[bool] = False

@@ -5,7 +5,7 @@ URL options (all optional)::
     region=us-east-1            endpoint_url=http://host:port    profile=ci
     addressing_style=path|virtual|auto
     connect_timeout=3  read_timeout=20           (seconds, per socket operation)
-    max_pool_connections=64   concurrency=32     (get_many fan-out)
+    max_pool_connections=64
     multipart_threshold=16777216  part_size=8388608  part_concurrency=8
     direct=1                    (0: send every request through botocore)
 
@@ -42,7 +42,7 @@ import builtins
 import contextlib
 import os
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -174,7 +174,6 @@ class S3Backend(Backend):
             max_pool_connections=opt_int(spec, "max_pool_connections", 64, minimum=1),
             direct=opt_bool(spec, "direct", True),
         )
-        self.concurrency = opt_int(spec, "concurrency", 32, minimum=1)
         self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
         self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
         self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
@@ -277,17 +276,6 @@ class S3Backend(Backend):
             raise await self._fail(client.boto, exc, "get") from exc
         except Exception as exc:
             raise await self._fail(client.boto, exc, "get") from exc
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(key: str) -> bytes | None:
-            async with gate:
-                return await self.get(key)
-
-        values = await asyncio.gather(*(one(k) for k in keys))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     async def exists(self, key: str) -> bool:
         name = self._object_name(key)
@@ -416,9 +404,7 @@ class S3Backend(Backend):
             await asyncio.wait({abort}, timeout=ABORT_WAIT_S)
             if mode is PutMode.CREATE and is_precondition_failure(exc):
                 return False
-            if isinstance(exc, Exception):
-                raise await self._fail(client, exc, "put") from exc
-            raise
+            raise await self._fail(client, exc, "put") from exc
         return True
 
     async def _upload_parts(

@@ -6,7 +6,6 @@ URL options (all optional)::
     connect_timeout=3  read_timeout=20   (seconds)
     resumable_threshold=8388608          (bytes; larger entries use a resumable upload)
     resumable_chunk=67108864             (bytes, a multiple of 256 KiB)
-    concurrency=32                       (get_many fan-out)
 
 google-cloud-storage is blocking. Its calls run in one bounded thread pool per process
 (:data:`MAX_THREADS` threads) on one ``storage.Client`` per process and configuration,
@@ -40,7 +39,7 @@ import asyncio
 import functools
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -160,11 +159,8 @@ class GCSBackend(Backend):
         self.resumable_chunk = opt_int(spec, "resumable_chunk", 64 * MiB, minimum=CHUNK_QUANTUM)
         if self.resumable_chunk % CHUNK_QUANTUM:
             raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
-        self.concurrency = opt_int(spec, "concurrency", MAX_THREADS, minimum=1)
         #: objects per listing page (GCS's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000
-        if self.concurrency > MAX_THREADS:
-            raise ConfigError(f"{spec.display}: concurrency must be <= {MAX_THREADS}")
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -316,18 +312,6 @@ class GCSBackend(Backend):
 
     async def get(self, key: str) -> bytes | None:
         return await self._run("get", self._get, self._object_name(key))
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        names = [self._object_name(k) for k in keys]
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(name: str) -> bytes | None:
-            async with gate:
-                return await self._run("get", self._get, name)
-
-        values = await asyncio.gather(*(one(n) for n in names))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     async def exists(self, key: str) -> bool:
         return await self._run("exists", self._exists, self._object_name(key))

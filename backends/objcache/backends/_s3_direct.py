@@ -44,7 +44,7 @@ from yarl import URL
 _PROBE_KEY = "objcache-route-probe"
 #: The payload hash of a request without a body.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-#: Bodies are not hashed for the signature; Content-MD5 guards them instead.
+#: Bodies are not hashed for the signature; the x-amz-checksum-crc32 header guards them.
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 #: Server answers that botocore may get past and this path cannot: redirects and region
 #: complaints (botocore follows them), and a refused signature (a server or proxy that
