@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import zstandard
 
 from objcache.errors import BadSignature, CorruptEntry, UnsignedEntry, UnsupportedVersion
+from objcache.keys import MIN_HMAC_KEY_BYTES, short_key_message
 
 MAGIC = b"OBJC"
 VERSION = 1
@@ -56,6 +57,10 @@ class Codec:
 
     level: int = 3
     signing_keys: Sequence[bytes] = ()
+
+    def __post_init__(self) -> None:
+        if any(len(k) < MIN_HMAC_KEY_BYTES for k in self.signing_keys):
+            raise ValueError(short_key_message("signing_keys"))
 
     @property
     def signs(self) -> bool:

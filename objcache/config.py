@@ -16,6 +16,7 @@ from typing import Any
 
 from objcache.backends.base import TierSpec
 from objcache.errors import ConfigError
+from objcache.keys import check_hmac_keys, parse_hmac_keys
 from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
@@ -80,14 +81,16 @@ class Config:
     )
     signing_keys: tuple[bytes, ...] = _opt(
         "OBJCACHE_SIGNING_KEY",
-        "HMAC key (comma-separated list for rotation: the first signs, all verify). When set, "
-        "unsigned or wrongly signed entries are refused before anything is unpickled.",
+        "HMAC key of at least 32 bytes (comma-separated list for rotation: the first signs, "
+        "all verify). When set, unsigned or wrongly signed entries are refused before anything "
+        "is unpickled. Set but empty (a secret that failed to mount) is an error.",
         default=(),
         repr=False,
     )
     signing_key_file: Path | None = _opt(
         "OBJCACHE_SIGNING_KEY_FILE",
-        "File holding signing keys, one per line (first signs). Preferred over the variable.",
+        "File holding signing keys, one per line (first signs). Preferred over the variable. "
+        "Set but empty, unreadable, or holding no key is an error.",
         default=None,
     )
     timeout_ms: int = _opt(
@@ -169,6 +172,7 @@ class Config:
             raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
+        check_hmac_keys(self.signing_keys, "OBJCACHE_SIGNING_KEY")
 
     # --- construction ------------------------------------------------------------------
 
@@ -205,7 +209,9 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
         if f.name == "tiers":
             return tuple(parse_tier_list(raw, var))
         if f.name == "signing_keys":
-            return tuple(k.strip().encode() for k in raw.split(",") if k.strip())
+            return parse_hmac_keys(raw, var)
+        if f.name == "signing_key_file" and not raw.strip():
+            raise ConfigError(f"{var} is set but empty")
         if kind == "bool":
             low = raw.strip().lower()
             if low not in _TRUE + _FALSE:
@@ -233,10 +239,9 @@ def _read_keys(path: Path) -> tuple[bytes, ...]:
         raise ConfigError(
             f"OBJCACHE_SIGNING_KEY_FILE: cannot read {path}: {exc.strerror}"
         ) from None
-    keys = tuple(line.strip().encode() for line in lines if line.strip())
-    if not keys:
+    if not any(line.strip() for line in lines):
         raise ConfigError(f"OBJCACHE_SIGNING_KEY_FILE: {path} holds no key")
-    return keys
+    return parse_hmac_keys("\n".join(lines), "OBJCACHE_SIGNING_KEY_FILE", sep="\n")
 
 
 def reference_markdown() -> str:

@@ -19,7 +19,9 @@ from objcache.errors import (
 )
 
 PLAIN = Codec()
-SIGNED = Codec(signing_keys=(b"k1-secret",))
+SIGNED = Codec(signing_keys=(b"k1-secret".ljust(32, b"."),))
+OLD = b"old".ljust(32, b".")
+NEW = b"new".ljust(32, b".")
 payloads = st.binary(max_size=4096) | st.text(max_size=3000).map(str.encode)
 
 
@@ -110,7 +112,7 @@ def test_signing_refuses_unsigned_and_foreign_keys() -> None:
     unsigned = PLAIN.encode(b"pickle")
     with pytest.raises(UnsignedEntry):
         SIGNED.decode(unsigned)
-    foreign = Codec(signing_keys=(b"attacker",)).encode(b"pickle")
+    foreign = Codec(signing_keys=(b"attacker".ljust(32, b"."),)).encode(b"pickle")
     with pytest.raises(BadSignature):
         SIGNED.decode(foreign)
     # A reader without a key still checks the digest of a signed entry.
@@ -118,9 +120,9 @@ def test_signing_refuses_unsigned_and_foreign_keys() -> None:
 
 
 def test_key_rotation_accepts_old_and_new_keys() -> None:
-    old_writer = Codec(signing_keys=(b"old",))
-    new_writer = Codec(signing_keys=(b"new",))
-    rotating_reader = Codec(signing_keys=(b"new", b"old"))
+    old_writer = Codec(signing_keys=(OLD,))
+    new_writer = Codec(signing_keys=(NEW,))
+    rotating_reader = Codec(signing_keys=(NEW, OLD))
     assert rotating_reader.decode(old_writer.encode(b"a")) == b"a"
     assert rotating_reader.decode(new_writer.encode(b"b")) == b"b"
     with pytest.raises(BadSignature):

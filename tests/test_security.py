@@ -347,7 +347,7 @@ def test_oversized_keys_are_misses_that_do_not_take_the_tier_down(tmp_path: Path
 REDIS_PASSWORD = "redisPW-planted-7f3a9c"
 AWS_KEY_ID = "AKIAPLANTEDSECRET1234"
 AWS_SECRET = "awsSecret/planted+9c2e7d1b4a"
-SIGNING_SECRET = "signingKey-planted-51d0e8"
+SIGNING_SECRET = "signingKey-planted-51d0e8-0123456789abcdef"
 SECRETS = (REDIS_PASSWORD, AWS_KEY_ID, AWS_SECRET, SIGNING_SECRET)
 
 

@@ -130,7 +130,7 @@ async def test_signed_cache_refuses_unsigned_entries() -> None:
     remote = tier("mem://r")
     seed(remote, "k", b"unsigned pickle")
     local = tier("mem://local")
-    cache = TieredCache(local, [remote], Codec(signing_keys=(b"key",)), NS)
+    cache = TieredCache(local, [remote], Codec(signing_keys=(b"key".ljust(32, b"."),)), NS)
     assert await cache.get("fx-graph", "k") is None
     assert remote.stats.misses["unsigned"] == 1
     assert mem(local).calls["put"] == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from objcache.codec import Codec
 
-ATTACKER_KEY = b"attacker-key-not-the-victims"
+ATTACKER_KEY = b"attacker-key-not-the-victims-0123456789"
 
 
 class _Payload:

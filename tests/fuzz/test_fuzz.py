@@ -17,7 +17,7 @@ from objcache.errors import ConfigError, EntryError
 from objcache.manifest import Manifest, ManifestError
 from objcache.urls import BUILTIN_SCHEMES, parse_tier_list, parse_tier_url
 
-CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key",)))
+CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key".ljust(32, b"."),)))
 
 # Mostly-valid entries with random damage reach deeper than random bytes alone.
 damaged_entries = st.tuples(
