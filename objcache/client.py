@@ -67,6 +67,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         read_only=config.read_only,
         env_fields=fields,
         write_to=config.write_to,
+        caps=config.max_entry_bytes,
     )
 
 

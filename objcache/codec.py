@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 import zstandard
 
-from objcache.errors import BadSignature, CorruptEntry, UnsignedEntry, UnsupportedVersion
+from objcache.errors import (
+    BadSignature,
+    CorruptEntry,
+    OversizedEntry,
+    UnsignedEntry,
+    UnsupportedVersion,
+)
 from objcache.keys import MIN_HMAC_KEY_BYTES, short_key_message
 
 MAGIC = b"OBJC"
@@ -85,9 +91,12 @@ class Codec:
         are): raises the :class:`~objcache.errors.EntryError` that :meth:`decode` would."""
         self._check(memoryview(entry))
 
-    def decode(self, entry: bytes | memoryview) -> bytes:
-        """The original payload, or a typed :class:`~objcache.errors.EntryError`."""
-        codec, length, stored = self._check(memoryview(entry))
+    def decode(self, entry: bytes | memoryview, max_payload: int = MAX_PAYLOAD) -> bytes:
+        """The original payload, or a typed :class:`~objcache.errors.EntryError`.
+
+        A payload longer than ``max_payload`` (its kind's cap, docs/security.md) is refused
+        before anything is decompressed."""
+        codec, length, stored = self._check(memoryview(entry), max_payload)
         if codec == CODEC_RAW:
             return bytes(stored)
         try:
@@ -98,7 +107,9 @@ class Codec:
             raise CorruptEntry("decompressed length mismatch")
         return out
 
-    def _check(self, view: memoryview) -> tuple[int, int, memoryview]:
+    def _check(
+        self, view: memoryview, max_payload: int = MAX_PAYLOAD
+    ) -> tuple[int, int, memoryview]:
         """Header, digest and signature checks: (codec, payload length, stored bytes)."""
         if len(view) < HEADER_SIZE:
             raise CorruptEntry(f"entry too short ({len(view)} bytes)")
@@ -111,6 +122,8 @@ class Codec:
             raise CorruptEntry("bad header fields")
         if length > MAX_PAYLOAD:
             raise CorruptEntry(f"declared length {length} exceeds the limit")
+        if length > max_payload:
+            raise OversizedEntry(f"payload of {length} bytes is over the {max_payload} cap")
         signed = bool(flags & FLAG_SIGNED)
         start = HEADER_SIZE + (MAC_SIZE if signed else 0)
         if len(view) < start:

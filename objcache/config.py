@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import TierSpec
+from objcache.caps import SizeCaps
 from objcache.errors import ConfigError
 from objcache.keys import check_hmac_keys, parse_hmac_keys
 from objcache.urls import parse_tier_list
@@ -93,6 +94,14 @@ class Config:
         "Set but empty, unreadable, or holding no key is an error.",
         default=None,
     )
+    max_entry_bytes: SizeCaps = _opt(
+        "OBJCACHE_MAX_ENTRY_BYTES",
+        "Largest entry accepted from a remote tier, per kind: `N[,kind=N...]` with k/m/g "
+        "suffixes (`512M,pgo=1M`). Checked before the body is read where the store tells the "
+        "size (file://, Redis) and, for the payload a zstd frame claims, before "
+        "decompression. An entry over its cap is a `too_large` miss.",
+        default=SizeCaps(),
+    )
     timeout_ms: int = _opt(
         "OBJCACHE_TIMEOUT_MS",
         "Deadline of one remote call, retries included. A tier that misses it is a miss.",
@@ -162,6 +171,9 @@ class Config:
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
+        if isinstance(self.max_entry_bytes, str):
+            caps = SizeCaps.parse(self.max_entry_bytes, "max_entry_bytes")
+            object.__setattr__(self, "max_entry_bytes", caps)
         for name in ("local_dir", "stats_file", "signing_key_file"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
@@ -210,6 +222,8 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
             return tuple(parse_tier_list(raw, var))
         if f.name == "signing_keys":
             return parse_hmac_keys(raw, var)
+        if f.name == "max_entry_bytes":
+            return SizeCaps.parse(raw, var)
         if f.name == "signing_key_file" and not raw.strip():
             raise ConfigError(f"{var} is set but empty")
         if kind == "bool":
@@ -256,6 +270,8 @@ def reference_markdown() -> str:
             default = "10 GiB"
         elif f.name == "write_behind_max_bytes":
             default = "256 MiB"
+        elif f.name == "max_entry_bytes":
+            default = "1 GiB; `manifest`, `pgo`: 64 MiB"
         default = default if default.startswith("`") or default == "unset" else f"`{default}`"
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {default} | {f.metadata['help']} |")
     head = (

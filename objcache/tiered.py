@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from objcache.backends.base import PutMode
-from objcache.codec import Codec
+from objcache.caps import SizeCaps
+from objcache.codec import MAX_PAYLOAD, Codec
 from objcache.errors import EntryError
-from objcache.layout import Namespace
+from objcache.layout import Namespace, parse_object_key
 from objcache.metrics import CacheStats, log_once
 from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
@@ -72,7 +73,10 @@ class TieredCache:
         env_fields: dict[str, str] | None = None,
         priority_grace_s: float = PRIORITY_GRACE_S,
         write_to: str = "all",
+        caps: SizeCaps | None = None,
     ) -> None:
+        #: Per-kind caps on what a remote tier may hand this machine (docs/security.md).
+        self.caps = caps or SizeCaps()
         self.local = local
         self.remotes = list(remotes)
         self.codec = codec
@@ -231,7 +235,7 @@ class TieredCache:
         return tiers[best], entry, payload, [tiers[i] for i in sorted(absent) if i < best]
 
     async def _get_verified(self, tier: Tier, okey: str) -> tuple[tuple[bytes, bytes] | None, str]:
-        entry, reason = await tier.get(okey)
+        entry, reason = await tier.get(okey, self.cap(okey))
         if entry is None:
             return None, reason
         payload = await self._verify(tier, okey, entry)
@@ -240,11 +244,17 @@ class TieredCache:
         tier.stats.hits += 1
         return (entry, payload), ""
 
+    def cap(self, okey: str) -> int:
+        """The size cap of the kind ``okey`` belongs to."""
+        parsed = parse_object_key(okey)
+        return self.caps.for_kind(parsed[1]) if parsed else self.caps.default
+
     async def _verify(self, tier: Tier, okey: str, entry: bytes) -> bytes | None:
+        cap = MAX_PAYLOAD if tier is self.local else self.cap(okey)
         try:
             if len(entry) >= OFFLOAD_BYTES:
-                return await asyncio.to_thread(self.codec.decode, entry)
-            return self.codec.decode(entry)
+                return await asyncio.to_thread(self.codec.decode, entry, cap)
+            return self.codec.decode(entry, cap)
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
@@ -306,7 +316,7 @@ class TieredCache:
         async def fetch(okey: str, i: int, mtime: float) -> Candidate | None:
             async with sem:
                 tier = tiers[i]
-                entry, _ = await tier.get(okey)
+                entry, _ = await tier.get(okey, 0 if tier is self.local else self.cap(okey))
                 if entry is None:
                     return None
                 payload = await self._verify(tier, okey, entry)

@@ -6,19 +6,30 @@ of verification.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
+from objcache import codec as codec_module
+from objcache.backends import _fs
+from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import ConfigError
+from objcache.registry import create_backend
+from objcache.urls import parse_tier_url
+from tests.faults.conftest import raw
+from tests.support.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_KEY = "k" * 32
+KIND = "fx-graph"
 
 
 # --- empty and short keys --------------------------------------------------------------
@@ -106,3 +117,108 @@ def test_torch_integration_stays_off_on_a_config_error(tmp_path: Path) -> None:
     notes = [line for line in proc.stderr.splitlines() if "OBJCACHE_SIGNING_KEY" in line]
     assert len(notes) == 1, proc.stderr[-2000:]
     assert "stay off" in notes[0]
+
+
+# --- size caps -------------------------------------------------------------------------
+
+
+def test_size_caps_parse_per_kind() -> None:
+    caps = Config.from_env({"OBJCACHE_MAX_ENTRY_BYTES": "8M,pgo=64k"}).max_entry_bytes
+    assert caps.for_kind("fx-graph") == 8 << 20 and caps.for_kind("pgo") == 64 << 10
+    assert Config().max_entry_bytes.for_kind("manifest") < Config().max_entry_bytes.for_kind(
+        "fx-graph"
+    )
+    with pytest.raises(ConfigError, match="OBJCACHE_MAX_ENTRY_BYTES"):
+        Config.from_env({"OBJCACHE_MAX_ENTRY_BYTES": "big"})
+
+
+def _capped_client(tmp_path: Path, tiers: str, cap: str) -> Client:
+    return Client(
+        Config.from_env(
+            {},
+            tiers=tiers,
+            local_dir=tmp_path / "local",
+            prefetch=False,
+            stats_file=tmp_path / "stats.json",
+            max_entry_bytes=cap,
+        )
+    )
+
+
+def _refusals(caplog: pytest.LogCaptureFixture, what: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if what in r.getMessage()]
+
+
+def test_oversized_file_object_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = _capped_client(tmp_path, f"file://{tmp_path}/store", "1M")
+    okey = client.cache.namespace.object_key(KIND, "big")
+    store = create_backend(parse_tier_url(f"file://{tmp_path}/store"))
+    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20))))
+    reads: list[int] = []
+    real = _fs._read_all
+    monkeypatch.setattr(_fs, "_read_all", lambda fd, n: reads.append(n) or real(fd, n))
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        assert [client.get(KIND, "big") for _ in range(2)] == [None, None]
+        assert reads == []
+        tiers = client.stats()["tiers"]
+        assert tiers[1]["misses"].get("too_large") == 2
+        assert len(_refusals(caplog, "too large")) == 1
+    finally:
+        close(client)
+        raw(store.close)
+
+
+def test_oversized_redis_value_is_never_transferred(
+    tmp_path: Path, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=cap-{uuid.uuid4().hex[:8]}/"
+    client = _capped_client(tmp_path, url, "1M")
+    okey = client.cache.namespace.object_key(KIND, "big")
+    store = create_backend(parse_tier_url(url))
+    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20))))
+    r = redis.Redis(port=redis_server.port)
+    before = r.info("stats")["total_net_output_bytes"]
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        assert client.get(KIND, "big") is None
+        sent = r.info("stats")["total_net_output_bytes"] - before
+        assert sent < (1 << 20) + 64 * 1024, sent
+        assert client.stats()["tiers"][1]["misses"].get("too_large") == 1
+        assert len(_refusals(caplog, "too large")) == 1
+    finally:
+        close(client)
+        raw(store.close)
+        r.close()
+
+
+def test_zstd_bomb_is_refused_before_decompression(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = _capped_client(tmp_path, f"file://{tmp_path}/store", "1M")
+    okey = client.cache.namespace.object_key(KIND, "bomb")
+    bomb = Codec().encode(b"\0" * (64 << 20))
+    assert len(bomb) < 64 << 10  # a few KB on the wire, 64 MiB once inflated
+    store = create_backend(parse_tier_url(f"file://{tmp_path}/store"))
+    raw(lambda: store.put(okey, bomb))
+    monkeypatch.setattr(codec_module, "_decompressor", _no_decompression)
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        assert client.get(KIND, "bomb") is None
+        assert client.stats()["tiers"][1]["misses"].get("too_large") == 1
+        assert len(_refusals(caplog, "refused entry")) == 1
+    finally:
+        close(client)
+        raw(store.close)
+
+
+def _no_decompression() -> None:
+    raise AssertionError("a bomb reached the zstd decoder")
+
+
+def close(*clients: Client) -> None:
+    for c in clients:
+        c.close()
+        c.bridge.stop()
