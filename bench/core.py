@@ -87,7 +87,7 @@ def _racer(root: str, keys: list[str], wid: int, out: mp.Queue) -> None:  # type
         won = lost = 0
         t0 = time.perf_counter()
         for k in keys:
-            data = codec.encode(f"writer {wid} ".encode() * (ENTRY // 10))
+            data = codec.encode(f"writer {wid} ".encode() * (ENTRY // 10), k)
             if await backend.put(k, data, PutMode.CREATE):
                 won += 1
             else:
@@ -115,7 +115,7 @@ def bench_create_race(n_keys: int, procs: int = 8) -> dict[str, float]:
         for k in keys:
             data = (Path(root) / k).read_bytes()
             try:
-                codec.decode(data)
+                codec.decode(data, k)
             except Exception:
                 torn += 1
         leftovers = [p for p in Path(root).rglob("*") if p.is_file() and p.name.startswith(".")]

@@ -105,7 +105,7 @@ async def fill_local(local_dir: Path, n: int, seed: int = 0) -> int:
 
     async def one(okey: str, size: int) -> None:
         nonlocal total
-        entry = codec.encode(payload(random.Random(okey), size))
+        entry = codec.encode(payload(random.Random(okey), size), okey)
         total += len(entry)
         async with limit:
             await backend.put(okey, entry, PutMode.OVERWRITE)

@@ -11,6 +11,7 @@ back-filled; a refused entry is a counted miss and, in the local tier, quarantin
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -137,7 +138,7 @@ class TieredCache:
             entry = read(okey)
             if entry is None:
                 return None
-            return self.codec.decode(entry), okey, len(entry)
+            return self.codec.decode(entry, okey, signature=False), okey, len(entry)
         except Exception:
             return None
 
@@ -250,11 +251,15 @@ class TieredCache:
         return self.caps.for_kind(parsed[1]) if parsed else self.caps.default
 
     async def _verify(self, tier: Tier, okey: str, entry: bytes) -> bytes | None:
-        cap = MAX_PAYLOAD if tier is self.local else self.cap(okey)
+        # Signatures are checked where an entry enters the machine (a remote tier); a local
+        # hit checks the digest and its binding to okey (docs/security.md).
+        local = tier is self.local
+        cap = MAX_PAYLOAD if local else self.cap(okey)
+        decode = functools.partial(self.codec.decode, signature=not local)
         try:
             if len(entry) >= OFFLOAD_BYTES:
-                return await asyncio.to_thread(self.codec.decode, entry, cap)
-            return self.codec.decode(entry, cap)
+                return await asyncio.to_thread(decode, entry, okey, cap)
+            return decode(entry, okey, cap)
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
@@ -373,9 +378,9 @@ class TieredCache:
     async def put_object(self, okey: str, payload: bytes) -> None:
         """Store locally now and remotely in the background. Never raises for tier errors."""
         if len(payload) >= OFFLOAD_BYTES:
-            entry = await asyncio.to_thread(self.codec.encode, payload)
+            entry = await asyncio.to_thread(self.codec.encode, payload, okey)
         else:
-            entry = self.codec.encode(payload)
+            entry = self.codec.encode(payload, okey)
         await self.put_entry(okey, entry)
 
     async def put_entry(self, okey: str, entry: bytes) -> None:

@@ -39,7 +39,7 @@ def make(*remotes: Tier, read_only: bool = False, **kw: int) -> tuple[TieredCach
 
 def seed(t: Tier, key: str, payload: bytes, kind: str = "fx-graph") -> str:
     okey = NS.object_key(kind, key)
-    mem(t).data[okey] = CODEC.encode(payload)
+    mem(t).data[okey] = CODEC.encode(payload, okey)
     return okey
 
 
@@ -57,7 +57,7 @@ async def test_remote_hit_is_written_through_to_local() -> None:
     okey = seed(remote, "k", b"v")
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
-    assert CODEC.decode(mem(local).data[okey]) == b"v"
+    assert CODEC.decode(mem(local).data[okey], okey) == b"v"
     assert cache.stats.write_through == 1
     assert await cache.get("fx-graph", "k") == b"v"
     assert mem(remote).calls["get"] == 1, "second lookup is local"
@@ -123,7 +123,7 @@ async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through(
     seed(good, "k", b"v")
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
-    assert CODEC.decode(mem(local).data[okey]) == b"v"
+    assert CODEC.decode(mem(local).data[okey], okey) == b"v"
 
 
 async def test_signed_cache_refuses_unsigned_entries() -> None:
@@ -172,7 +172,7 @@ async def test_writes_go_local_now_and_remote_behind() -> None:
     okey = NS.object_key("fx-graph", "k")
     assert okey in mem(local).data and okey not in mem(remote).data
     assert await cache.flush(5) == 0
-    assert CODEC.decode(mem(remote).data[okey]) == b"v"
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"v"
     assert NS.env_file in mem(remote).data
 
 
@@ -202,11 +202,11 @@ async def test_remote_put_failure_never_raises_and_is_counted() -> None:
 async def test_create_mode_keeps_the_first_remote_writer() -> None:
     remote = tier("mem://r")
     okey = NS.object_key("fx-graph", "k")
-    assert await remote.put(okey, CODEC.encode(b"first"), PutMode.CREATE)
+    assert await remote.put(okey, CODEC.encode(b"first", okey), PutMode.CREATE)
     cache, _ = make(remote)
     await cache.put("fx-graph", "k", b"second")
     await cache.flush(5)
-    assert CODEC.decode(mem(remote).data[okey]) == b"first"
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"first"
     assert remote.stats.put_skipped_exists == 1
 
 

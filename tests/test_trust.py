@@ -6,6 +6,7 @@ of verification.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -18,6 +19,7 @@ import redis
 
 from objcache import codec as codec_module
 from objcache.backends import _fs
+from objcache.backends.base import PutMode
 from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
@@ -155,7 +157,7 @@ def test_oversized_file_object_is_refused_before_reading(
     client = _capped_client(tmp_path, f"file://{tmp_path}/store", "1M")
     okey = client.cache.namespace.object_key(KIND, "big")
     store = create_backend(parse_tier_url(f"file://{tmp_path}/store"))
-    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20))))
+    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20), okey)))
     reads: list[int] = []
     real = _fs._read_all
     monkeypatch.setattr(_fs, "_read_all", lambda fd, n: reads.append(n) or real(fd, n))
@@ -178,7 +180,7 @@ def test_oversized_redis_value_is_never_transferred(
     client = _capped_client(tmp_path, url, "1M")
     okey = client.cache.namespace.object_key(KIND, "big")
     store = create_backend(parse_tier_url(url))
-    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20))))
+    raw(lambda: store.put(okey, Codec(level=1).encode(os.urandom(2 << 20), okey)))
     r = redis.Redis(port=redis_server.port)
     before = r.info("stats")["total_net_output_bytes"]
     caplog.set_level(logging.WARNING, logger="objcache")
@@ -199,7 +201,7 @@ def test_zstd_bomb_is_refused_before_decompression(
 ) -> None:
     client = _capped_client(tmp_path, f"file://{tmp_path}/store", "1M")
     okey = client.cache.namespace.object_key(KIND, "bomb")
-    bomb = Codec().encode(b"\0" * (64 << 20))
+    bomb = Codec().encode(b"\0" * (64 << 20), okey)
     assert len(bomb) < 64 << 10  # a few KB on the wire, 64 MiB once inflated
     store = create_backend(parse_tier_url(f"file://{tmp_path}/store"))
     raw(lambda: store.put(okey, bomb))
@@ -222,3 +224,49 @@ def close(*clients: Client) -> None:
     for c in clients:
         c.close()
         c.bridge.stop()
+
+
+# --- binding: an entry copied under another key ----------------------------------------
+
+
+@pytest.mark.parametrize("store", ["file", "redis"])
+def test_substituted_entry_is_refused_and_counted(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A validly signed entry copied over another key's object (a kernel for the wrong
+    graph) is refused, counted and logged once; its own key still serves it."""
+    if store == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        url = f"redis://127.0.0.1:{server.port}/0?prefix=sub-{uuid.uuid4().hex[:8]}/"
+    else:
+        url = f"file://{tmp_path}/store"
+    config = Config.from_env(
+        {},
+        tiers=url,
+        local_dir=tmp_path / "local",
+        prefetch=False,
+        stats_file=tmp_path / "stats.json",
+        signing_keys=(GOOD_KEY.encode(),),
+    )
+    writer = Client(config)
+    writer.put("kernel", "good", b"the right kernel")
+    writer.put("kernel", "evil", b"the wrong kernel")
+    assert writer.flush(10) == 0
+    close(writer)
+    backend = create_backend(parse_tier_url(url))
+    ns_key = writer.cache.namespace.object_key
+    entry = raw(lambda: backend.get(ns_key("kernel", "evil")))
+    assert entry is not None
+    raw(lambda: backend.put(ns_key("kernel", "good"), entry, PutMode.OVERWRITE))
+    reader = Client(dataclasses.replace(config, local_dir=tmp_path / "reader-local"))
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        assert [reader.get("kernel", "good") for _ in range(2)] == [None, None]
+        assert reader.get("kernel", "evil") == b"the wrong kernel"
+        remote = reader.stats()["tiers"][1]
+        assert remote["misses"].get("corrupt") == 2, remote
+        refusals = _refusals(caplog, "stored under another key")
+        assert len(refusals) == 1, refusals
+    finally:
+        close(reader)
+        raw(backend.close)
