@@ -6,11 +6,11 @@
     0      4    magic b"OBJC"
     4      1    format version (2)
     5      1    codec (0 raw, 1 zstd)
-    6      1    signature scheme (0 none, 1 HMAC-SHA256)
+    6      1    signature scheme (0 none, 1 HMAC-SHA256, 2 Ed25519)
     7      1    reserved (0)
     8      8    uncompressed payload length, big endian
     16     32   BLAKE2b-256 of the object key (length-prefixed) and the stored payload bytes
-    48     N    signature over bytes 0..48 (N = 0 unsigned, 32 HMAC-SHA256)
+    48     N    signature over bytes 0..48 (N = 0 unsigned, 32 HMAC-SHA256, 64 Ed25519)
     48+N   ...  stored payload
 
 The digest covers the *stored* bytes so that nothing unverified ever reaches the zstd
@@ -28,7 +28,7 @@ import hmac
 import struct
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zstandard
 
@@ -40,6 +40,8 @@ from objcache.errors import (
     UnsupportedVersion,
 )
 from objcache.keys import MIN_HMAC_KEY_BYTES, short_key_message
+from objcache.signing import SIGNATURE_SIZE, Ed25519PrivateKey, Ed25519PublicKey
+from objcache.signing import verifies as ed25519_verifies
 
 MAGIC = b"OBJC"
 VERSION = 2
@@ -47,6 +49,7 @@ CODEC_RAW = 0
 CODEC_ZSTD = 1
 SIG_NONE = 0
 SIG_HMAC = 1
+SIG_ED25519 = 2
 _HEAD = struct.Struct(">4sBBBBQ32s")
 HEADER_SIZE = _HEAD.size  # 48
 MAC_SIZE = 32
@@ -58,23 +61,37 @@ MAX_PAYLOAD = 8 << 30
 
 @dataclass(frozen=True)
 class Codec:
-    """Encoder/decoder bound to a compression level and signing keys.
+    """Encoder/decoder bound to a compression level and keys (docs/security.md).
 
-    ``signing_keys[0]`` signs; every key in the list verifies (key rotation window).
+    ``signer`` (an Ed25519 private key) signs if set, else ``signing_keys[0]`` (HMAC).
+    Ed25519 entries verify against ``verify_keys`` and the signer's own public key; HMAC
+    entries against every key in ``signing_keys`` (key rotation window). With any key at
+    all, unsigned entries and entries of a scheme no configured key can check are refused.
     With no keys, entries are unsigned, and signed entries are still accepted if their
-    digest checks out (the HMAC is not verifiable without a key).
+    digest checks out (the signature is not verifiable without a key).
     """
 
     level: int = 3
     signing_keys: Sequence[bytes] = ()
+    signer: Ed25519PrivateKey | None = field(default=None, repr=False)
+    verify_keys: tuple[Ed25519PublicKey, ...] = field(default=(), repr=False)
+    _public: tuple[Ed25519PublicKey, ...] = field(init=False, default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if any(len(k) < MIN_HMAC_KEY_BYTES for k in self.signing_keys):
             raise ValueError(short_key_message("signing_keys"))
+        own = (self.signer.public_key(),) if self.signer is not None else ()
+        object.__setattr__(self, "_public", tuple(self.verify_keys) + own)
 
     @property
     def signs(self) -> bool:
-        return bool(self.signing_keys)
+        """Whether new entries are signed."""
+        return self.signer is not None or bool(self.signing_keys)
+
+    @property
+    def verifies(self) -> bool:
+        """Whether any key is configured: then unsigned entries are refused."""
+        return bool(self.signing_keys or self._public)
 
     def encode(self, payload: bytes, okey: str) -> bytes:
         """The entry storing ``payload`` under object key ``okey`` (and only there)."""
@@ -83,12 +100,19 @@ class Codec:
             compressed = _compressor(self.level).compress(payload)
             if len(compressed) < len(payload):
                 codec, stored = CODEC_ZSTD, compressed
-        scheme = SIG_HMAC if self.signs else SIG_NONE
+        if self.signer is not None:
+            scheme = SIG_ED25519
+        else:
+            scheme = SIG_HMAC if self.signing_keys else SIG_NONE
         digest = _digest(okey, stored)
         header = _HEAD.pack(MAGIC, VERSION, codec, scheme, 0, len(payload), digest)
-        if not self.signs:
+        if scheme == SIG_NONE:
             return header + stored
-        return b"".join((header, _mac(self.signing_keys[0], header), stored))
+        if self.signer is not None:
+            signature = self.signer.sign(header)
+        else:
+            signature = _mac(self.signing_keys[0], header)
+        return b"".join((header, signature, stored))
 
     def verify(self, entry: bytes | memoryview, okey: str) -> None:
         """Check an entry without decoding it (bulk copies store the verified bytes as they
@@ -122,6 +146,11 @@ class Codec:
             raise CorruptEntry("decompressed length mismatch")
         return out
 
+    def _signature_ok(self, scheme: int, header: memoryview, signature: memoryview) -> bool:
+        if scheme == SIG_HMAC:
+            return any(hmac.compare_digest(_mac(k, header), signature) for k in self.signing_keys)
+        return ed25519_verifies(self._public, bytes(signature), bytes(header))
+
     def _check(
         self,
         view: memoryview,
@@ -150,13 +179,10 @@ class Codec:
         if not hmac.compare_digest(_digest(okey, stored), digest):
             # Either damaged bytes or a valid entry of another name (substituted).
             raise CorruptEntry("digest mismatch: damaged, or stored under another key")
-        if signature and self.signs:
+        if signature and self.verifies:
             if scheme == SIG_NONE:
                 raise UnsignedEntry("entry is not signed and a signing key is configured")
-            header, mac = view[:HEADER_SIZE], view[HEADER_SIZE:start]
-            if scheme != SIG_HMAC or not any(
-                hmac.compare_digest(_mac(k, header), mac) for k in self.signing_keys
-            ):
+            if not self._signature_ok(scheme, view[:HEADER_SIZE], view[HEADER_SIZE:start]):
                 raise BadSignature("entry signature matches no configured key")
         if codec == CODEC_RAW and len(stored) != length:
             raise CorruptEntry("raw payload length mismatch")
@@ -174,7 +200,7 @@ class Codec:
 
 
 #: Signature bytes after the header, per scheme.
-_SIG_SIZE = {SIG_NONE: 0, SIG_HMAC: MAC_SIZE}
+_SIG_SIZE = {SIG_NONE: 0, SIG_HMAC: MAC_SIZE, SIG_ED25519: SIGNATURE_SIZE}
 
 
 def _digest(okey: str, stored: bytes | memoryview) -> bytes:

@@ -7,6 +7,7 @@ of verification.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import subprocess
@@ -23,11 +24,13 @@ from objcache.backends.base import PutMode
 from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
-from objcache.errors import ConfigError
+from objcache.errors import BadSignature, ConfigError, UnsignedEntry
 from objcache.registry import create_backend
+from objcache.signing import Ed25519PrivateKey
 from objcache.urls import parse_tier_url
 from tests.faults.conftest import raw
 from tests.support.servers import RedisServer
+from tests.test_security import commandstats, redis_write_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_KEY = "k" * 32
@@ -270,3 +273,118 @@ def test_substituted_entry_is_refused_and_counted(
     finally:
         close(reader)
         raw(backend.close)
+
+
+# --- Ed25519: CI signs, the fleet only verifies ----------------------------------------
+
+
+def _keygen(path: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "objcache.cli", "keygen", str(path)],
+        env=_env(path.parent),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ed25519:"), proc.stdout
+    return lines[0]
+
+
+def test_keygen_writes_a_private_key_0600_and_prints_the_public_key(tmp_path: Path) -> None:
+    public = _keygen(tmp_path / "ci.pem")
+    assert (tmp_path / "ci.pem").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ci.pem").read_text().startswith("-----BEGIN PRIVATE KEY-----")
+    assert public not in (tmp_path / "ci.pem").read_text()
+    again = subprocess.run(
+        [sys.executable, "-m", "objcache.cli", "keygen", str(tmp_path / "ci.pem")],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites a key
+
+
+def test_verify_keys_parse_and_errors(tmp_path: Path) -> None:
+    public = _keygen(tmp_path / "k.pem")
+    assert Config.from_env({"OBJCACHE_VERIFY_KEYS": f" {public} , {public}"}).read_only
+    for bad in ("", " , ", "ed25519:AAAA", "not-a-key"):
+        with pytest.raises(ConfigError, match="OBJCACHE_VERIFY_KEYS"):
+            Config.from_env({"OBJCACHE_VERIFY_KEYS": bad})
+    (tmp_path / "bad.pem").write_text("-----BEGIN PRIVATE KEY-----\nnope\n")
+    with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY_FILE"):
+        Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "bad.pem")})
+
+
+CI_WRITER = """
+import sys, objcache
+c = objcache.get_client()
+for i in range(5):
+    c.put("fx-graph", f"k{i}", f"compiled {i}".encode() * 50)
+assert c.flush(20) == 0
+"""
+
+FLEET_READER = """
+import json, sys, objcache
+c = objcache.get_client()
+got = [c.get("fx-graph", f"k{i}") for i in range(5)]
+assert got == [f"compiled {i}".encode() * 50 for i in range(5)], got
+assert c.get("fx-graph", "planted") is None
+c.put("fx-graph", "fleet-compiled", b"local only" * 50)
+assert c.get("fx-graph", "fleet-compiled") == b"local only" * 50
+c.flush(20)
+print(json.dumps(c.stats()["tiers"][1]["misses"]))
+"""
+
+
+def test_ci_signs_with_a_private_key_and_the_fleet_verifies_writing_nothing(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    public = _keygen(tmp_path / "ci.pem")
+    url = f"redis://127.0.0.1:{redis_server.port}/0?prefix=ed-{uuid.uuid4().hex[:8]}/"
+    ci = _env(tmp_path, OBJCACHE_TIERS=url, OBJCACHE_SIGNING_KEY_FILE=str(tmp_path / "ci.pem"))
+    ci["OBJCACHE_LOCAL_DIR"] = str(tmp_path / "ci-local")
+    proc = subprocess.run([sys.executable, "-c", CI_WRITER], env=ci, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    fleet_cfg = Config.from_env({}, tiers=url, local_dir=tmp_path / "x", prefetch=False)
+    okey = Client(fleet_cfg).cache.namespace.object_key("fx-graph", "planted")
+    backend = create_backend(parse_tier_url(url))
+    raw(lambda: backend.put(okey, Codec().encode(b"unsigned pickle", okey)))
+    raw(backend.close)
+
+    r = redis.Redis(port=redis_server.port)
+    before = commandstats(r)
+    fleet = _env(tmp_path, OBJCACHE_TIERS=url, OBJCACHE_VERIFY_KEYS=public)
+    fleet["OBJCACHE_LOCAL_DIR"] = str(tmp_path / "fleet-local")
+    proc = subprocess.run(
+        [sys.executable, "-c", FLEET_READER], env=fleet, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]).get("unsigned") == 1
+    assert redis_write_calls(r, before) == {}, "the fleet wrote to the remote store"
+    assert sum(commandstats(r).values()) > sum(before.values())  # it did read
+    r.close()
+
+
+def test_ed25519_codec_refusals() -> None:
+    ci, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    okey = "v1/e/kernel/00/k"
+    entry = Codec(signer=ci).encode(b"kernel" * 100, okey)
+    rotating = Codec(verify_keys=(other.public_key(), ci.public_key()))
+    assert rotating.decode(entry, okey) == b"kernel" * 100
+    assert not rotating.signs
+    with pytest.raises(BadSignature):
+        Codec(verify_keys=(other.public_key(),)).decode(entry, okey)
+    hmac_entry = Codec(signing_keys=(GOOD_KEY.encode(),)).encode(b"x" * 100, okey)
+    with pytest.raises(BadSignature):  # a scheme no configured key can check
+        rotating.decode(hmac_entry, okey)
+    with pytest.raises(UnsignedEntry):
+        rotating.decode(Codec().encode(b"x", okey), okey)
+    forged = bytearray(entry)
+    forged[-1] ^= 1
+    forged[16:48] = codec_module._digest(okey, bytes(forged[48 + 64 :]))
+    with pytest.raises(BadSignature):
+        rotating.decode(bytes(forged), okey)
