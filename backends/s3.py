@@ -62,7 +62,14 @@ from objcache.backends._s3_errors import (
     status_code,
 )
 from objcache.backends._shared import Memo, SharedClients
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.backends.base import (
+    Backend,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+    check_size,
+    validate_key,
+)
 from objcache.errors import BackendError, ConfigError, TransientBackendError
 
 #: S3 refuses multipart parts below 5 MiB (except the last) and uploads above 10,000 parts.
@@ -249,13 +256,28 @@ class S3Backend(Backend):
     # --- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
+        return await self._get(key, None)
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        """One ranged GET of the first ``max_bytes + 1`` bytes (no HEAD round trip): an
+        oversized object is refused after moving one byte more than the cap."""
+        if not max_bytes:
+            return await self.get(key)
+        data = await self._get(key, f"bytes=0-{max_bytes}")
+        if data is not None:
+            check_size(len(data), max_bytes)
+        return data
+
+    async def _get(self, key: str, byte_range: str | None) -> bytes | None:
         name = self._object_name(key)
         client = await self._client()
+        ranged: dict[str, Any] = {"Range": byte_range} if byte_range else {}
         try:
-            data = await self._direct(client, "GET", name, "GetObject")
+            extra = {"range": byte_range} if byte_range else None
+            data = await self._direct(client, "GET", name, "GetObject", extra=extra)
             if data is not None:
                 return data
-            response = await client.boto.get_object(Bucket=self.bucket, Key=name)
+            response = await client.boto.get_object(Bucket=self.bucket, Key=name, **ranged)
             body = response["Body"]
             try:
                 # read() validates the length against Content-Length (IncompleteReadError)
@@ -267,6 +289,8 @@ class S3Backend(Backend):
         except bce.ClientError as exc:
             if is_not_found(exc):
                 return None
+            if byte_range and status_code(exc) == 416:
+                return b""  # an empty object: no entry, refused by the codec as corrupt
             raise await self._fail(client.boto, exc, "get") from exc
         except Exception as exc:
             raise await self._fail(client.boto, exc, "get") from exc

@@ -109,9 +109,9 @@ class Config:
     max_entry_bytes: SizeCaps = _opt(
         "OBJCACHE_MAX_ENTRY_BYTES",
         "Largest entry accepted from a remote tier, per kind: `N[,kind=N...]` with k/m/g "
-        "suffixes (`512M,pgo=1M`). Checked before the body is read where the store tells the "
-        "size (file://, Redis) and, for the payload a zstd frame claims, before "
-        "decompression. An entry over its cap is a `too_large` miss.",
+        "suffixes (`512M,pgo=1M`). Remote reads fetch at most cap+1 bytes (file:// checks the "
+        "size first; Redis, S3 and GCS read a range) and the payload a zstd frame claims is "
+        "checked before decompression. An entry over its cap is a `too_large` miss.",
         default=SizeCaps(),
     )
     timeout_ms: int = _opt(

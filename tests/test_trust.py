@@ -28,8 +28,10 @@ from objcache.errors import BadSignature, ConfigError, UnsignedEntry
 from objcache.registry import create_backend
 from objcache.signing import Ed25519PrivateKey
 from objcache.urls import parse_tier_url
-from tests.faults.conftest import raw
-from tests.support.servers import RedisServer
+from tests.cloud_support import gcs_url, s3_url
+from tests.faults.conftest import port_of, raw
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 from tests.test_security import commandstats, redis_write_calls
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -388,3 +390,39 @@ def test_ed25519_codec_refusals() -> None:
     forged[16:48] = codec_module._digest(okey, bytes(forged[48 + 64 :]))
     with pytest.raises(BadSignature):
         rotating.decode(bytes(forged), okey)
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_oversized_cloud_object_is_refused_after_one_ranged_read(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S3 and GCS GETs ask for the first cap+1 bytes only (no HEAD round trip): a planted
+    4 MiB object under a 1 MiB cap moves about 1 MiB through the proxy, never 4."""
+    prefix = f"cap-{uuid.uuid4().hex[:8]}"
+    if store == "s3":
+        s3: SeaweedS3 = request.getfixturevalue("seaweed_s3")
+        proxy = FaultProxy("127.0.0.1", port_of(s3.endpoint_url))
+        url = s3_url(s3, prefix, endpoint_url=proxy.url())
+    else:
+        gcs: FakeGCS = request.getfixturevalue("fake_gcs")
+        proxy = FaultProxy("127.0.0.1", port_of(gcs.endpoint))
+        url = gcs_url(gcs, prefix, endpoint=proxy.url())
+    client = _capped_client(tmp_path, url, "1M")
+    okey = client.cache.namespace.object_key(KIND, "big")
+    small = client.cache.namespace.object_key(KIND, "small")
+    backend = create_backend(parse_tier_url(url))
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        raw(lambda: backend.put(okey, Codec(level=1).encode(os.urandom(4 << 20), okey)))
+        raw(lambda: backend.put(small, Codec().encode(b"fits", small)))
+        before = proxy.bytes_to_client
+        assert client.get(KIND, "big") is None
+        moved = proxy.bytes_to_client - before
+        assert moved < (1 << 20) + (256 << 10), moved
+        assert client.get(KIND, "small") == b"fits"  # a ranged read of a small object
+        assert client.stats()["tiers"][1]["misses"].get("too_large") == 1
+        assert len(_refusals(caplog, "too large")) == 1
+    finally:
+        close(client)
+        raw(backend.close)
+        proxy.close()
