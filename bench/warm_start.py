@@ -45,6 +45,7 @@ import argparse
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -288,7 +289,7 @@ def main() -> int:
             server.stop()
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)
-    command = "python bench/warm_start.py " + " ".join(
+    command = "python bench/warm_start.py " + shlex.join(
         a for a in sys.argv[1:] if not a.startswith("--out") and a != str(opts.out)
     )
     table = render(scenarios, runs, opts.model, command.strip(), opts.section, opts.batches)
