@@ -67,6 +67,20 @@ def write(json_path: Path, spec: dict[str, Any]) -> Path:
     return render(spec, json_path.with_suffix(".png"))
 
 
+def write_beside(docs: Path, name: str, spec: dict[str, Any]) -> Path | None:
+    """``write`` into ``docs/img/<name>.json`` next to the benchmarks page ``docs``; without
+    matplotlib (no ``bench`` extra) only the JSON is written and None is returned."""
+    json_path = docs.parent / "img" / f"{name}.json"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(spec, indent=1) + "\n")
+        print(f"matplotlib missing (pip install 'objcache[bench]'): wrote {json_path} only")
+        return None
+    return write(json_path, spec)
+
+
 def main(argv: list[str]) -> None:
     for name in argv:
         path = Path(name)
