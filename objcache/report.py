@@ -24,6 +24,7 @@ from objcache import summary
 from objcache.backends.base import Backend
 from objcache.codec import Codec
 from objcache.errors import EntryError
+from objcache.integrations.torch import time_saved
 from objcache.layout import LAYOUT_VERSION, parse_object_key
 from objcache.ops import Progress, _bounded
 
@@ -59,6 +60,12 @@ class Row:
     bytes_out: int = 0
     lookup_s: float = 0.0
     misses: Counter[str] = field(default_factory=Counter)
+    #: Compile time the run's hits saved, per kind, in torch's figures (empty: not recorded).
+    time_saved_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def saved_s(self) -> float:
+        return time_saved.total_s(self.time_saved_s)
 
     @property
     def lookups(self) -> int:
@@ -92,6 +99,8 @@ class Row:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "lookup_s": self.lookup_s,
+            "time_saved_s": round(self.saved_s, 6),
+            "time_saved_by_kind": dict(self.time_saved_s),
             "misses": dict(self.misses),
         }
 
@@ -114,6 +123,7 @@ class Row:
             bytes_out=body["bytes_out"],
             lookup_s=body["lookup_s"],
             misses=misses,
+            time_saved_s=dict(body.get("time_saved_s", {})),
         )
 
 
@@ -150,6 +160,7 @@ class Report:
             "bytes_in": sum(r.bytes_in for r in with_summary),
             "bytes_out": sum(r.bytes_out for r in with_summary),
             "lookup_s": round(sum(r.lookup_s for r in with_summary), 6),
+            "time_saved_s": round(sum(r.saved_s for r in with_summary), 6),
             "misses": dict(misses),
             "skipped": sum(self.skipped.values()),
             "skipped_reasons": dict(self.skipped),
@@ -252,6 +263,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
         "in",
         "out",
         "lookup s",
+        "saved s",
         "misses by reason",
         "",
         title=f"job {report.job} · env {report.env}",
@@ -259,7 +271,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
     for row in report.rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.started))
         if not row.has_summary:
-            table.add_row(started, "-", "-", "no summary (older objcache)", *["-"] * 4, "")
+            table.add_row(started, "-", "-", "no summary (older objcache)", *["-"] * 5, "")
             continue
         rank = "-" if row.rank is None else str(row.rank)
         table.add_row(
@@ -270,6 +282,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
             size(row.bytes_in),
             size(row.bytes_out),
             f"{row.lookup_s:.3f}",
+            f"{row.saved_s:.1f}" if row.time_saved_s else "-",
             _misses(row.misses),
             "[bold red]COLD[/]" if row.cold else "",
         )
@@ -280,7 +293,8 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
         f"fleet: {t['runs']} runs on {t['hosts']} hosts, {t['cold_runs']} cold; "
         f"hits {t['hits']}/{t['lookups']} ({rate}); {_kinds(t['kinds'])}; "
         f"in {size(t['bytes_in'])}, out {size(t['bytes_out'])}; "
-        f"lookups {t['lookup_s']:.3f} s; misses {_misses(t['misses'])}",
+        f"lookups {t['lookup_s']:.3f} s; compile time saved {t['time_saved_s']:.1f} s; "
+        f"misses {_misses(t['misses'])}",
         soft_wrap=True,
         highlight=False,
     )

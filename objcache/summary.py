@@ -73,8 +73,11 @@ def build(
     ended: float,
     environ: Mapping[str, str] | None = None,
     host: str | None = None,
+    time_saved: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The summary of one run from its ``TieredCache.stats_dict()``."""
+    """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
+    compile time its hits saved per kind, in torch's figures
+    (:mod:`objcache.integrations.torch.time_saved`)."""
     cache = stats.get("cache", {})
     rank, local_rank = ranks(environ)
     kinds = {
@@ -109,6 +112,7 @@ def build(
         "bytes_out": bytes_out,
         "lookup_s": round(float(cache.get("lookup_ms_total", 0.0)) / 1000, 6),
         "write_behind_dropped": int(cache.get("write_behind_dropped", 0)),
+        "time_saved_s": {k: round(float(v), 6) for k, v in (time_saved or {}).items()},
     }
 
 
@@ -197,4 +201,9 @@ def parse(data: bytes) -> dict[str, Any]:
         "bytes_out": _count(body.get("bytes_out"), "bytes_out"),
         "lookup_s": _seconds(body.get("lookup_s"), "lookup_s"),
         "write_behind_dropped": _count(body.get("write_behind_dropped", 0), "dropped"),
+        # absent in summaries of objcache versions before it was recorded
+        "time_saved_s": {
+            kind: _seconds(s, f"time_saved_s.{kind}")
+            for kind, s in _mapping(body.get("time_saved_s", {}), "time_saved_s").items()
+        },
     }

@@ -34,7 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 import objcache
-from objcache.integrations.torch import candidates, pgo_join, serde, watched, writethrough
+from objcache.integrations.torch import (
+    candidates,
+    pgo_join,
+    serde,
+    time_saved,
+    watched,
+    writethrough,
+)
 from objcache.integrations.torch.watched import WATCHED, Part
 from objcache.metrics import FailureLog
 
@@ -311,14 +318,24 @@ def _apply_kernels(module: Any) -> None:
     _installed_parts.add("kernels")
 
 
+def _apply_codecache(module: Any) -> None:
+    candidates.apply_fx(module)
+    time_saved.apply(module)
+
+
+def _apply_autograd_cache(module: Any) -> None:
+    candidates.apply_aot(module)
+    time_saved.apply(module)
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "flags": _apply_flags,
     "remote_caches": _apply_remote_cache,
     "autotune": _apply_autotune,
     "kernels": _apply_kernels,
-    "fx_candidates": candidates.apply_fx,
-    "aot_candidates": candidates.apply_aot,
+    "fx_candidates": _apply_codecache,
+    "aot_candidates": _apply_autograd_cache,
 }
 
 
@@ -435,6 +452,7 @@ def uninstall() -> None:
         if "kernels" in _installed_parts:
             kernels.uninstall()
         candidates.uninstall()
+        time_saved.uninstall()
         _installed_parts.clear()
         _config_checked.clear()
         _clear_cached_remote_caches()
@@ -454,6 +472,7 @@ def stats() -> dict[str, Any]:
     return {
         "hooks": dict(counters),
         "writethrough": dict(writethrough.counters),
+        "time_saved_s": time_saved.snapshot(),
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
     }
