@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ pgo = pytest.importorskip("torch._dynamo.pgo")
 from objcache.client import build_cache  # noqa: E402
 from objcache.config import Config  # noqa: E402
 from objcache.integrations.torch import pgo_join  # noqa: E402
+from tests.support.servers import CONTRACT_SERVERS  # noqa: E402
 
 CODE = pgo.CodeId("model.py", 1, "forward", "f" * 16)
 DIMS = 8
@@ -48,11 +50,22 @@ def test_a_join_keeps_every_dynamic_dim_and_changes_neither_input() -> None:
     assert change(profile_with_dynamic_dim(0)) is None  # nothing new: no write
 
 
-async def test_eight_hosts_racing_on_one_profile_leave_the_join(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+@pytest.mark.parametrize(
+    "store", ["file", *(pytest.param(c, marks=pytest.mark.servers) for c in CONTRACT_SERVERS)],
+    ids=lambda s: s if isinstance(s, str) else s.__name__,
+)  # fmt: skip
+async def test_eight_hosts_racing_on_one_profile_leave_the_join(
+    tmp_path: Path, request: pytest.FixtureRequest, store: Any
+) -> None:
+    """Every backend: eight hosts, each with a different dynamic dim, race on one profile."""
+    unique = f"pgo{uuid.uuid4().hex[:10]}"
+    if store == "file":
+        url = f"file://{tmp_path / 'store'}"
+    else:
+        url = request.getfixturevalue("test_servers")(store).contract_url(unique)
     hosts = [
         build_cache(
-            Config(tiers=f"file://{store}", local_dir=tmp_path / f"h{i}", prefetch=False),
+            Config(tiers=url, local_dir=tmp_path / f"h{i}", prefetch=False, timeout_ms=10_000),
             env_fields={"torch": "t"},
         )
         for i in range(DIMS)
