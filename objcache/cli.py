@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -25,7 +25,7 @@ from objcache.config import Config
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.fingerprint import env_id, fingerprint
 from objcache.registry import create_backend
-from objcache.urls import parse_tier_list
+from objcache.urls import flag, parse_tier_list
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -36,8 +36,22 @@ app = typer.Typer(
 )
 mega_app = typer.Typer(help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).")
 app.add_typer(mega_app, name="mega")
-out = Console()
-err = Console(stderr=True)
+
+#: Console width without a terminal: wide enough that no table cell is ever truncated.
+UNWRAPPED_WIDTH = 100_000
+
+
+def _console(stderr: bool) -> Console:
+    """Wrapped for a person at a terminal; without one (CI logs, pipes) every message is one
+    line and tables are as wide as their cells, so nothing is wrapped or truncated."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, soft_wrap=True, width=UNWRAPPED_WIDTH)
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
 
 TierOpt = Annotated[
     str | None,
@@ -65,6 +79,29 @@ def _codec(config: Config) -> Codec:
 
 def _tiers(config: Config, tier: str | None) -> list[TierSpec]:
     return parse_tier_list(tier, "--tier") if tier else list(config.effective_tiers())
+
+
+def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSpec]:
+    """The tiers a writing command acts on. Fails closed: a read-only configuration, a
+    read-only ``--tier``, or configured tiers that are all read-only refuse ``action`` before
+    anything is opened; read-only tiers among several configured ones are skipped, said once."""
+    from objcache import ops
+
+    ops.refuse_read_only(action, [], read_only=config.read_only)
+    if tier:
+        specs = parse_tier_list(tier, "--tier")
+        ops.refuse_read_only(action, specs)
+        return specs
+    specs = list(config.effective_tiers())
+    writable = [s for s in specs if not flag(s, "read_only")]
+    if not writable:
+        ops.refuse_read_only(action, specs)
+    for s in specs:
+        if s not in writable:
+            err.print(
+                f"{action}: skipping read-only tier {s.display}", markup=False, highlight=False
+            )
+    return writable
 
 
 def _local_spec(config: Config) -> TierSpec:
@@ -97,7 +134,7 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-async def _closing(backends: list[Backend], coro: Coroutine[Any, Any, T]) -> T:
+async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
     try:
         return await coro
     finally:
@@ -287,7 +324,13 @@ def ls(
 
 
 def _copy(
-    source: Backend, targets: list[Backend], env: str | None, what: str, config: Config
+    source: Backend,
+    targets: list[Backend],
+    env: str | None,
+    what: str,
+    config: Config,
+    *,
+    read_only: bool = False,
 ) -> None:
     from objcache import ops
 
@@ -297,7 +340,9 @@ def _copy(
             keys.append(f"v1/{env}/ENV.json")
         bar, advance = _progress(len(keys), what)
         with bar:
-            return await ops.copy(source, targets, keys, _codec(config), advance)
+            return await ops.copy(
+                source, targets, keys, _codec(config), advance, read_only=read_only
+            )
 
     report = _run(_closing([source, *targets], run()))
     out.print(
@@ -325,6 +370,7 @@ def push(
 ) -> None:
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
+    specs = _write_targets(config, tier, "push")
     if inductor_dir is not None or bundle:
         from objcache.integrations.torch.seed import import_local
 
@@ -334,8 +380,8 @@ def push(
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
     src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
-    targets = [create_backend(s) for s in _tiers(config, tier)]
-    _copy(src, targets, None if all_envs else env_id(), "push", config)
+    targets = [create_backend(s) for s in specs]
+    _copy(src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only)
 
 
 @app.command()
@@ -400,32 +446,58 @@ def gc(
     if keep_env is None and older_than is None and max_bytes is None:
         raise UserError("gc needs --keep-env, --older-than or --max-bytes")
     config = _config()
-    spec = _tiers(config, tier)[0]
-    backend = create_backend(spec)
+    # A dry run deletes nothing, so it may look at read-only tiers too.
+    specs = _tiers(config, tier) if dry_run else _write_targets(config, tier, "gc")
     keep = None if keep_env is None else {env_id() if e == "current" else e for e in keep_env}
-    plan = _run(
-        ops.plan_gc(backend, keep_envs=keep, older_than_days=older_than, max_bytes=max_bytes)
-    )
-    out.print(
-        f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
-        f"{_size(plan.keep_bytes)} kept"
-    )
-    if dry_run or not plan.delete:
-        for e in plan.delete[:20]:
-            out.print(f"  would delete {e.info.key}")
-        _run(backend.close())
+
+    async def plan_all() -> list[ops.GcPlan]:
+        backends = [create_backend(s) for s in specs]
+        return await _closing(
+            backends,
+            asyncio.gather(
+                *(
+                    ops.plan_gc(b, keep_envs=keep, older_than_days=older_than, max_bytes=max_bytes)
+                    for b in backends
+                )
+            ),
+        )
+
+    plans = _run(plan_all())
+    for spec, plan in zip(specs, plans, strict=True):
+        out.print(
+            f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
+            f"{_size(plan.keep_bytes)} kept",
+            markup=False,
+            highlight=False,
+        )
+    total = sum(len(p.delete) for p in plans)
+    if dry_run or not total:
+        for plan in plans:
+            for e in plan.delete[:20]:
+                out.print(f"  would delete {e.info.key}", markup=False, highlight=False)
         return
     if not yes and not typer.confirm("delete them?"):
-        _run(backend.close())
         raise typer.Exit(1)
-    bar, advance = _progress(len(plan.delete), "gc")
+    bar, advance = _progress(total, "gc")
 
-    async def run() -> int:
+    async def run() -> list[int]:
+        backends = [create_backend(s) for s in specs]
+        done = [0] * len(plans)
+
+        async def one(i: int, backend: Backend) -> int:
+            def step(n: int) -> None:
+                done[i] = n
+                advance(sum(done))
+
+            return await ops.run_gc(backend, plans[i], step, read_only=config.read_only)
+
         with bar:
-            return await ops.run_gc(backend, plan, advance)
+            return await _closing(
+                backends, asyncio.gather(*(one(i, b) for i, b in enumerate(backends)))
+            )
 
-    deleted = _run(_closing([backend], run()))
-    out.print(f"deleted {deleted} entries")
+    deleted = _run(run())
+    out.print(f"deleted {sum(deleted)} entries")
 
 
 @app.command()
@@ -438,7 +510,11 @@ def verify(
     from objcache import ops
 
     config = _config()
-    spec = _tiers(config, tier)[0] if tier else _local_spec(config)
+    spec = parse_tier_list(tier, "--tier")[0] if tier else _local_spec(config)
+    # The local tier is this machine's own: a read-only configuration protects remote tiers.
+    read_only = config.read_only and bool(tier)
+    if delete:
+        ops.refuse_read_only("verify --delete", [spec], read_only=read_only)
     backend = create_backend(spec)
     bar, advance = _progress(0, "verify")
 
@@ -450,6 +526,7 @@ def verify(
                 env=None if all_envs else env_id(),
                 delete=delete,
                 progress=advance,
+                read_only=read_only,
             )
 
     report = _run(_closing([backend], run()))
@@ -469,6 +546,7 @@ def mega_save(name: str) -> None:
     """Save this process's Mega-Cache artifacts as bundle NAME (run after compiling)."""
     from objcache import mega
 
+    _write_targets(_config(), None, "mega save")
     out.print(mega.save(name))
 
 

@@ -11,20 +11,33 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objcache.backends.base import Backend, ObjectInfo, PutMode
+from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
 from objcache.codec import Codec
-from objcache.errors import BackendError, EntryError
+from objcache.errors import BackendError, EntryError, ReadOnlyRefused
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
+from objcache.urls import flag
 
 Progress = Callable[[int], None]
 CONCURRENCY = 64
 #: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
 #: a bulk copy hashes on one core while the event loop drives the transfers on another.
 VERIFY_OFFLOAD_BYTES = 64 * 1024
+
+
+def refuse_read_only(action: str, specs: Iterable[TierSpec], *, read_only: bool = False) -> None:
+    """Fail closed before ``action`` writes or deletes anything: a read-only configuration
+    (``OBJCACHE_READ_ONLY``) or a ``?read_only=1`` tier among ``specs`` refuses it."""
+    if read_only:
+        raise ReadOnlyRefused(
+            f"{action} refused: the configuration is read-only (OBJCACHE_READ_ONLY)"
+        )
+    for spec in specs:
+        if flag(spec, "read_only"):
+            raise ReadOnlyRefused(f"{action} refused: {spec.display} is read-only (read_only=1)")
 
 
 async def verify_entry(codec: Codec, data: bytes) -> None:
@@ -125,8 +138,13 @@ async def copy(
     keys: list[str],
     codec: Codec,
     progress: Progress | None = None,
+    *,
+    read_only: bool = False,
 ) -> CopyReport:
-    """Copy entries, verifying each before writing it (a bad entry is never propagated)."""
+    """Copy entries, verifying each before writing it (a bad entry is never propagated).
+
+    Refused before any call when the configuration or a target is read-only."""
+    refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
     report = CopyReport()
 
     async def one(okey: str) -> None:
@@ -169,8 +187,13 @@ async def verify(
     env: str | None = None,
     delete: bool = False,
     progress: Progress | None = None,
+    read_only: bool = False,
 ) -> VerifyReport:
-    """Check every entry's digest (and signature when keys are configured)."""
+    """Check every entry's digest (and signature when keys are configured).
+
+    ``delete`` is refused before any call when the configuration or the tier is read-only."""
+    if delete:
+        refuse_read_only("verify --delete", [backend.spec], read_only=read_only)
     report = VerifyReport()
     found = [e async for e in entries(backend, env=env)]
 
@@ -228,7 +251,12 @@ async def plan_gc(
     return plan
 
 
-async def run_gc(backend: Backend, plan: GcPlan, progress: Progress | None = None) -> int:
+async def run_gc(
+    backend: Backend, plan: GcPlan, progress: Progress | None = None, *, read_only: bool = False
+) -> int:
+    """Delete what ``plan`` lists; refused when the configuration or the tier is read-only."""
+    refuse_read_only("gc", [backend.spec], read_only=read_only)
+
     async def one(entry: Entry) -> bool:
         try:
             return await backend.delete(entry.info.key)
