@@ -176,7 +176,7 @@ class TieredCache:
             self._landing[okey] = payload
             self._spawn(self._write_through(okey, entry))
         if not self.read_only:
-            for tier in absent_in:
+            for tier in (t for t in absent_in if t.writable):  # never a ?read_only=1 tier
                 self.stats.backfills += 1
                 self._spawn(tier.put(okey, entry, PutMode.CREATE))
         return payload, winner.name

@@ -162,3 +162,56 @@ def test_pull_by_job_compacts_nothing_when_read_only(store: Store, how: str) -> 
     control = store.run("pull", "--job", "rojob")  # more runs than COMPACT_AFTER: compacts
     assert control.returncode == 0, control.stdout + control.stderr
     assert any(w.startswith("DELETE") for w in writes(store.proxy))
+
+
+# --- the cache itself: a ?read_only=1 tier is never written ---------------------------------
+
+
+async def test_read_only_tier_gets_no_put_backfill_or_manifest(
+    seaweed_s3: SeaweedS3, fault_proxy: Callable[[str, int], FaultProxy], tmp_path: Path
+) -> None:
+    """A ``?read_only=1`` S3 tier in front of a writable file:// tier: a far hit that the
+    read-only tier lacks (back-fill), its write-through, new puts (write-behind), run
+    manifests and their compaction all leave zero write requests at the server, while the
+    tier is read (it is in the chain)."""
+    proxy = fault_proxy("127.0.0.1", int(seaweed_s3.endpoint_url.rsplit(":", 1)[1]))
+    prefix = f"ro-{uuid.uuid4().hex[:10]}"
+    near = s3_url(seaweed_s3, prefix, endpoint_url=proxy.url(), read_only=1)
+    far = f"file://{tmp_path}/far"
+    # The job's run manifests sit in both tiers (manifests are listed from the first tier);
+    # the entry they list only in the far one, so a hit there back-fills the near one.
+    seed = build_cache(Config(tiers=far, local_dir=tmp_path / "seed", prefetch=False))
+    await seed.put("fx-graph", "seeded", b"far value" * 100)
+    await seed.close(30)
+    both = f"{s3_url(seaweed_s3, prefix)},{far}"
+    runs = build_cache(Config(tiers=both, local_dir=tmp_path / "runs", prefetch=False))
+    for _ in range(COMPACT_AFTER + 1):
+        await write_run(runs, "job", [runs.namespace.object_key("fx-graph", "seeded")])
+    await runs.close(30)
+
+    cache = build_cache(
+        Config(
+            tiers=f"{near},{far}",
+            local_dir=tmp_path / "local",
+            prefetch=False,
+            timeout_ms=15_000,
+        )
+    )
+    try:
+        assert [t.writable for t in cache.remotes] == [False, True]
+        from objcache.manifest import prefetch, record_run
+
+        # Fetches the far entry (back-fill, write-through) and compacts the job's runs.
+        result = await prefetch(cache, "job")
+        assert result["fetched"] == 1 and result["compacted"], result
+        assert await cache.get("fx-graph", "seeded") == b"far value" * 100
+        for i in range(5):
+            await cache.put("fx-graph", f"new-{i}", os.urandom(1000))
+        assert await cache.flush(30) == 0
+        assert await record_run(cache, "job") is not None  # a run manifest was written
+    finally:
+        await cache.close(30)
+    assert cache.stats.write_through >= 1, "the far hit was written through to local disk"
+    assert proxy.count_requests("GET") >= 1, "the read-only tier was read"
+    assert writes(proxy) == []
+    assert list((tmp_path / "far").rglob("new-*")), "the writable tier got the puts"
