@@ -83,8 +83,6 @@ def validate_key(key: str) -> str:
 class Backend(abc.ABC):
     """Async bytes store. Instances are shared process-wide; construction must be cheap."""
 
-    #: URL schemes this backend serves.
-    schemes: ClassVar[tuple[str, ...]] = ()
     #: True for stores whose latency is a network round trip (everything but local disk).
     remote: ClassVar[bool] = True
 

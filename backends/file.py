@@ -20,7 +20,5 @@ from objcache.backends._fs import FsBackend
 class FileBackend(FsBackend):
     """Shared directory store."""
 
-    schemes: ClassVar[tuple[str, ...]] = ("file",)
     remote: ClassVar[bool] = True
-    fsync_default: ClassVar[bool] = True
     touch_on_read: ClassVar[bool] = False

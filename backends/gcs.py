@@ -43,7 +43,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from objcache.backends._gcs_errors import (
     classify,
@@ -51,7 +51,7 @@ from objcache.backends._gcs_errors import (
     is_precondition_failure,
     missing_bucket,
 )
-from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._opts import opt_float, opt_int, opt_str
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import ConfigError
 
@@ -139,8 +139,6 @@ _BUCKETS_SEEN: set[tuple[str | None, str]] = set()
 
 
 class GCSBackend(Backend):
-    schemes: ClassVar[tuple[str, ...]] = ("gs",)
-
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
         self.bucket = spec.location
@@ -152,14 +150,14 @@ class GCSBackend(Backend):
             project=opt_str(spec, "project"), endpoint=endpoint, pool_size=MAX_THREADS
         )
         self.timeout = (
-            opt_float(spec, "connect_timeout", 3.0),
-            opt_float(spec, "read_timeout", 20.0),
+            opt_float(spec, "connect_timeout"),
+            opt_float(spec, "read_timeout"),
         )
-        self.resumable_threshold = opt_int(spec, "resumable_threshold", 8 * MiB, minimum=1)
-        self.resumable_chunk = opt_int(spec, "resumable_chunk", 64 * MiB, minimum=CHUNK_QUANTUM)
+        self.resumable_threshold = opt_int(spec, "resumable_threshold")
+        self.resumable_chunk = opt_int(spec, "resumable_chunk")
         if self.resumable_chunk % CHUNK_QUANTUM:
             raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
-        self.concurrency = opt_int(spec, "concurrency", MAX_THREADS, minimum=1)
+        self.concurrency = opt_int(spec, "concurrency")
         #: objects per listing page (GCS's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000
         if self.concurrency > MAX_THREADS:

@@ -8,6 +8,7 @@ configuration reference in ``docs/configuration.md`` is generated from them
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -156,6 +157,10 @@ class Config:
     )
     log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Config:
+        _check_keywords(kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
@@ -181,6 +186,7 @@ class Config:
             var = f.metadata["env"]
             if var in environ and f.name not in overrides:
                 values[f.name] = _parse(f, environ[var], var)
+        _check_keywords(overrides)
         values.update(overrides)
         config = cls(**values)
         if config.signing_key_file is not None:
@@ -197,6 +203,16 @@ class Config:
         if self.tiers:
             return self.tiers
         return tuple(parse_tier_list(f"file://{user_cache_dir() / 'store'}"))
+
+
+def _check_keywords(given: Mapping[str, Any]) -> None:
+    """An unknown keyword is a ConfigError naming it, with the closest field when one is."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    for name in given:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"Config: unknown option {name!r}{hint}")
 
 
 def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
@@ -260,4 +276,27 @@ def reference_markdown() -> str:
         "`objcache.Config(tiers='s3://bucket/p', read_only=True)` or "
         "`objcache.Config.from_env(read_only=True)`.\n\n"
     )
-    return head + "\n".join(rows) + "\n"
+    return head + "\n".join(rows) + "\n\n" + _tier_options_markdown()
+
+
+def _tier_options_markdown() -> str:
+    """The query options of tier URLs, from the tables in :mod:`objcache.registry`."""
+    from objcache import options, registry
+
+    by_table: dict[int, list[str]] = {}
+    for name, entry in registry.SCHEMES.items():
+        if entry.options is not None and name != "disk":  # disk:// is the local tier
+            by_table.setdefault(id(entry.options), []).append(name)
+    parts = [
+        "## Tier URL options\n\n"
+        "Query options of a tier URL in `OBJCACHE_TIERS`, e.g. "
+        "`s3://bucket/prefix?region=us-east-1&read_only=1`. An unknown option is a "
+        "configuration error naming it.\n\n### Every tier\n\n"
+        + options.markdown(options.TIER_OPTIONS)
+    ]
+    for names in by_table.values():
+        table = registry.SCHEMES[names[0]].options
+        assert table is not None
+        schemes = ", ".join(f"`{n}://`" for n in names)
+        parts.append(f"### {schemes}\n\n" + options.markdown(table))
+    return "\n\n".join(parts) + "\n"

@@ -215,3 +215,15 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
     assert proxy.count_requests("GET") >= 1, "the read-only tier was read"
     assert writes(proxy) == []
     assert list((tmp_path / "far").rglob("new-*")), "the writable tier got the puts"
+
+
+@pytest.mark.parametrize("typo", ["read_onyl=1", "endpointurl=http://127.0.0.1:9", "regoin=x"])
+def test_mistyped_tier_option_is_refused_before_any_request(store: Store, typo: str) -> None:
+    """``?read_onyl=1`` once left the tier writable and ``?endpointurl=`` sent requests to
+    AWS: now the command stops at the configuration, naming the option."""
+    url = f"{store.proxied}&{typo}"
+    r = store.run("push", "--tier", url, OBJCACHE_TIERS=url)
+    assert r.returncode == 2, r.stdout + r.stderr
+    name = typo.split("=")[0]
+    assert r.stderr.count("\n") == 1 and f"unknown option {name!r}; did you mean" in r.stderr
+    assert store.proxy.http_requests == []
