@@ -70,7 +70,11 @@ class UserError(Exception):
 
 
 def _config() -> Config:
-    return Config.from_env()
+    from objcache import logs
+
+    config = Config.from_env()
+    logs.configure(config.log_level)
+    return config
 
 
 def _codec(config: Config) -> Codec:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from objcache import logs
 from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.codec import Codec
@@ -75,6 +76,7 @@ class Client:
 
     def __init__(self, config: Config, bridge: Bridge | None = None) -> None:
         self.config = config
+        logs.configure(config.log_level)
         self.bridge = bridge or Bridge()
         self.cache = build_cache(config)
         self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S

@@ -17,6 +17,7 @@ from typing import Any
 
 from objcache.backends.base import TierSpec
 from objcache.errors import ConfigError
+from objcache.logs import LEVELS
 from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
@@ -155,7 +156,13 @@ class Config:
         "reads change). Read from the environment only.",
         default=True,
     )
-    log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
+    log_level: str | None = _opt(
+        "OBJCACHE_LOG_LEVEL",
+        "Level of the `objcache` logger (DEBUG, INFO, WARNING, ERROR). Set, objcache logs to "
+        "stderr unless the application has configured logging. Unset: the application's "
+        "logging decides (Python's default shows WARNING and above).",
+        default=None,
+    )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Config:
         _check_keywords(kwargs)
@@ -172,6 +179,10 @@ class Config:
                 raise ConfigError(f"{name} must be >= 0")
         if self.write_to not in ("all", "nearest"):
             raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
+        if self.log_level and self.log_level.upper() not in LEVELS:
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}"
+            )
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import socket
 import time
@@ -21,6 +22,7 @@ from objcache.errors import BackendError, EntryError, ReadOnlyRefused
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
 from objcache.urls import flag
 
+log = logging.getLogger("objcache")
 Progress = Callable[[int], None]
 CONCURRENCY = 64
 #: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
@@ -296,4 +298,5 @@ async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeR
         result.ok = True
     except (BackendError, EntryError, OSError) as exc:
         result.error = str(exc)
+        log.debug("probe of %s failed", backend.name, exc_info=True)
     return result

@@ -61,6 +61,17 @@ def test_doctor_ok_and_failing_tier(run: Run, tmp_path: Path) -> None:
     assert "FAILED" in bad.stdout
 
 
+def test_log_level_debug_logs_to_stderr(run: Run) -> None:
+    broken = {"OBJCACHE_TIERS": "file:///proc/objcache-cannot-write"}
+    quiet = run("doctor", extra=broken)
+    assert "DEBUG" not in quiet.stderr
+    loud = run("doctor", extra={**broken, "OBJCACHE_LOG_LEVEL": "debug"})
+    assert loud.returncode == 1
+    assert " objcache DEBUG probe of file:///proc/objcache-cannot-write failed" in loud.stderr
+    bad = run("doctor", extra={"OBJCACHE_LOG_LEVEL": "LOUD"})
+    assert bad.returncode == 2 and "log_level must be one of DEBUG" in bad.stderr
+
+
 def test_bad_config_is_one_line_exit_2(run: Run) -> None:
     r = run("ls", extra={"OBJCACHE_TIERS": "redis://h:1/0,sx3://b/p"})
     assert r.returncode == 2
