@@ -109,6 +109,20 @@ def test_ls_stats_verify_and_gc(run: Run, env: dict[str, str], tmp_path: Path) -
     assert list((tmp_path / "store").rglob("key-*")) == []
 
 
+def test_gc_acts_on_every_configured_tier(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    tiers = f"file://{tmp_path}/store,file://{tmp_path}/second"
+    populate({**env, "OBJCACHE_TIERS": tiers})
+    for store in ("store", "second"):
+        assert len(list((tmp_path / store).rglob("key-*"))) == 5
+    r = run("gc", "--keep-env", "someotherenv", "--yes", extra={"OBJCACHE_TIERS": tiers})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("to delete") == 2 and "deleted" in r.stdout
+    for store in ("store", "second"):
+        assert list((tmp_path / store).rglob("key-*")) == [], store
+    one = run("gc", "--tier", f"file://{tmp_path}/store", "--older-than", "0", "--yes")
+    assert one.returncode == 0 and one.stdout.count("to delete") == 1
+
+
 def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_path: Path) -> None:
     populate(env, n=20)
     seeded = f"file://{tmp_path}/seeded"
