@@ -41,7 +41,6 @@ import functools
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,6 +51,7 @@ from objcache.backends._gcs_errors import (
     missing_bucket,
 )
 from objcache.backends._opts import opt_float, opt_int, opt_str
+from objcache.backends._shared import DaemonThreadPool
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import ConfigError
 
@@ -111,14 +111,15 @@ class _Shared:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid = -1
-        self.executor: ThreadPoolExecutor | None = None
+        self.executor: DaemonThreadPool | None = None
         self.clients: dict[ClientKey, Any] = {}
 
-    def pool(self) -> ThreadPoolExecutor:
+    def pool(self) -> DaemonThreadPool:
         if self.pid != os.getpid() or self.executor is None:
             with self.lock:
                 if self.pid != os.getpid() or self.executor is None:
-                    self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="gcs")
+                    # daemon threads: a call stuck past its deadline never delays exit
+                    self.executor = DaemonThreadPool(MAX_THREADS, "gcs")
                     self.clients = {}
                     self.pid = os.getpid()
         return self.executor

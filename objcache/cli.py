@@ -1,7 +1,10 @@
 """The ``objcache`` command line.
 
-Exit codes: 0 success; 1 the command ran and found problems (a failing tier, bad entries,
-entries that could not be copied); 2 bad usage or configuration (one line, no traceback).
+Exit codes (docs/operations.md, "Exit codes"): 0 success, and always for ``pull``/``warm``
+(warming is best-effort: problems are warnings); 1 the command ran and found problems (a
+failing tier, bad entries, entries that could not be copied or listed); 2 bad usage or
+configuration, or a write refused by read-only (one line, no traceback); 130 interrupted.
+Every remote call is bounded by its tier's deadline.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from objcache import ops
 from objcache.backends.base import Backend, TierSpec
 from objcache.codec import Codec
 from objcache.config import Config
@@ -89,8 +93,6 @@ def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSp
     """The tiers a writing command acts on. Fails closed: a read-only configuration, a
     read-only ``--tier``, or configured tiers that are all read-only refuse ``action`` before
     anything is opened; read-only tiers among several configured ones are skipped, said once."""
-    from objcache import ops
-
     ops.refuse_read_only(action, [], read_only=config.read_only)
     if tier:
         specs = parse_tier_list(tier, "--tier")
@@ -106,6 +108,19 @@ def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSp
                 f"{action}: skipping read-only tier {s.display}", markup=False, highlight=False
             )
     return writable
+
+
+def _open(spec: TierSpec, config: Config) -> Backend:
+    """The backend of ``spec`` with every call (each listing page too) bounded by the tier's
+    deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself."""
+    from objcache.deadline import DeadlineBackend
+
+    timeout_ms = int(spec.options.get("timeout_ms") or config.timeout_ms)
+    return DeadlineBackend(create_backend(spec), timeout_ms / 1000)
+
+
+def _warn(message: str) -> None:
+    err.print(f"objcache: warning: {message}", markup=False, highlight=False)
 
 
 def _local_spec(config: Config) -> TierSpec:
@@ -152,8 +167,6 @@ async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
 @app.command()
 def doctor(tier: TierOpt = None) -> None:
     """Check that every tier can be read, written in create mode and deleted from."""
-    from objcache import ops
-
     config = _config()
     specs = [_local_spec(config), *_tiers(config, tier)]
     codec = _codec(config)
@@ -165,7 +178,7 @@ def doctor(tier: TierOpt = None) -> None:
     failed = 0
 
     async def check(spec: TierSpec) -> ops.ProbeResult:
-        backend = create_backend(spec)
+        backend = _open(spec, config)
         write = not (config.read_only or spec.options.get("read_only") in ("1", "true"))
         try:
             return await asyncio.wait_for(
@@ -183,7 +196,9 @@ def doctor(tier: TierOpt = None) -> None:
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
         if not result.ok:
-            reasons.append(f"FAILED {spec.display}: {' '.join(result.error.split())}")
+            # errors name their tier already: the URL once per line
+            detail = " ".join(result.error.removeprefix(f"{spec.display}: ").split())
+            reasons.append(f"FAILED {spec.display}: {detail}")
         steps = [
             f"{result.steps[s]:.1f}" if s in result.steps else "-"
             for s in ("create", "read", "delete")
@@ -269,11 +284,9 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List entries (or environments) in a tier."""
-    from objcache import ops
-
     config = _config()
     spec = _tiers(config, tier)[0]
-    backend = create_backend(spec)
+    backend = _open(spec, config)
     if envs:
         found = _run(_closing([backend], ops.environments(backend)))
         if as_json:
@@ -335,8 +348,9 @@ def _copy(
     config: Config,
     *,
     read_only: bool = False,
-) -> None:
-    from objcache import ops
+) -> ops.CopyReport:
+    """Copy this environment's entries (or all) and print the outcome; the caller decides
+    what the outcome means for the exit code."""
 
     async def run() -> ops.CopyReport:
         keys = [e.info.key async for e in ops.entries(source, env=env)]
@@ -354,8 +368,8 @@ def _copy(
         f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
     )
     for line in report.errors[:10]:
-        err.print(f"  {line}")
-    raise typer.Exit(1 if report.failed or report.refused else 0)
+        err.print(f"  {line}", markup=False, highlight=False)
+    return report
 
 
 @app.command()
@@ -384,8 +398,11 @@ def push(
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
     src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
-    targets = [create_backend(s) for s in specs]
-    _copy(src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only)
+    targets = [_open(s, config) for s in specs]
+    report = _copy(
+        src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only
+    )
+    raise typer.Exit(1 if report.failed or report.refused else 0)
 
 
 @app.command()
@@ -396,8 +413,20 @@ def pull(
         bool, typer.Option("--all-envs", help="Every environment, not only this one.")
     ] = False,
 ) -> None:
-    """Warm the local tier: by job manifest, or everything for this environment."""
+    """Warm the local tier: by job manifest, or everything for this environment.
+
+    Best-effort: a missing bucket, a hung tier or entries that cannot be fetched are warnings
+    and exit 0 (a cold start is slower, not broken); only bad usage or configuration exits 2."""
     config = _config()
+    try:
+        _pull(config, tier, job, all_envs)
+    except ConfigError:
+        raise
+    except ObjcacheError as exc:
+        _warn(f"pull: nothing warmed: {exc}")
+
+
+def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> None:
     if job:
         from objcache import manifest
         from objcache.client import build_cache
@@ -416,10 +445,14 @@ def pull(
             f"{result['fetched']} fetched, {result['already_local']} already local "
             f"in {result['seconds']} s"
         )
-        raise typer.Exit(0 if result["manifests"] else 1)
+        if not result["manifests"]:
+            _warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
+        return
     spec = _tiers(config, tier)[0]
     local = create_backend(_local_spec(config))
-    _copy(create_backend(spec), [local], None if all_envs else env_id(), "pull", config)
+    report = _copy(_open(spec, config), [local], None if all_envs else env_id(), "pull", config)
+    if report.failed or report.refused:
+        _warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
 
 
 app.command("warm", help="Same as pull.")(pull)
@@ -445,8 +478,6 @@ def gc(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete whole environments, old entries, or down to a size."""
-    from objcache import ops
-
     if keep_env is None and older_than is None and max_bytes is None:
         raise UserError("gc needs --keep-env, --older-than or --max-bytes")
     config = _config()
@@ -455,7 +486,7 @@ def gc(
     keep = None if keep_env is None else {env_id() if e == "current" else e for e in keep_env}
 
     async def plan_all() -> list[ops.GcPlan]:
-        backends = [create_backend(s) for s in specs]
+        backends = [_open(s, config) for s in specs]
         return await _closing(
             backends,
             asyncio.gather(
@@ -485,7 +516,7 @@ def gc(
     bar, advance = _progress(total, "gc")
 
     async def run() -> list[int]:
-        backends = [create_backend(s) for s in specs]
+        backends = [_open(s, config) for s in specs]
         done = [0] * len(plans)
 
         async def one(i: int, backend: Backend) -> int:
@@ -511,15 +542,13 @@ def verify(
     delete: Annotated[bool, typer.Option("--delete", help="Delete bad entries.")] = False,
 ) -> None:
     """Check every entry's digest (and signature, when signing keys are set)."""
-    from objcache import ops
-
     config = _config()
     spec = parse_tier_list(tier, "--tier")[0] if tier else _local_spec(config)
     # The local tier is this machine's own: a read-only configuration protects remote tiers.
     read_only = config.read_only and bool(tier)
     if delete:
         ops.refuse_read_only("verify --delete", [spec], read_only=read_only)
-    backend = create_backend(spec)
+    backend = _open(spec, config) if tier else create_backend(spec)
     bar, advance = _progress(0, "verify")
 
     async def run() -> ops.VerifyReport:
