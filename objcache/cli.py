@@ -236,12 +236,10 @@ def stats(
     if as_json:
         _print_json(data)
         return
-    cache = data.get("cache", {})
-    out.print(f"environment {data.get('env')}  gets {cache.get('gets')}  hits {cache.get('hits')}")
-    out.print(
-        f"write-through {cache.get('write_through')}  back-fills {cache.get('backfills')}  "
-        f"write-behind dropped {cache.get('write_behind_dropped')}"
-    )
+    from objcache.stats_summary import latency_cell, stamp_line, summary_lines
+
+    for line in [stamp_line(data), *summary_lines(data)]:
+        out.print(line, markup=False, highlight=False)
     table = Table(
         "tier",
         "hits",
@@ -256,14 +254,14 @@ def stats(
     for t in data.get("tiers", []):
         lat = t.get("get_latency", {})
         table.add_row(
-            t["name"],
+            t["name"] + (" (local)" if t.get("local") else ""),
             str(t["hits"]),
             ", ".join(f"{k}={v}" for k, v in t["misses"].items()) or "-",
             str(t["puts"]),
             ", ".join(f"{k}={v}" for k, v in t["put_errors"].items()) or "-",
             _size(t["bytes_read"]),
             _size(t["bytes_written"]),
-            f"≤{lat.get('p50_ms_le')}/≤{lat.get('p99_ms_le')}",
+            latency_cell(lat),
             t.get("breaker", ""),
         )
     out.print(table)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -181,6 +182,8 @@ def _write_stats_file(client: Client) -> None:
     data = client.cache.stats_dict()
     if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
         return
+    # whose stats these are: `objcache stats` on a shared machine must say
+    data.update(written_at=time.time(), host=socket.gethostname(), pid=os.getpid(), job=client.job)
     target = stats_file(client.config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

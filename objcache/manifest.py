@@ -173,7 +173,9 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
 
     async def fetch(okey: str) -> bool:
         async with limit:
-            payload, _ = await cache.get_object(okey)
+            payload, tier = await cache.get_object(okey, absent_locally=cache.local is not None)
+            if payload is not None:
+                cache.stats.prefetch_fetched[tier] += 1
             return payload is not None
 
     fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))

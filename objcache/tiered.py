@@ -104,14 +104,22 @@ class TieredCache:
     async def get(self, kind: str, key: str) -> bytes | None:
         """The verified payload stored under (kind, key), or None."""
         self.stats.gets[kind] += 1
-        payload, _ = await self.get_object(self.namespace.object_key(kind, key))
+        payload, tier = await self.get_object(self.namespace.object_key(kind, key))
         if payload is not None:
             self.stats.hits[kind] += 1
+            self.stats.served_by[tier] += 1
+            self.stats.lookups_served_by[tier] += 1
         return payload
 
-    async def get_object(self, okey: str) -> tuple[bytes | None, str]:
-        """``(payload, tier name)`` for a full object key; concurrent callers share a fetch."""
-        result, shared = await self._flight.do(okey, lambda: self._fetch(okey))
+    async def get_object(
+        self, okey: str, *, absent_locally: bool = False
+    ) -> tuple[bytes | None, str]:
+        """``(payload, tier name)`` for a full object key; concurrent callers share a fetch.
+
+        Not a lookup (nothing is counted as one): :meth:`get` counts lookups, prefetch its
+        own. ``absent_locally``: the caller knows the local tier lacks the key (prefetch
+        asked), so the local tier is not read again (nor counted as a miss)."""
+        result, shared = await self._flight.do(okey, lambda: self._fetch(okey, absent_locally))
         if shared:
             self.stats.single_flight_shared += 1
         if result[0] is not None:
@@ -143,6 +151,7 @@ class TieredCache:
         self.stats.gets[kind] += 1
         self.stats.hits[kind] += 1
         self.stats.served_by[self.local.name] += 1
+        self.stats.lookups_served_by[self.local.name] += 1
         self.local.stats.hits += 1
         self.local.stats.bytes_read += size
         self.local.stats.get_latency.observe(ms)
@@ -154,24 +163,22 @@ class TieredCache:
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
 
-    async def _fetch(self, okey: str) -> tuple[bytes | None, str]:
+    async def _fetch(self, okey: str, absent_locally: bool = False) -> tuple[bytes | None, str]:
         if self.local is not None:
             landing = self._landing.get(okey)
             if landing is not None:
-                self.stats.served_by[self.local.name] += 1
                 return landing, self.local.name
+        if self.local is not None and not absent_locally:
             entry, _ = await self.local.get(okey)
             if entry is not None:
                 payload = await self._verify(self.local, okey, entry)
                 if payload is not None:
                     self.local.stats.hits += 1
-                    self.stats.served_by[self.local.name] += 1
                     return payload, self.local.name
         hit = await self._race_remotes(okey)
         if hit is None:
             return None, ""
         winner, entry, payload, absent_in = hit
-        self.stats.served_by[winner.name] += 1
         if self.local is not None:
             self._landing[okey] = payload
             self._spawn(self._write_through(okey, entry))
@@ -324,9 +331,12 @@ class TieredCache:
             digests = {candidate_digest(c.payload) for c in candidates}
             if payload is not None and candidate_digest(payload) not in digests:
                 # get_object already wrote a remote hit through to the local tier.
+                self.stats.served_by[tier_name] += 1
                 candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
         if candidates:
             self.stats.hits[kind] += 1
+            nearest = next((c for c in candidates if c.local), candidates[0])
+            self.stats.lookups_served_by[nearest.tier] += 1
         return candidates
 
     async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:
@@ -391,6 +401,9 @@ class TieredCache:
         return nearest + [t for t in healthy if t.flags.home and t not in nearest]
 
     async def _write_remotes(self, okey: str, entry: bytes) -> None:
+        for tier in self.remotes:
+            if tier.writable and tier.breaker_open():  # skipped, not silently
+                tier.stats.put_errors["breaker"] += 1
         targets = self.write_targets()
         await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 

@@ -137,6 +137,24 @@ def test_gc_acts_on_every_configured_tier(run: Run, env: dict[str, str], tmp_pat
     assert one.returncode == 0 and one.stdout.count("to delete") == 1
 
 
+def test_stats_summary_after_a_warm_run(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    populate(env)  # the first machine: writes the store
+    fresh = Client(Config.from_env({**env, "OBJCACHE_LOCAL_DIR": str(tmp_path / "fresh")}))
+    assert fresh.get("fx-graph", "key-1") is not None  # from the store
+    assert fresh.get("fx-graph", "key-1") is not None  # now local
+    assert fresh.get("fx-graph", "nope") is None
+    fresh.close()
+    r = run("stats")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("stats of job clitest on ") and "(pid " in lines[0], lines[0]
+    assert "UTC" in lines[0] and "ago), environment " in lines[0]
+    store = f"file://{tmp_path}/store"
+    assert lines[1] == f"lookups 3, hits 2 (66.7%): served locally 1, {store} 1, misses 1"
+    assert "puts skipped by an open breaker 0" in r.stdout
+    assert "None" not in r.stdout
+
+
 def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_path: Path) -> None:
     populate(env, n=20)
     seeded = f"file://{tmp_path}/seeded"

@@ -238,3 +238,16 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
     await regional.put("probe", b"x")
     assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]
+
+
+async def test_puts_skipped_by_an_open_breaker_are_counted() -> None:
+    broken, healthy = tier("mem://broken"), tier("mem://healthy")
+    cache, _ = make(broken, healthy)
+    for _ in range(broken.breaker.threshold):
+        broken.breaker.failure()
+    assert broken.breaker_open()
+    for i in range(4):
+        await cache.put("fx-graph", f"k{i}", b"v")
+    await cache.flush(5)
+    assert broken.stats.put_errors["breaker"] == 4 + 1  # and the ENV.json
+    assert healthy.stats.puts == 4 + 1  # and the ENV.json
