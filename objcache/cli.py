@@ -37,8 +37,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # click's plain help: typer's rich panels render every boolean flag as "--json <bool>"
+    rich_markup_mode=None,
 )
-mega_app = typer.Typer(help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).")
+mega_app = typer.Typer(
+    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).", rich_markup_mode=None
+)
 app.add_typer(mega_app, name="mega")
 
 #: Console width without a terminal: wide enough that no table cell is ever truncated.

@@ -86,6 +86,33 @@ def test_pull_from_a_missing_store_warns_and_exits_0(run: Run, tmp_path: Path) -
     assert bad_usage.returncode == 2
 
 
+def test_tables_are_not_wrapped_without_a_terminal(run: Run, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/{'a-long-directory-name-' * 6}store"
+    r = run("doctor", extra={"OBJCACHE_TIERS": url, "COLUMNS": ""})
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = next((line for line in r.stdout.splitlines() if url in line), None)
+    assert row is not None and "ok" in row, r.stdout
+
+
+def test_boolean_flags_look_and_parse_like_flags() -> None:
+    import typer.main
+    from typer.testing import CliRunner
+
+    from objcache import cli
+
+    runner = CliRunner()
+    root = typer.main.get_group(cli.app)
+    commands = [[name] for name in root.commands]
+    commands += [["mega", name] for name in typer.main.get_group(cli.mega_app).commands]
+    assert len(commands) > 10
+    for command in [[], *commands]:
+        shown = runner.invoke(cli.app, [*command, "--help"])
+        assert shown.exit_code == 0, (command, shown.output)
+        assert "<bool>" not in shown.output and "BOOLEAN" not in shown.output, shown.output
+    assert "--json " in runner.invoke(cli.app, ["stats", "--help"]).output
+    assert "--delete " in runner.invoke(cli.app, ["verify", "--help"]).output
+
+
 def test_bad_config_is_one_line_exit_2(run: Run) -> None:
     r = run("ls", extra={"OBJCACHE_TIERS": "redis://h:1/0,sx3://b/p"})
     assert r.returncode == 2
