@@ -13,7 +13,8 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -135,18 +136,30 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def _progress(total: int, what: str) -> tuple[Progress, Any]:
+def _progress(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
+    """A bar of objects done, bytes moved and their rate; the callback takes one object's
+    bytes (see :mod:`objcache.ops`)."""
     bar = Progress(
         TextColumn(f"[bold]{what}"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn("{task.fields[moved]} at {task.fields[rate]}"),
         TimeElapsedColumn(),
         console=err,
         transient=False,
         disable=not err.is_terminal and not os.environ.get("OBJCACHE_PROGRESS"),
     )
-    task = bar.add_task(what, total=total)
-    return bar, lambda n: bar.update(task, completed=n)
+    task = bar.add_task(what, total=total or None, moved=_size(0), rate=f"{_size(0)}/s")
+    started = time.monotonic()
+    moved = 0
+
+    def advance(nbytes: int) -> None:
+        nonlocal moved
+        moved += nbytes
+        rate = moved / max(time.monotonic() - started, 1e-3)
+        bar.update(task, advance=1, moved=_size(moved), rate=f"{_size(rate)}/s")
+
+    return bar, advance
 
 
 def _size(n: float) -> str:
@@ -519,14 +532,9 @@ def gc(
 
     async def run() -> list[int]:
         backends = [_open(s, config) for s in specs]
-        done = [0] * len(plans)
 
         async def one(i: int, backend: Backend) -> int:
-            def step(n: int) -> None:
-                done[i] = n
-                advance(sum(done))
-
-            return await ops.run_gc(backend, plans[i], step, read_only=config.read_only)
+            return await ops.run_gc(backend, plans[i], advance, read_only=config.read_only)
 
         with bar:
             return await _closing(

@@ -1,7 +1,8 @@
 """Store maintenance, independent of any UI: listing, copying, verifying, collecting garbage.
 
-The CLI (:mod:`objcache.cli`) renders these; each takes an optional ``progress`` callback
-called with the number of objects done so far, so long work can show a bar.
+The CLI (:mod:`objcache.cli`) renders these; each takes an optional ``progress`` callback,
+called once per object done with the bytes it moved, so long work can show a bar with bytes
+and rate.
 """
 
 from __future__ import annotations
@@ -106,19 +107,25 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
     return envs
 
 
+def _moved(item: Any, result: Any) -> int:
+    return int(result or 0)
+
+
 async def _bounded(
-    items: list[Any], fn: Callable[[Any], Any], progress: Progress | None
+    items: list[Any],
+    fn: Callable[[Any], Any],
+    progress: Progress | None,
+    weight: Callable[[Any, Any], int] = _moved,
 ) -> list[Any]:
+    """``fn`` over ``items``, CONCURRENCY at a time; ``progress(weight(item, result))`` after
+    each (by default ``fn`` returns the bytes it moved)."""
     limit = asyncio.Semaphore(CONCURRENCY)
-    done = 0
 
     async def one(item: Any) -> Any:
-        nonlocal done
         async with limit:
             result = await fn(item)
-        done += 1
         if progress:
-            progress(done)
+            progress(weight(item, result))
         return result
 
     return list(await asyncio.gather(*(one(i) for i in items)))
@@ -149,27 +156,28 @@ async def copy(
     refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
     report = CopyReport()
 
-    async def one(okey: str) -> None:
+    async def one(okey: str) -> int:
         try:
             data = await source.get(okey)
             if data is None:
-                return
+                return 0
             if not okey.endswith(ENV_FILE):
                 await verify_entry(codec, data)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
         except EntryError as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")
-            return
+            return 0
         except (BackendError, OSError) as exc:
             report.failed += 1
             report.errors.append(f"{okey}: {exc}")
-            return
+            return 0
         if any(results):
             report.copied += 1
             report.bytes += len(data)
         else:
             report.existed += 1
+        return len(data)
 
     await _bounded(keys, one, progress)
     return report
@@ -199,10 +207,10 @@ async def verify(
     report = VerifyReport()
     found = [e async for e in entries(backend, env=env)]
 
-    async def one(entry: Entry) -> None:
+    async def one(entry: Entry) -> int:
         data = await backend.get(entry.info.key)
         if data is None:
-            return
+            return 0
         report.checked += 1
         try:
             await verify_entry(codec, data)
@@ -210,6 +218,7 @@ async def verify(
             report.bad.append((entry.info.key, exc.reason))
             if delete and await backend.delete(entry.info.key):
                 report.deleted += 1
+        return len(data)
 
     await _bounded(found, one, progress)
     return report
@@ -265,7 +274,8 @@ async def run_gc(
         except BackendError:
             return False
 
-    return sum(await _bounded(plan.delete, one, progress))
+    deleted = await _bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
+    return sum(deleted)
 
 
 @dataclass

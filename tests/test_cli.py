@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -198,6 +199,14 @@ def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_
         assert client.cache.read_local_sync("fx-graph", "key-7") is not None
     finally:
         client.close()
+
+
+def test_progress_shows_bytes_and_rate(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+    populate(env, n=4)
+    r = run("push", "--tier", f"file://{tmp_path}/seeded", extra={"OBJCACHE_PROGRESS": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    bar = next(line for line in r.stderr.splitlines() if line.startswith("push"))
+    assert re.search(r"\b6/6 [0-9.]+ (B|KiB) at [0-9.]+ (B|KiB|MiB)/s", bar), bar  # +manifest, ENV
 
 
 def test_pull_by_job_manifest(run: Run, env: dict[str, str], tmp_path: Path) -> None:
