@@ -25,6 +25,11 @@ MiB = 1 << 20
 #: ``(parts, where) -> (location, path)``: checks a URL's host/bucket/path for one scheme.
 LocationCheck = Callable[[SplitResult, str], tuple[str, str]]
 
+#: The hint for a password whose special characters split the URL.
+PERCENT_ENCODE = (
+    "percent-encode special characters of the password "
+    "('@' as %40, '/' as %2F, '?' as %3F, '#' as %23, '%' as %25)"
+)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 
 
@@ -45,6 +50,9 @@ def _bucket(parts: SplitResult, where: str) -> tuple[str, str]:
 
 
 def _redis_host(parts: SplitResult, where: str) -> tuple[str, str]:
+    if "@" in parts.path + parts.query + parts.fragment:
+        # a raw '/', '?' or '#' in the password ended the host part early
+        raise ConfigError(f"{where}: '@' after the host: {PERCENT_ENCODE}")
     if not parts.hostname:
         raise ConfigError(f"{where}: {parts.scheme}:// URL needs a host")
     return parts.netloc, parts.path

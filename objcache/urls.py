@@ -31,6 +31,8 @@ def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
         options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
         _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError as exc:
+        if "@" in url:  # a password cut short: echo none of it (urllib's message quotes it)
+            raise ConfigError(f"{where}: cannot parse the URL; {registry.PERCENT_ENCODE}") from None
         raise ConfigError(f"{where}: cannot parse {redact(url)!r}: {exc}") from None
     location, path = entry.location(parts, where)
     tables = registry.option_tables(scheme)
@@ -60,13 +62,19 @@ def redact(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
     query = "&".join(
-        f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
+        f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={_redact_value(v)}" if v else k)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     )
     out = urlunsplit((parts.scheme, netloc, parts.path, query, ""))
     if not out.startswith(f"{parts.scheme}://") and url.startswith(f"{parts.scheme}://"):
         out = f"{parts.scheme}://{out[len(parts.scheme) + 1 :]}"
     return out
+
+
+def _redact_value(value: str) -> str:
+    """A query value that is itself a URL (``endpoint_url=http://user:pw@host``) may carry a
+    password too."""
+    return redact(value) if "://" in value and "@" in value else value
 
 
 def flag(spec: TierSpec, name: str) -> bool:

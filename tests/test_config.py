@@ -68,6 +68,8 @@ def test_secrets_never_in_display() -> None:
         ("s3://bucket/p?read_only=yes please", "read_only must be 0/1/true/false"),
         ("redis://h:6379/0?ttl=soon", "ttl must be a non-negative integer"),
         ("s3://bucket/p?connect_timeout=0", "connect_timeout must be > 0"),
+        ("redis://:hunt@er/zz@cache:6379/0", "percent-encode special characters"),
+        ("redis://:hunt#er@w@cache:6379/0", "cannot parse the URL; percent-encode"),
     ],
 )
 def test_unknown_or_mistyped_tier_options_are_refused(url: str, message: str) -> None:
@@ -75,6 +77,7 @@ def test_unknown_or_mistyped_tier_options_are_refused(url: str, message: str) ->
         parse_tier_list(url)
     assert str(raised.value).startswith("OBJCACHE_TIERS[0]: ")
     assert message in str(raised.value)
+    assert "hunt" not in str(raised.value), "no part of a password"
 
 
 def test_unknown_config_keywords_are_refused() -> None:
@@ -94,6 +97,12 @@ def test_tier_flags_parse_as_they_are_checked() -> None:
         assert flag(parse_tier_url(f"file:///c?read_only={raw}"), "read_only"), raw
     assert not flag(parse_tier_url("file:///c?read_only=0"), "read_only")
     assert not flag(parse_tier_url("file:///c"), "read_only")
+
+
+def test_password_inside_an_endpoint_url_is_redacted() -> None:
+    config = Config(tiers="s3://bucket/p?endpoint_url=http://minio:hunter2@127.0.0.1:9000")
+    assert "hunter2" not in repr(config) and "hunter2" not in config.tiers[0].display
+    assert "endpoint_url=http://minio:***@127.0.0.1:9000" in config.tiers[0].display
 
 
 def test_env_parsing_and_errors() -> None:
