@@ -18,6 +18,7 @@ from typing import Any
 from objcache.backends.base import TierSpec
 from objcache.errors import ConfigError
 from objcache.logs import LEVELS
+from objcache.registry import SCHEMES
 from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
@@ -41,9 +42,10 @@ class Config:
 
     tiers: tuple[TierSpec, ...] = _opt(
         "OBJCACHE_TIERS",
-        "Comma-separated remote tier URLs, nearest first: redis://, rediss://, unix://, "
-        "s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir. Per-tier options go in the "
-        "query: read_only=1, write_only=1, home=1, timeout_ms=, retries=, max_size=. "
+        "Comma-separated remote tier URLs, nearest first: "
+        + ", ".join(f"{name}://" for name in SCHEMES if name != "disk")
+        + " (s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir). Per-tier options go in "
+        "the query, e.g. ?read_only=1 (see Tier URL options below). "
         "Empty: a file:// store under the user cache dir (the embedded default).",
         default=(),
     )
