@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck fuzz bench docs clean venv system-deps
+.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check objcache backends tests bench
 	$(BIN)/ruff format --check objcache backends tests bench
-	$(BIN)/mypy --strict objcache tests/support
+	$(BIN)/mypy --strict objcache backends/objcache/backends tests/support
 
 test: venv system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -35,8 +35,14 @@ test: venv system-deps lint
 fuzz: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-profile=fuzz
 
+# Mutation testing of the core against the fast tests (docs/testing.md); not part of `test`.
+mutation: venv
+	rm -rf mutants
+	PYTHONPATH=$(CURDIR) $(BIN)/mutmut run --max-children 2
+	$(BIN)/python scripts/mutation_report.py
+
 docs: venv
 	$(BIN)/python -m objcache.docgen > docs/configuration.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants

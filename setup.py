@@ -3,7 +3,8 @@
 A ``.pth`` file must sit at the top of site-packages, which package data cannot reach, so
 ``build_py`` writes it into the build root (wheels install it into purelib) and, for editable
 installs, into the editable wheel. Its one line imports nothing unless ``OBJCACHE_TIERS`` or
-``OBJCACHE_ENABLE`` is set; see ``objcache/integrations/torch/autoload.py``.
+``OBJCACHE_ENABLE`` is set, and then calls ``objcache.integrations.torch.autoload.activate()``
+(importing that module alone does nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from setuptools.command.build_py import build_py
 PTH_NAME = "objcache-autoload.pth"
 PTH_LINE = (
     "import os; (os.environ.get('OBJCACHE_TIERS') or os.environ.get('OBJCACHE_ENABLE')) "
-    "and __import__('objcache.integrations.torch.autoload')\n"
+    "and __import__('objcache.integrations.torch.autoload')"
+    ".integrations.torch.autoload.activate()\n"
 )
 
 

@@ -8,8 +8,14 @@
     (a fresh Client replays the key set of a compile, 200 entries of realistic sizes looked up
     one after another as torch does) and at the torch level (``objcache.demo``'s worker: a
     real torch.compile and training step in fresh subprocess "machines").
+(c) 8 ranks on one node (real redis-server on 127.0.0.1): 8 processes start at once on a
+    fresh shared local dir and look up 300 entries of 60 KB; remote GETs per entry counted
+    by Redis (``INFO commandstats``, manifest reads included), with and without prefetch,
+    with node single-flight on and off (``OBJCACHE_NODE_SINGLE_FLIGHT``); written to its
+    own section, ``fleet-node``.
 
     .venv/bin/python bench/fleet.py [--entries 2000] [--rounds 3] [--out docs/benchmarks.md]
+    .venv/bin/python bench/fleet.py --node-only [--rounds 3] [--out docs/benchmarks.md]
 
 awscli: ``$OBJCACHE_BENCH_AWS``, else an ``aws`` that runs (venv, then PATH), else it is
 installed into its own venv under /tmp (awscli pins botocore exactly; the project venv's
@@ -43,8 +49,10 @@ from objcache.fingerprint import env_id
 from objcache.layout import Namespace
 from objcache.registry import create_backend
 from tests.cloud_support import s3_url, server_profile
+from tests.support.node_worker import KIND as NODE_KIND
+from tests.support.node_worker import payload_for, results, start_ranks
 from tests.support.proxy import FaultProxy
-from tests.support.servers import SeaweedS3
+from tests.support.servers import RedisServer, SeaweedS3
 
 AWSCLI_VENV = Path(tempfile.gettempdir()) / "objcache-bench-awscli"
 KB = 1024
@@ -399,6 +407,106 @@ def bench_torch_warm(
     return out
 
 
+# --- (c) 8 ranks on one node ------------------------------------------------------------------
+
+NODE_RUNS = (("off", False), ("off", True), ("on", False), ("on", True))
+
+
+def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> dict[str, Any]:
+    """Remote GETs per entry and wall time of ``ranks`` processes sharing a fresh local dir."""
+    import redis
+
+    out: dict[str, Any] = {"ranks": ranks, "entries": entries, "size": size, "rounds": rounds}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    with RedisServer() as server:
+        raw = redis.Redis(host=server.host, port=server.port)
+        for r in range(rounds):
+            for leases, prefetch in NODE_RUNS:
+                label = f"{leases}-{'prefetch' if prefetch else 'no_prefetch'}"
+                job = f"node-{r}-{label}"
+                url = f"{server.url}?prefix={job}"
+                keys = [f"k{i:05d}-{random.getrandbits(64):016x}" for i in range(entries)]
+                seeder = Client(Config(tiers=url, local_dir=work / job / "seed", job=job))
+                for key in keys:
+                    seeder.put(NODE_KIND, key, payload_for(key, size))
+                seeder.close()  # leaves the job's manifest
+                spec = {
+                    "tiers": url,
+                    "local_dir": str(work / job / "node"),
+                    "job": job,
+                    "prefetch": prefetch,
+                    "node_single_flight": leases == "on",
+                    "keys": keys,
+                    "size": size,
+                }
+                procs = start_ranks([spec] * ranks, work / job / "go")
+                raw.config_resetstat()
+                (work / job / "go").touch()
+                done = results(procs)
+                calls = raw.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+                sample = {
+                    "load": os.getloadavg()[0],  # the machine is shared: say how busy it was
+                    "gets_per_entry": int(calls) / entries,  # the manifest's reads included
+                    "wall": max(d["seconds"] for d in done),
+                    "hits": sum(d["hits"] for d in done),
+                    "wrong": sum(d["wrong"] for d in done),
+                }
+                print(label, r, sample, file=sys.stderr, flush=True)
+                samples.setdefault(label, []).append(sample)
+        raw.close()
+    for label, runs in samples.items():
+        out[label] = {
+            "gets_per_entry": statistics.median(x["gets_per_entry"] for x in runs),
+            "max_gets_per_entry": max(x["gets_per_entry"] for x in runs),
+            "wall": statistics.median(x["wall"] for x in runs),
+            "all_walls": [x["wall"] for x in runs],
+            "hits": min(x["hits"] for x in runs),
+            "loads": [x["load"] for x in runs],
+            "wrong": sum(x["wrong"] for x in runs),
+        }
+    return out
+
+
+def report_node(node: dict[str, Any]) -> str:
+    n, e = node["ranks"], node["entries"]
+    lines = [
+        f"**(c) {n} ranks on one node.** {n} processes start at once on a fresh shared "
+        f"`OBJCACHE_LOCAL_DIR` and look up {e} entries of {node['size'] // 1000} KB "
+        "(incompressible) in order, as torch does, from one redis-server on 127.0.0.1. Remote "
+        "GETs counted by Redis (`INFO commandstats`), the reads of the job's manifest "
+        "included. Wall: start of the lookups to the last rank's last hit. Median of "
+        f"{node['rounds']} rounds, each on a fresh prefix and local dir:",
+        "",
+        "| node single-flight | prefetch | remote GETs per entry (worst round) "
+        "| wall s (each round) | hits | wrong values |",
+        "|---|---|---|---|---|---|",
+    ]
+    for leases, prefetch in NODE_RUNS:
+        r = node[f"{leases}-{'prefetch' if prefetch else 'no_prefetch'}"]
+        walls = ", ".join(f"{w:.2f}" for w in r["all_walls"])
+        lines.append(
+            f"| {leases} | {'yes' if prefetch else 'no'} | **{r['gets_per_entry']:.2f}** "
+            f"({r['max_gets_per_entry']:.2f}) | {r['wall']:.2f} ({walls}) "
+            f"| {r['hits']}/{n * e} | {r['wrong']} |"
+        )
+    loads = [x for label in node if "-" in label for x in node[label]["loads"]]
+    lines += [
+        "",
+        f"1-minute load average on this {os.cpu_count()}-CPU machine at the end of each run: "
+        f"{min(loads):.1f} to {max(loads):.1f} (shared with other work): wall times are only "
+        "comparable within a round.",
+    ]
+    on = [node[f"on-{p}"] for p in ("no_prefetch", "prefetch")]
+    worst = max(r["max_gets_per_entry"] for r in on)
+    lines += [
+        "",
+        f"Target ≤ 1.05 GETs per entry with node single-flight, with and without prefetch: "
+        f"**{'met' if worst <= 1.05 else 'not met'}** (worst round {worst:.2f}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 # --- report --------------------------------------------------------------------------------
 
 
@@ -524,8 +632,24 @@ def main() -> None:
     ap.add_argument("--skip-sync", action="store_true")
     ap.add_argument("--skip-warm", action="store_true")
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-node", action="store_true")
+    ap.add_argument("--node-only", action="store_true", help="only (c), 8 ranks on one node")
+    ap.add_argument("--node-ranks", type=int, default=8)
+    ap.add_argument("--node-entries", type=int, default=300)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.node_only:
+        args.skip_sync = args.skip_warm = args.skip_torch = True
+    if not args.skip_node:
+        with tempfile.TemporaryDirectory(prefix="objcache-bench-node-") as tmp:
+            node = bench_node(Path(tmp), args.rounds, args.node_ranks, args.node_entries, 60_000)
+        text = report_node(node)
+        print(text)
+        if args.out:
+            command = f"python bench/fleet.py --node-only --rounds {args.rounds} --out {args.out}"
+            write_section(args.out, "fleet-node", command, text)
+    if args.skip_sync and args.skip_warm and args.skip_torch:
+        return
     aws = find_aws()
     data = costs = warm = torch_warm = None
     syncs: list[dict[str, Any]] = []

@@ -11,9 +11,18 @@ the zero-code path (``objcache-autoload.pth``) costs nothing measurable at start
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING, Any
 
+# In a checkout the backends' source lives in the top-level backends/ folder as the
+# ``objcache`` portion ``backends/objcache/backends/`` (docs/architecture.md, "Package
+# layout"); installed wheels carry it in objcache/backends/ and this finds nothing.
+_BACKENDS_ROOT = _os.path.join(_os.path.dirname(_os.path.dirname(__file__)), "backends", "objcache")
+if _os.path.isdir(_os.path.join(_BACKENDS_ROOT, "backends")):
+    __path__.append(_BACKENDS_ROOT)
+
 if TYPE_CHECKING:
+    from objcache.client import Client
     from objcache.config import Config
     from objcache.errors import ConfigError, ObjcacheError
 
@@ -47,8 +56,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def get_client(config: Config | None = None) -> Any:
-    """The process-wide synchronous client (see :mod:`objcache.client`)."""
+def get_client(config: Config | None = None) -> Client:
+    """The process-wide synchronous client (see :mod:`objcache.client`).
+
+    The one accessor the integrations use: it imports the client (asyncio and the rest of
+    the core) only on first call, so importing an integration stays cheap.
+    """
     from objcache.client import get_client as _get_client
 
     return _get_client(config)

@@ -196,7 +196,7 @@ def doctor(tier: TierOpt = None) -> None:
 
     async def check(spec: TierSpec) -> ops.ProbeResult:
         backend = _open(spec, config)
-        write = not (config.read_only or spec.options.get("read_only") in ("1", "true"))
+        write = not (config.read_only or flag(spec, "read_only"))
         try:
             return await asyncio.wait_for(
                 ops.probe(backend, codec, write=write), config.timeout_ms / 1000 * 3

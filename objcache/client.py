@@ -28,6 +28,8 @@ from objcache.config import Config, user_cache_dir
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
+from objcache.nodelease import NodeLeases
+from objcache.records import Change
 from objcache.registry import create_backend
 from objcache.tier import Tier
 from objcache.tiered import Candidate, TieredCache
@@ -35,8 +37,17 @@ from objcache.tiered import Candidate, TieredCache
 log = logging.getLogger("objcache")
 T = TypeVar("T")
 
-#: Added to the per-tier deadline for the whole sync call (local I/O, decoding).
+#: Added to the longest tier deadline for the whole sync call (local I/O, decoding).
 _CALL_MARGIN_S = 1.0
+
+
+def sync_deadline_s(cache: TieredCache) -> float:
+    """How long a synchronous call may wait: the longest tier deadline plus a margin.
+
+    Remote tiers are asked concurrently, so the slowest one allowed bounds a lookup; a far
+    tier's own ``?timeout_ms=`` above ``OBJCACHE_TIMEOUT_MS`` is honoured, not cut short.
+    """
+    return max((t.policy.timeout_s for t in cache.tiers), default=0.0) + _CALL_MARGIN_S
 
 
 def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> TieredCache:
@@ -60,6 +71,10 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         Tier.from_backend(create_backend(spec), read_only=config.read_only, **common)
         for spec in config.effective_tiers()
     ]
+    leases = None
+    if config.node_single_flight:
+        hold_s = max((t.policy.timeout_s for t in remotes), default=0.0) + _CALL_MARGIN_S
+        leases = NodeLeases(str(config.local_dir), hold_s=hold_s)
     return TieredCache(
         local,
         remotes,
@@ -69,6 +84,7 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
         read_only=config.read_only,
         env_fields=fields,
         write_to=config.write_to,
+        leases=leases,
     )
 
 
@@ -80,7 +96,7 @@ class Client:
         logs.configure(config.log_level)
         self.bridge = bridge or Bridge()
         self.cache = build_cache(config)
-        self.call_timeout_s = config.timeout_ms / 1000 + _CALL_MARGIN_S
+        self.call_timeout_s = sync_deadline_s(self.cache)
         self.timeouts = 0
         self._closed = False
         self.job = config.job or default_job_name()
@@ -109,6 +125,14 @@ class Client:
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        """A record's value (nearest remote tier first; see TieredCache.get_record)."""
+        return self._run(lambda: self.cache.get_record(kind, key), None)
+
+    def update_record(self, kind: str, key: str, change: Change) -> None:
+        """Read-modify-write of a record: local now, remote tiers in the background."""
+        self._run(lambda: self.cache.update_record(kind, key, change), None)
 
     def get_candidates(self, kind: str, key: str) -> list[Candidate]:
         """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""

@@ -1,4 +1,4 @@
-"""The entry format every tier stores (DESIGN section 3).
+"""The entry format every tier stores (docs/architecture.md, "Entry format").
 
 ::
 
@@ -159,8 +159,3 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     if d is None:
         d = _local.d = zstandard.ZstdDecompressor()
     return d
-
-
-def is_entry(data: bytes | memoryview) -> bool:
-    """Cheap check that bytes look like an objcache entry (magic only, no verification)."""
-    return bytes(data[:4]) == MAGIC

@@ -138,6 +138,13 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
+    node_single_flight: bool = _opt(
+        "OBJCACHE_NODE_SINGLE_FLIGHT",
+        "Processes sharing the local dir (the ranks of a node) fetch each missing entry once: "
+        "the first takes a lease file beside the entry, the others wait for it to land "
+        "(at most one deadline) and read it locally. See docs/architecture.md.",
+        default=True,
+    )
     guarded_candidates: bool = _opt(
         "OBJCACHE_GUARDED_CANDIDATES",
         "Store every guard variant of torch's FX graph and AOTAutograd entries as its own "

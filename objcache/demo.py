@@ -42,8 +42,24 @@ MODELS = ("tiny", "block")
 # --- the worker: one process, one compile -----------------------------------------------------
 
 
+def make_input(name: str, batch: int | None = None) -> Any:
+    """The model's input; ``batch`` overrides the default batch size (2 for block, 4 tiny)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1 if batch is None else 1000 + batch)
+    if name == "tiny":
+        return torch.randn(4 if batch is None else batch, 8, generator=generator)
+    return torch.randn(2 if batch is None else batch, 16, 64, generator=generator)
+
+
 def build_model(name: str, salt: float) -> tuple[Any, Any]:
-    """``(module, input)``: ``tiny`` is a 2-layer MLP; ``block`` a 4-layer MLP + attention."""
+    """``(module, input)``: ``tiny`` is a 2-layer MLP; ``block`` a 4-layer MLP + attention.
+
+    The ``forward`` methods close over nothing (no captured locals, no ``super()``): torch's
+    PGO names a frame by its code *and* a hash of its closure cells, and on Python < 3.12 that
+    hash differs in every process, so a closure's dynamic-shape profile never matches in the
+    next process (see docs/torch.md, "Known limits").
+    """
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -54,16 +70,19 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
         class Tiny(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
+                self.salt = salt
                 self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
             def forward(self, x: Any) -> Any:
-                return self.net(x) * salt
+                return self.net(x) * self.salt
 
         return Tiny(), torch.randn(4, 8)
 
     class Block(nn.Module):
         def __init__(self, d: int = 64, heads: int = 4) -> None:
             super().__init__()
+            self.salt = salt
+            self.attention = F.scaled_dot_product_attention
             self.heads = heads
             self.norm1 = nn.LayerNorm(d)
             self.qkv = nn.Linear(d, 3 * d)
@@ -78,9 +97,9 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
             b, t, c = x.shape
             q, k, v = self.qkv(self.norm1(x)).split(c, dim=2)
             q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = self.attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
-            return (x + self.mlp(self.norm2(x))) * salt
+            return (x + self.mlp(self.norm2(x))) * self.salt
 
     return Block(), torch.randn(2, 16, 64)
 
@@ -113,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # compile + step alike with and without objcache (not who paid for the imports).
     import importlib
 
-    from objcache.integrations.torch.autoload import WATCHED
+    from objcache.integrations.torch.watched import WATCHED
 
     for name in WATCHED:
         importlib.import_module(name)
@@ -131,14 +150,20 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     result["setup_s"] = time.perf_counter() - setup_started
 
     model, x = build_model(args.model, args.salt)
-    ref_out, ref_grads = _step(copy.deepcopy(model), x)
+    inputs = [make_input(args.model, int(b)) for b in args.batches.split(",") if b] or [x]
+    refs = [_step(copy.deepcopy(model), xi) for xi in inputs]
     _stage("compile")
     compiled = torch.compile(model)
+    # "first step": the first step at each batch size, where every compile happens
     t0 = time.perf_counter()
-    out, grads = _step(compiled, x)
+    steps = [_step(compiled, xi) for xi in inputs]
     result["first_step_s"] = time.perf_counter() - t0
     _stage("check")
-    pairs = list(zip([out, *grads], [ref_out, *ref_grads], strict=True))
+    pairs = [
+        pair
+        for (out, grads), (ref_out, ref_grads) in zip(steps, refs, strict=True)
+        for pair in zip([out, *grads], [ref_out, *ref_grads], strict=True)
+    ]
     errs = [float((a - b).abs().max()) for a, b in pairs]
     result["max_abs_err"] = max(errs)
     result["match"] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
@@ -150,6 +175,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in counters[group].items()
         if "cache" in k
     }
+    # graphs dynamo compiled (a recompile at a new batch size adds one)
+    result["graphs"] = int(counters["stats"]["unique_graphs"])
     if args.torch_mega_save:
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
@@ -197,6 +224,11 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true")
     p.add_argument("--model", choices=MODELS, default="tiny")
     p.add_argument("--salt", type=float, default=1.0)
+    p.add_argument(
+        "--batches",
+        default="",
+        help="comma-separated batch sizes, one step at each (default: one step, batch 2/4)",
+    )
     p.add_argument(
         "--objcache",
         choices=("off", "install", "auto"),

@@ -2,7 +2,7 @@
 
 Torch's own keys omit the CPU vector ISA (an AVX-512 entry is served to an AVX2 process and
 computes wrong results) and say nothing about the GPU or CUDA build. objcache namespaces
-every entry by a short hash of this fingerprint (DESIGN section 4).
+every entry by a short hash of this fingerprint (docs/architecture.md, "Environments").
 
 Asking torch costs an ``import torch`` (2-3 s), which a process that compiles pays anyway
 but a CLI run (``objcache pull`` at boot, ``objcache push`` in CI) would pay every time.

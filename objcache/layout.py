@@ -1,4 +1,4 @@
-"""Where an entry lives inside a store: ``v1/<env>/<kind>/<shard>/<key>`` (DESIGN section 4).
+"""Where an entry lives inside a store: ``v1/<env>/<kind>/<shard>/<key>``.
 
 The store's own prefix (the path of its URL) is prepended by the backend. ``<shard>`` is two
 hex chars of a hash of the key, spreading load over S3 partitions; user keys are
@@ -14,20 +14,6 @@ from urllib.parse import quote, unquote
 
 LAYOUT_VERSION = "v1"
 ENV_FILE = "ENV.json"
-
-#: Kinds objcache stores. Third-party callers may use others made of [a-z0-9-].
-KINDS = (
-    "fx-graph",
-    "aot-autograd",
-    "autotune",
-    "bundled-autotune",
-    "pgo",
-    "kernel",
-    "mega",
-    "manifest",
-    "triton",
-    "blob",
-)
 
 _SAFE = "-_.:=+@~"
 #: Ends the folder segment holding a key's guarded candidates. ``encode_key`` always

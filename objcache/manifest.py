@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import secrets
 import sys
 import time
@@ -27,7 +28,7 @@ from objcache.deadline import bounded_pages
 from objcache.errors import EntryError
 from objcache.layout import parse_object_key
 from objcache.tier import Tier
-from objcache.tiered import TieredCache
+from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 
 KIND = "manifest"
 FORMAT = 1
@@ -169,11 +170,19 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
     keys, names = await read_job(cache, job)
     cache.prefetched = set(keys)
     missing = [k for k in keys if cache.local is None or not await _local_has(cache, k)]
+    # Ranks of a node prefetch in different orders and leave a key another rank is
+    # fetching to it (its lease), so together they fetch each key about once.
+    random.shuffle(missing)
     limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
+    elsewhere = 0
 
     async def fetch(okey: str) -> bool:
+        nonlocal elsewhere
         async with limit:
-            payload, tier = await cache.get_object(okey, absent_locally=cache.local is not None)
+            payload, tier = await cache.get_object(
+                okey, wait=False, absent_locally=cache.local is not None
+            )
+            elsewhere += tier == LEASED_ELSEWHERE
             if payload is not None:
                 cache.stats.prefetch_fetched[tier] += 1
             return payload is not None
@@ -186,6 +195,7 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
         "keys": len(keys),
         "fetched": fetched,
         "already_local": len(keys) - len(missing),
+        "fetched_by_another_process": elsewhere,
         "compacted": compacted,
         "seconds": round(time.perf_counter() - started, 3),
     }

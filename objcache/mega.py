@@ -28,6 +28,7 @@ raises :class:`BundleError` with a one-line message otherwise.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import struct
@@ -35,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import objcache
 from objcache.errors import ObjcacheError
 
 MAGIC = b"OCMB"
@@ -59,6 +61,20 @@ class Bundle:
     kernels: list[tuple[str, bytes]] = field(default_factory=list)
     artifacts: dict[str, int] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    #: Kernels the saved graphs load that could not be found when saving.
+    missing_kernels: int = 0
+    #: Kernel parts a load skipped, one short reason each (filled by :meth:`from_bytes`).
+    skipped: list[str] = field(default_factory=list)
+
+    def contents(self) -> dict[str, Any]:
+        """What the bundle holds: counts per artifact kind, kernels, bytes (header and ls)."""
+        return {
+            "artifacts": dict(self.artifacts),
+            "kernels": len(self.kernels),
+            "kernel_bytes": sum(len(d) for _, d in self.kernels),
+            "torch_bytes": len(self.torch_bytes),
+            "missing_kernels": self.missing_kernels,
+        }
 
     def to_bytes(self) -> bytes:
         header = {
@@ -67,7 +83,11 @@ class Bundle:
             "created": self.created,
             "fingerprint": self.fingerprint,
             "artifacts": self.artifacts,
+            "contents": self.contents(),
             "torch": {"bytes": len(self.torch_bytes), "digest": _digest(self.torch_bytes)},
+            # The kernels' own ISA stamp: a kernel part from another CPU is never installed,
+            # even inside a bundle whose fingerprint matches.
+            "kernel_isa": self.fingerprint.get("cpu_isa", ""),
             "kernels": [
                 {"key": key, "bytes": len(data), "digest": _digest(data)}
                 for key, data in self.kernels
@@ -80,7 +100,12 @@ class Bundle:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Bundle:
-        """Parse and verify every length and digest; :class:`BundleError` otherwise."""
+        """Parse and verify every length and digest.
+
+        The header and the torch part must be whole (:class:`BundleError` otherwise). Each
+        kernel is checked on its own: one that is truncated, fails its digest or carries
+        another CPU's ISA stamp is left out and named in :attr:`skipped`; the rest load.
+        """
         view = memoryview(data)
         if len(view) < _HEAD.size:
             raise BundleError("bundle is truncated (no header)")
@@ -99,25 +124,48 @@ class Bundle:
             torch_len = int(header["torch"]["bytes"])
             torch_bytes = _take(view, pos, torch_len, header["torch"]["digest"], "torch artifacts")
             pos += torch_len
-            kernels = []
-            for item in header["kernels"]:
-                n = int(item["bytes"])
-                kernels.append((str(item["key"]), _take(view, pos, n, item["digest"], item["key"])))
-                pos += n
-            if pos != len(view):
-                raise BundleError(f"bundle has {len(view) - pos} unexpected trailing bytes")
+            fingerprint = {str(k): str(v) for k, v in header["fingerprint"].items()}
+            kernels, skipped = _take_kernels(view, pos, header, fingerprint)
+            contents = header.get("contents", {})
             return cls(
                 name=str(header["name"]),
-                fingerprint={str(k): str(v) for k, v in header["fingerprint"].items()},
+                fingerprint=fingerprint,
                 torch_bytes=torch_bytes,
                 kernels=kernels,
                 artifacts={str(k): int(v) for k, v in header.get("artifacts", {}).items()},
                 created=float(header.get("created", 0.0)),
+                missing_kernels=int(contents.get("missing_kernels", 0)),
+                skipped=skipped,
             )
         except BundleError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"bundle header is malformed: {exc!r}") from None
+
+
+def _take_kernels(
+    view: memoryview, pos: int, header: dict[str, Any], fingerprint: dict[str, str]
+) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """The kernels that verify, and one reason per kernel part left out."""
+    items = header["kernels"]
+    isa = str(header.get("kernel_isa", fingerprint.get("cpu_isa", "")))
+    if isa != fingerprint.get("cpu_isa", ""):
+        return [], [f"{len(items)} kernels built for CPU ISA {isa!r}"]
+    kernels: list[tuple[str, bytes]] = []
+    skipped: list[str] = []
+    for i, item in enumerate(items):
+        key, n = str(item["key"]), int(item["bytes"])
+        if n < 0 or pos + n > len(view):
+            skipped.append(f"{len(items) - i} truncated kernels")
+            return kernels, skipped
+        if _digest(view[pos : pos + n]) == item["digest"]:
+            kernels.append((key, bytes(view[pos : pos + n])))
+        else:
+            skipped.append(f"kernel {key} (digest mismatch)")
+        pos += n
+    if pos != len(view):
+        skipped.append(f"{len(view) - pos} unexpected trailing bytes")
+    return kernels, skipped
 
 
 def _digest(data: bytes | memoryview) -> str:
@@ -134,12 +182,6 @@ def _take(view: memoryview, pos: int, n: int, digest: str, what: str) -> bytes:
 
 
 # --- storage helpers -------------------------------------------------------------------------
-
-
-def _client() -> Any:
-    from objcache.client import get_client
-
-    return get_client()
 
 
 def _call(client: Any, factory: Any, timeout: float | None = None) -> Any:
@@ -195,29 +237,71 @@ def _size(n: int) -> str:
 # --- save / load / ls ------------------------------------------------------------------------
 
 
-def collect(name: str) -> Bundle:
-    """The bundle of this process's Mega-Cache artifacts and kernels (nothing stored)."""
+@dataclass
+class Collected:
+    bundle: Bundle
+    #: One line on what a bundle lacks and what a load will cost for it ("" when complete).
+    gaps: str = ""
+
+
+def collect(name: str) -> Collected:
+    """The bundle of this process's Mega-Cache artifacts and kernels (nothing stored).
+
+    Kernels come from the saved FX graphs themselves
+    (:mod:`objcache.integrations.torch.artifact_kernels`), so a process that compiled without
+    ``objcache.install()`` saves them too; those the kernel hooks recorded are added.
+    """
     import torch
+    from torch.compiler._cache import CacheArtifactManager
 
     from objcache.fingerprint import fingerprint
-    from objcache.integrations.torch import kernels
+    from objcache.integrations.torch import artifact_kernels, kernels
 
     result = torch.compiler.save_cache_artifacts()
     torch_bytes, artifacts = b"", {}
+    scan = artifact_kernels.KernelScan()
     if result is not None:
         torch_bytes, info = result
         artifacts = {k: len(v) for k, v in info.artifacts.items()}
-    kernel_items = list(kernels.used_artifacts())
-    if not torch_bytes and not kernel_items:
+        deserialized = CacheArtifactManager.deserialize(torch_bytes) or {}
+        scan = artifact_kernels.derive(deserialized)
+    found = dict(scan.items)
+    for key, data in kernels.used_artifacts():
+        found.setdefault(key, data)
+    if not torch_bytes and not found:
         raise BundleError("nothing to save: no torch.compile artifacts in this process yet")
-    return Bundle(_check_name(name), dict(fingerprint()), torch_bytes, kernel_items, artifacts)
+    bundle = Bundle(
+        _check_name(name),
+        dict(fingerprint()),
+        torch_bytes,
+        sorted(found.items()),
+        artifacts,
+        missing_kernels=len(scan.missing),
+    )
+    return Collected(bundle, _gaps(scan))
+
+
+def _gaps(scan: Any) -> str:
+    parts = []
+    if scan.missing:
+        parts.append(
+            f"{len(scan.missing)} kernels the graphs load are gone from the inductor cache dir "
+            f"(a load compiles them: {len(scan.missing)} g++ builds)"
+        )
+    if scan.failed:
+        parts.append(
+            f"kernels of {len(scan.failed)} graphs could not be derived ({scan.failed[0]}; "
+            "a load compiles theirs)"
+        )
+    return "; ".join(parts)
 
 
 def save(name: str) -> str:
     """Store this process's Mega-Cache artifacts (and CPU kernels) as bundle ``name``."""
-    bundle = collect(name)
+    collected = collect(name)
+    bundle = collected.bundle
     payload = bundle.to_bytes()
-    client = _client()
+    client = objcache.get_client()
     okey = client.cache.namespace.object_key(KIND, bundle.name)
     pointer = json.dumps(
         {
@@ -226,6 +310,7 @@ def save(name: str) -> str:
             "fingerprint": bundle.fingerprint,
             "bytes": len(payload),
             "created": bundle.created,
+            "contents": bundle.contents(),
         },
         sort_keys=True,
     ).encode()
@@ -242,9 +327,10 @@ def save(name: str) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in sorted(bundle.artifacts.items())) or "no torch"
     where = f"{written}/{asked} remote tiers" if asked else "the local tier only"
     note = "" if written == asked else " (some remote tiers failed: see objcache stats)"
+    gaps = f"; incomplete: {collected.gaps}" if collected.gaps else ""
     return (
         f"saved bundle {bundle.name!r}: {counts} artifacts, {len(bundle.kernels)} kernels, "
-        f"{_size(len(payload))} to {where}{note}"
+        f"{_size(len(payload))} to {where}{note}{gaps}"
     )
 
 
@@ -253,7 +339,7 @@ def fetch(name: str) -> Bundle:
     from objcache.fingerprint import differences, fingerprint
 
     name = _check_name(name)
-    client = _client()
+    client = objcache.get_client()
     payload = client.get(KIND, name)
     mine = dict(fingerprint())
     if payload is None:
@@ -286,7 +372,7 @@ def fetch(name: str) -> Bundle:
 def load(name: str) -> str:
     """Load bundle ``name`` into torch's local caches and objcache's local tier."""
     bundle = fetch(name)
-    client = _client()
+    client = objcache.get_client()
     populated = 0
     if bundle.torch_bytes:
         from torch.compiler._cache import CacheArtifactManager
@@ -309,9 +395,10 @@ def load(name: str) -> str:
         _call(client, put_all)
         kernels.install()
     kernel_bytes = sum(len(d) for _, d in bundle.kernels)
+    skipped = f"; skipped {', '.join(bundle.skipped)}" if bundle.skipped else ""
     return (
         f"loaded bundle {name!r}: {populated} torch artifacts, {len(bundle.kernels)} kernels "
-        f"({_size(len(bundle.torch_bytes) + kernel_bytes)})"
+        f"({_size(len(bundle.torch_bytes) + kernel_bytes)}){skipped}"
     )
 
 
@@ -321,11 +408,14 @@ class BundleInfo:
     size: int
     mtime: float
     tier: str
+    #: :meth:`Bundle.contents` as recorded at save time; None for bundles saved by an older
+    #: objcache (or whose name was saved again since in another environment).
+    contents: dict[str, Any] | None = None
 
 
 def list_infos() -> list[BundleInfo]:
     """Bundles of this environment on every tier (largest entry per name)."""
-    client = _client()
+    client = objcache.get_client()
     cache = client.cache
     prefix = cache.namespace.kind_prefix(KIND)
 
@@ -348,16 +438,54 @@ def list_infos() -> list[BundleInfo]:
 
         for tier in cache.tiers:
             await one(tier)
-        return sorted(found.values(), key=lambda b: b.name)
+        infos = sorted(found.values(), key=lambda b: b.name)
+        pointers = await asyncio.gather(
+            *(cache.get_object(_pointer_key(client, b.name)) for b in infos)
+        )
+        return [
+            dataclasses.replace(b, contents=_recorded_contents(raw, cache.namespace.env))
+            for b, (raw, _) in zip(infos, pointers, strict=True)
+        ]
 
     result: list[BundleInfo] = _call(client, scan)
     return result
 
 
+def _recorded_contents(raw: bytes | None, env: str) -> dict[str, Any] | None:
+    try:
+        pointer = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    if not isinstance(pointer, dict) or pointer.get("env") != env:
+        return None
+    contents = pointer.get("contents")
+    return contents if isinstance(contents, dict) else None
+
+
+def describe_contents(contents: dict[str, Any] | None) -> str:
+    """``4 inductor, 2 aot_autograd, 2 pgo artifacts, 6 kernels`` plus what it lacks."""
+    if contents is None:
+        return "contents not recorded (saved by an older objcache)"
+    try:
+        artifacts = {str(k): int(v) for k, v in dict(contents.get("artifacts", {})).items()}
+        n_kernels, missing = int(contents.get("kernels", 0)), int(contents["missing_kernels"])
+    except (KeyError, TypeError, ValueError):
+        return "contents unreadable"
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(artifacts.items())) or "no torch"
+    text = f"{counts} artifacts, {n_kernels} kernels"
+    if missing:
+        text += f"; {missing} kernels missing (a load compiles them)"
+    elif artifacts.get("inductor") and not n_kernels:
+        text += "; no kernels: a load compiles every CPU kernel"
+    return text
+
+
 def list_bundles() -> list[str]:
-    """One line per bundle of this environment."""
+    """One line per bundle of this environment, with what it holds."""
     lines = []
     for b in list_infos():
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.mtime))
-        lines.append(f"{b.name}  {_size(b.size)}  {when}  {b.tier}")
+        lines.append(
+            f"{b.name}  {_size(b.size)}  {when}  {b.tier}  {describe_contents(b.contents)}"
+        )
     return lines or ["no bundles for this environment"]

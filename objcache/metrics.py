@@ -1,4 +1,4 @@
-"""Counters that explain every hit and miss, per tier (DESIGN section 6: loud failures).
+"""Counters that explain every hit and miss, per tier: no failure passes silently.
 
 A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
 ``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the
@@ -66,6 +66,10 @@ class TierStats:
     get_latency: Histogram = field(default_factory=Histogram)
     put_latency: Histogram = field(default_factory=Histogram)
     breaker_opened: int = 0
+    #: Record updates by outcome (stored, unchanged, dropped) or failure reason.
+    records: Counter[str] = field(default_factory=Counter)
+    #: Conditional writes that lost to another writer and were applied again.
+    record_conflicts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +84,8 @@ class TierStats:
             "get_latency": self.get_latency.as_dict(),
             "put_latency": self.put_latency.as_dict(),
             "breaker_opened": self.breaker_opened,
+            "records": dict(self.records),
+            "record_conflicts": self.record_conflicts,
         }
 
 
@@ -100,6 +106,12 @@ class CacheStats:
     write_behind_dropped_bytes: int = 0
     write_behind_coalesced: int = 0
     single_flight_shared: int = 0
+    #: Cross-process single-flight: claims by outcome (held, landed, missed, busy,
+    #: unleased) and leases taken over from a dead or overdue holder (took_over).
+    node_leases: Counter[str] = field(default_factory=Counter)
+    #: Stored records that could not be read (corrupt, unsigned, foreign): replaced by the
+    #: next write, counted by kind.
+    records_unreadable: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +126,8 @@ class CacheStats:
             "write_behind_dropped_bytes": self.write_behind_dropped_bytes,
             "write_behind_coalesced": self.write_behind_coalesced,
             "single_flight_shared": self.single_flight_shared,
+            "node_leases": dict(self.node_leases),
+            "records_unreadable": dict(self.records_unreadable),
         }
 
 
@@ -122,6 +136,18 @@ class LogOnce:
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
+
+    def failure(
+        self, logger: logging.Logger, scope: str, what: str, message: str, *args: object
+    ) -> None:
+        """``message % args`` at WARNING the first time ``what`` fails in ``scope`` (say
+        ``"torch"``), later failures at DEBUG with their traceback: a hook that fails on
+        every call must not flood the log of the job it serves."""
+        if (scope, what) in self._seen:
+            logger.debug(message, *args, exc_info=True)
+            return
+        self._seen.add((scope, what))
+        logger.warning(message, *args)
 
     def warn(self, tier: str, reason: str, message: str) -> None:
         if (tier, reason) in self._seen:
@@ -132,3 +158,20 @@ class LogOnce:
 
 
 log_once = LogOnce()
+
+
+@dataclass(frozen=True)
+class FailureLog:
+    """Failures of one part of an integration: each is counted under ``prefix + what`` in
+    ``counters`` and logged through :data:`log_once` (``message`` gets ``what`` and the
+    exception). Integrations never raise into their host; this is how they stay loud."""
+
+    logger: logging.Logger
+    scope: str
+    counters: Counter[str]
+    prefix: str
+    message: str
+
+    def __call__(self, what: str, exc: BaseException) -> None:
+        self.counters[self.prefix + what] += 1
+        log_once.failure(self.logger, self.scope, what, self.message, what, exc)

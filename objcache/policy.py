@@ -1,6 +1,6 @@
 """Call policies, in one place: deadlines, retries and the circuit breaker.
 
-``call_with_policy`` runs one backend call under a hard deadline (``asyncio.timeout``),
+``call_with_policy`` runs one backend call under a hard deadline (``asyncio.wait_for``),
 retrying transient errors with jittered exponential backoff (tenacity) while time remains.
 The breaker opens after N consecutive failures; while open, calls are skipped at no cost;
 after a cool-down one probe call is let through (half-open) and its outcome closes or
@@ -33,10 +33,6 @@ class RetryPolicy:
     retries: int = 2
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 1.0
-
-
-class BreakerOpen(Exception):
-    """The tier is being skipped."""
 
 
 class CircuitBreaker:

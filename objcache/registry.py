@@ -115,7 +115,6 @@ S3_OPTIONS: OptionTable = (
     Option("read_timeout", "float", 20.0, "Seconds to wait for response bytes."),
     Option("max_pool_connections", "int", 64, "HTTP connections per process.", 1),
     Option("direct", "bool", True, "Send GET/PUT/HEAD/DELETE without botocore's overhead."),
-    Option("concurrency", "int", 32, "Concurrent GETs of one get_many.", 1),
     Option("multipart_threshold", "int", 16 * MiB, "Entries from this size upload in parts.", 1),
     Option("part_size", "int", 8 * MiB, "Bytes per multipart part (>= 5 MiB).", 5 * MiB),
     Option("part_concurrency", "int", 8, "Parts of one entry uploaded at once.", 1),
@@ -131,7 +130,6 @@ GCS_OPTIONS: OptionTable = (
     Option(
         "resumable_chunk", "int", 64 * MiB, "Bytes per resumable chunk (n x 256 KiB).", 256 << 10
     ),
-    Option("concurrency", "int", 32, "Concurrent GETs of one get_many (at most 32).", 1),
 )
 
 

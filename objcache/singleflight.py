@@ -23,7 +23,9 @@ class SingleFlight(Generic[T]):
         does not cancel the fetch for the others.
         """
         fut = self._inflight.get(key)
-        if fut is not None:
+        # A finished fetch stays listed until its done callback runs (a loop turn later);
+        # a caller arriving in between starts a new fetch instead of reusing a stale answer.
+        if fut is not None and not fut.done():
             return await asyncio.shield(fut), True
         task: asyncio.Task[T] = asyncio.ensure_future(fn())
         self._inflight[key] = task

@@ -12,13 +12,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from objcache.backends._records import RecordBackend
 from objcache.backends.base import Backend, PutMode
 from objcache.errors import BackendError, EntryTooLarge, InvalidKey, PermanentBackendError
 from objcache.metrics import TierStats, log_once
 from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
+from objcache.records import Change, read_modify_write
 from objcache.urls import flag
 
 T = TypeVar("T")
+
+#: Share of the tier deadline a record update may spend on conflicts before it is dropped
+#: (the rest is left for the last attempt's answer, so a storm never trips the breaker).
+RECORD_BUDGET = 0.9
 
 
 @dataclass(frozen=True)
@@ -181,3 +187,22 @@ class Tier:
 
     def breaker_open(self) -> bool:
         return self.breaker.state == "open"
+
+    async def update_record(self, key: str, change: Change) -> str:
+        """Read-modify-write of the record ``key`` within the deadline: the outcome
+        (stored, unchanged, dropped) or the failure reason, counted in ``stats.records``."""
+        backend = self.backend
+        if not isinstance(backend, RecordBackend):
+            self.stats.records["unsupported"] += 1
+            return "unsupported"
+        budget = self.policy.timeout_s * RECORD_BUDGET if self.policy.timeout_s > 0 else 3600.0
+        try:
+            outcome, conflicts = await self._call(
+                "record", lambda: read_modify_write(backend, key, change, timeout_s=budget)
+            )
+        except Failed as f:
+            self.stats.records[f.reason] += 1
+            return f.reason
+        self.stats.records[outcome.value] += 1
+        self.stats.record_conflicts += conflicts
+        return outcome.value

@@ -1,4 +1,4 @@
-"""TieredCache: the read and write paths (DESIGN section 2), top to bottom.
+"""TieredCache: the read and write paths (docs/architecture.md, "Read path" and "Write path").
 
 Read:  local tier -> (miss) every readable remote tier concurrently -> first valid hit in
        priority order -> write through to local -> back-fill faster remote tiers.
@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from objcache.backends.base import PutMode
+from objcache.backends.base import LocalStore, PutMode
 from objcache.codec import Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace
 from objcache.metrics import CacheStats, log_once
+from objcache.nodelease import Claim, Lease, NodeLeases
+from objcache.records import Change
 from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.writebehind import WriteBehind
@@ -39,6 +41,9 @@ PRIORITY_GRACE_S = 0.020
 MAX_CANDIDATES = 16
 #: Candidate GETs in flight at once for one lookup.
 CANDIDATE_FETCHES = 8
+#: Tier name :meth:`TieredCache.get_object` reports, without ``wait``, for a key another
+#: process of the node is fetching.
+LEASED_ELSEWHERE = "~leased-elsewhere"
 
 
 def candidate_digest(payload: bytes) -> str:
@@ -72,8 +77,13 @@ class TieredCache:
         env_fields: dict[str, str] | None = None,
         priority_grace_s: float = PRIORITY_GRACE_S,
         write_to: str = "all",
+        leases: NodeLeases | None = None,
     ) -> None:
         self.local = local
+        #: The local tier's extras (fast path, LRU accounting, quarantine), when it has them.
+        self._local_store: LocalStore | None = (
+            local.backend if local and isinstance(local.backend, LocalStore) else None
+        )
         self.remotes = list(remotes)
         self.codec = codec
         self.namespace = namespace
@@ -86,6 +96,8 @@ class TieredCache:
         self._env_written = False
         self.priority_grace_s = priority_grace_s
         self.write_to = write_to
+        #: Cross-process single-flight over the local tier (None: off).
+        self.leases = leases
         #: Object keys this process read (hits) or wrote: the run's prefetch manifest.
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
@@ -112,14 +124,22 @@ class TieredCache:
         return payload
 
     async def get_object(
-        self, okey: str, *, absent_locally: bool = False
+        self, okey: str, *, wait: bool = True, absent_locally: bool = False
     ) -> tuple[bytes | None, str]:
         """``(payload, tier name)`` for a full object key; concurrent callers share a fetch.
 
         Not a lookup (nothing is counted as one): :meth:`get` counts lookups, prefetch its
-        own. ``absent_locally``: the caller knows the local tier lacks the key (prefetch
-        asked), so the local tier is not read again (nor counted as a miss)."""
-        result, shared = await self._flight.do(okey, lambda: self._fetch(okey, absent_locally))
+        own. Without ``wait`` (prefetch), a key another process of the node is fetching is
+        left to it: ``(None, LEASED_ELSEWHERE)``. A waiting caller that joined such a fetch
+        starts its own, which waits for the other process. ``absent_locally``: the caller
+        knows the local tier lacks the key (prefetch asked), so the local tier is not read
+        again (nor counted as a miss) before the remotes.
+        """
+        result, shared = await self._flight.do(
+            okey, lambda: self._fetch(okey, wait, absent_locally)
+        )
+        if wait and result[1] == LEASED_ELSEWHERE:
+            result, shared = await self._flight.do(okey, lambda: self._fetch(okey, True))
         if shared:
             self.stats.single_flight_shared += 1
         if result[0] is not None:
@@ -133,12 +153,12 @@ class TieredCache:
         counts, quarantines and asks the remote tiers. Counters are not touched here: the
         caller posts :meth:`note_local_hit` to the loop thread.
         """
-        read = getattr(self.local.backend, "read_sync", None) if self.local else None
-        if read is None:
+        store = self._local_store
+        if store is None:
             return None
         okey = self.namespace.object_key(kind, key)
         try:
-            entry = read(okey)
+            entry = store.read_sync(okey)
             if entry is None:
                 return None
             return self.codec.decode(entry), okey, len(entry)
@@ -156,50 +176,83 @@ class TieredCache:
         self.local.stats.bytes_read += size
         self.local.stats.get_latency.observe(ms)
         self.recorded.add(okey)
-        note = getattr(self.local.backend, "note_hit", None)
-        if note is not None:
-            note(okey, size)
+        if self._local_store is not None:
+            self._local_store.note_hit(okey, size)
 
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
 
-    async def _fetch(self, okey: str, absent_locally: bool = False) -> tuple[bytes | None, str]:
+    async def _fetch(
+        self, okey: str, wait: bool = True, absent_locally: bool = False
+    ) -> tuple[bytes | None, str]:
         if self.local is not None:
             landing = self._landing.get(okey)
             if landing is not None:
                 return landing, self.local.name
-        if self.local is not None and not absent_locally:
-            entry, _ = await self.local.get(okey)
-            if entry is not None:
-                payload = await self._verify(self.local, okey, entry)
-                if payload is not None:
-                    self.local.stats.hits += 1
-                    return payload, self.local.name
-        hit = await self._race_remotes(okey)
+            found = None if absent_locally else await self._read_local(okey)
+            if found is not None:
+                return found, self.local.name
+        lease: Lease | None = None
+        if self.leases is not None and self.local is not None and self._remote_readable():
+            claim, lease = await self.leases.claim(okey, wait=wait)
+            self.stats.node_leases[claim.value] += 1
+            if lease is not None and lease.took_over:
+                self.stats.node_leases["took_over"] += 1
+            if claim is Claim.BUSY:
+                return None, LEASED_ELSEWHERE
+            if claim is Claim.MISSED:
+                return None, ""
+            if claim in (Claim.LANDED, Claim.HELD):
+                # LANDED: another process wrote it through. HELD: it may have landed
+                # between our miss and the claim.
+                found = await self._read_local(okey)
+                if found is not None:
+                    if lease is not None:
+                        await lease.release("hit")
+                    return found, self.local.name
+        reasons: list[str] = []
+        try:
+            hit = await self._race_remotes(okey, reasons)
+        except BaseException:
+            if lease is not None:
+                await lease.release("")
+            raise
         if hit is None:
+            if lease is not None:
+                # Only "absent everywhere" is shared: after an error or a timeout the
+                # waiting processes try for themselves.
+                absent = bool(reasons) and all(r == "absent" for r in reasons)
+                await lease.release("miss" if absent else "")
             return None, ""
         winner, entry, payload, absent_in = hit
         if self.local is not None:
             self._landing[okey] = payload
-            self._spawn(self._write_through(okey, entry))
+            self._spawn(self._write_through(okey, entry, lease))
+        elif lease is not None:
+            await lease.release("")
         if not self.read_only:
             for tier in (t for t in absent_in if t.writable):  # never a ?read_only=1 tier
                 self.stats.backfills += 1
                 self._spawn(tier.put(okey, entry, PutMode.CREATE))
         return payload, winner.name
 
-    async def _race_remotes(self, okey: str) -> tuple[Tier, bytes, bytes, list[Tier]] | None:
+    async def _race_remotes(
+        self, okey: str, reasons: list[str] | None = None
+    ) -> tuple[Tier, bytes, bytes, list[Tier]] | None:
         """Ask every readable remote tier at once; the first valid hit in priority order wins.
 
         A hit from tier i is taken as soon as every tier before it has missed; while a
-        faster tier is still running, it waits at most ``priority_grace_s`` for it.
+        faster tier is still running, it waits at most ``priority_grace_s`` for it. On a
+        miss, ``reasons`` receives each tier's reason (a skipped tier's is "breaker").
         """
+        reasons = [] if reasons is None else reasons
         tiers = []
         for t in self.remotes:
             if not t.readable:
                 continue
             if t.breaker_open():  # skipped: still a miss of this tier, with its reason
                 t.stats.misses["breaker"] += 1
+                reasons.append("breaker")
                 continue
             tiers.append(t)
         if not tiers:
@@ -227,6 +280,8 @@ class TieredCache:
                         best = i
                     if reason == "absent":
                         absent.add(i)
+                    if found is None:
+                        reasons.append(reason)
                 if best is not None and all(j in results for j in range(best)):
                     break
         finally:
@@ -255,19 +310,35 @@ class TieredCache:
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
-            if tier is self.local:
-                quarantine = getattr(tier.backend, "quarantine", None)
-                if quarantine is not None:
-                    await quarantine(okey)
+            if tier is self.local and self._local_store is not None:
+                await self._local_store.quarantine(okey)
             return None
 
-    async def _write_through(self, okey: str, entry: bytes) -> None:
+    async def _read_local(self, okey: str) -> bytes | None:
+        """The verified local entry, accounted as a local hit, or None."""
         assert self.local is not None
+        entry, _ = await self.local.get(okey)
+        if entry is None:
+            return None
+        payload = await self._verify(self.local, okey, entry)
+        if payload is not None:
+            self.local.stats.hits += 1  # served_by is counted per lookup, in get()
+        return payload
+
+    def _remote_readable(self) -> bool:
+        return any(t.readable for t in self.remotes)
+
+    async def _write_through(self, okey: str, entry: bytes, lease: Lease | None = None) -> None:
+        assert self.local is not None
+        landed = False
         try:
-            if await self.local.put(okey, entry, PutMode.OVERWRITE):
+            landed = await self.local.put(okey, entry, PutMode.OVERWRITE)
+            if landed:
                 self.stats.write_through += 1
         finally:
             self._landing.pop(okey, None)
+            if lease is not None:
+                await lease.release("hit" if landed else "")
 
     # --- guarded candidates ------------------------------------------------------------
 
@@ -414,6 +485,55 @@ class TieredCache:
         self._env_written = True
         body = json.dumps(self._env_fields, indent=1, sort_keys=True).encode()
         self._writes.submit(self.namespace.env_file, body)
+
+    # --- records -------------------------------------------------------------------------
+
+    async def get_record(self, kind: str, key: str) -> bytes | None:
+        """The record's verified value: the nearest remote tier that has one (every
+        readable remote tier is asked at once), else the local tier's. Nothing is written
+        through or back-filled: a record changes, so a copy would go stale."""
+        self.stats.gets[kind] += 1
+        okey = self.namespace.object_key(kind, key)
+        hit = await self._race_remotes(okey)
+        payload = hit[2] if hit is not None else None
+        if payload is None and self.local is not None:
+            entry, _ = await self.local.get(okey)
+            if entry is not None:
+                payload = await self._verify(self.local, okey, entry)
+        if payload is not None:
+            self.stats.hits[kind] += 1
+        return payload
+
+    async def update_record(self, kind: str, key: str, change: Change) -> None:
+        """Apply ``change`` to the record (kind, key): in the local tier now, in every remote
+        write target in the background (like every remote write; :meth:`flush` waits for
+        them). Each tier applies it to its own current value with a conditional write,
+        again on each conflict, within its deadline. ``change`` gets the current payload, or
+        None when there is none or it cannot be read (counted, then replaced)."""
+        okey = self.namespace.object_key(kind, key)
+        entry_change = self._entry_change(kind, okey, change)
+        if self.local is not None:
+            await self.local.update_record(okey, entry_change)
+        if not self.read_only:
+            for tier in self.write_targets():
+                self._spawn(tier.update_record(okey, entry_change))
+
+    def _entry_change(self, kind: str, okey: str, change: Change) -> Change:
+        """``change`` on stored entries: decode (a refused entry counts as unreadable and is
+        treated as absent), apply, encode."""
+
+        def on_entry(entry: bytes | None) -> bytes | None:
+            current = None
+            if entry is not None:
+                try:
+                    current = self.codec.decode(entry)
+                except EntryError as exc:
+                    self.stats.records_unreadable[kind] += 1
+                    log_once.warn("records", exc.reason, f"unreadable record {okey}: {exc}")
+            new = change(current)
+            return None if new is None else self.codec.encode(new)
+
+        return on_entry
 
     # --- lifecycle ---------------------------------------------------------------------
 

@@ -36,10 +36,6 @@ class WriteBehind:
         self._idle.set()
         self._warned_drop = False
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
-
     def __len__(self) -> int:
         return len(self._pending) + len(self._active)
 

@@ -6,15 +6,16 @@ start makes its tests error with the reason (never a skip).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
 from tests.support.proxy import FaultProxy
-from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
+from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3, Server
 
 
 class BucketServer(Protocol):
@@ -22,28 +23,49 @@ class BucketServer(Protocol):
     def delete_bucket(self, name: str) -> None: ...
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
+S = TypeVar("S", bound=Server)
 
 
 @pytest.fixture(scope="session")
-def seaweed_s3() -> Iterator[SeaweedS3]:
-    with SeaweedS3() as server:
-        yield server
+def test_servers() -> Iterator[Callable[[type[S]], S]]:
+    """Factory: ``test_servers(RedisServer)`` starts that server on first use (one per
+    class and session) and stops it at the end of the session."""
+    started: dict[type[Server], Server | Exception] = {}
+    with contextlib.ExitStack() as stack:
+
+        def start(cls: type[S]) -> S:
+            if cls not in started:
+                try:
+                    started[cls] = stack.enter_context(cls())
+                except Exception as exc:  # every later test reports it at no cost
+                    started[cls] = exc
+            server = started[cls]
+            if isinstance(server, Exception):
+                raise server
+            assert isinstance(server, cls)
+            return server
+
+        yield start
 
 
 @pytest.fixture(scope="session")
-def moto_s3() -> Iterator[MotoS3]:
-    with MotoS3() as server:
-        yield server
+def redis_server(test_servers: Callable[[type[RedisServer]], RedisServer]) -> RedisServer:
+    return test_servers(RedisServer)
 
 
 @pytest.fixture(scope="session")
-def fake_gcs() -> Iterator[FakeGCS]:
-    with FakeGCS() as server:
-        yield server
+def seaweed_s3(test_servers: Callable[[type[SeaweedS3]], SeaweedS3]) -> SeaweedS3:
+    return test_servers(SeaweedS3)
+
+
+@pytest.fixture(scope="session")
+def moto_s3(test_servers: Callable[[type[MotoS3]], MotoS3]) -> MotoS3:
+    return test_servers(MotoS3)
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(test_servers: Callable[[type[FakeGCS]], FakeGCS]) -> FakeGCS:
+    return test_servers(FakeGCS)
 
 
 @pytest.fixture

@@ -14,14 +14,13 @@ from objcache.errors import PermanentBackendError, TransientBackendError
 
 
 class MemoryBackend(Backend):
-    def __init__(self, name: str = "mem://test", *, remote: bool = True) -> None:
+    def __init__(self, name: str = "mem://test") -> None:
         super().__init__(TierSpec(url=name, scheme="mem", location="", path="", options={}))
         self.data: dict[str, bytes] = {}
         self.calls: Counter[str] = Counter()
         self.delay_s = 0.0
         #: "transient", "permanent", "hang" or "" (healthy)
         self.fault = ""
-        self.remote_flag = remote
 
     async def _enter(self, op: str) -> None:
         self.calls[op] += 1

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objcache.codec import HEADER_SIZE, MAC_SIZE, MIN_COMPRESS, Codec, is_entry
+from objcache import codec as codec_module
+from objcache.codec import (
+    CODEC_ZSTD,
+    HEADER_SIZE,
+    MAC_SIZE,
+    MAGIC,
+    MAX_PAYLOAD,
+    MIN_COMPRESS,
+    VERSION,
+    Codec,
+)
 from objcache.errors import (
     BadSignature,
     CorruptEntry,
@@ -26,7 +38,7 @@ payloads = st.binary(max_size=4096) | st.text(max_size=3000).map(str.encode)
 @given(payloads, st.sampled_from([PLAIN, SIGNED]))
 def test_round_trip(payload: bytes, codec: Codec) -> None:
     entry = codec.encode(payload)
-    assert is_entry(entry)
+    assert entry[:4] == b"OBJC"
     assert codec.decode(entry) == payload
 
 
@@ -130,8 +142,6 @@ def test_key_rotation_accepts_old_and_new_keys() -> None:
 def test_resigning_a_tampered_payload_requires_the_key() -> None:
     entry = bytearray(SIGNED.encode(b"good" * 100))
     # An attacker swaps the payload and fixes the digest, but cannot fix the HMAC.
-    import hashlib
-
     evil = PLAIN.encode(b"evil" * 100)[HEADER_SIZE:]
     start = HEADER_SIZE + MAC_SIZE
     forged = bytes(entry[:start]) + evil
@@ -150,3 +160,45 @@ def test_version_and_length_bomb_are_refused() -> None:
     bomb[8:16] = (1 << 40).to_bytes(8, "big")
     with pytest.raises(CorruptEntry):
         PLAIN.decode(bytes(bomb))
+
+
+def zstd_frame_declaring(size: int) -> bytes:
+    """A genuine zstd frame of ``size`` zero bytes: its header records the content size and
+    its body is RLE blocks of 128 KiB (4 bytes each), so 16 GiB fit in half a megabyte."""
+    block = 128 << 10
+    assert size % block == 0
+    header = struct.pack("<IB", 0xFD2FB528, 0xE0)  # single segment, 8-byte content size
+    rle = 1 << 1  # block type RLE: one byte repeated block-size times
+
+    def block_header(last: int) -> bytes:
+        return (last | rle | block << 3).to_bytes(3, "little")
+
+    blocks = (block_header(0) + b"\0") * (size // block - 1) + block_header(1) + b"\0"
+    return header + size.to_bytes(8, "little") + blocks
+
+
+def bomb_entry(size: int) -> bytes:
+    """An unsigned entry whose header and zstd frame both declare ``size``, digest valid."""
+    stored = zstd_frame_declaring(size)
+    digest = hashlib.blake2b(stored, digest_size=32).digest()
+    head = struct.pack(">4sBBBBQ32s", MAGIC, VERSION, CODEC_ZSTD, 0, 0, size, digest)
+    return head + stored
+
+
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+def test_an_entry_declaring_more_than_the_limit_everywhere_is_refused(
+    check: Callable[[Codec, bytes], object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header and the frame agree, the digest is right: only the hard limit stands
+    between this entry and a 16 GiB allocation in the zstd decoder."""
+    bomb = bomb_entry(2 * MAX_PAYLOAD)
+
+    def no_decompressor() -> None:
+        raise AssertionError("an over-limit entry reached the zstd decoder")
+
+    monkeypatch.setattr(codec_module, "_decompressor", no_decompressor)
+    with pytest.raises(CorruptEntry):
+        check(PLAIN, bomb)
+    # Nothing else is wrong with it: under a higher limit it verifies.
+    monkeypatch.setattr(codec_module, "MAX_PAYLOAD", 4 * MAX_PAYLOAD)
+    PLAIN.verify(bomb)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from objcache import manifest
 from objcache.manifest import Manifest, ManifestError, default_job_name
-from objcache.tier import Tier
+from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
 from tests.memory_backend import MemoryBackend
 from tests.test_tiered import CODEC, NS, make, mem, seed, tier
@@ -56,6 +56,25 @@ async def test_compaction_merges_runs_and_keeps_concurrent_ones() -> None:
     assert len(remaining) == 2
     union, _ = await manifest.read_job(cache, "job")
     assert len(union) == manifest.COMPACT_AFTER + 3
+
+
+async def test_compaction_keeps_the_runs_when_one_tier_refuses_the_merged_manifest() -> None:
+    near, far = tier("mem://near"), tier("mem://far")
+    cache, _ = make(near, far)
+    for i in range(manifest.COMPACT_AFTER + 2):
+        await manifest.write_run(cache, "job", {NS.object_key("fx-graph", f"k{i}")})
+    await cache.flush(5)
+    runs = {k for k in mem(far).data if "run-" in k}
+    assert len(runs) == manifest.COMPACT_AFTER + 2 and runs <= set(mem(near).data)
+    # The far tier stores entries as large as a run manifest, not the merged one.
+    far.flags = TierFlags(max_size=max(len(mem(far).data[k]) for k in runs))
+    keys, names = await manifest.read_job(cache, "job")
+    assert not await manifest.compact(cache, "job", keys, names)
+    assert far.stats.put_errors["too_large"] == 1
+    for t in (near, far):
+        assert runs <= set(mem(t).data), f"{t.name} lost run manifests"
+    union, _ = await manifest.read_job(cache, "job")
+    assert union == keys and len(keys) == manifest.COMPACT_AFTER + 2
 
 
 async def job_in_a_store(n: int) -> tuple[TieredCache, list[str], MemoryBackend]:

@@ -171,9 +171,9 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
     seaweed_s3: SeaweedS3, fault_proxy: Callable[[str, int], FaultProxy], tmp_path: Path
 ) -> None:
     """A ``?read_only=1`` S3 tier in front of a writable file:// tier: a far hit that the
-    read-only tier lacks (back-fill), its write-through, new puts (write-behind), run
-    manifests and their compaction all leave zero write requests at the server, while the
-    tier is read (it is in the chain)."""
+    read-only tier lacks (back-fill), its write-through, new puts (write-behind), a record's
+    conditional write, run manifests and their compaction all leave zero write requests at
+    the server, while the tier is read (it is in the chain)."""
     proxy = fault_proxy("127.0.0.1", int(seaweed_s3.endpoint_url.rsplit(":", 1)[1]))
     prefix = f"ro-{uuid.uuid4().hex[:10]}"
     near = s3_url(seaweed_s3, prefix, endpoint_url=proxy.url(), read_only=1)
@@ -207,6 +207,7 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
         assert await cache.get("fx-graph", "seeded") == b"far value" * 100
         for i in range(5):
             await cache.put("fx-graph", f"new-{i}", os.urandom(1000))
+        await cache.update_record("pgo", "profile", lambda current: b"joined")  # a record
         assert await cache.flush(30) == 0
         assert await record_run(cache, "job") is not None  # a run manifest was written
     finally:
@@ -215,6 +216,7 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
     assert proxy.count_requests("GET") >= 1, "the read-only tier was read"
     assert writes(proxy) == []
     assert list((tmp_path / "far").rglob("new-*")), "the writable tier got the puts"
+    assert list((tmp_path / "far").rglob("profile")), "and the record"
 
 
 @pytest.mark.parametrize("typo", ["read_onyl=1", "endpointurl=http://127.0.0.1:9", "regoin=x"])

@@ -187,13 +187,6 @@ def test_glob_escape() -> None:
     assert glob_escape("a*b?c[d]e\\f") == "a\\*b\\?c\\[d\\]e\\\\f"
 
 
-async def test_get_many_spans_batches(b: RedisBackend) -> None:
-    keys = [f"m/{i}" for i in range(150)]
-    for k in keys[::2]:
-        await b.put(k, k.encode())
-    assert await b.get_many(keys) == {k: k.encode() for k in keys[::2]}
-
-
 async def test_list_skips_foreign_types(b: RedisBackend, raw: redis.Redis, prefix: str) -> None:
     raw.rpush(f"{prefix}alist", b"x")
     await b.put("mine", b"v")

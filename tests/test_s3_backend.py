@@ -393,20 +393,6 @@ async def test_list_follows_pages(proxy: FaultProxy, via_proxy: Callable[..., S3
     assert proxy.count_requests("GET") == 3
 
 
-async def test_get_many_is_bounded(proxy: FaultProxy, via_proxy: Callable[..., S3Backend]) -> None:
-    backend = via_proxy(concurrency=4)
-    keys = [f"g/{i}" for i in range(24)]
-    for k in keys[::2]:
-        await backend.put(k, k.encode())
-    proxy.set_rtt_ms(50)
-    started = time.monotonic()
-    assert await backend.get_many(keys) == {k: k.encode() for k in keys[::2]}
-    elapsed = time.monotonic() - started
-    # 24 gets, 4 at a time: at least 6 sequential round trips of 50 ms
-    assert elapsed >= 6 * 0.05, f"more than 4 gets in flight: {elapsed:.3f}s"
-    assert elapsed < 3.0
-
-
 # --- classification of conditions the test servers cannot produce --------------------
 
 

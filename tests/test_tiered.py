@@ -5,14 +5,23 @@ backends are covered by the contract suite."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
+from pathlib import Path
 
-from objcache.backends.base import PutMode
+import pytest
+
+from objcache.backends._fs import QUARANTINE_DIR
+from objcache.backends.base import LocalStore, PutMode
+from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
+from objcache.metrics import FailureLog
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
+from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
@@ -124,6 +133,24 @@ async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through(
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
     assert CODEC.decode(mem(local).data[okey]) == b"v"
+
+
+async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"good")
+    corrupt = CODEC.encode(b"good")[:-1] + b"!"
+    assert await disk.put(okey, corrupt)
+    cache = TieredCache(local, [remote], CODEC, NS)
+    assert await cache.get("fx-graph", "k") == b"good", "a corrupt local entry is a miss"
+    assert local.stats.misses["corrupt"] == 1
+    assert mem(remote).calls["get"] == 1
+    moved = list((tmp_path / QUARANTINE_DIR).iterdir())
+    assert [p.read_bytes() for p in moved] == [corrupt]
+    await cache.flush(5)
+    assert CODEC.decode(await disk.get(okey) or b"") == b"good", "written through afresh"
+    await disk.close()
 
 
 async def test_signed_cache_refuses_unsigned_entries() -> None:
@@ -238,6 +265,86 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     regional.policy = RetryPolicy(timeout_s=0.05, retries=0)
     await regional.put("probe", b"x")
     assert [t.name for t in cache.write_targets()] == ["mem://eu", "mem://home"]
+
+
+async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    okey = NS.object_key("fx-graph", "k")
+    entry = CODEC.encode(b"payload")
+    assert await disk.put(okey, entry)
+    assert cache.read_local_sync("fx-graph", "k") == (b"payload", okey, len(entry))
+    assert cache.read_local_sync("fx-graph", "absent") is None
+    assert await disk.put(NS.object_key("fx-graph", "bad"), entry[:-1] + b"!")
+    assert cache.read_local_sync("fx-graph", "bad") is None, "the async path quarantines it"
+    cache.note_local_hit("fx-graph", okey, len(entry), 0.5)
+    assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (1, 1)
+    assert cache.stats.served_by[local.name] == 1 and local.stats.hits == 1
+    assert local.stats.bytes_read == len(entry) and okey in cache.recorded
+    assert [t["local"] for t in cache.stats_dict()["tiers"]] == [True]
+    assert TieredCache(tier("mem://local"), [], CODEC, NS).read_local_sync("fx-graph", "k") is None
+    await disk.close()
+
+
+def test_tier_options_override_the_global_policy() -> None:
+    backend = MemoryBackend("mem://opts")
+    backend.spec.options.update(
+        {"timeout_ms": "250", "retries": "4", "max_size": "1000", "write_only": "1", "home": "1"}
+    )
+    t = Tier.from_backend(
+        backend, timeout_ms=3000, retries=2, breaker_failures=7, breaker_cooldown_s=9
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (0.25, 4)
+    assert t.flags == TierFlags(write_only=True, max_size=1000, home=True)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (7, 9)
+    plain = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=3000,
+        retries=2,
+        breaker_failures=5,
+        breaker_cooldown_s=30,
+    )
+    assert (plain.policy.timeout_s, plain.policy.retries) == (3.0, 2)
+    assert plain.flags == TierFlags() and plain.readable and plain.writable
+
+
+async def test_disk_local_tier_serves_the_fast_path_and_quarantines(tmp_path: Path) -> None:
+    """The local tier's extras (``LocalStore``) are used when its backend has them."""
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M"))
+    assert isinstance(disk, LocalStore)
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    await cache.put("fx-graph", "good", b"payload")
+    hit = cache.read_local_sync("fx-graph", "good")
+    assert hit is not None and hit[0] == b"payload"
+    bad = NS.object_key("fx-graph", "bad")
+    await disk.put(bad, b"not an entry")
+    assert cache.read_local_sync("fx-graph", "bad") is None
+    assert await cache.get("fx-graph", "bad") is None
+    assert await disk.exists(bad) is False
+    assert len(list((tmp_path / QUARANTINE_DIR).iterdir())) == 1
+    await cache.close(5)
+
+
+def test_a_plain_local_tier_has_no_fast_path() -> None:
+    cache, local = make()
+    assert not isinstance(local.backend, LocalStore)
+    seed(local, "k", b"v")
+    assert cache.read_local_sync("fx-graph", "k") is None
+
+
+def test_an_integration_failure_is_counted_every_time_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counters: Counter[str] = Counter()
+    failed = FailureLog(logging.getLogger("objcache.test"), "test", counters, "errors:", "%s: %r")
+    with caplog.at_level(logging.DEBUG, logger="objcache.test"):
+        for _ in range(3):
+            failed("store", RuntimeError("boom"))
+    assert counters == Counter({"errors:store": 3})
+    levels = [r.levelno for r in caplog.records if r.name == "objcache.test"]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
 
 
 async def test_puts_skipped_by_an_open_breaker_are_counted() -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -285,12 +285,13 @@ def test_autotune_hit_lands_in_the_local_autotune_cache(
 
 
 def test_hooks_never_raise_into_torch(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import objcache
     from objcache.integrations.torch import hooks
 
     def broken() -> Any:
         raise RuntimeError("client exploded")
 
-    monkeypatch.setattr(hooks, "_client", broken)
+    monkeypatch.setattr(objcache, "get_client", broken)
     cache = _cache("RemoteAOTAutogradCache", "autograd-experimental")
     cache.put("k", {"data": base64.b64encode(pickle.dumps(1)).decode(), "time_taken_ms": 1})
     assert cache.get("k") is None
@@ -380,21 +381,92 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
 def test_bundle_bytes_are_verified_before_anything_else() -> None:
     from objcache import mega
 
-    bundle = mega.Bundle("b", {"torch": "2.13"}, b"torch-bytes", [("k1-x.so", b"\x7fELF")])
+    fp = {"torch": "2.13", "cpu_isa": "avx2"}
+    bundle = mega.Bundle("b", fp, b"torch-bytes", [("k1-x.so", b"\x7fELF")])
     data = bundle.to_bytes()
     back = mega.Bundle.from_bytes(data)
-    assert (back.torch_bytes, back.kernels, back.fingerprint) == (
+    assert (back.torch_bytes, back.kernels, back.fingerprint, back.skipped) == (
         b"torch-bytes",
         [("k1-x.so", b"\x7fELF")],
-        {"torch": "2.13"},
+        fp,
+        [],
     )
-    tampered = data[:-2] + b"X" + data[-1:]
-    with pytest.raises(mega.BundleError, match="digest mismatch"):
+    torch_at = data.index(b"torch-bytes")
+    tampered = data[:torch_at] + b"X" + data[torch_at + 1 :]
+    with pytest.raises(mega.BundleError, match="digest mismatch in torch"):
         mega.Bundle.from_bytes(tampered)
     with pytest.raises(mega.BundleError, match="truncated"):
-        mega.Bundle.from_bytes(data[:-1])
+        mega.Bundle.from_bytes(data[: torch_at + 3])
     with pytest.raises(mega.BundleError, match="bad magic"):
         mega.Bundle.from_bytes(b"XXXX" + data[4:])
+
+
+def test_a_bad_kernel_part_is_skipped_and_named_never_loaded() -> None:
+    from objcache import mega
+
+    fp = {"torch": "2.13", "cpu_isa": "avx2"}
+    kernels = [("k1-a.so", b"\x7fELF-a"), ("k1-b.so", b"\x7fELF-b"), ("k1-c.so", b"\x7fELF-c")]
+    data = mega.Bundle("b", fp, b"torch-bytes", kernels).to_bytes()
+    at = data.index(b"\x7fELF-b")
+    flipped = mega.Bundle.from_bytes(data[:at] + b"X" + data[at + 1 :])
+    assert flipped.torch_bytes == b"torch-bytes"
+    assert flipped.kernels == [kernels[0], kernels[2]]
+    assert flipped.skipped == ["kernel k1-b.so (digest mismatch)"]
+    cut = mega.Bundle.from_bytes(data[:-3])
+    assert cut.kernels == kernels[:2] and cut.skipped == ["1 truncated kernels"]
+    # a kernel part stamped with another CPU's ISA is never installed, whatever its digests say
+    foreign = data.replace(b'"kernel_isa": "avx2"', b'"kernel_isa": "neon"')  # same length
+    assert foreign != data
+    other = mega.Bundle.from_bytes(foreign)
+    assert other.kernels == [] and other.skipped == ["3 kernels built for CPU ISA 'neon'"]
+
+
+def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objcache import mega
+    from objcache.client import get_client
+    from objcache.fingerprint import fingerprint
+    from objcache.integrations.torch import kernels
+
+    client = get_client()
+    good, bad = ("k1-good.so", b"\x7fELF-good"), ("k1-bad.so", b"\x7fELF-bad")
+    data = mega.Bundle("part", dict(fingerprint()), b"", [good, bad]).to_bytes()
+    at = data.index(b"\x7fELF-bad")
+    okey = client.cache.namespace.object_key("mega", "part")
+    blob = data[:at] + b"X" + data[at + 1 :]
+    mega._call(client, lambda: mega._write_overwrite(client.cache, okey, blob))
+    line = mega.load("part")
+    assert "\n" not in line
+    assert "1 kernels" in line and "skipped kernel k1-bad.so (digest mismatch)" in line
+    assert client.get(kernels.KIND, "k1-good.so") == b"\x7fELF-good"
+    assert client.get(kernels.KIND, "k1-bad.so") is None
+
+
+def test_mega_ls_shows_what_each_bundle_holds(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from objcache import mega
+    from objcache.fingerprint import fingerprint
+
+    def fake(name: str, kernels: list[tuple[str, bytes]], missing: int = 0) -> mega.Collected:
+        artifacts = {"inductor": 4, "aot_autograd": 2, "pgo": 2}
+        bundle = mega.Bundle(name, dict(fingerprint()), b"t", kernels, artifacts)
+        bundle.missing_kernels = missing
+        return mega.Collected(bundle, f"{missing} kernels gone" if missing else "")
+
+    made = {
+        "full": fake("full", [("k1-a.so", b"a"), ("k1-b.so", b"b")]),
+        "bare": fake("bare", []),
+        "gaps": fake("gaps", [("k1-a.so", b"a")], missing=3),
+    }
+    monkeypatch.setattr(mega, "collect", lambda name: made[name])
+    for name in made:
+        saved = mega.save(name)
+        assert ("incomplete: 3 kernels gone" in saved) == (name == "gaps"), saved
+    lines = {line.split()[0]: line for line in mega.list_bundles()}
+    assert "2 aot_autograd, 4 inductor, 2 pgo artifacts, 2 kernels" in lines["full"]
+    assert "no kernels: a load compiles every CPU kernel" in lines["bare"]
+    assert "1 kernels; 3 kernels missing" in lines["gaps"]
+    assert "no kernels" not in lines["full"] and "missing" not in lines["full"]
 
 
 def test_loading_a_bundle_of_another_environment_lists_what_differs(
@@ -461,9 +533,39 @@ def test_autoload_gate() -> None:
     assert autoload.enabled({"OBJCACHE_TIERS": "file:///x"})
     assert autoload.enabled({"OBJCACHE_ENABLE": "1"})
     assert not autoload.enabled({"OBJCACHE_ENABLE": "0", "OBJCACHE_TIERS": "file:///x"})
-    from objcache.integrations.torch import hooks
 
-    assert set(autoload.WATCHED) == set(hooks.PARTS)
+
+def test_every_watched_module_has_a_part_that_applies_it() -> None:
+    from objcache.integrations.torch import hooks, watched
+
+    assert set(hooks.APPLY) == set(get_args(watched.Part))
+    assert set(watched.WATCHED.values()) == set(hooks.APPLY)
+
+
+def test_importing_the_torch_layer_has_no_side_effects_and_no_import_circle() -> None:
+    """Importing autoload activates nothing; hooks never imports autoload (uninstall
+    included). ``-S``: no site-packages, so no installed ``.pth`` runs first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_support.ROOT), OBJCACHE_ENABLE="1")
+    code = (
+        "import sys\n"
+        "from objcache.integrations.torch import hooks\n"
+        "hooks.uninstall()\n"
+        "assert 'objcache.integrations.torch.autoload' not in sys.modules\n"
+        "from objcache.integrations.torch import autoload\n"
+        "finders = lambda: [type(f).__name__ for f in sys.meta_path]\n"
+        "assert '_PostImportFinder' not in finders()\n"
+        "assert autoload.activate()\n"
+        "assert '_PostImportFinder' in finders()\n"
+        "hooks.uninstall()\n"
+        "assert '_PostImportFinder' not in finders()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"
 
 
 def _python(code: str, env: dict[str, str]) -> str:

@@ -54,7 +54,7 @@ SECTIONS = ("## Configuration errors", "## Tier errors", "## Refused entries", "
 def source_text() -> str:
     """objcache's source with implicitly concatenated string literals joined."""
     files = {p.resolve() for p in (ROOT / "objcache").rglob("*.py")}
-    files |= {p.resolve() for p in (ROOT / "backends").glob("*.py")}
+    files |= {p.resolve() for p in (ROOT / "backends").rglob("*.py")}
     text = "\n".join(p.read_text() for p in sorted(files))
     return re.sub(r"\"\s*\n\s*f?\"", "", text)
 

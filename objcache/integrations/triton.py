@@ -1,4 +1,4 @@
-"""Triton's kernel cache through objcache (issue 7, items 1 and 2).
+"""Triton's kernel cache through objcache (user guide: docs/triton.md).
 
 Triton (3.x) lets a remote store stand behind its on-disk kernel cache::
 
@@ -13,18 +13,18 @@ objcache key ``<triton key>/<filename>`` of kind ``triton``.
 Facts about ``triton/runtime/cache.py`` (3.7.1) this module is built on:
 
 * ``RemoteCacheManager.get_file`` asks the backend on *every* call, even when the file is
-  already in ``TRITON_CACHE_DIR`` (cache.py:193-196), and writes what it gets back into that
-  directory. objcache answers from its machine-local tier when it can, so a warm machine
-  makes no remote round trip.
-* ``RemoteCacheManager.put_group`` writes group files as ``{"child_paths": [names]}``
-  (cache.py:244), ``FileCacheManager.get_group`` expects ``{"child_paths": {name: path}}``
-  and raises ``AttributeError: 'list' object has no attribute 'items'`` on the list form
-  (cache.py:89), uncaught by ``triton.compile`` (compiler.py:265). The two managers must
-  therefore never share a ``TRITON_CACHE_DIR``: remote mode marks its directory with
-  :data:`MARKER`, and objcache refuses remote mode on a directory the default manager uses.
-* ``CompiledKernel`` takes whatever subset of a group's children the backend returned and
-  raises ``KeyError`` when the binary is missing (compiler.py:411-431). A group file is
-  therefore only returned together with *all* of its children (else it is a miss and Triton
+  already in ``TRITON_CACHE_DIR``, and writes what it gets back into that directory.
+  objcache answers from its machine-local tier when it can, so a warm machine makes no
+  remote round trip.
+* ``RemoteCacheManager.put_group`` writes group files as ``{"child_paths": [names]}``;
+  ``FileCacheManager.get_group`` expects ``{"child_paths": {name: path}}`` and raises
+  ``AttributeError: 'list' object has no attribute 'items'`` on the list form, uncaught by
+  ``triton.compile``. The two managers must therefore never share a ``TRITON_CACHE_DIR``:
+  remote mode marks its directory with :data:`MARKER`, and objcache refuses remote mode on
+  a directory the default manager uses.
+* ``CompiledKernel.__init__`` takes whatever subset of a group's children the backend
+  returned and raises ``KeyError`` when the binary is missing. A group file is therefore
+  only returned together with *all* of its children (else it is a miss and Triton
   recompiles), which also makes the order in which remote writes land irrelevant.
 
 Since RemoteCacheManager never reads ``TRITON_CACHE_DIR`` itself, what objcache cannot
@@ -198,7 +198,8 @@ class _BackendImpl:
         #: round trip (RemoteCacheManager.get_group asks for them right after the group).
         self._ready: dict[str, bytes] = {}
         #: Where RemoteCacheManager materializes this kernel's files (its FileCacheManager
-        #: reads the same knob right after building the backend, cache.py:176-182).
+        #: reads the same knob right after building the backend, in
+        #: ``RemoteCacheManager.__init__``).
         cache_dir = _check_current_dir()
         self._dir = os.path.join(cache_dir, key) if cache_dir else None
 

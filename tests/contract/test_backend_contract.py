@@ -1,190 +1,68 @@
-"""The contract every backend keeps (``objcache.backends.base``), run against each entry of
-:data:`tests.contract.backends.BACKENDS`."""
+"""The backend contract (:mod:`objcache.backend_contract`), run against every
+objcache backend: the local ones on a temporary folder, the others on each test server of
+``tests.support.servers.CONTRACT_SERVERS`` (a new backend's server joins that list, and the
+contract runs on it with no change here).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-from collections.abc import AsyncIterator
-
 import pytest
 
-from objcache.backends.base import Backend, ObjectInfo, PutMode
-from objcache.errors import InvalidKey
-
-from .backends import BackendParam, backend_params, open_backend
-
-
-@pytest.fixture(params=backend_params())
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    async with open_backend(request.param, request) as b:
-        yield b
+from objcache.backend_contract import BackendContract
+from objcache.backends.base import Backend
+from objcache.registry import create_backend
+from objcache.urls import parse_tier_url
+from tests.support.servers import CONTRACT_SERVERS, FakeGCS, MotoS3, RedisServer, SeaweedS3
 
 
-@pytest.fixture
-def param(request: pytest.FixtureRequest) -> BackendParam:
-    """The configuration behind ``backend`` (for capability flags)."""
-    p: BackendParam = request.node.callspec.params["backend"]
-    return p
+def _fs(request: pytest.FixtureRequest, scheme: str, unique: str, query: str = "") -> Backend:
+    root = request.getfixturevalue("tmp_path") / unique
+    return create_backend(parse_tier_url(f"{scheme}://{root}{query}"))
 
 
-async def listed(backend: Backend, prefix: str = "") -> dict[str, int]:
-    return {info.key: info.size async for info in backend.list(prefix)}
+class TestDisk(BackendContract):
+    async def make_backend(self, request: pytest.FixtureRequest, unique: str) -> Backend:
+        # A size limit the tests never reach still runs the LRU bookkeeping on every call.
+        return _fs(request, "disk", unique, "?max_bytes=1G")
 
 
-async def test_get_missing_is_none(backend: Backend) -> None:
-    assert await backend.get("no/such/key") is None
-    assert await backend.exists("no/such/key") is False
+class TestFile(BackendContract):
+    async def make_backend(self, request: pytest.FixtureRequest, unique: str) -> Backend:
+        return _fs(request, "file", unique)
 
 
-@pytest.mark.parametrize(
-    "data",
-    [b"", b"\x00", os.urandom(1 << 20), bytes(range(256)) * 64],
-    ids=["empty", "one-byte", "1MiB-random", "all-byte-values"],
-)
-async def test_round_trip(backend: Backend, data: bytes) -> None:
-    assert await backend.put("rt/value", data) is True
-    got = await backend.get("rt/value")
-    assert type(got) is bytes
-    assert got == data
-    assert await backend.exists("rt/value") is True
+class TestFileWithoutHardLinks(BackendContract):
+    """Exercises the O_EXCL placeholder path of CREATE."""
+
+    async def make_backend(self, request: pytest.FixtureRequest, unique: str) -> Backend:
+        backend = _fs(request, "file", unique)
+        backend.store.hardlinks = False  # type: ignore[attr-defined]
+        return backend
 
 
-async def test_create_keeps_first_value(backend: Backend) -> None:
-    assert await backend.put("k", b"first", PutMode.CREATE) is True
-    assert await backend.put("k", b"second", PutMode.CREATE) is False
-    assert await backend.get("k") == b"first"
+def _on_server(server_cls: type[RedisServer | SeaweedS3 | MotoS3 | FakeGCS]) -> type:
+    class OnServer(BackendContract):
+        async def make_backend(self, request: pytest.FixtureRequest, unique: str) -> Backend:
+            server = request.getfixturevalue("test_servers")(server_cls)
+            return create_backend(parse_tier_url(server.contract_url(unique)))
+
+    OnServer.__name__ = OnServer.__qualname__ = f"Test{server_cls.__name__}"
+    return pytest.mark.servers(OnServer)
 
 
-async def test_overwrite_replaces(backend: Backend) -> None:
-    assert await backend.put("k", b"new key", PutMode.OVERWRITE) is True
-    assert await backend.put("k", b"longer replacement value", PutMode.OVERWRITE) is True
-    assert await backend.get("k") == b"longer replacement value"
-    assert await backend.put("k", b"short", PutMode.OVERWRITE) is True
-    assert await backend.get("k") == b"short"
+for _server_cls in CONTRACT_SERVERS:
+    globals()[f"Test{_server_cls.__name__}"] = _on_server(_server_cls)
 
 
-async def test_exists_and_delete(backend: Backend, param: BackendParam) -> None:
-    await backend.put("d/k", b"v")
-    assert await backend.exists("d/k") is True
-    deleted = await backend.delete("d/k")
-    if param.exact_delete:
-        assert deleted is True
-    assert await backend.exists("d/k") is False
-    assert await backend.get("d/k") is None
-    assert await backend.put("d/k", b"again", PutMode.CREATE) is True  # the key is free again
-    assert await backend.get("d/k") == b"again"
+def test_every_builtin_backend_supports_records() -> None:
+    """Records (PGO profiles) must work on every built-in tier, so no built-in backend may
+    skip the record tests of the contract."""
+    from objcache.backends._records import RecordBackend
+    from objcache.backends.disk import DiskBackend
+    from objcache.backends.file import FileBackend
+    from objcache.backends.gcs import GCSBackend
+    from objcache.backends.redis import RedisBackend
+    from objcache.backends.s3 import S3Backend
 
-
-async def test_delete_missing_is_harmless(backend: Backend, param: BackendParam) -> None:
-    deleted = await backend.delete("never/written")
-    if param.exact_delete:
-        assert deleted is False
-    assert await backend.exists("never/written") is False
-
-
-async def test_list_prefix(backend: Backend) -> None:
-    entries = {"p/x/1": 1, "p/x/2": 22, "p/xy": 3, "p/y/deep/er/4": 4, "px": 5, "q/1": 6}
-    for key, size in entries.items():
-        await backend.put(key, b"z" * size)
-    t0 = time.time()
-    assert await listed(backend) == entries
-    assert await listed(backend, "p/") == {k: v for k, v in entries.items() if k.startswith("p/")}
-    # A prefix is a string prefix, not a folder: "p/x" also matches "p/xy".
-    assert await listed(backend, "p/x") == {"p/x/1": 1, "p/x/2": 22, "p/xy": 3}
-    assert await listed(backend, "p/x/") == {"p/x/1": 1, "p/x/2": 22}
-    assert await listed(backend, "p/y/deep/er/4") == {"p/y/deep/er/4": 4}
-    assert await listed(backend, "nothing/") == {}
-    infos = [info async for info in backend.list("q/")]
-    assert infos == [ObjectInfo(key="q/1", size=6, mtime=infos[0].mtime)]
-    assert abs(infos[0].mtime - t0) < 24 * 3600
-
-
-async def test_list_empty(backend: Backend) -> None:
-    assert await listed(backend) == {}
-
-
-async def test_get_many_returns_only_present(backend: Backend) -> None:
-    await backend.put("m/a", b"A")
-    await backend.put("m/b", b"")
-    assert await backend.get_many(["m/a", "m/missing", "m/b"]) == {"m/a": b"A", "m/b": b""}
-    assert await backend.get_many([]) == {}
-
-
-@pytest.mark.parametrize(
-    "key",
-    [
-        "pt2:fx-graph-v1::fabc123:c1",
-        "k=v+w@host",
-        "a:b/c=d/e+f/g@h",
-        "v1/e0f3/fx/ab/" + "/".join(f"level{i}" for i in range(20)) + "/leaf",
-        ".hidden/file.bin",
-    ],
-)
-async def test_unusual_keys(backend: Backend, key: str) -> None:
-    assert await backend.put(key, key.encode()) is True
-    assert await backend.get(key) == key.encode()
-    assert await backend.exists(key) is True
-    assert await listed(backend) == {key: len(key.encode())}
-
-
-INVALID_KEYS = ["", "../x", "a/../../x", "/abs", "a//b", "a/", "./a", "a/\x00b", "a\\b", "k" * 901]
-
-
-@pytest.mark.parametrize("key", INVALID_KEYS, ids=lambda k: repr(k)[:20])
-async def test_invalid_keys_rejected(backend: Backend, key: str) -> None:
-    with pytest.raises(InvalidKey):
-        await backend.put(key, b"v")
-    with pytest.raises(InvalidKey):
-        await backend.put(key, b"v", PutMode.OVERWRITE)
-    with pytest.raises(InvalidKey):
-        await backend.get(key)
-    with pytest.raises(InvalidKey):
-        await backend.exists(key)
-    with pytest.raises(InvalidKey):
-        await backend.delete(key)
-    assert await listed(backend) == {}
-
-
-def _value(i: int) -> bytes:
-    return bytes([i]) * (64 * 1024 + i)
-
-
-async def test_concurrent_creates_have_one_winner(backend: Backend) -> None:
-    values = {_value(i) for i in range(32)}
-    seen: list[bytes | None] = []
-    done = asyncio.Event()
-
-    async def reader() -> None:
-        while not done.is_set():
-            seen.append(await backend.get("race"))
-            await asyncio.sleep(0)  # let writers run even if get() never suspends
-
-    async def writers() -> list[bool]:
-        try:
-            return list(await asyncio.gather(*(backend.put("race", _value(i)) for i in range(32))))
-        finally:
-            done.set()
-
-    results, *_ = await asyncio.gather(writers(), reader(), reader())
-    assert results.count(True) == 1
-    assert results.count(False) == 31
-    final = await backend.get("race")
-    assert final == _value(results.index(True))
-    assert all(v is None or v in values for v in seen), "a reader saw a partial value"
-    assert await listed(backend) == {"race": len(final)}
-
-
-async def test_concurrent_puts_of_different_keys(backend: Backend) -> None:
-    keys = [f"many/{i % 4}/k{i}" for i in range(64)]
-    results = await asyncio.gather(*(backend.put(k, k.encode() * 10) for k in keys))
-    assert all(results)
-    assert await backend.get_many(keys) == {k: k.encode() * 10 for k in keys}
-    assert await listed(backend, "many/") == {k: len(k) * 10 for k in keys}
-
-
-async def test_close_is_idempotent(backend: Backend) -> None:
-    await backend.put("c", b"v")
-    await backend.close()
-    await backend.close()
+    for cls in (DiskBackend, FileBackend, GCSBackend, RedisBackend, S3Backend):
+        assert issubclass(cls, RecordBackend), cls

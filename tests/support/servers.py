@@ -260,6 +260,10 @@ class RedisServer(ProcessServer):
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    def contract_url(self, unique: str) -> str:
+        """A tier URL on this server whose keys no other test sees (contract suite)."""
+        return f"{self.url}?prefix={unique}/"
+
     @property
     def unix_socket(self) -> str | None:
         return str(self.tmpdir / "redis.sock") if self._want_unix else None
@@ -314,6 +318,12 @@ class S3Server(Server):
     secret_key = ""
     region = "us-east-1"
     _admin: tuple[str, Any] | None = None
+
+    def contract_url(self, unique: str) -> str:
+        """A tier URL on this server whose keys no other test sees (contract suite)."""
+        from tests.cloud_support import s3_url
+
+        return s3_url(self, unique)
 
     def client_kwargs(self, endpoint_url: str | None = None) -> dict[str, str]:
         """Keyword arguments for ``boto3``/``aioboto3`` ``client("s3", ...)``."""
@@ -553,6 +563,12 @@ class FakeGCS(ProcessServer):
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def contract_url(self, unique: str) -> str:
+        """A tier URL on this server whose keys no other test sees (contract suite)."""
+        from tests.cloud_support import gcs_url
+
+        return gcs_url(self, unique)
+
     def _command(self) -> list[str]:
         binary = find_binary(
             "fake-gcs-server",
@@ -606,3 +622,13 @@ class FakeGCS(ProcessServer):
         for blob in client.list_blobs(name):
             blob.delete()
         client.bucket(name).delete()
+
+
+#: The servers the backend contract suite runs every backend it serves on
+#: (tests/contract/test_backend_contract.py); each has ``contract_url(unique)``.
+CONTRACT_SERVERS: tuple[type[RedisServer | SeaweedS3 | MotoS3 | FakeGCS], ...] = (
+    RedisServer,
+    SeaweedS3,
+    MotoS3,
+    FakeGCS,
+)

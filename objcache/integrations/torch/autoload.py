@@ -2,10 +2,11 @@
 
 The package ships ``objcache-autoload.pth`` into site-packages. Its one line checks
 ``os.environ`` and, only when ``OBJCACHE_TIERS`` or ``OBJCACHE_ENABLE`` is set, imports this
-module; with neither set nothing is imported at all. This module never imports torch: it
-puts a finder at the front of ``sys.meta_path`` that notices when each torch module objcache
-patches is imported, and applies that part of the install right after the module has run
-(:data:`WATCHED`, mirrored by ``hooks.PARTS``). So ``import torch`` costs nothing extra,
+module and calls :func:`activate`; with neither set nothing is imported at all. Importing
+this module does nothing by itself. It never imports torch: :func:`activate` puts a finder at
+the front of ``sys.meta_path`` that notices when each torch module objcache patches is
+imported (:data:`.watched.WATCHED`), and applies that part of the install right after the
+module has run. So ``import torch`` costs nothing extra,
 and a process that never compiles never imports torch's compiler stack because of objcache.
 Inductor's compile workers are Python processes too: they load the same ``.pth``.
 
@@ -24,17 +25,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-#: The torch modules whose import applies a part of the install (see hooks.PARTS).
-WATCHED = (
-    "torch._inductor.config",
-    "torch._functorch.config",
-    "torch._dynamo.config",
-    "torch._inductor.remote_cache",
-    "torch._inductor.runtime.autotune_cache",
-    "torch._inductor.cpp_builder",
-    "torch._inductor.codecache",
-    "torch._functorch._aot_autograd.autograd_cache",
-)
+from objcache.integrations.torch.watched import WATCHED, on_stop_watching
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -143,6 +134,7 @@ def activate(environ: Mapping[str, str] | None = None) -> bool:
     try:
         if not enabled(environ):
             return False
+        on_stop_watching(disable)
         with _lock:
             _disabled = False
             pending = [n for n in WATCHED if n not in sys.modules]
@@ -159,15 +151,9 @@ def activate(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def disable() -> None:
-    """Stop installing on later imports (``uninstall()`` calls this)."""
+    """Stop installing on later imports (``uninstall()`` calls this through
+    :func:`.watched.stop_watching`)."""
     global _disabled
     with _lock:
         _disabled = True
         _remove_finder()
-
-
-def active() -> bool:
-    return _finder is not None
-
-
-activate()

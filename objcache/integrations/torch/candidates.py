@@ -3,7 +3,7 @@
 torch's FX graph and AOTAutograd caches are *guarded*: one key can have several compiled
 entries, each valid under its own guard expression on symbolic shapes. Locally torch keeps
 them all (``{cache_dir}/fxgraph/<xx>/<key>/<entry>``) and
-``GuardedCache.iterate_over_candidates`` (``codecache.py:1699``) tries each local entry,
+``GuardedCache.iterate_over_candidates`` tries each local entry,
 then exactly **one** remote value; ``find_guarded_entry`` takes the first whose guards pass.
 With one remote value per key, machines that need another variant take a guard miss and
 recompile.
@@ -37,7 +37,9 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
+import objcache
 from objcache.integrations.torch import serde, writethrough
+from objcache.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
 
@@ -47,31 +49,22 @@ GUARDED_KINDS = frozenset({"fx-graph", "aot-autograd"})
 #: ``lookups:<kind>``, ``candidates:<kind>``, ``remote_hits:<kind>``, ``guard_misses:<kind>``,
 #: ``skipped_local_duplicates:<kind>``, ``errors:<where>``.
 counters: Counter[str] = Counter()
-_warned: set[str] = set()
 _state = threading.local()
 #: (class, attribute) -> the attribute in the class's own __dict__ before install, or _ABSENT.
 _saved: dict[tuple[type, str], Any] = {}
 _ABSENT = object()
 _lock = threading.RLock()
 
-
-def _failed(where: str, exc: BaseException) -> None:
-    counters[f"errors:{where}"] += 1
-    if where not in _warned:
-        _warned.add(where)
-        log.warning("objcache: %s failed; torch goes on without candidates: %r", where, exc)
-
-
-def _client() -> Any:
-    from objcache.client import get_client
-
-    return get_client()
+_failed = FailureLog(
+    log, "torch.candidates", counters, "errors:",
+    "objcache: %s failed; torch goes on without candidates: %r",
+)  # fmt: skip
 
 
 def enabled() -> bool:
     """Whether the process-wide client stores and serves guarded candidates."""
     try:
-        return bool(_client().config.guarded_candidates)
+        return bool(objcache.get_client().config.guarded_candidates)
     except Exception as exc:
         _failed("config", exc)
         return False
@@ -105,7 +98,7 @@ def _make_iterate(kind: str, original: Callable[..., Any]) -> Callable[..., Any]
                 yield value, content, in_local
         counters[f"lookups:{kind}"] += 1
         try:
-            found = _client().get_candidates(kind, remote_cache._get_key(key))
+            found = objcache.get_client().get_candidates(kind, remote_cache._get_key(key))
         except Exception as exc:
             _failed(f"list candidates ({kind})", exc)
             return
@@ -146,7 +139,7 @@ def _make_find(kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 _, _, candidate, raw = pending
                 counters[f"remote_hits:{kind}"] += 1
                 writethrough.write_through(kind, key, raw)
-                _client().adopt_candidate(candidate)
+                objcache.get_client().adopt_candidate(candidate)
         except Exception as exc:
             _failed(f"write-through ({kind})", exc)
         return result

@@ -1,25 +1,26 @@
 """Route torch's five remote caches through objcache, and put torch back exactly.
 
 torch resolves its remote cache classes **by name at call time**
-(``remote_cache.py:403`` ``create_cache`` does ``getattr(this_module, oss_cache_cls)``), so
-replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCache``,
+(``torch._inductor.remote_cache.create_cache`` does ``getattr(this_module, oss_cache_cls)``),
+so replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCache``,
 ``RemoteAutotuneCache``, ``RemoteBundledAutotuneCache`` and ``RemoteDynamoPGOCache`` with
 subclasses routes every cache object torch creates from then on, each with its ``cache_id``.
-The subclasses work at the *value* level (``RedisRemoteCache._get/_put``,
-``remote_cache.py:345-352``): torch's JSON/base64 envelope is never built on a put, the raw
-pickle is stored (:mod:`.serde`), and a hit is written through to Inductor's local cache
-(:mod:`.writethrough`). Their ``backend`` is an :class:`ObjcacheBackend` (a real
-``RemoteCacheBackend[bytes]``) for code that talks to the backend directly, and a
-``backend_override_cls`` set on them (torch's own test mocks) still wins.
+The subclasses work at the *value* level (``RedisRemoteCache._get`` / ``_put``): torch's
+JSON/base64 envelope is never built on a put, the raw pickle is stored (:mod:`.serde`), and
+a hit is written through to Inductor's local cache (:mod:`.writethrough`). Their
+``backend`` is an :class:`ObjcacheBackend` (a real ``RemoteCacheBackend[bytes]``) for code
+that talks to the backend directly, and a ``backend_override_cls`` set on them (torch's own
+test mocks) still wins.
 
 Nothing here raises into torch: a raising ``_put`` breaks AOTAutograd (the error escapes
-``loss.backward()``, ``autograd_cache.py:1387`` is outside any try) and PGO. Every failure is
-a counted miss, logged once. Gets are bounded by the client's deadline; puts write the local
-objcache tier and go remote through the write-behind queue.
+``loss.backward()``: the ``remote_cache.put`` in ``AOTAutogradCache.save`` is outside any
+try) and PGO. Every failure is a counted miss, logged once. Gets are bounded by the
+client's deadline; puts write the local objcache tier and go remote through the
+write-behind queue.
 
-The install is made of *parts*, one per torch module, so that the zero-code path
-(:mod:`.autoload`) can apply each part when its module is first imported, without importing
-anything torch would not have imported anyway.
+The install is made of *parts*, one per torch module (:data:`.watched.WATCHED`), so that the
+zero-code path (:mod:`.autoload`) can apply each part when its module is first imported,
+without importing anything torch would not have imported anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import candidates, serde, writethrough
+import objcache
+from objcache.integrations.torch import candidates, pgo_join, serde, watched, writethrough
+from objcache.integrations.torch.watched import WATCHED, Part
+from objcache.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
 
@@ -46,8 +50,9 @@ CACHE_CLASSES: dict[str, str] = {
 }
 
 #: objcache kind -> torch's cache_id, for the kinds with a fixed one (the autotune cache id
-#: is a per-kernel hash). Sources: codecache.py:2264, autograd_cache.py:1395, pgo.py:679,
-#: autotune_cache.py begin_compile.
+#: is a per-kernel hash). Sources: ``FxGraphCache.get_remote_cache``,
+#: ``AOTAutogradCache.get_remote_cache``, ``torch._dynamo.pgo.get_remote_cache``,
+#: ``AutotuneCacheBundler.begin_compile``.
 CACHE_IDS: dict[str, str] = {
     "fx-graph": "fx-graph-v1",
     "aot-autograd": "autograd-experimental",
@@ -86,22 +91,13 @@ _installed_parts: set[str] = set()
 _env_set: set[str] = set()
 #: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
 counters: Counter[str] = Counter()
-_warned: set[str] = set()
-
-
-def _failed(where: str, exc: BaseException) -> None:
-    counters[f"errors:{where}"] += 1
-    if where not in _warned:
-        _warned.add(where)
-        log.warning("objcache: %s failed; torch goes on without objcache there: %r", where, exc)
-    else:
-        log.debug("objcache: %s failed", where, exc_info=True)
-
-
-def _client() -> Any:
-    from objcache.client import get_client
-
-    return get_client()
+_failed = FailureLog(
+    log,
+    "torch",
+    counters,
+    "errors:",
+    "objcache: %s failed; torch goes on without objcache there: %r",
+)
 
 
 # --- the value-level cache classes -----------------------------------------------------------
@@ -117,7 +113,7 @@ def _make_backend_class(base: type) -> type:
 
         def _get(self, key: str) -> bytes | None:
             try:
-                payload = _client().get(self.kind, key)
+                payload = objcache.get_client().get(self.kind, key)
                 return None if payload is None else serde.envelope_bytes(self.kind, payload)
             except Exception as exc:
                 _failed(f"backend get ({self.kind})", exc)
@@ -125,7 +121,9 @@ def _make_backend_class(base: type) -> type:
 
         def _put(self, key: str, data: bytes) -> None:
             try:
-                _client().put(self.kind, key, serde.pack_envelope_bytes(self.kind, data))
+                objcache.get_client().put(
+                    self.kind, key, serde.pack_envelope_bytes(self.kind, data)
+                )
             except Exception as exc:
                 _failed(f"backend put ({self.kind})", exc)
 
@@ -140,7 +138,7 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
 
         def __init__(self, cache_id: str) -> None:
             # RedisRemoteCache.__init__ would insist on the redis package; objcache does not
-            # need it. Same key format as remote_cache.py:338-339.
+            # need it. Same key format as RedisRemoteCache.__init__.
             RemoteCache.__init__(self, backend_cls(kind), json_serde())
             self._key_fmt = f"pt2:{cache_id}::{{key}}:c1"
 
@@ -149,7 +147,10 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 return super()._get(key, sample)
             counters[f"gets:{kind}"] += 1
             try:
-                payload = _client().get(kind, self._get_key(key))
+                if kind in pgo_join.RECORD_KINDS:
+                    payload = objcache.get_client().get_record(kind, self._get_key(key))
+                else:
+                    payload = objcache.get_client().get(kind, self._get_key(key))
                 if payload is None:
                     return None
                 value, raw = serde.unpack(kind, payload)
@@ -166,9 +167,12 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 super()._put(key, value, sample)
                 return
             try:
-                client = _client()
+                client = objcache.get_client()
                 payload = serde.pack(kind, value)
-                if kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
+                if kind in pgo_join.RECORD_KINDS:
+                    # a join with every other writer's profile, never last-writer-wins
+                    client.update_record(kind, self._get_key(key), pgo_join.change_for(payload))
+                elif kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
                     client.put_candidate(kind, self._get_key(key), payload)
                 else:
                     client.put(kind, self._get_key(key), payload)
@@ -199,7 +203,7 @@ def _apply_remote_cache(module: Any) -> None:
 
 
 def _clear_cached_remote_caches() -> None:
-    """AOTAutogradCache.get_remote_cache is functools.cache'd (autograd_cache.py:1390)."""
+    """``AOTAutogradCache.get_remote_cache`` is ``functools.cache``'d: forget its cache."""
     mod = sys.modules.get("torch._functorch._aot_autograd.autograd_cache")
     getter = getattr(getattr(mod, "AOTAutogradCache", None), "get_remote_cache", None)
     clear = getattr(getter, "cache_clear", None)
@@ -235,7 +239,7 @@ def _apply_job_id() -> None:
 def _set_config(module: Any, attr: str, value: Any) -> None:
     """Set a torch config value, remembering the raw override so uninstall restores it.
 
-    torch config modules keep a user override per entry (``utils/_config_module.py:418``);
+    torch config modules keep a user override per entry (``ConfigModule.__setattr__``);
     restoring "unset" is not the same as setting the default value back, so the raw
     override is saved and put back as it was.
     """
@@ -284,8 +288,8 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
 
     With ``bundled_autotune_remote_cache`` on and no Triton backend (a CPU-only host),
     ``AutotuneCacheBundler.begin_compile`` asserts that ``backend_hash`` is a str
-    (``autotune_cache.py:457``) and the compile fails. The bundle only holds Triton autotune
-    results, so there is nothing to cache there anyway.
+    (``_AutotuneCacheBundlerImpl._get_backend_hash``) and the compile fails. The bundle only
+    holds Triton autotune results, so there is nothing to cache there anyway.
     """
 
     def begin_compile(cls: Any, inductor_meta: Any, *args: Any, **kwargs: Any) -> None:
@@ -307,16 +311,14 @@ def _apply_kernels(module: Any) -> None:
     _installed_parts.add("kernels")
 
 
-#: torch module -> the part applied when it is (or once it gets) imported.
-PARTS: dict[str, Callable[[Any], None]] = {
-    "torch._inductor.config": _apply_flags,
-    "torch._functorch.config": _apply_flags,
-    "torch._dynamo.config": _apply_flags,
-    "torch._inductor.remote_cache": _apply_remote_cache,
-    "torch._inductor.runtime.autotune_cache": _apply_autotune,
-    "torch._inductor.cpp_builder": _apply_kernels,
-    "torch._inductor.codecache": candidates.apply_fx,
-    "torch._functorch._aot_autograd.autograd_cache": candidates.apply_aot,
+#: Each part of the install -> the function applying it to its torch module.
+APPLY: dict[Part, Callable[[Any], None]] = {
+    "flags": _apply_flags,
+    "remote_caches": _apply_remote_cache,
+    "autotune": _apply_autotune,
+    "kernels": _apply_kernels,
+    "fx_candidates": candidates.apply_fx,
+    "aot_candidates": candidates.apply_aot,
 }
 
 
@@ -327,7 +329,7 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             return
         try:
             mod = module if module is not None else sys.modules[module_name]
-            PARTS[module_name](mod)
+            APPLY[WATCHED[module_name]](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
             _failed(f"install ({module_name})", exc)
@@ -344,10 +346,8 @@ def install(config: Any | None = None) -> None:
 
     with _lock:
         if config is not None:
-            from objcache.client import get_client
-
-            get_client(config)
-        for name in PARTS:
+            objcache.get_client(config)
+        for name in WATCHED:
             try:
                 module = importlib.import_module(name)
             except Exception as exc:
@@ -381,7 +381,7 @@ def start_client() -> None:
     job's prefetch (:mod:`objcache.manifest`) in the background.
     """
     try:
-        _client()
+        objcache.get_client()
     except Exception as exc:
         _failed("client", exc)
 
@@ -393,10 +393,10 @@ def installed() -> bool:
 
 def uninstall() -> None:
     """Undo :func:`install` (and stop the zero-code path from installing again)."""
-    from objcache.integrations.torch import autoload, kernels
+    from objcache.integrations.torch import kernels
 
     with _lock:
-        autoload.disable()
+        watched.stop_watching()
         for (mod_name, attr), value in reversed(list(_saved.items())):
             mod = sys.modules.get(mod_name)
             if mod is None:

@@ -4,7 +4,7 @@ On CPU neither torch's remote caches nor Mega-Cache carry the binaries g++ produ
 remote hit in a fresh ``TORCHINDUCTOR_CACHE_DIR`` still runs one g++ per kernel, per ISA
 probe (``cpu_vec_isa.py`` ``VecISA.check_build``) and for the precompiled header — tens of
 seconds. Every one of those builds goes through ``CppBuilder.build``
-(``cpp_builder.py:2556``: kernels via ``codecache.py`` ``_worker_compile_cpp``, the header
+(kernels via ``torch._inductor.codecache._worker_compile_cpp``, the header
 via ``_precompile_header``, the ISA probes directly), so that is the hook:
 
 * before g++ runs, the output is looked up in objcache (kind ``kernel``) under a
@@ -21,7 +21,7 @@ so they differ between machines whose virtualenvs differ; objcache's key does no
 also live in the environment namespace (torch, Python, CPU ISA, architecture).
 
 **Deferred precompiled header.** ``_precompile_header`` builds the header before torch knows
-whether any kernel needs compiling (``codecache.py:3784``). objcache defers that build: the
+whether any kernel needs compiling (``CppCodeCache.load_async``). objcache defers that build: the
 header is built (or fetched) only when a kernel that includes it actually has to be
 compiled. When every kernel comes from the cache, the header is never built at all.
 Preprocessing runs (``g++ -E``, used by torch to hash the header) are not cached.
@@ -45,6 +45,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import objcache
+from objcache.metrics import log_once
+
 log = logging.getLogger("objcache.torch")
 
 KIND = "kernel"
@@ -62,7 +65,6 @@ _recorded: deque[Any] = deque(maxlen=MAX_RECORDED)
 _compiler_ids: dict[str, str] = {}
 _native_ids: dict[str, str] = {}
 _roots_cache: list[tuple[str, str]] | None = None
-_warned: set[str] = set()
 _originals: dict[str, Any] = {}
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_pid = 0
@@ -82,11 +84,10 @@ def counters() -> dict[str, int]:
 
 def _warn_once(what: str, exc: BaseException) -> None:
     count("errors")
-    if what not in _warned:
-        _warned.add(what)
-        log.warning("objcache: kernel cache %s failed (build goes on): %r", what, exc)
-    else:
-        log.debug("objcache: kernel cache %s failed", what, exc_info=True)
+    log_once.failure(
+        log, "torch.kernels", what, "objcache: kernel cache %s failed (build goes on): %r",
+        what, exc,
+    )  # fmt: skip
 
 
 # --- keys ---------------------------------------------------------------------------------
@@ -233,12 +234,6 @@ def plan(builder: Any) -> Plan | None:
 # --- objcache I/O ---------------------------------------------------------------------------
 
 
-def _client() -> Any:
-    from objcache.client import get_client
-
-    return get_client()
-
-
 def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
@@ -267,7 +262,7 @@ def _keep_out_of_prefetch(client: Any, p: Plan) -> None:
 def fetch(p: Plan) -> bool:
     """Write the cached output of ``p`` where torch expects it; False on a miss."""
     try:
-        client = _client()
+        client = objcache.get_client()
         data = client.get(KIND, p.key)
         _keep_out_of_prefetch(client, p)
         if data is None:
@@ -286,7 +281,7 @@ def _put_now(p: Plan) -> None:
     try:
         with open(p.target, "rb") as f:
             data = f.read()
-        client = _client()
+        client = objcache.get_client()
         client.put(KIND, p.key, data)
         _keep_out_of_prefetch(client, p)
         count("stored")

@@ -34,7 +34,7 @@ ARTIFACT_KINDS = {"inductor": "fx-graph", "aot_autograd": "aot-autograd", "pgo":
 
 
 def remote_key(kind: str, key: str) -> str:
-    """The key torch's remote cache classes use (``remote_cache.py:339``)."""
+    """The key torch's remote cache classes use (``RedisRemoteCache.__init__``)."""
     return f"pt2:{CACHE_IDS[kind]}::{key}:c1"
 
 

@@ -1,15 +1,16 @@
 """What objcache stores for each torch cache kind, and the value torch gets back.
 
-torch hands its remote caches a JSON value and, through ``RemoteCacheJsonSerde``
-(``torch/_inductor/remote_cache.py:118``), would send the backend
+torch hands its remote caches a JSON value and, through
+``torch._inductor.remote_cache.RemoteCacheJsonSerde``, would send the backend
 ``json.dumps({"data": base64(pickle), "time_taken_ms": n})``. objcache stores the payload
 itself instead:
 
 * ``fx-graph``, ``aot-autograd``, ``pgo``: the raw pickle (``base64.b64decode(data)``), byte
   for byte the ``content`` torch's Mega-Cache artifact classes carry, so bundles, write-through
   and remote entries share one representation. On a hit the envelope is rebuilt with the
-  shape each reader asserts: ``data`` a base64 ``str`` (``codecache.py:1723-1727``,
-  ``autograd_cache.py`` via ``GuardedCache``, ``pgo.py:870`` requires ``str``) and, for the
+  shape each reader asserts: ``data`` a base64 ``str`` (``GuardedCache.iterate_over_candidates``
+  for FX graphs and AOTAutograd, ``torch._dynamo.pgo.lookup_remote_cache_entry`` for PGO) and,
+  for the
   graph kinds, ``time_taken_ms`` (torch only ever writes it; no reader uses it, so it comes
   back as 0).
 * ``autotune``, ``bundled-autotune``: plain JSON dicts, stored as compact JSON.
@@ -29,8 +30,6 @@ from typing import Any
 
 #: Kinds whose torch value is ``{"data": base64(pickle), ...}``.
 PICKLE_KINDS = frozenset({"fx-graph", "aot-autograd", "pgo"})
-#: Kinds whose torch value is a plain JSON document.
-JSON_KINDS = frozenset({"autotune", "bundled-autotune"})
 #: Envelope fields each pickle kind carries besides ``data``.
 _ENVELOPE_EXTRA: dict[str, tuple[str, ...]] = {
     "fx-graph": ("time_taken_ms",),

@@ -1,16 +1,16 @@
 """Write remote hits into Inductor's own local cache (``TORCHINDUCTOR_CACHE_DIR``).
 
-torch 2.13 does not do this itself (FX ``codecache.py`` ``iterate_over_candidates``,
+torch 2.13 does not do this itself (FX ``GuardedCache.iterate_over_candidates``,
 AOTAutograd ``_lookup``, PGO ``get_remote_code_state``, autotune ``AutotuneCache._read``
 only *read* the remote entry), although the caching recipe promises it. objcache keeps
 that promise, reusing torch's own writers so the paths are torch's, not re-derived:
 
 * ``fx-graph``: ``FxGraphCache._write_to_local_cache`` — what
-  ``InductorCacheArtifact.populate_cache`` does (``codecache.py:1839``) minus
-  ``_emit_triton_bundle``, which the lookup that is asking already does for the entry it
-  returns (``codecache.py:1953``);
-* ``aot-autograd``: ``AOTAutogradCacheArtifact.populate_cache`` (``autograd_cache.py:939``);
-* ``pgo``: ``PGOCacheArtifact.populate_cache`` (``pgo.py:768``);
+  ``InductorCacheArtifact.populate_cache`` does minus ``_emit_triton_bundle``, which the
+  lookup that is asking already does for the entry it returns
+  (``FxGraphCache.cache_hit_post_compile``);
+* ``aot-autograd``: ``AOTAutogradCacheArtifact.populate_cache``;
+* ``pgo``: ``PGOCacheArtifact.populate_cache``;
 * ``autotune``: the ``LocalAutotuneCache`` the reading ``AutotuneCache`` already holds (the
   remote key alone does not name the local file): see :func:`wrap_autotune_read`;
 * ``bundled-autotune``: torch writes its hits locally itself (``autotune_cache.py``
@@ -27,11 +27,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from objcache.metrics import FailureLog
+
 log = logging.getLogger("objcache.torch")
 
 #: ``writethrough:<kind>`` and ``writethrough_errors:<kind>`` counters.
 counters: Counter[str] = Counter()
-_warned: set[str] = set()
+_failed = FailureLog(
+    log, "torch.writethrough", counters, "writethrough_errors:",
+    "objcache: could not write a %s hit to the local cache: %r",
+)  # fmt: skip
 
 
 def write_through(kind: str, key: str, raw: bytes) -> bool:
@@ -42,10 +47,7 @@ def write_through(kind: str, key: str, raw: bytes) -> bool:
     try:
         written = writer(key, raw)
     except Exception as exc:
-        counters[f"writethrough_errors:{kind}"] += 1
-        if kind not in _warned:
-            _warned.add(kind)
-            log.warning("objcache: could not write a %s hit to the local cache: %r", kind, exc)
+        _failed(kind, exc)
         return False
     if written:
         counters[f"writethrough:{kind}"] += 1
@@ -109,12 +111,7 @@ def wrap_autotune_read(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 cache.put(path, dict(best))
                 counters["writethrough:autotune"] += 1
             except Exception as exc:
-                counters["writethrough_errors:autotune"] += 1
-                if "autotune" not in _warned:
-                    _warned.add("autotune")
-                    log.warning(
-                        "objcache: could not write an autotune hit to the local cache: %r", exc
-                    )
+                _failed("autotune", exc)
         return best
 
     _read.__wrapped__ = original  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ URL options (all optional)::
     region=us-east-1            endpoint_url=http://host:port    profile=ci
     addressing_style=path|virtual|auto
     connect_timeout=3  read_timeout=20           (seconds, per socket operation)
-    max_pool_connections=64   concurrency=32     (get_many fan-out)
+    max_pool_connections=64
     multipart_threshold=16777216  part_size=8388608  part_concurrency=8
     direct=1                    (0: send every request through botocore)
 
@@ -42,7 +42,7 @@ import builtins
 import contextlib
 import os
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
 from objcache.backends._opts import MiB, opt_bool, opt_float, opt_int, opt_str
+from objcache.backends._records import Versioned
 from objcache.backends._s3_direct import DirectS3, Reroute, Route
 from objcache.backends._s3_errors import (
     classify,
@@ -171,7 +172,6 @@ class S3Backend(Backend):
             max_pool_connections=opt_int(spec, "max_pool_connections"),
             direct=opt_bool(spec, "direct"),
         )
-        self.concurrency = opt_int(spec, "concurrency")
         self.multipart_threshold = opt_int(spec, "multipart_threshold")
         self.part_size = opt_int(spec, "part_size")
         self.part_concurrency = opt_int(spec, "part_concurrency")
@@ -247,12 +247,18 @@ class S3Backend(Backend):
     # --- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
+        found = await self._read(key, versioned=False)
+        return None if found is None else found.data
+
+    async def _read(self, key: str, *, versioned: bool) -> Versioned | None:
+        """The object, with its ETag as version when ``versioned`` (else version "")."""
         name = self._object_name(key)
         client = await self._client()
+        headers: dict[str, str] | None = {} if versioned else None
         try:
-            data = await self._direct(client, "GET", name, "GetObject")
+            data = await self._direct(client, "GET", name, "GetObject", response_headers=headers)
             if data is not None:
-                return data
+                return Versioned(data, headers["etag"] if headers is not None else "")
             response = await client.boto.get_object(Bucket=self.bucket, Key=name)
             body = response["Body"]
             try:
@@ -261,24 +267,13 @@ class S3Backend(Backend):
             except BaseException:
                 body.close()  # drop the half-read connection instead of pooling it
                 raise
-            return payload
+            return Versioned(payload, response["ETag"] if versioned else "")
         except bce.ClientError as exc:
             if is_not_found(exc):
                 return None
             raise await self._fail(client.boto, exc, "get") from exc
         except Exception as exc:
             raise await self._fail(client.boto, exc, "get") from exc
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(key: str) -> bytes | None:
-            async with gate:
-                return await self.get(key)
-
-        values = await asyncio.gather(*(one(k) for k in keys))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     async def exists(self, key: str) -> bool:
         name = self._object_name(key)
@@ -352,6 +347,31 @@ class S3Backend(Backend):
             raise await self._fail(client.boto, exc, "put") from exc
         return True
 
+    # --- records (backends/_records.py): If-Match on the ETag, If-None-Match: * ---------
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        return await self._read(key, versioned=True)
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """One conditional PutObject (records are small: never multipart)."""
+        name = self._object_name(key)
+        client = await self._client()
+        crc = await crc32_checksum(data)
+        condition = {"If-None-Match": "*"} if version is None else {"If-Match": version}
+        try:
+            headers = {"x-amz-checksum-crc32": crc, **condition}
+            sent = await self._direct(client, "PUT", name, "PutObject", body=data, extra=headers)
+            if sent is None:
+                extra = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+                await client.boto.put_object(
+                    Bucket=self.bucket, Key=name, Body=data, ChecksumCRC32=crc, **extra
+                )
+        except Exception as exc:
+            if is_precondition_failure(exc) or (version is not None and is_not_found(exc)):
+                return False
+            raise await self._fail(client.boto, exc, "put") from exc
+        return True
+
     async def _put_multipart(self, s3: S3Client, name: str, data: bytes, mode: PutMode) -> bool:
         # Cheap early exit for a large CREATE that already lost; the conditional
         # CompleteMultipartUpload below is what makes the create atomic.
@@ -382,9 +402,7 @@ class S3Backend(Backend):
             await asyncio.wait({abort}, timeout=ABORT_WAIT_S)
             if mode is PutMode.CREATE and is_precondition_failure(exc):
                 return False
-            if isinstance(exc, Exception):
-                raise await self._fail(client, exc, "put") from exc
-            raise
+            raise await self._fail(client, exc, "put") from exc
         return True
 
     async def _upload_parts(

@@ -23,7 +23,7 @@ import logging
 import time
 from typing import ClassVar
 
-from objcache.backends._fs import FsBackend, FsStore, check_key
+from objcache.backends._fs import FsBackend, FsStore, check_key, os_error
 from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode, TierSpec
 
@@ -105,7 +105,6 @@ def _evict(store: FsStore, sizes: dict[str, int], used: dict[str, float], excess
 class DiskBackend(FsBackend):
     """Machine-local store with LRU eviction and quarantine."""
 
-    remote: ClassVar[bool] = False
     touch_on_read: ClassVar[bool] = True
     #: Eviction stops below this fraction of ``max_bytes``.
     low_water: ClassVar[float] = 0.9
@@ -136,7 +135,17 @@ class DiskBackend(FsBackend):
             self._kick()
         return data
 
+    def read_sync(self, key: str) -> bytes | None:
+        """Blocking read in the caller's thread: the local-hit fast path of the sync client
+        (no event-loop or worker-thread hop). Errors are raised as for :meth:`get`."""
+        check_key(key)
+        try:
+            return self.store.read(key)
+        except OSError as exc:
+            raise os_error(exc, self.name, f"get {key}") from exc
+
     def note_hit(self, key: str, size: int) -> None:
+        """Called on the event loop after a :meth:`read_sync` hit (LRU bookkeeping)."""
         if self.max_bytes:
             self._index.seen(key, size, time.time())
             self._kick()

@@ -99,11 +99,6 @@ class SharedClients(Generic[K, C]):
         if slot.client is not None:
             await self._close(slot.client)
 
-    def count(self) -> int:
-        """Open (or opening) clients on the running loop: for tests."""
-        slots = self._by_loop.get(asyncio.get_running_loop())
-        return len(slots) if slots else 0
-
     def peek(self, key: K) -> C | None:
         """The client for ``key`` on the running loop, if one is open: for tests."""
         slots = self._by_loop.get(asyncio.get_running_loop())

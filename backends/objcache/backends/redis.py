@@ -28,9 +28,10 @@ so the policy layer moves on to the next tier), ``prefix`` (key prefix, default
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
@@ -42,6 +43,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from objcache.backends._opts import opt_float, opt_int, opt_str
+from objcache.backends._records import Versioned
 from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import (
@@ -55,8 +57,21 @@ from objcache.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 
 #: Query options objcache reads; the rest (checked against objcache.registry) go to redis-py.
 OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *REDIS_OPTIONS)) - REDIS_DRIVER_OPTIONS
-#: Keys per MGET in get_many (bounds the size of one reply).
-MGET_BATCH = 64
+#: put_if_version: KEYS[1] = name; ARGV = data, expected SHA-1 ("" = must be absent), TTL s.
+_COMPARE_AND_SET = """
+local current = redis.call('GET', KEYS[1])
+if ARGV[2] == '' then
+  if current then return 0 end
+elseif not current or redis.sha1hex(current) ~= ARGV[2] then
+  return 0
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+"""
 SCAN_COUNT = 1000
 
 _GLOB = re.compile(r"([\\*?\[\]])")
@@ -204,24 +219,6 @@ class RedisBackend(Backend):
             raise self._error(exc, "get") from exc
         return value
 
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        names = [self._key(k) for k in keys]
-        if not keys:
-            return {}
-        pool = await self._pool()
-        found: dict[str, bytes] = {}
-        try:
-            for i in range(0, len(keys), MGET_BATCH):
-                async with pool.gate:
-                    values = await pool.redis.mget(names[i : i + MGET_BATCH])
-                for key, value in zip(keys[i : i + MGET_BATCH], values, strict=True):
-                    if value is not None:
-                        found[key] = cast(bytes, value)
-        except Exception as exc:
-            raise self._error(exc, "get_many") from exc
-        return found
-
     async def exists(self, key: str) -> bool:
         name = self._key(key)
         pool = await self._pool()
@@ -264,17 +261,40 @@ class RedisBackend(Backend):
 
     # --- writes ------------------------------------------------------------------------
 
-    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
-        name = self._key(key)
+    def _check_size(self, data: bytes) -> None:
         if len(data) > self.max_size:
             raise EntryTooLarge(
                 f"{len(data)} bytes exceeds max_size={self.max_size}", tier=self.name
             )
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        name = self._key(key)
+        self._check_size(data)
         pool = await self._pool()
         try:
             async with pool.gate:
                 done = await pool.redis.set(
                     name, data, nx=mode is PutMode.CREATE, ex=self.ttl if self.ttl else None
+                )
+        except Exception as exc:
+            raise self._error(exc, "put") from exc
+        return bool(done)
+
+    # --- records (backends/_records.py) -------------------------------------------------
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        data = await self.get(key)
+        return None if data is None else Versioned(data, hashlib.sha1(data).hexdigest())
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """A Lua compare-and-set on the value's SHA-1 (atomic on the server)."""
+        name = self._key(key)
+        self._check_size(data)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                done = await pool.redis.eval(
+                    _COMPARE_AND_SET, 1, name, data, version or "", self.ttl or 0
                 )
         except Exception as exc:
             raise self._error(exc, "put") from exc

@@ -20,5 +20,4 @@ from objcache.backends._fs import FsBackend
 class FileBackend(FsBackend):
     """Shared directory store."""
 
-    remote: ClassVar[bool] = True
     touch_on_read: ClassVar[bool] = False

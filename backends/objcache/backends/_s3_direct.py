@@ -44,7 +44,7 @@ from yarl import URL
 _PROBE_KEY = "objcache-route-probe"
 #: The payload hash of a request without a body.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-#: Bodies are not hashed for the signature; Content-MD5 guards them instead.
+#: Bodies are not hashed for the signature; the x-amz-checksum-crc32 header guards them.
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 #: Server answers that botocore may get past and this path cannot: redirects and region
 #: complaints (botocore follows them), and a refused signature (a server or proxy that
@@ -257,6 +257,7 @@ class DirectS3:
         *,
         body: bytes | None = None,
         extra: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
     ) -> bytes:
         """Send one request; the body of a 2xx answer, else the ``ClientError`` botocore
         would raise (:class:`Reroute` for answers botocore may get past: redirects, region
@@ -276,6 +277,8 @@ class DirectS3:
             method, url, headers=headers, data=body, allow_redirects=False, proxy=route.proxy
         ) as response:
             if response.status < 300:
+                if response_headers is not None:  # e.g. the ETag of a record; names lowercased
+                    response_headers.update((k.lower(), v) for k, v in response.headers.items())
                 data = await response.read()
                 expected = response.content_length
                 if method == "GET" and expected is not None and len(data) != expected:

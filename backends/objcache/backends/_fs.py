@@ -19,9 +19,9 @@ the previous entry is untouched. Each operation is one plain synchronous functio
 async layer runs in ONE thread hop (see ``bench/fs_io.py`` for why not aiofiles); a
 cancelled caller therefore never leaves a half-done operation behind.
 
-Temp files and placeholders older than an hour (writers that crashed) are removed when
-``list()`` or the disk index scan walks past them, and by an occasional sweep of the folder
-a put writes into.
+Temp files, placeholders and lease files older than an hour (writers that crashed) are
+removed when ``list()`` or the disk index scan walks past them, and by an occasional sweep
+of the folder a put writes into.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import random
@@ -39,6 +40,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
 from objcache.backends._opts import opt_bool
+from objcache.backends._records import Versioned
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
 from objcache.errors import (
     BackendError,
@@ -54,6 +56,11 @@ T = TypeVar("T")
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
 TMP_PREFIX = RESERVED + "tmp-"
+#: Lease files of cross-process single-flight (objcache/nodelease.py), beside the entry.
+LEASE_PREFIX = RESERVED + "lease-"
+#: Lock files of record writes, beside the record; kept (removing one could let two
+#: writers hold "the" lock on different files).
+LOCK_PREFIX = RESERVED + "lock-"
 QUARANTINE_DIR = RESERVED + "quarantine"
 #: Temp files and placeholders older than this belong to a crashed writer.
 STALE_AFTER_S = 3600.0
@@ -123,6 +130,11 @@ def _read_all(fd: int, size: int) -> bytes:
 
 def _is_placeholder(st: os.stat_result) -> bool:
     return stat.S_IMODE(st.st_mode) == 0 and st.st_size == 0
+
+
+def content_version(data: bytes) -> str:
+    """A record's version in a filesystem store: BLAKE2b-128 of its bytes."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def _unlink_quietly(path: str) -> None:
@@ -274,6 +286,34 @@ class FsStore:
         if os.path.isdir(path):
             raise PermanentBackendError(f"{self.key_of(path)!r} is a folder of longer keys")
 
+    # --- records (conditional writes, see backends/_records.py) --------------------------
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The entry and its version (a digest of its bytes), or None."""
+        data = self.read(key)
+        return None if data is None else (data, content_version(data))
+
+    def write_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """Replace the entry if it is still at ``version`` (None: absent), under a lock file
+        beside it; the new bytes are published by an atomic rename."""
+        path = self.path(key)
+        directory, name = os.path.split(path)
+        self._check_dir(directory)
+        os.makedirs(directory, exist_ok=True)
+        lock = os.open(
+            os.path.join(directory, LOCK_PREFIX + name),
+            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+            0o666,
+        )
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read(key)
+            if (None if current is None else content_version(current)) != version:
+                return False
+            return self.write(key, data, PutMode.OVERWRITE)
+        finally:
+            os.close(lock)
+
     def delete(self, key: str) -> bool:
         path = self.path(key)
         self._check_dir(os.path.dirname(path))
@@ -358,7 +398,7 @@ class FsStore:
 
     @staticmethod
     def _drop_if_stale(entry: os.DirEntry[str], now: float) -> None:
-        if entry.name.startswith(TMP_PREFIX):
+        if entry.name.startswith((TMP_PREFIX, LEASE_PREFIX)):
             st = entry.stat(follow_symlinks=False)
             if st.st_mtime < now - STALE_AFTER_S:
                 _unlink_quietly(entry.path)
@@ -423,18 +463,6 @@ class FsBackend(Backend):
         check_key(key)
         return await self._run(f"put {key}", self.store.write, key, data, mode)
 
-    def read_sync(self, key: str) -> bytes | None:
-        """Blocking read in the caller's thread: the local-hit fast path of the sync client
-        (no event-loop or worker-thread hop). Errors are raised as for :meth:`get`."""
-        check_key(key)
-        try:
-            return self.store.read(key)
-        except OSError as exc:
-            raise os_error(exc, self.name, f"get {key}") from exc
-
-    def note_hit(self, key: str, size: int) -> None:
-        """Called on the event loop after a :meth:`read_sync` hit (LRU bookkeeping)."""
-
     async def exists(self, key: str) -> bool:
         check_key(key)
         return await self._run(f"exists {key}", self.store.stat, key) is not None
@@ -445,6 +473,15 @@ class FsBackend(Backend):
 
     async def close(self) -> None:
         self.closed = True
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        check_key(key)
+        found = await self._run(f"get {key}", self.store.read_versioned, key)
+        return None if found is None else Versioned(*found)
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        check_key(key)
+        return await self._run(f"put {key}", self.store.write_if_version, key, data, version)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walks one folder per thread hop, descending only where ``prefix`` can match."""

@@ -14,11 +14,10 @@ its own prefix (the path of its URL).
 from __future__ import annotations
 
 import abc
-import asyncio
 import enum
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Protocol, runtime_checkable
 
 from objcache.errors import InvalidKey
 
@@ -83,9 +82,6 @@ def validate_key(key: str) -> str:
 class Backend(abc.ABC):
     """Async bytes store. Instances are shared process-wide; construction must be cheap."""
 
-    #: True for stores whose latency is a network round trip (everything but local disk).
-    remote: ClassVar[bool] = True
-
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
 
@@ -97,12 +93,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def get(self, key: str) -> bytes | None:
         """The object's bytes, or None if absent."""
-
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        """The present objects among ``keys``. Backends with a batch call override this."""
-        keys = list(keys)
-        values = await asyncio.gather(*(self.get(k) for k in keys))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
     @abc.abstractmethod
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
@@ -125,3 +115,21 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+
+@runtime_checkable
+class LocalStore(Protocol):
+    """What the local tier offers beyond :class:`Backend` (``disk://`` does).
+
+    :class:`~objcache.tiered.TieredCache` uses these when its local tier's backend has them;
+    with any other backend the local tier is an ordinary one (no fast path, no quarantine).
+    """
+
+    def read_sync(self, key: str) -> bytes | None:
+        """Blocking read in the caller's thread: the sync client's local-hit fast path."""
+
+    def note_hit(self, key: str, size: int) -> None:
+        """Account a :meth:`read_sync` hit; called on the event loop thread."""
+
+    async def quarantine(self, key: str) -> bool:
+        """Move a refused entry aside so it is no longer served; whether one was moved."""

@@ -6,7 +6,6 @@ URL options (all optional)::
     connect_timeout=3  read_timeout=20   (seconds)
     resumable_threshold=8388608          (bytes; larger entries use a resumable upload)
     resumable_chunk=67108864             (bytes, a multiple of 256 KiB)
-    concurrency=32                       (get_many fan-out)
 
 google-cloud-storage is blocking. Its calls run in one bounded thread pool per process
 (:data:`MAX_THREADS` threads) on one ``storage.Client`` per process and configuration,
@@ -40,7 +39,7 @@ import asyncio
 import functools
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,9 +50,10 @@ from objcache.backends._gcs_errors import (
     missing_bucket,
 )
 from objcache.backends._opts import opt_float, opt_int, opt_str
+from objcache.backends._records import Versioned
 from objcache.backends._shared import DaemonThreadPool
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
-from objcache.errors import ConfigError
+from objcache.errors import ConfigError, TransientBackendError
 
 T = TypeVar("T")
 
@@ -158,11 +158,8 @@ class GCSBackend(Backend):
         self.resumable_chunk = opt_int(spec, "resumable_chunk")
         if self.resumable_chunk % CHUNK_QUANTUM:
             raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
-        self.concurrency = opt_int(spec, "concurrency")
         #: objects per listing page (GCS's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000
-        if self.concurrency > MAX_THREADS:
-            raise ConfigError(f"{spec.display}: concurrency must be <= {MAX_THREADS}")
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -244,6 +241,43 @@ class GCSBackend(Backend):
             raise
         return True
 
+    def _get_versioned(self, client: Any, name: str) -> tuple[bytes, str] | None:
+        """The object and its generation: metadata first, then the bytes of exactly that
+        generation (a newer one in between fails the download's precondition: retried)."""
+        blob = client.bucket(self.bucket).get_blob(name, retry=None, timeout=self.timeout)
+        if blob is None:
+            self._check_bucket(client)
+            return None
+        generation = int(blob.generation)
+        try:
+            data: bytes = blob.download_as_bytes(
+                if_generation_match=generation, retry=None, timeout=self.timeout, checksum=None
+            )
+        except Exception as exc:
+            if is_precondition_failure(exc) or is_not_found(exc):
+                raise TransientBackendError("record changed while read", tier=self.name) from exc
+            raise
+        return data, str(generation)
+
+    def _put_if_generation(self, client: Any, name: str, data: bytes, generation: int) -> bool:
+        blob = client.bucket(self.bucket).blob(name)
+        try:
+            blob.upload_from_string(
+                data,
+                content_type="application/octet-stream",
+                if_generation_match=generation,
+                retry=None,
+                timeout=self.timeout,
+                checksum=None,
+            )
+        except Exception as exc:
+            if is_precondition_failure(exc):
+                return False
+            if is_not_found(exc):
+                raise missing_bucket(self.bucket, self.name) from None
+            raise
+        return True
+
     def _delete(self, client: Any, name: str) -> bool:
         try:
             client.bucket(self.bucket).blob(name).delete(retry=None, timeout=self.timeout)
@@ -278,24 +312,22 @@ class GCSBackend(Backend):
     async def get(self, key: str) -> bytes | None:
         return await self._run("get", self._get, self._object_name(key))
 
-    async def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
-        keys = list(dict.fromkeys(keys))
-        names = [self._object_name(k) for k in keys]
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(name: str) -> bytes | None:
-            async with gate:
-                return await self._run("get", self._get, name)
-
-        values = await asyncio.gather(*(one(n) for n in names))
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-
     async def exists(self, key: str) -> bool:
         return await self._run("exists", self._exists, self._object_name(key))
 
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         name = self._object_name(key)
         return await self._run("put", self._put, name, data, mode is PutMode.CREATE)
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        found = await self._run("get", self._get_versioned, self._object_name(key))
+        return None if found is None else Versioned(*found)
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        """``if_generation_match``: the generation read, or 0 for "must not exist"."""
+        generation = 0 if version is None else int(version)
+        name = self._object_name(key)
+        return await self._run("put", self._put_if_generation, name, data, generation)
 
     async def delete(self, key: str) -> bool:
         return await self._run("delete", self._delete, self._object_name(key))

@@ -1,0 +1,45 @@
+"""The torch modules objcache hooks: the one list of them.
+
+The install is made of *parts*, one per torch module. :mod:`.hooks` applies a part when its
+module is imported, either from :func:`.hooks.install` or from the import watcher of the
+zero-code path (:mod:`.autoload`), which must know the names without importing
+:mod:`.hooks` (and with it ``logging``) at interpreter start-up. So the names live here,
+in a module that imports nothing but ``typing``.
+
+:func:`stop_watching` is how :func:`.hooks.uninstall` tells the watcher to stop, without
+:mod:`.hooks` and :mod:`.autoload` importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+#: What a part of the install does (:mod:`.hooks` maps each to the function applying it).
+Part = Literal["flags", "remote_caches", "autotune", "kernels", "fx_candidates", "aot_candidates"]
+
+#: torch module -> the part of the install applied once it is imported, in install order.
+WATCHED: dict[str, Part] = {
+    "torch._inductor.config": "flags",
+    "torch._functorch.config": "flags",
+    "torch._dynamo.config": "flags",
+    "torch._inductor.remote_cache": "remote_caches",
+    "torch._inductor.runtime.autotune_cache": "autotune",
+    "torch._inductor.cpp_builder": "kernels",
+    "torch._inductor.codecache": "fx_candidates",
+    "torch._functorch._aot_autograd.autograd_cache": "aot_candidates",
+}
+
+_stop_listeners: list[Callable[[], None]] = []
+
+
+def on_stop_watching(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever :func:`stop_watching` runs (registered once per listener)."""
+    if listener not in _stop_listeners:
+        _stop_listeners.append(listener)
+
+
+def stop_watching() -> None:
+    """Stop applying parts on later imports (``uninstall()`` calls this)."""
+    for listener in list(_stop_listeners):
+        listener()

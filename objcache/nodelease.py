@@ -1,0 +1,243 @@
+"""Cross-process single-flight in the local tier: one remote fetch per key per node.
+
+Processes that share a local dir (the ranks of one node) coordinate through a lease file
+beside the entry, ``<dir>/.objcache-lease-<name>`` (the reserved prefix keeps it out of
+listings). See docs/architecture.md, "One remote fetch per node".
+
+* The first process to miss a key creates the lease file and takes an exclusive
+  ``flock`` on it, then writes its record: pid, host, deadline. It fetches and writes the
+  entry through to the local tier, then writes the outcome (``hit`` or ``miss``) into the
+  record, unlinks the file and closes it (which releases the lock).
+* Every other process opens the same file and polls (1 ms, doubling to 16 ms): once the
+  record holds an outcome it reads the entry locally (or shares the miss). The entry itself
+  is published atomically by the local tier, so nothing partial is ever read.
+* A holder that dies (``kill -9`` included) loses its lock with its process: the next poll
+  takes the lock, sees a record without an outcome and takes the lease over.
+* A holder that overran the deadline in its record (hung, or on another NFS client that
+  crashed) has its file unlinked by a waiter, which then starts over on a fresh file.
+* A waiter waits at most its own budget; then it fetches on its own. Nothing waits forever.
+
+Every step is a few non-blocking syscalls, run in one worker-thread hop like every other
+local-disk operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from objcache.backends._fs import LEASE_PREFIX
+
+#: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.
+RECORD_BYTES = 256
+#: First and longest pause between two polls of a held lease.
+POLL_FIRST_S = 0.001
+POLL_MAX_S = 0.016
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class Claim(enum.Enum):
+    """What :meth:`NodeLeases.claim` found."""
+
+    #: This process holds the lease: fetch, then :meth:`Lease.release`.
+    HELD = "held"
+    #: Another process fetched the entry into the local tier: read it there.
+    LANDED = "landed"
+    #: Another process found no entry in any remote tier just now: a shared miss.
+    MISSED = "missed"
+    #: Another live process is fetching it (only without ``wait``).
+    BUSY = "busy"
+    #: Waited the whole budget, or the lease could not be used: fetch without one.
+    UNLEASED = "unleased"
+
+
+class Lease:
+    """A held lease; :meth:`release` exactly once (a second call does nothing)."""
+
+    def __init__(self, path: str, fd: int, took_over: bool) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        #: A dead or overdue holder's record was found under the lock.
+        self.took_over = took_over
+
+    def release_sync(self, outcome: str) -> None:
+        """Publish ``outcome`` (``hit``, ``miss`` or ``""`` for none), retire the file, unlock."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                if outcome:
+                    _write_record(fd, {**_owner(), "deadline": 0.0, "outcome": outcome})
+                if _same_file(fd, self.path):
+                    os.unlink(self.path)
+        finally:
+            os.close(fd)
+
+    async def release(self, outcome: str) -> None:
+        if self._fd is not None:
+            await asyncio.to_thread(self.release_sync, outcome)
+
+    def __del__(self) -> None:  # a lost lease must not keep its lock until exit
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+@dataclass
+class _Step:
+    claim: Claim | None
+    lease: Lease | None = None
+    #: The holder's deadline (epoch seconds) when the lease is held by someone else.
+    holder_deadline: float | None = None
+    #: The file was retired (unlinked) without an outcome: open the path again.
+    retired: bool = False
+
+
+def lease_path(root: str, key: str) -> str:
+    """The lease file of ``key`` (already a valid local-tier key) under ``root``."""
+    directory, _, name = key.rpartition("/")
+    return os.path.join(root, directory, LEASE_PREFIX + name)
+
+
+class NodeLeases:
+    """Lease files of one local-tier directory."""
+
+    def __init__(self, root: str, *, hold_s: float) -> None:
+        self.root = os.path.abspath(root)
+        #: How long a holder may take: its deadline is now + hold_s. Waiters wait at most
+        #: this long too.
+        self.hold_s = hold_s
+
+    async def claim(self, key: str, *, wait: bool = True) -> tuple[Claim, Lease | None]:
+        """Take the lease of ``key``, or wait for the process holding it (see module doc)."""
+        path = lease_path(self.root, key)
+        give_up = time.monotonic() + self.hold_s
+        pause = POLL_FIRST_S
+        fd: int | None = None
+        try:
+            while True:
+                if fd is None:
+                    fd = await asyncio.to_thread(_open, path)
+                step = await asyncio.to_thread(_try, path, fd, self.hold_s)
+                if step.claim is not None:
+                    if step.lease is not None:
+                        fd = None  # owned by the lease now
+                    return step.claim, step.lease
+                if step.retired:  # retired without an outcome: start over
+                    os.close(fd)
+                    fd = None
+                    continue
+                if not wait:
+                    return Claim.BUSY, None
+                if step.holder_deadline is not None and time.time() > step.holder_deadline:
+                    await asyncio.to_thread(_retire_overdue, path, fd)
+                    os.close(fd)
+                    fd = None
+                    continue
+                if time.monotonic() >= give_up:
+                    return Claim.UNLEASED, None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, POLL_MAX_S)
+        except OSError:
+            return Claim.UNLEASED, None  # a lease is an optimisation: never fail the lookup
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+# --- the synchronous steps (one worker-thread hop each) ----------------------------------
+
+
+def _owner() -> dict[str, object]:
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _open(path: str) -> int:
+    flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o666)
+
+
+def _write_record(fd: int, record: dict[str, object]) -> None:
+    body = json.dumps(record).encode()
+    os.pwrite(fd, body.ljust(RECORD_BYTES), 0)
+
+
+def _read_record(fd: int) -> dict[str, object]:
+    """The record, or {} while it is empty or being written."""
+    raw = os.pread(fd, RECORD_BYTES * 2, 0).strip()
+    if not raw:
+        return {}
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _outcome(record: dict[str, object]) -> Claim | None:
+    outcome = record.get("outcome")
+    if outcome == "hit":
+        return Claim.LANDED
+    if outcome == "miss":
+        return Claim.MISSED
+    return None
+
+
+def _try(path: str, fd: int, hold_s: float) -> _Step:
+    """One attempt on the open lease file ``fd``."""
+    record = _read_record(fd)
+    done = _outcome(record)
+    if done is not None:
+        return _Step(done)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        deadline = record.get("deadline")
+        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
+            return _Step(None, holder_deadline=float(deadline))
+        return _Step(None)
+    # Locked. Read again: the holder may have finished between the read and the lock.
+    record = _read_record(fd)
+    done = _outcome(record)
+    if done is not None:
+        return _Step(done)
+    if not _same_file(fd, path):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return _Step(None, retired=True)
+    took_over = bool(record)  # a record without an outcome: its holder died or overran
+    _write_record(fd, {**_owner(), "deadline": time.time() + hold_s})
+    return _Step(Claim.HELD, Lease(path, fd, took_over))
+
+
+def _retire_overdue(path: str, fd: int) -> None:
+    """Unlink an overdue holder's file (only if it is still the one we have open)."""
+    with contextlib.suppress(OSError):
+        if _same_file(fd, path):
+            os.unlink(path)

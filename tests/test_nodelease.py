@@ -1,0 +1,257 @@
+"""Lease files of cross-process single-flight (objcache/nodelease.py), on a real filesystem.
+
+Other holders are separate open file descriptions (flock locks conflict between them even in
+one process) or real subprocesses, so the kernel's lock semantics are what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from objcache.backends._fs import FsStore
+from objcache.backends.base import PutMode, TierSpec
+from objcache.backends.disk import DiskBackend
+from objcache.codec import Codec
+from objcache.layout import Namespace
+from objcache.nodelease import RECORD_BYTES, Claim, NodeLeases, lease_path
+from objcache.policy import CircuitBreaker, RetryPolicy
+from objcache.singleflight import SingleFlight
+from objcache.tier import Tier
+from objcache.tiered import LEASED_ELSEWHERE, TieredCache
+from tests.memory_backend import MemoryBackend
+
+KEY = "v1/env/fx-graph/ab/key1"
+NS = Namespace("testenv")
+CODEC = Codec()
+
+
+def write_record(path: str, record: dict[str, object]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(json.dumps(record).encode().ljust(RECORD_BYTES))
+
+
+def read_json(path: str) -> dict[str, object]:
+    with open(path, "rb") as f:
+        record: dict[str, object] = json.load(f)
+    return record
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[int]:
+    """A lease of KEY held (flock) by another open file description, record not yet due."""
+    path = lease_path(str(tmp_path), KEY)
+    write_record(path, {"pid": 1, "host": "elsewhere", "deadline": time.time() + 60})
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    yield fd
+    os.close(fd)
+
+
+async def test_first_claim_holds_and_release_retires_the_file(tmp_path: Path) -> None:
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    claim, lease = await leases.claim(KEY)
+    assert claim is Claim.HELD and lease is not None and not lease.took_over
+    record = read_json(lease.path)
+    deadline = record["deadline"]
+    assert record["pid"] == os.getpid()
+    assert isinstance(deadline, float) and deadline > time.time()
+    assert record["host"]
+    await lease.release("hit")
+    with pytest.raises(FileNotFoundError):
+        os.stat(lease.path)
+    # the next claim starts on a fresh file
+    claim, again = await leases.claim(KEY)
+    assert claim is Claim.HELD and again is not None and not again.took_over
+    await again.release("")
+
+
+async def test_a_stale_lease_file_left_by_a_crash_is_taken_over_at_once(tmp_path: Path) -> None:
+    path = lease_path(str(tmp_path), KEY)
+    write_record(path, {"pid": 999_999_999, "host": "h", "deadline": time.time() + 3600})
+    started = time.monotonic()
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
+    assert claim is Claim.HELD and lease is not None and lease.took_over
+    assert time.monotonic() - started < 0.5
+    await lease.release("hit")
+
+
+async def test_waiters_see_the_holders_outcome(tmp_path: Path, held: int) -> None:
+    fd = held
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    waiters = [asyncio.ensure_future(leases.claim(KEY)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiters)
+    assert await leases.claim(KEY, wait=False) == (Claim.BUSY, None)
+    os.pwrite(fd, json.dumps({"outcome": "hit", "deadline": 0}).encode().ljust(RECORD_BYTES), 0)
+    assert [await w for w in waiters] == [(Claim.LANDED, None)] * 3
+
+
+async def test_a_shared_miss_is_not_fetched_again(tmp_path: Path, held: int) -> None:
+    fd = held
+    waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=5).claim(KEY))
+    await asyncio.sleep(0.02)
+    os.pwrite(fd, json.dumps({"outcome": "miss"}).encode().ljust(RECORD_BYTES), 0)
+    assert await waiter == (Claim.MISSED, None)
+
+
+async def test_a_holder_that_gives_up_hands_the_lease_on(tmp_path: Path) -> None:
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    claim, first = await leases.claim(KEY)
+    assert claim is Claim.HELD and first is not None
+    waiter = asyncio.ensure_future(leases.claim(KEY))
+    await asyncio.sleep(0.02)
+    await first.release("")  # failed without an outcome: the waiter must fetch itself
+    claim, second = await asyncio.wait_for(waiter, 2)
+    assert claim is Claim.HELD and second is not None
+    await second.release("hit")
+
+
+async def test_an_overdue_live_holder_is_taken_over(tmp_path: Path, held: int) -> None:
+    fd = held
+    os.pwrite(fd, json.dumps({"pid": 1, "deadline": time.time() + 0.2}).encode().ljust(256), 0)
+    started = time.monotonic()
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
+    waited = time.monotonic() - started
+    assert claim is Claim.HELD and lease is not None
+    assert 0.15 < waited < 1.0
+    assert os.fstat(fd).st_nlink == 0  # the overdue holder's file was retired
+    await lease.release("hit")
+
+
+async def test_a_waiter_never_waits_past_its_budget(tmp_path: Path, held: int) -> None:
+    fd = held
+    os.pwrite(fd, b" " * RECORD_BYTES, 0)  # a holder that never wrote its deadline
+    started = time.monotonic()
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=0.3).claim(KEY)
+    assert (claim, lease) == (Claim.UNLEASED, None)
+    assert time.monotonic() - started < 1.0
+
+
+HOLDER = """
+import asyncio, sys, time
+from objcache.nodelease import NodeLeases
+async def main():
+    claim, lease = await NodeLeases(sys.argv[1], hold_s=60).claim(sys.argv[2])
+    print(claim.value, flush=True)
+    time.sleep(600)
+asyncio.run(main())
+"""
+
+
+async def test_a_holder_killed_mid_fetch_is_taken_over(tmp_path: Path) -> None:
+    proc = subprocess.Popen(  # noqa: ASYNC220 - the holder must be another process
+        [sys.executable, "-c", HOLDER, str(tmp_path), KEY], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        leases = NodeLeases(str(tmp_path), hold_s=30)
+        waiter = asyncio.ensure_future(leases.claim(KEY))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        claim, lease = await asyncio.wait_for(waiter, 5)
+        assert claim is Claim.HELD and lease is not None and lease.took_over
+        assert time.monotonic() - killed < 1.0
+        await lease.release("hit")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stale_lease_files_are_swept_and_never_listed(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=False)
+    store.write(KEY, b"entry", PutMode.CREATE)
+    old = lease_path(str(tmp_path), "v1/env/fx-graph/ab/gone")
+    fresh = lease_path(str(tmp_path), "v1/env/fx-graph/ab/busy")
+    write_record(old, {"pid": 1})
+    write_record(fresh, {"pid": 1})
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert set(store.scan_all()) == {KEY}
+    assert not os.path.exists(old) and os.path.exists(fresh)
+
+
+# --- two "processes" (two TieredCaches, one local dir) in one loop -------------------------
+
+
+def rank(root: Path, remote: MemoryBackend) -> TieredCache:
+    policy = RetryPolicy(timeout_s=2.0, retries=0)
+    spec = TierSpec(url=f"disk://{root}", scheme="disk", location="", path=str(root))
+    local = Tier(DiskBackend(spec), policy, CircuitBreaker(5, 60))
+    return TieredCache(
+        local,
+        [Tier(remote, policy, CircuitBreaker(5, 60))],
+        CODEC,
+        NS,
+        leases=NodeLeases(str(root), hold_s=3.0),
+    )
+
+
+async def test_a_holder_whose_fetch_failed_shares_no_miss(tmp_path: Path) -> None:
+    sick, healthy = MemoryBackend("mem://sick"), MemoryBackend("mem://healthy")
+    sick.fault, sick.delay_s = "transient", 0.2
+    okey = NS.object_key("fx-graph", "k")
+    healthy.data[okey] = CODEC.encode(b"value")
+    first, second = rank(tmp_path, sick), rank(tmp_path, healthy)
+    holder = asyncio.ensure_future(first.get("fx-graph", "k"))
+    await asyncio.sleep(0.05)  # the first rank holds the lease, its GET fails later
+    assert await second.get("fx-graph", "k") == b"value"
+    assert await holder is None
+    assert second.stats.node_leases["held"] == 1 and healthy.calls["get"] == 1
+
+
+async def test_absent_everywhere_is_one_remote_get_per_node(tmp_path: Path) -> None:
+    slow, other = MemoryBackend("mem://a"), MemoryBackend("mem://b")
+    slow.delay_s = 0.2
+    first, second = rank(tmp_path, slow), rank(tmp_path, other)
+    holder = asyncio.ensure_future(first.get("fx-graph", "k"))
+    await asyncio.sleep(0.05)
+    assert await second.get("fx-graph", "k") is None
+    assert await holder is None
+    assert second.stats.node_leases["missed"] == 1 and other.calls["get"] == 0
+
+
+async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
+    tmp_path: Path,
+) -> None:
+    slow, other = MemoryBackend("mem://a"), MemoryBackend("mem://b")
+    okey = NS.object_key("fx-graph", "k")
+    slow.data[okey] = other.data[okey] = CODEC.encode(b"value")
+    slow.delay_s = 0.2
+    first, second = rank(tmp_path, slow), rank(tmp_path, other)
+    holder = asyncio.ensure_future(first.get("fx-graph", "k"))
+    await asyncio.sleep(0.05)
+    prefetch = asyncio.ensure_future(second.get_object(okey, wait=False))
+    lookup = asyncio.ensure_future(second.get("fx-graph", "k"))
+    assert await prefetch == (None, LEASED_ELSEWHERE)
+    assert await lookup == b"value"
+    assert await holder == b"value"
+    assert other.calls["get"] == 0  # the second rank read what the first wrote through
+    await first.flush(5)
+
+
+async def test_a_finished_fetch_whose_cleanup_has_not_run_is_not_joined() -> None:
+    """A task's done callbacks run a loop turn after it finishes; a lookup arriving in that
+    window must start a new fetch, or a retry after a prefetch left a key to another rank
+    would get the same "leased elsewhere" answer again (a miss)."""
+    flight: SingleFlight[str] = SingleFlight()
+    finished = asyncio.get_running_loop().create_future()
+    finished.set_result("old answer")
+    flight._inflight["k"] = finished  # done, cleanup pending
+
+    async def fetch() -> str:
+        return "fresh"
+
+    assert await flight.do("k", fetch) == ("fresh", False)

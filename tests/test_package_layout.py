@@ -1,0 +1,40 @@
+"""The package layout docs/architecture.md describes: backends/ is the source root of
+objcache.backends, for every tool, and not a package of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import objcache.backends
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "backends" / "objcache" / "backends"
+
+
+def test_objcache_backends_is_the_top_level_source_folder() -> None:
+    assert Path(objcache.backends.__file__).resolve().parent == SOURCE.resolve()
+    assert not (ROOT / "objcache" / "backends").exists(), "no second copy or link in objcache/"
+
+
+def test_setuptools_and_mypy_map_the_same_folder() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    setuptools = config["tool"]["setuptools"]
+    assert "objcache.backends" in setuptools["packages"]
+    assert ROOT / setuptools["package-dir"]["objcache.backends"] == SOURCE
+    assert ROOT / config["tool"]["mypy"]["mypy_path"] / "objcache" / "backends" == SOURCE
+
+
+def test_a_bare_backends_package_is_not_importable_from_the_root() -> None:
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", "import backends"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "import objcache.backends" in out.stderr
