@@ -113,7 +113,7 @@ async def fill_local(local_dir: Path, n: int, seed: int = 0) -> int:
 
     async def one(okey: str, size: int) -> None:
         nonlocal total
-        entry = codec.encode(payload(random.Random(okey), size))
+        entry = codec.encode(payload(random.Random(okey), size), okey)
         total += len(entry)
         async with limit:
             await backend.put(okey, entry, PutMode.OVERWRITE)
@@ -443,7 +443,10 @@ def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> 
                 raw.config_resetstat()
                 (work / job / "go").touch()
                 done = results(procs)
-                calls = raw.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+                stats = raw.info("commandstats")  # value reads: GETRANGE (size-capped) and GET
+                calls = sum(
+                    stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("get", "getrange")
+                )
                 sample = {
                     "load": os.getloadavg()[0],  # the machine is shared: say how busy it was
                     "gets_per_entry": int(calls) / entries,  # the manifest's reads included

@@ -84,7 +84,7 @@ def scan_stores(client: Client) -> dict[str, tuple[int, int]]:
                             continue
                         n += 1
                         try:
-                            codec.decode(data)
+                            codec.decode(data, info.key)
                         except EntryError:
                             bad += 1
                     break

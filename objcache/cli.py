@@ -87,7 +87,7 @@ def _config() -> Config:
 
 
 def _codec(config: Config) -> Codec:
-    return Codec(level=config.compression_level, signing_keys=config.signing_keys)
+    return config.codec()
 
 
 def _tiers(config: Config, tier: str | None) -> list[TierSpec]:
@@ -608,6 +608,21 @@ def mega_ls() -> None:
 
     for line in mega.list_bundles():
         out.print(line)
+
+
+@app.command()
+def keygen(path: Path) -> None:
+    """Write a new Ed25519 private key to PATH (mode 0600) for writers (CI), and print its
+    public key, for OBJCACHE_VERIFY_KEYS on the fleet, as one line on stdout."""
+    from objcache.signing import generate_key_file
+
+    try:
+        public = generate_key_file(path)
+    except FileExistsError:
+        raise UserError(f"{path} exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    sys.stdout.write(public + "\n")
 
 
 @app.command()

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from objcache import logs
 from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
-from objcache.codec import Codec
 from objcache.config import Config, user_cache_dir
 from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
@@ -78,13 +77,14 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
     return TieredCache(
         local,
         remotes,
-        Codec(level=config.compression_level, signing_keys=config.signing_keys),
+        config.codec(),
         Namespace(env_id(fields)),
         write_behind_max_bytes=config.write_behind_max_bytes,
         read_only=config.read_only,
         env_fields=fields,
         write_to=config.write_to,
         leases=leases,
+        caps=config.max_entry_bytes,
     )
 
 

@@ -4,18 +4,21 @@
 
     offset size
     0      4    magic b"OBJC"
-    4      1    format version (1)
+    4      1    format version (2)
     5      1    codec (0 raw, 1 zstd)
-    6      1    flags (bit 0: signed)
+    6      1    signature scheme (0 none, 1 HMAC-SHA256, 2 Ed25519)
     7      1    reserved (0)
     8      8    uncompressed payload length, big endian
-    16     32   BLAKE2b-256 of the stored payload bytes (after compression)
-    48     32   HMAC-SHA256 over bytes 0..48 and the stored payload (only when signed)
-    48|80  ...  stored payload
+    16     32   BLAKE2b-256 of the object key (length-prefixed) and the stored payload bytes
+    48     N    signature over bytes 0..48 (N = 0 unsigned, 32 HMAC-SHA256, 64 Ed25519)
+    48+N   ...  stored payload
 
 The digest covers the *stored* bytes so that nothing unverified ever reaches the zstd
-decoder, let alone pickle. Decompression is bounded by the declared length. The HMAC covers
-the header too, so a signed entry cannot be re-labelled (codec, length) without the key.
+decoder, let alone pickle, and the object key (``v1/<env>/<kind>/<shard>/<key>``: kind, key
+and environment), so an entry copied under another name is refused. The signature covers
+the whole header, digest included, hence the key and the payload too: a signed entry can
+be neither re-labelled nor moved without the key. Version-1 entries (digest and HMAC
+without the key) are refused as ``version``: they cannot show which name they belong to.
 """
 
 from __future__ import annotations
@@ -25,17 +28,28 @@ import hmac
 import struct
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zstandard
 
-from objcache.errors import BadSignature, CorruptEntry, UnsignedEntry, UnsupportedVersion
+from objcache.errors import (
+    BadSignature,
+    CorruptEntry,
+    OversizedEntry,
+    UnsignedEntry,
+    UnsupportedVersion,
+)
+from objcache.keys import MIN_HMAC_KEY_BYTES, short_key_message
+from objcache.signing import SIGNATURE_SIZE, Ed25519PrivateKey, Ed25519PublicKey
+from objcache.signing import verifies as ed25519_verifies
 
 MAGIC = b"OBJC"
-VERSION = 1
+VERSION = 2
 CODEC_RAW = 0
 CODEC_ZSTD = 1
-FLAG_SIGNED = 1
+SIG_NONE = 0
+SIG_HMAC = 1
+SIG_ED25519 = 2
 _HEAD = struct.Struct(">4sBBBBQ32s")
 HEADER_SIZE = _HEAD.size  # 48
 MAC_SIZE = 32
@@ -47,42 +61,81 @@ MAX_PAYLOAD = 8 << 30
 
 @dataclass(frozen=True)
 class Codec:
-    """Encoder/decoder bound to a compression level and signing keys.
+    """Encoder/decoder bound to a compression level and keys (docs/security.md).
 
-    ``signing_keys[0]`` signs; every key in the list verifies (key rotation window).
+    ``signer`` (an Ed25519 private key) signs if set, else ``signing_keys[0]`` (HMAC).
+    Ed25519 entries verify against ``verify_keys`` and the signer's own public key; HMAC
+    entries against every key in ``signing_keys`` (key rotation window). With any key at
+    all, unsigned entries and entries of a scheme no configured key can check are refused.
     With no keys, entries are unsigned, and signed entries are still accepted if their
-    digest checks out (the HMAC is not verifiable without a key).
+    digest checks out (the signature is not verifiable without a key).
     """
 
     level: int = 3
     signing_keys: Sequence[bytes] = ()
+    signer: Ed25519PrivateKey | None = field(default=None, repr=False)
+    verify_keys: tuple[Ed25519PublicKey, ...] = field(default=(), repr=False)
+    _public: tuple[Ed25519PublicKey, ...] = field(init=False, default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if any(len(k) < MIN_HMAC_KEY_BYTES for k in self.signing_keys):
+            raise ValueError(short_key_message("signing_keys"))
+        own = (self.signer.public_key(),) if self.signer is not None else ()
+        object.__setattr__(self, "_public", tuple(self.verify_keys) + own)
 
     @property
     def signs(self) -> bool:
-        return bool(self.signing_keys)
+        """Whether new entries are signed."""
+        return self.signer is not None or bool(self.signing_keys)
 
-    def encode(self, payload: bytes) -> bytes:
+    @property
+    def verifies(self) -> bool:
+        """Whether any key is configured: then unsigned entries are refused."""
+        return bool(self.signing_keys or self._public)
+
+    def encode(self, payload: bytes, okey: str) -> bytes:
+        """The entry storing ``payload`` under object key ``okey`` (and only there)."""
         codec, stored = CODEC_RAW, payload
         if len(payload) >= MIN_COMPRESS:
             compressed = _compressor(self.level).compress(payload)
             if len(compressed) < len(payload):
                 codec, stored = CODEC_ZSTD, compressed
-        flags = FLAG_SIGNED if self.signs else 0
-        digest = hashlib.blake2b(stored, digest_size=32).digest()
-        header = _HEAD.pack(MAGIC, VERSION, codec, flags, 0, len(payload), digest)
-        if not self.signs:
+        if self.signer is not None:
+            scheme = SIG_ED25519
+        else:
+            scheme = SIG_HMAC if self.signing_keys else SIG_NONE
+        digest = _digest(okey, stored)
+        header = _HEAD.pack(MAGIC, VERSION, codec, scheme, 0, len(payload), digest)
+        if scheme == SIG_NONE:
             return header + stored
-        mac = _mac(self.signing_keys[0], header, stored)
-        return b"".join((header, mac, stored))
+        if self.signer is not None:
+            signature = self.signer.sign(header)
+        else:
+            signature = _mac(self.signing_keys[0], header)
+        return b"".join((header, signature, stored))
 
-    def verify(self, entry: bytes | memoryview) -> None:
+    def verify(self, entry: bytes | memoryview, okey: str) -> None:
         """Check an entry without decoding it (bulk copies store the verified bytes as they
         are): raises the :class:`~objcache.errors.EntryError` that :meth:`decode` would."""
-        self._check(memoryview(entry))
+        self._check(memoryview(entry), okey)
 
-    def decode(self, entry: bytes | memoryview) -> bytes:
-        """The original payload, or a typed :class:`~objcache.errors.EntryError`."""
-        codec, length, stored = self._check(memoryview(entry))
+    def decode(
+        self,
+        entry: bytes | memoryview,
+        okey: str,
+        max_payload: int = MAX_PAYLOAD,
+        *,
+        signature: bool = True,
+    ) -> bytes:
+        """The payload stored under object key ``okey``, or a typed
+        :class:`~objcache.errors.EntryError`.
+
+        A payload longer than ``max_payload`` (its kind's cap, docs/security.md) is refused
+        before anything is decompressed. ``signature=False`` skips the signature check (and
+        the refusal of unsigned entries) but never the digest and its binding to ``okey``:
+        local-tier hits, whose entries were verified when they entered the machine
+        (docs/security.md, "What each read checks")."""
+        codec, length, stored = self._check(memoryview(entry), okey, max_payload, signature)
         if codec == CODEC_RAW:
             return bytes(stored)
         try:
@@ -93,33 +146,43 @@ class Codec:
             raise CorruptEntry("decompressed length mismatch")
         return out
 
-    def _check(self, view: memoryview) -> tuple[int, int, memoryview]:
+    def _signature_ok(self, scheme: int, header: memoryview, signature: memoryview) -> bool:
+        if scheme == SIG_HMAC:
+            return any(hmac.compare_digest(_mac(k, header), signature) for k in self.signing_keys)
+        return ed25519_verifies(self._public, bytes(signature), bytes(header))
+
+    def _check(
+        self,
+        view: memoryview,
+        okey: str,
+        max_payload: int = MAX_PAYLOAD,
+        signature: bool = True,
+    ) -> tuple[int, int, memoryview]:
         """Header, digest and signature checks: (codec, payload length, stored bytes)."""
         if len(view) < HEADER_SIZE:
             raise CorruptEntry(f"entry too short ({len(view)} bytes)")
-        magic, version, codec, flags, reserved, length, digest = _HEAD.unpack_from(view)
+        magic, version, codec, scheme, reserved, length, digest = _HEAD.unpack_from(view)
         if magic != MAGIC:
             raise CorruptEntry("bad magic")
         if version != VERSION:
-            raise UnsupportedVersion(f"entry format version {version}, this reader knows 1")
-        if codec not in (CODEC_RAW, CODEC_ZSTD) or flags & ~FLAG_SIGNED or reserved:
+            raise UnsupportedVersion(f"entry format version {version}, this reader knows 2")
+        if codec not in (CODEC_RAW, CODEC_ZSTD) or scheme not in _SIG_SIZE or reserved:
             raise CorruptEntry("bad header fields")
         if length > MAX_PAYLOAD:
             raise CorruptEntry(f"declared length {length} exceeds the limit")
-        signed = bool(flags & FLAG_SIGNED)
-        start = HEADER_SIZE + (MAC_SIZE if signed else 0)
+        if length > max_payload:
+            raise OversizedEntry(f"payload of {length} bytes is over the {max_payload} cap")
+        start = HEADER_SIZE + _SIG_SIZE[scheme]
         if len(view) < start:
             raise CorruptEntry("entry truncated inside its signature")
         stored = view[start:]
-        if not hmac.compare_digest(hashlib.blake2b(stored, digest_size=32).digest(), digest):
-            raise CorruptEntry("payload digest mismatch")
-        if self.signs:
-            if not signed:
+        if not hmac.compare_digest(_digest(okey, stored), digest):
+            # Either damaged bytes or a valid entry of another name (substituted).
+            raise CorruptEntry("digest mismatch: damaged, or stored under another key")
+        if signature and self.verifies:
+            if scheme == SIG_NONE:
                 raise UnsignedEntry("entry is not signed and a signing key is configured")
-            header, mac = view[:HEADER_SIZE], view[HEADER_SIZE:start]
-            if not any(
-                hmac.compare_digest(_mac(k, header, stored), mac) for k in self.signing_keys
-            ):
+            if not self._signature_ok(scheme, view[:HEADER_SIZE], view[HEADER_SIZE:start]):
                 raise BadSignature("entry signature matches no configured key")
         if codec == CODEC_RAW and len(stored) != length:
             raise CorruptEntry("raw payload length mismatch")
@@ -136,11 +199,23 @@ class Codec:
         return codec, length, stored
 
 
-def _mac(key: bytes, header: bytes | memoryview, stored: bytes | memoryview) -> bytes:
-    h = hmac.new(key, digestmod=hashlib.sha256)
-    h.update(header)
+#: Signature bytes after the header, per scheme.
+_SIG_SIZE = {SIG_NONE: 0, SIG_HMAC: MAC_SIZE, SIG_ED25519: SIGNATURE_SIZE}
+
+
+def _digest(okey: str, stored: bytes | memoryview) -> bytes:
+    """BLAKE2b-256 binding the stored bytes to their object key (length-prefixed, so no
+    key/payload split is ambiguous)."""
+    name = okey.encode()
+    h = hashlib.blake2b(len(name).to_bytes(2, "big"), digest_size=32)
+    h.update(name)
     h.update(stored)
     return h.digest()
+
+
+def _mac(key: bytes, header: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of the header: its digest already covers the key and payload."""
+    return hmac.new(key, header, hashlib.sha256).digest()
 
 
 # zstd contexts are not thread-safe but are costly to build: keep one per thread.

@@ -16,9 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import TierSpec
+from objcache.caps import SizeCaps
+from objcache.codec import Codec
 from objcache.errors import ConfigError
+from objcache.keys import check_hmac_keys, parse_hmac_keys
 from objcache.logs import LEVELS
 from objcache.registry import SCHEMES
+from objcache.signing import is_pem, load_private_key, parse_verify_keys
 from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
@@ -84,15 +88,35 @@ class Config:
     )
     signing_keys: tuple[bytes, ...] = _opt(
         "OBJCACHE_SIGNING_KEY",
-        "HMAC key (comma-separated list for rotation: the first signs, all verify). When set, "
-        "unsigned or wrongly signed entries are refused before anything is unpickled.",
+        "HMAC key of at least 32 bytes (comma-separated list for rotation: the first signs, "
+        "all verify). When set, unsigned or wrongly signed entries are refused before anything "
+        "is unpickled. Set but empty (a secret that failed to mount) is an error.",
         default=(),
         repr=False,
     )
     signing_key_file: Path | None = _opt(
         "OBJCACHE_SIGNING_KEY_FILE",
-        "File holding signing keys, one per line (first signs). Preferred over the variable.",
+        "Writers' key file. A PEM file (`objcache keygen`) is an Ed25519 private key: entries "
+        "are signed with it. Any other file holds HMAC keys, one per line (first signs). "
+        "Preferred over OBJCACHE_SIGNING_KEY. Set but empty, unreadable, or holding no key "
+        "is an error.",
         default=None,
+    )
+    verify_keys: tuple[str, ...] = _opt(
+        "OBJCACHE_VERIFY_KEYS",
+        "Ed25519 public keys (`ed25519:<base64>` as `objcache keygen` prints them), "
+        "comma-separated; several give a rotation window. Entries from remote tiers must be "
+        "signed by one of them. Without a signing key as well, the process is read-only: the "
+        "fleet verifies and writes nothing remote.",
+        default=(),
+    )
+    max_entry_bytes: SizeCaps = _opt(
+        "OBJCACHE_MAX_ENTRY_BYTES",
+        "Largest entry accepted from a remote tier, per kind: `N[,kind=N...]` with k/m/g "
+        "suffixes (`512M,pgo=1M`). Remote reads fetch at most cap+1 bytes (file:// checks the "
+        "size first; Redis, S3 and GCS read a range) and the payload a zstd frame claims is "
+        "checked before decompression. An entry over its cap is a `too_large` miss.",
+        default=SizeCaps(),
     )
     timeout_ms: int = _opt(
         "OBJCACHE_TIMEOUT_MS",
@@ -180,6 +204,9 @@ class Config:
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
+        if isinstance(self.max_entry_bytes, str):
+            caps = SizeCaps.parse(self.max_entry_bytes, "max_entry_bytes")
+            object.__setattr__(self, "max_entry_bytes", caps)
         for name in ("local_dir", "stats_file", "signing_key_file"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
@@ -194,6 +221,13 @@ class Config:
             )
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
+        check_hmac_keys(self.signing_keys, "OBJCACHE_SIGNING_KEY")
+        if isinstance(self.verify_keys, str):
+            object.__setattr__(self, "verify_keys", (self.verify_keys,))
+        if self.verify_keys:
+            parse_verify_keys(",".join(self.verify_keys), "OBJCACHE_VERIFY_KEYS")
+            if not self.signing_keys and self.signing_key_file is None:
+                object.__setattr__(self, "read_only", True)  # verify-only: the fleet
 
     # --- construction ------------------------------------------------------------------
 
@@ -209,9 +243,39 @@ class Config:
         _check_keywords(overrides)
         values.update(overrides)
         config = cls(**values)
-        if config.signing_key_file is not None:
+        if config.signing_key_file is not None and not config.signs_with_ed25519():
             config = dataclasses.replace(config, signing_keys=_read_keys(config.signing_key_file))
         return config
+
+    def signs_with_ed25519(self) -> bool:
+        """Whether the key file is an Ed25519 private key (PEM); checks it loads."""
+        if self.signing_key_file is None:
+            return False
+        data = _read_key_file(self.signing_key_file)
+        if not is_pem(data):
+            return False
+        load_private_key(data, "OBJCACHE_SIGNING_KEY_FILE")
+        return True
+
+    def codec(self) -> Codec:
+        """The entry codec with this configuration's keys (docs/security.md)."""
+        signer = None
+        if self.signs_with_ed25519():
+            assert self.signing_key_file is not None
+            signer = load_private_key(
+                _read_key_file(self.signing_key_file), "OBJCACHE_SIGNING_KEY_FILE"
+            )
+        verify = (
+            parse_verify_keys(",".join(self.verify_keys), "OBJCACHE_VERIFY_KEYS")
+            if self.verify_keys
+            else ()
+        )
+        return Codec(
+            level=self.compression_level,
+            signing_keys=self.signing_keys,
+            signer=signer,
+            verify_keys=verify,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -241,7 +305,14 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
         if f.name == "tiers":
             return tuple(parse_tier_list(raw, var))
         if f.name == "signing_keys":
-            return tuple(k.strip().encode() for k in raw.split(",") if k.strip())
+            return parse_hmac_keys(raw, var)
+        if f.name == "max_entry_bytes":
+            return SizeCaps.parse(raw, var)
+        if f.name == "verify_keys":
+            parse_verify_keys(raw, var)
+            return tuple(k.strip() for k in raw.split(",") if k.strip())
+        if f.name == "signing_key_file" and not raw.strip():
+            raise ConfigError(f"{var} is set but empty")
         if kind == "bool":
             low = raw.strip().lower()
             if low not in _TRUE + _FALSE:
@@ -262,17 +333,20 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
         raise ConfigError(f"{var}={raw!r}: {exc}") from None
 
 
-def _read_keys(path: Path) -> tuple[bytes, ...]:
+def _read_key_file(path: Path) -> bytes:
     try:
-        lines = path.read_text().splitlines()
+        return path.read_bytes()
     except OSError as exc:
         raise ConfigError(
             f"OBJCACHE_SIGNING_KEY_FILE: cannot read {path}: {exc.strerror}"
         ) from None
-    keys = tuple(line.strip().encode() for line in lines if line.strip())
-    if not keys:
+
+
+def _read_keys(path: Path) -> tuple[bytes, ...]:
+    lines = _read_key_file(path).decode(errors="replace").splitlines()
+    if not any(line.strip() for line in lines):
         raise ConfigError(f"OBJCACHE_SIGNING_KEY_FILE: {path} holds no key")
-    return keys
+    return parse_hmac_keys("\n".join(lines), "OBJCACHE_SIGNING_KEY_FILE", sep="\n")
 
 
 def reference_markdown() -> str:
@@ -287,6 +361,8 @@ def reference_markdown() -> str:
             default = "10 GiB"
         elif f.name == "write_behind_max_bytes":
             default = "256 MiB"
+        elif f.name == "max_entry_bytes":
+            default = "1 GiB; `manifest`, `pgo`: 64 MiB"
         default = default if default.startswith("`") or default == "unset" else f"`{default}`"
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {default} | {f.metadata['help']} |")
     head = (

@@ -35,6 +35,12 @@ class CorruptEntry(EntryError):
     reason = "corrupt"
 
 
+class OversizedEntry(EntryError):
+    """The entry claims a payload larger than its kind's cap (a zstd bomb, a planted blob)."""
+
+    reason = "too_large"
+
+
 class UnsupportedVersion(EntryError):
     """An entry written by a newer (or unknown) format version."""
 

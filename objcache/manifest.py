@@ -146,7 +146,7 @@ async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str
         return False
     name = _merged_name(job, keys)
     okey = cache.namespace.object_key(KIND, name)
-    entry = cache.codec.encode(Manifest(job, frozenset(keys), time.time()).to_bytes())
+    entry = cache.codec.encode(Manifest(job, frozenset(keys), time.time()).to_bytes(), okey)
     # Written directly, not through write-behind: a failed or refused put (error, breaker,
     # max_size) is not "left pending", so only each tier's own answer proves it is stored.
     targets = [t for t in cache.remotes if t.writable]

@@ -199,7 +199,7 @@ async def _write_overwrite(cache: Any, okey: str, payload: bytes) -> tuple[int, 
     """Encode and write ``okey`` everywhere with OVERWRITE; (remote tiers written, asked)."""
     from objcache.backends.base import PutMode
 
-    entry = await asyncio.to_thread(cache.codec.encode, payload)
+    entry = await asyncio.to_thread(cache.codec.encode, payload, okey)
     if cache.local is not None:
         await cache.local.put(okey, entry, PutMode.OVERWRITE)
     if cache.read_only:
@@ -214,8 +214,9 @@ async def _put_local(cache: Any, kind: str, key: str, payload: bytes) -> None:
 
     if cache.local is None:
         return
-    entry = await asyncio.to_thread(cache.codec.encode, payload)
-    await cache.local.put(cache.namespace.object_key(kind, key), entry, PutMode.OVERWRITE)
+    okey = cache.namespace.object_key(kind, key)
+    entry = await asyncio.to_thread(cache.codec.encode, payload, okey)
+    await cache.local.put(okey, entry, PutMode.OVERWRITE)
 
 
 def _check_name(name: str) -> str:

@@ -43,12 +43,12 @@ def refuse_read_only(action: str, specs: Iterable[TierSpec], *, read_only: bool 
             raise ReadOnlyRefused(f"{action} refused: {spec.display} is read-only (read_only=1)")
 
 
-async def verify_entry(codec: Codec, data: bytes) -> None:
-    """``codec.verify(data)``, off the event loop when ``data`` is big."""
+async def verify_entry(codec: Codec, data: bytes, okey: str) -> None:
+    """``codec.verify(data, okey)``, off the event loop when ``data`` is big."""
     if len(data) >= VERIFY_OFFLOAD_BYTES:
-        await asyncio.to_thread(codec.verify, data)
+        await asyncio.to_thread(codec.verify, data, okey)
     else:
-        codec.verify(data)
+        codec.verify(data, okey)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ async def copy(
             if data is None:
                 return 0
             if not okey.endswith(ENV_FILE):
-                await verify_entry(codec, data)
+                await verify_entry(codec, data, okey)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
         except EntryError as exc:
             report.refused += 1
@@ -213,7 +213,7 @@ async def verify(
             return 0
         report.checked += 1
         try:
-            await verify_entry(codec, data)
+            await verify_entry(codec, data, entry.info.key)
         except EntryError as exc:
             report.bad.append((entry.info.key, exc.reason))
             if delete and await backend.delete(entry.info.key):
@@ -293,14 +293,14 @@ async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeR
     try:
         if write:
             started = time.perf_counter()
-            if not await backend.put(key, codec.encode(payload), PutMode.CREATE):
+            if not await backend.put(key, codec.encode(payload, key), PutMode.CREATE):
                 raise BackendError("create of a fresh probe key reported 'exists'")
             result.steps["create"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         data = await backend.get(key)
         result.steps["read"] = (time.perf_counter() - started) * 1000
         if write:
-            if data is None or codec.decode(data) != payload:
+            if data is None or codec.decode(data, key) != payload:
                 raise BackendError("probe read back different bytes")
             started = time.perf_counter()
             await backend.delete(key)

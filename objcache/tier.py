@@ -105,8 +105,9 @@ class Tier:
         except (asyncio.TimeoutError, TimeoutError):
             self._failed(op, "timeout", f"{self.name}: {op} exceeded {self.policy.timeout_s}s")
             raise Failed("timeout") from None
-        except EntryTooLarge:
+        except EntryTooLarge as exc:
             self.breaker.success()
+            log_once.warn(self.name, f"{op}-too_large", f"{self.name}: {op} refused: {exc}")
             raise Failed("too_large") from None
         except InvalidKey as exc:
             # The caller's key, not the tier, is at fault: not a breaker failure, or a few
@@ -136,11 +137,16 @@ class Tier:
             )
         log_once.warn(self.name, f"{op}-{reason}", message)
 
-    async def get(self, key: str) -> tuple[bytes | None, str]:
-        """``(data, "")`` on a hit, ``(None, reason)`` on a miss of any kind."""
+    async def get(self, key: str, max_bytes: int = 0) -> tuple[bytes | None, str]:
+        """``(data, "")`` on a hit, ``(None, reason)`` on a miss of any kind; an object over
+        a non-zero ``max_bytes`` is a ``too_large`` miss."""
         started = time.perf_counter()
+        backend = self.backend
         try:
-            data = await self._call("get", lambda: self.backend.get(key))
+            data = await self._call(
+                "get",
+                lambda: backend.get_capped(key, max_bytes) if max_bytes else backend.get(key),
+            )
         except Failed as f:
             self.stats.misses[f.reason] += 1
             return None, f.reason

@@ -11,6 +11,7 @@ back-filled; a refused entry is a counted miss and, in the local tier, quarantin
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
-from objcache.codec import Codec
+from objcache.caps import SizeCaps
+from objcache.codec import MAX_PAYLOAD, Codec
 from objcache.errors import EntryError
-from objcache.layout import Namespace
+from objcache.layout import Namespace, parse_object_key
 from objcache.metrics import CacheStats, log_once
 from objcache.nodelease import Claim, Lease, NodeLeases
 from objcache.records import Change
@@ -78,7 +80,10 @@ class TieredCache:
         priority_grace_s: float = PRIORITY_GRACE_S,
         write_to: str = "all",
         leases: NodeLeases | None = None,
+        caps: SizeCaps | None = None,
     ) -> None:
+        #: Per-kind caps on what a remote tier may hand this machine (docs/security.md).
+        self.caps = caps or SizeCaps()
         self.local = local
         #: The local tier's extras (fast path, LRU accounting, quarantine), when it has them.
         self._local_store: LocalStore | None = (
@@ -161,7 +166,7 @@ class TieredCache:
             entry = store.read_sync(okey)
             if entry is None:
                 return None
-            return self.codec.decode(entry), okey, len(entry)
+            return self.codec.decode(entry, okey, signature=False), okey, len(entry)
         except Exception:
             return None
 
@@ -293,7 +298,7 @@ class TieredCache:
         return tiers[best], entry, payload, [tiers[i] for i in sorted(absent) if i < best]
 
     async def _get_verified(self, tier: Tier, okey: str) -> tuple[tuple[bytes, bytes] | None, str]:
-        entry, reason = await tier.get(okey)
+        entry, reason = await tier.get(okey, self.cap(okey))
         if entry is None:
             return None, reason
         payload = await self._verify(tier, okey, entry)
@@ -302,11 +307,21 @@ class TieredCache:
         tier.stats.hits += 1
         return (entry, payload), ""
 
+    def cap(self, okey: str) -> int:
+        """The size cap of the kind ``okey`` belongs to."""
+        parsed = parse_object_key(okey)
+        return self.caps.for_kind(parsed[1]) if parsed else self.caps.default
+
     async def _verify(self, tier: Tier, okey: str, entry: bytes) -> bytes | None:
+        # Signatures are checked where an entry enters the machine (a remote tier); a local
+        # hit checks the digest and its binding to okey (docs/security.md).
+        local = tier is self.local
+        cap = MAX_PAYLOAD if local else self.cap(okey)
+        decode = functools.partial(self.codec.decode, signature=not local)
         try:
             if len(entry) >= OFFLOAD_BYTES:
-                return await asyncio.to_thread(self.codec.decode, entry)
-            return self.codec.decode(entry)
+                return await asyncio.to_thread(decode, entry, okey, cap)
+            return decode(entry, okey, cap)
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
@@ -384,7 +399,7 @@ class TieredCache:
         async def fetch(okey: str, i: int, mtime: float) -> Candidate | None:
             async with sem:
                 tier = tiers[i]
-                entry, _ = await tier.get(okey)
+                entry, _ = await tier.get(okey, 0 if tier is self.local else self.cap(okey))
                 if entry is None:
                     return None
                 payload = await self._verify(tier, okey, entry)
@@ -444,9 +459,9 @@ class TieredCache:
     async def put_object(self, okey: str, payload: bytes) -> None:
         """Store locally now and remotely in the background. Never raises for tier errors."""
         if len(payload) >= OFFLOAD_BYTES:
-            entry = await asyncio.to_thread(self.codec.encode, payload)
+            entry = await asyncio.to_thread(self.codec.encode, payload, okey)
         else:
-            entry = self.codec.encode(payload)
+            entry = self.codec.encode(payload, okey)
         await self.put_entry(okey, entry)
 
     async def put_entry(self, okey: str, entry: bytes) -> None:
@@ -511,14 +526,15 @@ class TieredCache:
         again on each conflict, within its deadline. ``change`` gets the current payload, or
         None when there is none or it cannot be read (counted, then replaced)."""
         okey = self.namespace.object_key(kind, key)
-        entry_change = self._entry_change(kind, okey, change)
         if self.local is not None:
-            await self.local.update_record(okey, entry_change)
+            # the local copy is checked like a local hit: digest and binding, no signature
+            await self.local.update_record(okey, self._entry_change(kind, okey, change, False))
         if not self.read_only:
+            entry_change = self._entry_change(kind, okey, change, True)
             for tier in self.write_targets():
                 self._spawn(tier.update_record(okey, entry_change))
 
-    def _entry_change(self, kind: str, okey: str, change: Change) -> Change:
+    def _entry_change(self, kind: str, okey: str, change: Change, signature: bool) -> Change:
         """``change`` on stored entries: decode (a refused entry counts as unreadable and is
         treated as absent), apply, encode."""
 
@@ -526,12 +542,12 @@ class TieredCache:
             current = None
             if entry is not None:
                 try:
-                    current = self.codec.decode(entry)
+                    current = self.codec.decode(entry, okey, signature=signature)
                 except EntryError as exc:
                     self.stats.records_unreadable[kind] += 1
                     log_once.warn("records", exc.reason, f"unreadable record {okey}: {exc}")
             new = change(current)
-            return None if new is None else self.codec.encode(new)
+            return None if new is None else self.codec.encode(new, okey)
 
         return on_entry
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Callable
@@ -30,27 +29,33 @@ from objcache.errors import (
     UnsupportedVersion,
 )
 
+OKEY = "v1/0123456789abcdef/fx-graph/00/key"
 PLAIN = Codec()
-SIGNED = Codec(signing_keys=(b"k1-secret",))
+SIGNED = Codec(signing_keys=(b"k1-secret".ljust(32, b"."),))
+OLD = b"old".ljust(32, b".")
+NEW = b"new".ljust(32, b".")
 payloads = st.binary(max_size=4096) | st.text(max_size=3000).map(str.encode)
 
 
 @given(payloads, st.sampled_from([PLAIN, SIGNED]))
 def test_round_trip(payload: bytes, codec: Codec) -> None:
-    entry = codec.encode(payload)
-    assert entry[:4] == b"OBJC"
-    assert codec.decode(entry) == payload
+    entry = codec.encode(payload, OKEY)
+    assert entry[:4] == MAGIC
+    assert codec.decode(entry, OKEY) == payload
 
 
 def test_compressible_payload_is_compressed_and_tiny_stays_raw() -> None:
     big = b"torch.compile " * 1000
-    assert len(PLAIN.encode(big)) < len(big) // 10
+    assert len(PLAIN.encode(big, OKEY)) < len(big) // 10
     tiny = b"x" * (MIN_COMPRESS - 1)
-    assert len(PLAIN.encode(tiny)) == HEADER_SIZE + len(tiny)
+    assert len(PLAIN.encode(tiny, OKEY)) == HEADER_SIZE + len(tiny)
 
 
 #: Both ways of checking an entry: decoding it, and verifying it without decoding (copies).
-CHECKS = {"decode": Codec.decode, "verify": Codec.verify}
+CHECKS: dict[str, Callable[[Codec, bytes], object]] = {
+    "decode": lambda c, e: c.decode(e, OKEY),
+    "verify": lambda c, e: c.verify(e, OKEY),
+}
 
 
 @pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
@@ -59,7 +64,7 @@ CHECKS = {"decode": Codec.decode, "verify": Codec.verify}
 def test_every_single_bit_flip_is_detected(
     codec: Codec, payload: bytes, check: Callable[[Codec, bytes], object]
 ) -> None:
-    entry = codec.encode(payload)
+    entry = codec.encode(payload, OKEY)
     check(codec, entry)
     for bit in range(len(entry) * 8):
         flipped = bytearray(entry)
@@ -73,7 +78,7 @@ def test_every_single_bit_flip_is_detected(
 def test_truncation_at_every_length_is_detected(
     codec: Codec, check: Callable[[Codec, bytes], object]
 ) -> None:
-    entry = codec.encode(b"payload " * 100)
+    entry = codec.encode(b"payload " * 100, OKEY)
     for n in range(len(entry)):
         with pytest.raises(EntryError):
             check(codec, entry[:n])
@@ -83,14 +88,14 @@ def test_truncation_at_every_length_is_detected(
 @given(st.binary(max_size=200))
 def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
-        for entry in (blob, codec.encode(blob)):
+        for entry in (blob, codec.encode(blob, OKEY)):
             try:
-                codec.decode(entry)
+                codec.decode(entry, OKEY)
             except EntryError as exc:
                 with pytest.raises(type(exc)):
-                    codec.verify(entry)
+                    codec.verify(entry, OKEY)
             else:
-                codec.verify(entry)
+                codec.verify(entry, OKEY)
 
 
 @settings(max_examples=300)
@@ -98,68 +103,88 @@ def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
 def test_arbitrary_bytes_never_crash(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
         try:
-            out = codec.decode(blob)
+            out = codec.decode(blob, OKEY)
         except EntryError:
             continue
         # Only a genuine entry decodes; then re-encoding reproduces its payload.
-        assert codec.decode(codec.encode(out)) == out
+        assert codec.decode(codec.encode(out, OKEY), OKEY) == out
 
 
 @settings(max_examples=200)
 @given(payloads, st.binary(min_size=1, max_size=64), st.integers(min_value=0))
 def test_appended_or_spliced_bytes_are_refused(payload: bytes, junk: bytes, pos: int) -> None:
-    entry = PLAIN.encode(payload)
+    entry = PLAIN.encode(payload, OKEY)
     with pytest.raises(EntryError):
-        PLAIN.decode(entry + junk)
+        PLAIN.decode(entry + junk, OKEY)
     i = pos % len(entry)
     spliced = entry[:i] + junk + entry[i + len(junk) :]
     if spliced != entry:
         with pytest.raises(EntryError):
-            PLAIN.decode(spliced)
+            PLAIN.decode(spliced, OKEY)
 
 
 def test_signing_refuses_unsigned_and_foreign_keys() -> None:
-    unsigned = PLAIN.encode(b"pickle")
+    unsigned = PLAIN.encode(b"pickle", OKEY)
     with pytest.raises(UnsignedEntry):
-        SIGNED.decode(unsigned)
-    foreign = Codec(signing_keys=(b"attacker",)).encode(b"pickle")
+        SIGNED.decode(unsigned, OKEY)
+    foreign = Codec(signing_keys=(b"attacker".ljust(32, b"."),)).encode(b"pickle", OKEY)
     with pytest.raises(BadSignature):
-        SIGNED.decode(foreign)
+        SIGNED.decode(foreign, OKEY)
     # A reader without a key still checks the digest of a signed entry.
-    assert PLAIN.decode(SIGNED.encode(b"pickle")) == b"pickle"
+    assert PLAIN.decode(SIGNED.encode(b"pickle", OKEY), OKEY) == b"pickle"
 
 
 def test_key_rotation_accepts_old_and_new_keys() -> None:
-    old_writer = Codec(signing_keys=(b"old",))
-    new_writer = Codec(signing_keys=(b"new",))
-    rotating_reader = Codec(signing_keys=(b"new", b"old"))
-    assert rotating_reader.decode(old_writer.encode(b"a")) == b"a"
-    assert rotating_reader.decode(new_writer.encode(b"b")) == b"b"
+    old_writer = Codec(signing_keys=(OLD,))
+    new_writer = Codec(signing_keys=(NEW,))
+    rotating_reader = Codec(signing_keys=(NEW, OLD))
+    assert rotating_reader.decode(old_writer.encode(b"a", OKEY), OKEY) == b"a"
+    assert rotating_reader.decode(new_writer.encode(b"b", OKEY), OKEY) == b"b"
     with pytest.raises(BadSignature):
-        new_writer.decode(old_writer.encode(b"a"))
+        new_writer.decode(old_writer.encode(b"a", OKEY), OKEY)
 
 
 def test_resigning_a_tampered_payload_requires_the_key() -> None:
-    entry = bytearray(SIGNED.encode(b"good" * 100))
+    entry = bytearray(SIGNED.encode(b"good" * 100, OKEY))
     # An attacker swaps the payload and fixes the digest, but cannot fix the HMAC.
-    evil = PLAIN.encode(b"evil" * 100)[HEADER_SIZE:]
+    evil = PLAIN.encode(b"evil" * 100, OKEY)[HEADER_SIZE:]
     start = HEADER_SIZE + MAC_SIZE
     forged = bytes(entry[:start]) + evil
     forged = bytearray(forged)
-    forged[16:48] = hashlib.blake2b(evil, digest_size=32).digest()
+    forged[16:48] = codec_module._digest(OKEY, evil)
     with pytest.raises(BadSignature):
-        SIGNED.decode(bytes(forged))
+        SIGNED.decode(bytes(forged), OKEY)
 
 
 def test_version_and_length_bomb_are_refused() -> None:
-    entry = bytearray(PLAIN.encode(b"x" * 1000))
-    entry[4] = 2
+    entry = bytearray(PLAIN.encode(b"x" * 1000, OKEY))
+    entry[4] = 3
     with pytest.raises(UnsupportedVersion):
-        PLAIN.decode(bytes(entry))
-    bomb = bytearray(PLAIN.encode(b"x" * 1000))
+        PLAIN.decode(bytes(entry), OKEY)
+    bomb = bytearray(PLAIN.encode(b"x" * 1000, OKEY))
     bomb[8:16] = (1 << 40).to_bytes(8, "big")
     with pytest.raises(CorruptEntry):
-        PLAIN.decode(bytes(bomb))
+        PLAIN.decode(bytes(bomb), OKEY)
+
+
+def test_v1_entries_are_refused_as_version() -> None:
+    """A v1 entry (digest and HMAC without the object key) cannot show its name."""
+    v2 = bytearray(SIGNED.encode(b"x" * 1000, OKEY))
+    v2[4] = 1
+    for codec in (PLAIN, SIGNED):
+        with pytest.raises(UnsupportedVersion, match="version 1"):
+            codec.decode(bytes(v2), OKEY)
+
+
+@pytest.mark.parametrize("codec", [PLAIN, SIGNED], ids=["plain", "signed"])
+def test_an_entry_is_bound_to_its_object_key(codec: Codec) -> None:
+    entry = codec.encode(b"kernel for key A" * 50, "v1/e/kernel/00/A")
+    for other in ("v1/e/kernel/00/B", "v1/e/fx-graph/00/A", "v1/f/kernel/00/A"):
+        with pytest.raises(CorruptEntry, match="another key"):
+            codec.decode(entry, other)
+        with pytest.raises(CorruptEntry):
+            codec.decode(entry, other, signature=False)
+    assert codec.decode(entry, "v1/e/kernel/00/A") == b"kernel for key A" * 50
 
 
 def zstd_frame_declaring(size: int) -> bytes:
@@ -180,7 +205,7 @@ def zstd_frame_declaring(size: int) -> bytes:
 def bomb_entry(size: int) -> bytes:
     """An unsigned entry whose header and zstd frame both declare ``size``, digest valid."""
     stored = zstd_frame_declaring(size)
-    digest = hashlib.blake2b(stored, digest_size=32).digest()
+    digest = codec_module._digest(OKEY, stored)
     head = struct.pack(">4sBBBBQ32s", MAGIC, VERSION, CODEC_ZSTD, 0, 0, size, digest)
     return head + stored
 
@@ -201,4 +226,4 @@ def test_an_entry_declaring_more_than_the_limit_everywhere_is_refused(
         check(PLAIN, bomb)
     # Nothing else is wrong with it: under a higher limit it verifies.
     monkeypatch.setattr(codec_module, "MAX_PAYLOAD", 4 * MAX_PAYLOAD)
-    PLAIN.verify(bomb)
+    PLAIN._check(memoryview(bomb), OKEY, 4 * MAX_PAYLOAD)  # what verify() runs, cap raised

@@ -11,6 +11,8 @@ from objcache.errors import ConfigError
 from objcache.urls import parse_tier_list, parse_tier_url, redact
 
 ROOT = Path(__file__).resolve().parents[1]
+NEW = "k-new-0123456789abcdef0123456789abcdef"
+OLD = "k-old-0123456789abcdef0123456789abcdef"
 
 
 def test_unknown_scheme_names_the_index() -> None:
@@ -110,14 +112,14 @@ def test_env_parsing_and_errors() -> None:
         {
             "OBJCACHE_READ_ONLY": "yes",
             "OBJCACHE_TIMEOUT_MS": "250",
-            "OBJCACHE_SIGNING_KEY": "new,old",
+            "OBJCACHE_SIGNING_KEY": f"{NEW},{OLD}",
             "OBJCACHE_LOCAL_DIR": "/tmp/x",
         }
     )
     assert c.read_only and c.timeout_ms == 250
-    assert c.signing_keys == (b"new", b"old")
+    assert c.signing_keys == (NEW.encode(), OLD.encode())
     assert c.local_dir == Path("/tmp/x")
-    assert "new" not in repr(c)
+    assert NEW not in repr(c)
     with pytest.raises(ConfigError, match="OBJCACHE_TIMEOUT_MS='soon'"):
         Config.from_env({"OBJCACHE_TIMEOUT_MS": "soon"})
     with pytest.raises(ConfigError, match="OBJCACHE_READ_ONLY"):
@@ -134,9 +136,9 @@ def test_keyword_tiers_and_default_store(tmp_path: Path) -> None:
 
 def test_signing_key_file(tmp_path: Path) -> None:
     f = tmp_path / "keys"
-    f.write_text("k-new\nk-old\n")
+    f.write_text(f"{NEW}\n{OLD}\n")
     c = Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(f)})
-    assert c.signing_keys == (b"k-new", b"k-old")
+    assert c.signing_keys == (NEW.encode(), OLD.encode())
     with pytest.raises(ConfigError, match="cannot read"):
         Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "missing")})
 

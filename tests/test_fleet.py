@@ -143,8 +143,10 @@ async def test_compaction_keeps_runs_when_merged_manifest_is_refused(
     probe = cache_for(s3_url(seaweed_s3, prefix), tmp_path / "probe")
     caches.append(probe)
     keys = [probe.namespace.object_key("fx-graph", os.urandom(32).hex()) for _ in range(12)]
-    run_size = max(len(codec.encode(Manifest(job, frozenset([k]), 0.0).to_bytes())) for k in keys)
-    merged_size = len(codec.encode(Manifest(job, frozenset(keys), 0.0).to_bytes()))
+    run_size = max(
+        len(codec.encode(Manifest(job, frozenset([k]), 0.0).to_bytes(), k)) for k in keys
+    )
+    merged_size = len(codec.encode(Manifest(job, frozenset(keys), 0.0).to_bytes(), keys[0]))
     max_size = (run_size + merged_size) // 2
     assert run_size < max_size < merged_size
     cache = cache_for(s3_url(seaweed_s3, prefix, max_size=max_size), tmp_path / "c")
@@ -240,7 +242,7 @@ async def test_far_hit_is_backfilled_into_near_region(
     assert (gets_of(near_proxy, okey), puts_of(near_proxy, okey)) == (1, 1), "miss, back-fill"
     assert (gets_of(far_proxy, okey), puts_of(far_proxy, okey)) == (1, 0)
     stored = seaweed_s3.client().get_object(Bucket=near_bucket, Key=f"cache/{okey}")["Body"]
-    assert Codec().decode(stored.read()) == value, "near region holds the verified entry"
+    assert Codec().decode(stored.read(), okey) == value, "near region holds the verified entry"
 
     near_proxy.reset_counters()
     far_proxy.reset_counters()

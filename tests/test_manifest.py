@@ -102,7 +102,7 @@ async def test_prefetch_fills_local_and_lookups_join_in_flight_fetches() -> None
     gets_before = store.calls["get"]
     assert await reader_cache.get("fx-graph", "k7") == b"v7"
     assert store.calls["get"] == gets_before, "prefetched entries are local"
-    assert CODEC.decode(mem(local).data[okeys[7]]) == b"v7"
+    assert CODEC.decode(mem(local).data[okeys[7]], okeys[7]) == b"v7"
 
 
 def tier_of(cache: TieredCache) -> Tier:

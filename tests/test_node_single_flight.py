@@ -39,8 +39,9 @@ def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def server_gets(raw: redis.Redis) -> int:
+    """Reads of values: tiers read through a size cap (GETRANGE), records and tools by GET."""
     stats: dict[str, Any] = raw.info("commandstats")
-    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "getrange"))
 
 
 def seed(url: str, work: Path, job: str, keys: list[str]) -> None:

@@ -203,7 +203,7 @@ async def test_a_holder_whose_fetch_failed_shares_no_miss(tmp_path: Path) -> Non
     sick, healthy = MemoryBackend("mem://sick"), MemoryBackend("mem://healthy")
     sick.fault, sick.delay_s = "transient", 0.2
     okey = NS.object_key("fx-graph", "k")
-    healthy.data[okey] = CODEC.encode(b"value")
+    healthy.data[okey] = CODEC.encode(b"value", okey)
     first, second = rank(tmp_path, sick), rank(tmp_path, healthy)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
     await asyncio.sleep(0.05)  # the first rank holds the lease, its GET fails later
@@ -228,7 +228,7 @@ async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
 ) -> None:
     slow, other = MemoryBackend("mem://a"), MemoryBackend("mem://b")
     okey = NS.object_key("fx-graph", "k")
-    slow.data[okey] = other.data[okey] = CODEC.encode(b"value")
+    slow.data[okey] = other.data[okey] = CODEC.encode(b"value", okey)
     slow.delay_s = 0.2
     first, second = rank(tmp_path, slow), rank(tmp_path, other)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))

@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import uuid
@@ -28,7 +31,9 @@ from objcache.backends.base import Backend, PutMode
 from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
+from objcache.errors import ConfigError
 from objcache.registry import create_backend
+from objcache.signing import Ed25519PrivateKey, public_line
 from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
@@ -78,7 +83,10 @@ def remote_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str,
 
 
 @pytest.mark.parametrize("forgery", ["unsigned", "bad_signature"])
-@pytest.mark.parametrize("kind", ["disk", "file", "redis", "s3", "gcs"])
+# The local disk tier is not in this list: signatures are checked where an entry enters the
+# machine, and a local hit checks the digest and its binding to the key (docs/security.md,
+# "What each read checks"); the local directory is private to the user, like torch's own.
+@pytest.mark.parametrize("kind", ["file", "redis", "s3", "gcs"])
 def test_planted_malicious_pickle_is_refused(
     kind: str,
     forgery: str,
@@ -88,8 +96,7 @@ def test_planted_malicious_pickle_is_refused(
 ) -> None:
     marker = tmp_path / "PWNED"
     evil = malicious_pickle(marker)
-    entry = unsigned_entry(evil) if forgery == "unsigned" else foreign_signed_entry(evil)
-    remote = remote_url("file" if kind == "disk" else kind)
+    remote = remote_url(kind)
     config = Config.from_env(
         {},
         tiers=remote,
@@ -101,15 +108,16 @@ def test_planted_malicious_pickle_is_refused(
     )
     client = Client(config)
     okey = client.cache.namespace.object_key(KIND, "victim")
-    target_url = f"disk://{tmp_path / 'local'}" if kind == "disk" else remote
-    target = make_backend(target_url)
-    other_url = remote if kind == "disk" else f"disk://{tmp_path / 'local'}"
-    other = make_backend(other_url)
+    entry = (
+        unsigned_entry(evil, okey) if forgery == "unsigned" else foreign_signed_entry(evil, okey)
+    )
+    target = make_backend(remote)
+    other = make_backend(f"disk://{tmp_path / 'local'}")
     try:
         raw(lambda: target.put(okey, entry, PutMode.OVERWRITE))
         # a genuine entry signed with the victim's key under another key: the control
-        good = genuine_entry(b"genuine")
-        raw(lambda: target.put(client.cache.namespace.object_key(KIND, "good"), good))
+        good_okey = client.cache.namespace.object_key(KIND, "good")
+        raw(lambda: target.put(good_okey, genuine_entry(b"genuine", good_okey)))
 
         caplog.set_level(logging.WARNING, logger="objcache")
         got = [client.get(KIND, "victim") for _ in range(3)]
@@ -122,23 +130,18 @@ def test_planted_malicious_pickle_is_refused(
         assert client.flush(10) == 0
 
         tiers = client.stats()["tiers"]
-        refused_in = tiers[0] if kind == "disk" else tiers[1]
+        refused_in = tiers[1]
         assert refused_in["misses"].get(forgery, 0) >= 1
-        assert sum(t["misses"].get(forgery, 0) for t in tiers) == (
-            3 if kind != "disk" else 1  # the local copy is quarantined at the first look
-        ), tiers
+        assert sum(t["misses"].get(forgery, 0) for t in tiers) == 3, tiers
         refusals = [r for r in caplog.records if "refused entry" in r.getMessage()]
         assert len(refusals) == 1, [r.getMessage() for r in refusals]
         assert refusals[0].levelno == logging.WARNING
         # nothing written through or back-filled anywhere
         assert raw(lambda: other.get(okey)) is None
         # only the genuine entry was copied (from a remote store into the local tier)
-        assert client.cache.stats.write_through == (0 if kind == "disk" else 1)
+        assert client.cache.stats.write_through == 1
         assert client.cache.stats.backfills == 0
-        if kind == "disk":
-            assert raw(lambda: target.get(okey)) is None  # quarantined
-        else:
-            assert raw(lambda: target.get(okey)) == entry  # left alone
+        assert raw(lambda: target.get(okey)) == entry  # left alone
     finally:
         close(client)
         raw(target.close)
@@ -146,8 +149,8 @@ def test_planted_malicious_pickle_is_refused(
     assert not marker.exists()
 
 
-def genuine_entry(payload: bytes) -> bytes:
-    return Codec(signing_keys=(KEY,)).encode(payload)
+def genuine_entry(payload: bytes, okey: str) -> bytes:
+    return Codec(signing_keys=(KEY,)).encode(payload, okey)
 
 
 # --- least privilege: read-only --------------------------------------------------------
@@ -347,7 +350,7 @@ def test_oversized_keys_are_misses_that_do_not_take_the_tier_down(tmp_path: Path
 REDIS_PASSWORD = "redisPW-planted-7f3a9c"
 AWS_KEY_ID = "AKIAPLANTEDSECRET1234"
 AWS_SECRET = "awsSecret/planted+9c2e7d1b4a"
-SIGNING_SECRET = "signingKey-planted-51d0e8"
+SIGNING_SECRET = "signingKey-planted-51d0e8-0123456789abcdef"
 SECRETS = (REDIS_PASSWORD, AWS_KEY_ID, AWS_SECRET, SIGNING_SECRET)
 
 
@@ -433,3 +436,138 @@ def test_secrets_never_reach_cli_output(secret_env: dict[str, str], args: list[s
         # OBJCACHE_LOG_LEVEL=DEBUG really logs: the failures' tracebacks are in what we grep
         assert " objcache DEBUG probe of " in done.stderr and "Traceback" in done.stderr, out
     assert_no_secret(out, f"`objcache {' '.join(args)}`")
+
+
+# --- red team: write access to every remote store, no key ------------------------------
+#
+# The fleet holds only the CI's Ed25519 public key (docs/security.md, "Signing entries").
+# The attacker can write any object in the remote stores and plants, under the key the
+# fleet looks up, each object below; the payloads are pickles that would create a marker
+# file if anything unpickled them. Each lookup that returns a value is unpickled, as torch
+# would. Result: no marker, every refusal counted under its reason and logged once, and
+# nothing written to any store.
+
+RED_CAP = "1M"
+
+
+def _v1_hmac_entry(payload: bytes, key: bytes) -> bytes:
+    """An entry in the old (v1) format, validly HMAC-signed: what an old writer left."""
+    head = struct.Struct(">4sBBBBQ32s")
+    digest = hashlib.blake2b(payload, digest_size=32).digest()
+    header = head.pack(b"OBJC", 1, 0, 1, 0, len(payload), digest)
+    mac = hmac.new(key, header + payload, hashlib.sha256).digest()
+    return header + mac + payload
+
+
+def _attacks(
+    evil: bytes, okey: str, ci: Ed25519PrivateKey
+) -> dict[str, tuple[Callable[[Callable[[str], str]], bytes], str]]:
+    """attack -> (entry builder given ``object_key(name)``, the refusal reason)."""
+    attacker = Ed25519PrivateKey.generate()
+    retired = Ed25519PrivateKey.generate()  # a CI key rotated out of OBJCACHE_VERIFY_KEYS
+    return {
+        "planted unsigned pickle": (lambda _: Codec().encode(evil, okey), "unsigned"),
+        "pickle signed with the attacker's key": (
+            lambda _: Codec(signer=attacker).encode(evil, okey),
+            "bad_signature",
+        ),
+        "pickle signed with a retired key": (
+            lambda _: Codec(signer=retired).encode(evil, okey),
+            "bad_signature",
+        ),
+        "genuine entry substituted under another key": (
+            lambda key_of: Codec(signer=ci).encode(evil, key_of("other-graph")),
+            "corrupt",
+        ),
+        "old (v1) signed entry replayed": (
+            lambda _: _v1_hmac_entry(evil, KEY),
+            "version",
+        ),
+        "oversized object": (
+            lambda _: Codec(signer=ci, level=1).encode(evil + os.urandom(2 << 20), okey),
+            "too_large",
+        ),
+        "zstd bomb": (
+            lambda _: Codec(signer=ci).encode(evil + b"\0" * (64 << 20), okey),
+            "too_large",
+        ),
+    }
+
+
+ATTACKS = list(_attacks(b"", "", Ed25519PrivateKey.generate()))
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_red_team_no_code_runs_and_every_refusal_is_counted_once(
+    kind: str,
+    attack: str,
+    tmp_path: Path,
+    remote_url: Callable[..., str],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    marker = tmp_path / "PWNED"
+    evil = malicious_pickle(marker)
+    ci = Ed25519PrivateKey.generate()
+    url = remote_url(kind)
+    config = Config.from_env(
+        {},
+        tiers=url,
+        local_dir=tmp_path / "local",
+        verify_keys=(public_line(ci.public_key()),),
+        max_entry_bytes=RED_CAP,
+        prefetch=False,
+        stats_file=tmp_path / "stats.json",
+    )
+    assert config.read_only  # public keys only: the fleet writes nothing remote
+    client = Client(config)
+    ns = client.cache.namespace
+    okey = ns.object_key(KIND, "victim")
+    build, reason = _attacks(evil, okey, ci)[attack]
+    store = make_backend(url)
+    r = redis.Redis(port=redis_server.port)
+    try:
+        raw(lambda: store.put(okey, build(lambda name: ns.object_key(KIND, name))))
+        genuine = ns.object_key(KIND, "genuine")
+        raw(lambda: store.put(genuine, Codec(signer=ci).encode(b"ok", genuine)))
+        writes_before = commandstats(r)
+        caplog.set_level(logging.WARNING, logger="objcache")
+        got = [client.get(KIND, "victim") for _ in range(3)]
+        for value in got:
+            if value is not None:
+                pickle.loads(value)  # what torch does with a hit
+        assert got == [None, None, None]
+        assert client.get(KIND, "genuine") == b"ok"  # the control: CI's entries are served
+        client.flush(10)
+        remote = client.stats()["tiers"][1]
+        assert remote["misses"].get(reason) == 3, remote["misses"]
+        refusals = [m.getMessage() for m in caplog.records if "refused" in m.getMessage()]
+        assert len(refusals) == 1, refusals
+        assert redis_write_calls(r, writes_before) == {}
+        assert (tmp_path / "local" / genuine).exists()  # verified hits are written through
+        assert not (tmp_path / "local" / okey).exists()  # refused ones never are
+    finally:
+        close(client)
+        raw(store.close)
+        r.close()
+    assert not marker.exists(), "attacker code ran"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OBJCACHE_SIGNING_KEY": ""},
+        {"OBJCACHE_SIGNING_KEY": " , "},
+        {"OBJCACHE_SIGNING_KEY": "short-secret-9f3"},
+        {"OBJCACHE_SIGNING_KEY_FILE": ""},
+        {"OBJCACHE_VERIFY_KEYS": " , "},
+        {"OBJCACHE_VERIFY_KEYS": "ed25519:c2hvcnQ="},
+    ],
+)
+def test_red_team_empty_or_short_keys_are_errors_not_silent_off(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as exc:
+        Config.from_env(env)
+    message = str(exc.value)
+    assert "\n" not in message and next(iter(env)) in message
+    assert "short-secret-9f3" not in message and "c2hvcnQ" not in message

@@ -530,6 +530,23 @@ def test_ci_preseed_roles() -> None:
     assert "OBJCACHE_READ_ONLY" in fleet_env
 
 
+def test_ci_preseed_signing_keys_ci_signs_fleet_verifies() -> None:
+    """Only the CI writer role may read the private key; the fleet gets public keys only."""
+    config = _load_dir(EXAMPLES_DIR / "ci-preseed")
+    policy = _labelled(config, "resource")["aws_iam_role_policy"]["ci_signing_key"]
+    assert _squash(policy["role"]) == "${module.cache.writer_role_name}"
+    doc = _labelled(config, "data")["aws_iam_policy_document"]["ci_signing_key"]
+    statement = _squash(doc["statement"])
+    assert "secretsmanager:GetSecretValue" in statement
+    assert "var.signing_key_secret_arn" in statement
+    outputs = _labelled(config, "output")
+    fleet_env = _squash(outputs["fleet_environment"]["value"])
+    ci_env = _squash(outputs["ci_environment"]["value"])
+    assert "OBJCACHE_VERIFY_KEYS" in fleet_env and "OBJCACHE_SIGNING_KEY" not in fleet_env
+    assert "OBJCACHE_SIGNING_KEY_FILE" in ci_env
+    assert "signing_key_secret_arn" not in _squash(_labelled(config, "module")["cache"])
+
+
 # --------------------------------------------------------------------------- checkov
 
 

@@ -48,7 +48,7 @@ def make(*remotes: Tier, read_only: bool = False, **kw: int) -> tuple[TieredCach
 
 def seed(t: Tier, key: str, payload: bytes, kind: str = "fx-graph") -> str:
     okey = NS.object_key(kind, key)
-    mem(t).data[okey] = CODEC.encode(payload)
+    mem(t).data[okey] = CODEC.encode(payload, okey)
     return okey
 
 
@@ -66,7 +66,7 @@ async def test_remote_hit_is_written_through_to_local() -> None:
     okey = seed(remote, "k", b"v")
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
-    assert CODEC.decode(mem(local).data[okey]) == b"v"
+    assert CODEC.decode(mem(local).data[okey], okey) == b"v"
     assert cache.stats.write_through == 1
     assert await cache.get("fx-graph", "k") == b"v"
     assert mem(remote).calls["get"] == 1, "second lookup is local"
@@ -132,7 +132,7 @@ async def test_corrupt_remote_entry_is_a_counted_miss_and_never_written_through(
     seed(good, "k", b"v")
     assert await cache.get("fx-graph", "k") == b"v"
     await cache.flush(5)
-    assert CODEC.decode(mem(local).data[okey]) == b"v"
+    assert CODEC.decode(mem(local).data[okey], okey) == b"v"
 
 
 async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_pat
     local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
     remote = tier("mem://r")
     okey = seed(remote, "k", b"good")
-    corrupt = CODEC.encode(b"good")[:-1] + b"!"
+    corrupt = CODEC.encode(b"good", okey)[:-1] + b"!"
     assert await disk.put(okey, corrupt)
     cache = TieredCache(local, [remote], CODEC, NS)
     assert await cache.get("fx-graph", "k") == b"good", "a corrupt local entry is a miss"
@@ -149,7 +149,7 @@ async def test_corrupt_local_entry_is_quarantined_and_the_lookup_goes_on(tmp_pat
     moved = list((tmp_path / QUARANTINE_DIR).iterdir())
     assert [p.read_bytes() for p in moved] == [corrupt]
     await cache.flush(5)
-    assert CODEC.decode(await disk.get(okey) or b"") == b"good", "written through afresh"
+    assert CODEC.decode(await disk.get(okey) or b"", okey) == b"good", "written through afresh"
     await disk.close()
 
 
@@ -157,7 +157,7 @@ async def test_signed_cache_refuses_unsigned_entries() -> None:
     remote = tier("mem://r")
     seed(remote, "k", b"unsigned pickle")
     local = tier("mem://local")
-    cache = TieredCache(local, [remote], Codec(signing_keys=(b"key",)), NS)
+    cache = TieredCache(local, [remote], Codec(signing_keys=(b"key".ljust(32, b"."),)), NS)
     assert await cache.get("fx-graph", "k") is None
     assert remote.stats.misses["unsigned"] == 1
     assert mem(local).calls["put"] == 0
@@ -199,7 +199,7 @@ async def test_writes_go_local_now_and_remote_behind() -> None:
     okey = NS.object_key("fx-graph", "k")
     assert okey in mem(local).data and okey not in mem(remote).data
     assert await cache.flush(5) == 0
-    assert CODEC.decode(mem(remote).data[okey]) == b"v"
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"v"
     assert NS.env_file in mem(remote).data
 
 
@@ -229,11 +229,11 @@ async def test_remote_put_failure_never_raises_and_is_counted() -> None:
 async def test_create_mode_keeps_the_first_remote_writer() -> None:
     remote = tier("mem://r")
     okey = NS.object_key("fx-graph", "k")
-    assert await remote.put(okey, CODEC.encode(b"first"), PutMode.CREATE)
+    assert await remote.put(okey, CODEC.encode(b"first", okey), PutMode.CREATE)
     cache, _ = make(remote)
     await cache.put("fx-graph", "k", b"second")
     await cache.flush(5)
-    assert CODEC.decode(mem(remote).data[okey]) == b"first"
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"first"
     assert remote.stats.put_skipped_exists == 1
 
 
@@ -272,7 +272,7 @@ async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_pat
     local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
     cache = TieredCache(local, [], CODEC, NS)
     okey = NS.object_key("fx-graph", "k")
-    entry = CODEC.encode(b"payload")
+    entry = CODEC.encode(b"payload", okey)
     assert await disk.put(okey, entry)
     assert cache.read_local_sync("fx-graph", "k") == (b"payload", okey, len(entry))
     assert cache.read_local_sync("fx-graph", "absent") is None

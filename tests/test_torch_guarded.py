@@ -72,7 +72,7 @@ def mem(t: Tier) -> MemoryBackend:
 
 def seed_candidate(t: Tier, payload: bytes, key: str = KEY) -> str:
     okey = NS.candidate_key("fx-graph", key, candidate_digest(payload))
-    mem(t).data[okey] = CODEC.encode(payload)
+    mem(t).data[okey] = CODEC.encode(payload, okey)
     return okey
 
 
@@ -99,7 +99,7 @@ async def test_get_candidates_lists_every_tier_local_first_and_verifies() -> Non
     seed_candidate(far, b"N")  # same object in two tiers: fetched once, from the nearer
     only_far = seed_candidate(far, b"F")
     corrupt = NS.candidate_key("fx-graph", KEY, candidate_digest(b"X"))
-    mem(near).data[corrupt] = CODEC.encode(b"X")[:-1] + b"!"
+    mem(near).data[corrupt] = CODEC.encode(b"X", corrupt)[:-1] + b"!"
     seed_candidate(far, b"other key", key=KEY + "2")  # another key's folder is not listed
     found = await cache.get_candidates("fx-graph", KEY)
     assert found[0].okey == in_local and found[0].local
@@ -137,11 +137,15 @@ async def test_the_single_value_of_a_key_comes_last_unless_already_a_candidate()
     local, remote = tier("mem://local"), tier("mem://r")
     cache = TieredCache(local, [remote], CODEC, NS)
     seed_candidate(remote, b"C")
-    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(b"S")
+    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(
+        b"S", NS.object_key("fx-graph", KEY)
+    )
     found = await cache.get_candidates("fx-graph", KEY)
     assert [c.payload for c in found] == [b"C", b"S"]
     assert found[-1].okey == NS.object_key("fx-graph", KEY)
-    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(b"C")
+    mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(
+        b"C", NS.object_key("fx-graph", KEY)
+    )
     cache2 = TieredCache(tier("mem://local2"), [remote], CODEC, NS)
     assert [c.payload for c in await cache2.get_candidates("fx-graph", KEY)] == [b"C"]
     without = await cache2.get_candidates("fx-graph", KEY, include_single=False)

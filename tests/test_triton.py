@@ -74,20 +74,20 @@ class Probe:
         self.bridge_calls = 0
         self.delay_s = 0.0
         remote = client.cache.remotes[0]
-        original_get = remote.backend.get
+        original_get = remote.backend.get_capped  # what the tier calls (size-capped reads)
 
-        async def get(key: str) -> bytes | None:
+        async def get(key: str, max_bytes: int) -> bytes | None:
             self.remote_gets += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                return await original_get(key)
+                return await original_get(key, max_bytes)
             finally:
                 self.in_flight -= 1
 
-        remote.backend.get = get  # type: ignore[method-assign]
+        remote.backend.get_capped = get  # type: ignore[method-assign]
         original_call = client.bridge.call
 
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -46,7 +46,7 @@ FOREIGN_FRAGMENTS = {
 #: option and operation names, a package in parentheses
 PLACEHOLDER = re.compile(
     r"\.\.\.|'[^']*'|\w+://\S*|OBJCACHE_\w+(?:\[\w\])?|\b[a-z]+_[a-z_]+\b"
-    r"|\b(?:get|put|list|push|gc|[Ni])\b|\(\w+\)|[~/][\w./-]+|\d+(?:\.\d+)?"
+    r"|\b(?:get|put|list|push|gc|[NiM])\b|\(\w+\)|[~/][\w./-]+|\d+(?:\.\d+)?"
 )
 SECTIONS = ("## Configuration errors", "## Tier errors", "## Refused entries", "## Keys")
 

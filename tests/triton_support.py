@@ -78,13 +78,13 @@ def _instrument() -> None:
 
 def _count_remote_gets(client: Any) -> None:
     for tier in client.cache.remotes:
-        original: Callable[[str], Any] = tier.backend.get
+        original: Callable[[str, int], Any] = tier.backend.get_capped  # what tiers call
 
-        async def get(key: str, _original: Callable[[str], Any] = original) -> Any:
+        async def get(key: str, max_bytes: int, _original: Callable[..., Any] = original) -> Any:
             counts["remote_get"] += 1
-            return await _original(key)
+            return await _original(key, max_bytes)
 
-        tier.backend.get = get
+        tier.backend.get_capped = get
 
 
 def compile_once(out: Path, client: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from objcache.codec import Codec
 
-ATTACKER_KEY = b"attacker-key-not-the-victims"
+ATTACKER_KEY = b"attacker-key-not-the-victims-0123456789"
 
 
 class _Payload:
@@ -30,9 +30,9 @@ def malicious_pickle(marker: Path) -> bytes:
     return data
 
 
-def unsigned_entry(payload: bytes) -> bytes:
-    return Codec().encode(payload)
+def unsigned_entry(payload: bytes, okey: str) -> bytes:
+    return Codec().encode(payload, okey)
 
 
-def foreign_signed_entry(payload: bytes, key: bytes = ATTACKER_KEY) -> bytes:
-    return Codec(signing_keys=(key,)).encode(payload)
+def foreign_signed_entry(payload: bytes, okey: str, key: bytes = ATTACKER_KEY) -> bytes:
+    return Codec(signing_keys=(key,)).encode(payload, okey)

@@ -54,7 +54,7 @@ def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(store: Store, d
     assert writer.flush(10) == 0
     okey = writer.cache.namespace.object_key(KIND, "key")
     entry = store.raw_get(okey)
-    assert entry is not None and Codec().decode(entry) == value
+    assert entry is not None and Codec().decode(entry, okey) == value
     store.raw_put(okey, DAMAGE[damage](entry))
 
     # two remote tiers: the damaged store, and a healthy, empty file:// tier behind it that
@@ -150,7 +150,7 @@ def test_local_disk_full(tiny_disk: Path, tmp_path: Path) -> None:
     for path in tiny_disk.rglob("*"):
         if path.is_file() and QUARANTINE_DIR not in path.parts and path.name != "ENV.json":
             assert not path.name.startswith("."), f"temp file left behind: {path}"
-            codec.decode(path.read_bytes())
+            codec.decode(path.read_bytes(), path.relative_to(tiny_disk).as_posix())
     # the remote tier got everything despite the local failures
     reader = Client(Config.from_env({}, local_dir=tmp_path / "reader", **config))
     assert all(reader.get(KIND, k) == v for k, v in values.items())

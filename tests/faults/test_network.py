@@ -290,7 +290,7 @@ def test_s3_puts_broken_mid_body_store_nothing_partial(s3_store: Store, path: st
                 continue
             n += 1
             try:
-                Codec().decode(data)
+                Codec().decode(data, info.key)
             except EntryError as exc:
                 bad.append(f"{info.key}: {len(data)} bytes: {exc}")
         return n, bad

@@ -59,7 +59,7 @@ def assert_all_complete(entries: dict[str, bytes]) -> None:
     for key, data in entries.items():
         if key.endswith("ENV.json"):
             continue
-        payload = codec.decode(data)  # raises on anything partial or torn
+        payload = codec.decode(data, key)  # raises on anything partial or torn
         if "/blob/" in key:
             assert check_value(key.rsplit("/", 1)[-1], payload), key
 
@@ -194,7 +194,9 @@ def test_write_behind_flushes_everything_on_normal_exit(
     for i in range(n):
         entry = store.raw_get(ns.object_key(KIND, f"wb-{i}"))
         assert entry is not None, f"wb-{i} lost"
-        assert Codec().decode(entry) == make_value(0, f"wb-{i}", size)
+        assert Codec().decode(entry, ns.object_key(KIND, f"wb-{i}")) == make_value(
+            0, f"wb-{i}", size
+        )
     probe.close()
     probe.bridge.stop()
     stats = json.loads((tmp_path / "stats.json").read_text())

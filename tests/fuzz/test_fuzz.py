@@ -18,7 +18,8 @@ from objcache.manifest import Manifest, ManifestError
 from objcache.registry import SCHEMES
 from objcache.urls import parse_tier_list, parse_tier_url
 
-CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key",)))
+OKEY = "v1/0123456789abcdef/fx-graph/00/key"
+CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key".ljust(32, b"."),)))
 
 # Mostly-valid entries with random damage reach deeper than random bytes alone.
 damaged_entries = st.tuples(
@@ -26,7 +27,7 @@ damaged_entries = st.tuples(
     st.sampled_from(CODECS),
     st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=4),
     st.integers(min_value=0),
-).map(lambda t: _damage(t[1].encode(t[0]), t[2], t[3]))
+).map(lambda t: _damage(t[1].encode(t[0], OKEY), t[2], t[3]))
 
 
 def _damage(entry: bytes, edits: list[tuple[int, int]], cut: int) -> bytes:
@@ -40,7 +41,7 @@ def _damage(entry: bytes, edits: list[tuple[int, int]], cut: int) -> bytes:
 def test_entry_decoder(blob: bytes) -> None:
     for codec in CODECS:
         try:
-            out = codec.decode(blob)
+            out = codec.decode(blob, OKEY)
         except EntryError:
             continue
         assert isinstance(out, bytes)

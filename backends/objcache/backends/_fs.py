@@ -41,7 +41,14 @@ from typing import ClassVar, ParamSpec, TypeVar
 
 from objcache.backends._opts import opt_bool
 from objcache.backends._records import Versioned
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.backends.base import (
+    Backend,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+    check_size,
+    validate_key,
+)
 from objcache.errors import (
     BackendError,
     ConfigError,
@@ -179,7 +186,7 @@ class FsStore:
 
     # --- single-entry operations ------------------------------------------------------
 
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str, max_bytes: int = 0) -> bytes | None:
         path = self.path(key)
         self._check_dir(os.path.dirname(path))
         try:
@@ -198,6 +205,7 @@ class FsStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
+            check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
             data = _read_all(fd, st.st_size)
             if self.touch_on_read:
                 now = time.time_ns()
@@ -458,6 +466,10 @@ class FsBackend(Backend):
     async def get(self, key: str) -> bytes | None:
         check_key(key)
         return await self._run(f"get {key}", self.store.read, key)
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        check_key(key)
+        return await self._run(f"get {key}", self.store.read, key, max_bytes)
 
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         check_key(key)

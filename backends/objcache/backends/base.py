@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from objcache.errors import InvalidKey
+from objcache.errors import EntryTooLarge, InvalidKey
 
 #: Longest key any backend accepts (S3 allows 1024 bytes including the prefix).
 MAX_KEY_BYTES = 900
@@ -68,6 +68,12 @@ class TierSpec:
         return f"TierSpec({self.display!r})"
 
 
+def check_size(size: int, max_bytes: int) -> None:
+    """Raise :class:`~objcache.errors.EntryTooLarge` when ``size`` is over a non-zero cap."""
+    if max_bytes and size > max_bytes:
+        raise EntryTooLarge(f"object too large: over the {max_bytes}-byte cap")
+
+
 def validate_key(key: str) -> str:
     """Reject keys that could escape a store or that no store accepts."""
     if not key or len(key.encode()) > MAX_KEY_BYTES:
@@ -93,6 +99,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def get(self, key: str) -> bytes | None:
         """The object's bytes, or None if absent."""
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        """:meth:`get`, refusing an object over ``max_bytes`` with
+        :class:`~objcache.errors.EntryTooLarge`. Backends whose protocol tells the size
+        before the body override this to refuse without transferring it."""
+        data = await self.get(key)
+        if data is not None:
+            check_size(len(data), max_bytes)
+        return data
 
     @abc.abstractmethod
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:

@@ -52,7 +52,14 @@ from objcache.backends._gcs_errors import (
 from objcache.backends._opts import opt_float, opt_int, opt_str
 from objcache.backends._records import Versioned
 from objcache.backends._shared import DaemonThreadPool
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.backends.base import (
+    Backend,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+    check_size,
+    validate_key,
+)
 from objcache.errors import ConfigError, TransientBackendError
 
 T = TypeVar("T")
@@ -200,11 +207,20 @@ class GCSBackend(Backend):
 
     # --- blocking bodies (run in the pool) ---------------------------------------------
 
-    def _get(self, client: Any, name: str) -> bytes | None:
+    def _get(self, client: Any, name: str, end: int | None = None) -> bytes | None:
+        """The object, or with ``end`` its bytes 0..end (one ranged GET, no metadata call)."""
         blob = client.bucket(self.bucket).blob(name)
         try:
-            data: bytes = blob.download_as_bytes(retry=None, timeout=self.timeout, checksum=None)
+            data: bytes = blob.download_as_bytes(
+                retry=None,
+                timeout=self.timeout,
+                checksum=None,
+                start=None if end is None else 0,
+                end=end,
+            )
         except Exception as exc:
+            if end is not None and getattr(exc, "code", None) == 416:
+                return b""  # an empty object: no entry, refused by the codec as corrupt
             if not is_not_found(exc):
                 raise
             self._check_bucket(client)
@@ -311,6 +327,16 @@ class GCSBackend(Backend):
 
     async def get(self, key: str) -> bytes | None:
         return await self._run("get", self._get, self._object_name(key))
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        """One ranged GET of the first ``max_bytes + 1`` bytes: an oversized object is
+        refused after moving one byte more than the cap (docs/security.md)."""
+        if not max_bytes:
+            return await self.get(key)
+        data = await self._run("get", self._get, self._object_name(key), max_bytes)
+        if data is not None:
+            check_size(len(data), max_bytes)
+        return data
 
     async def exists(self, key: str) -> bool:
         return await self._run("exists", self._exists, self._object_name(key))

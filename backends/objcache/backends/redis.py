@@ -45,7 +45,14 @@ from redis.backoff import NoBackoff
 from objcache.backends._opts import opt_float, opt_int, opt_str
 from objcache.backends._records import Versioned
 from objcache.backends._shared import Memo, SharedClients
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.backends.base import (
+    Backend,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+    check_size,
+    validate_key,
+)
 from objcache.errors import (
     BackendError,
     EntryTooLarge,
@@ -217,6 +224,24 @@ class RedisBackend(Backend):
                 value = cast("bytes | None", await pool.redis.get(name))
         except Exception as exc:
             raise self._error(exc, "get") from exc
+        return value
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        """One GETRANGE of at most ``max_bytes + 1`` bytes: an oversized value is refused
+        after transferring one byte more than the cap, never whole. Entries are never empty,
+        so an empty answer is an absent key."""
+        if not max_bytes:
+            return await self.get(key)
+        name = self._key(key)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                value = cast(bytes, await pool.redis.getrange(name, 0, max_bytes))
+        except Exception as exc:
+            raise self._error(exc, "get") from exc
+        if not value:
+            return None
+        check_size(len(value), max_bytes)
         return value
 
     async def exists(self, key: str) -> bool:

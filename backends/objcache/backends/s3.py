@@ -63,7 +63,14 @@ from objcache.backends._s3_errors import (
     status_code,
 )
 from objcache.backends._shared import Memo, SharedClients
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
+from objcache.backends.base import (
+    Backend,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+    check_size,
+    validate_key,
+)
 from objcache.errors import BackendError, ConfigError, TransientBackendError
 
 #: S3 refuses multipart parts below 5 MiB (except the last) and uploads above 10,000 parts.
@@ -250,16 +257,34 @@ class S3Backend(Backend):
         found = await self._read(key, versioned=False)
         return None if found is None else found.data
 
-    async def _read(self, key: str, *, versioned: bool) -> Versioned | None:
-        """The object, with its ETag as version when ``versioned`` (else version "")."""
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        """One ranged GET of the first ``max_bytes + 1`` bytes (no HEAD round trip): an
+        oversized object is refused after moving one byte more than the cap."""
+        if not max_bytes:
+            return await self.get(key)
+        found = await self._read(key, versioned=False, byte_range=f"bytes=0-{max_bytes}")
+        if found is None:
+            return None
+        check_size(len(found.data), max_bytes)
+        return found.data
+
+    async def _read(
+        self, key: str, *, versioned: bool, byte_range: str | None = None
+    ) -> Versioned | None:
+        """The object (its first bytes with ``byte_range``), with its ETag as version when
+        ``versioned`` (else version "")."""
         name = self._object_name(key)
         client = await self._client()
         headers: dict[str, str] | None = {} if versioned else None
+        ranged: dict[str, Any] = {"Range": byte_range} if byte_range else {}
         try:
-            data = await self._direct(client, "GET", name, "GetObject", response_headers=headers)
+            extra = {"range": byte_range} if byte_range else None
+            data = await self._direct(
+                client, "GET", name, "GetObject", extra=extra, response_headers=headers
+            )
             if data is not None:
                 return Versioned(data, headers["etag"] if headers is not None else "")
-            response = await client.boto.get_object(Bucket=self.bucket, Key=name)
+            response = await client.boto.get_object(Bucket=self.bucket, Key=name, **ranged)
             body = response["Body"]
             try:
                 # read() validates the length against Content-Length (IncompleteReadError)
@@ -271,6 +296,8 @@ class S3Backend(Backend):
         except bce.ClientError as exc:
             if is_not_found(exc):
                 return None
+            if byte_range and status_code(exc) == 416:
+                return Versioned(b"", "")  # an empty object: refused by the codec as corrupt
             raise await self._fail(client.boto, exc, "get") from exc
         except Exception as exc:
             raise await self._fail(client.boto, exc, "get") from exc

@@ -322,10 +322,30 @@ APPLY: dict[Part, Callable[[Any], None]] = {
 }
 
 
+_config_checked: list[bool] = []
+
+
+def _config_ok() -> bool:
+    """Whether ``OBJCACHE_*`` parses. A bad configuration (an empty or short signing key)
+    keeps every part off, logged once: torch then runs without objcache, never unverified
+    (docs/security.md)."""
+    if not _config_checked:
+        from objcache.config import Config
+        from objcache.errors import ConfigError
+
+        try:
+            Config.from_env()
+            _config_checked.append(True)
+        except ConfigError as exc:
+            log.warning("objcache: %s; torch's caches stay off", exc)
+            _config_checked.append(False)
+    return _config_checked[0]
+
+
 def apply_part(module_name: str, module: Any | None = None) -> None:
     """Apply the part for ``module_name`` (idempotent, never raises)."""
     with _lock:
-        if module_name in _installed_parts:
+        if module_name in _installed_parts or not _config_ok():
             return
         try:
             mod = module if module is not None else sys.modules[module_name]
@@ -347,6 +367,9 @@ def install(config: Any | None = None) -> None:
     with _lock:
         if config is not None:
             objcache.get_client(config)
+            _config_checked[:] = [True]
+        elif not _config_ok():
+            return
         for name in WATCHED:
             try:
                 module = importlib.import_module(name)
@@ -413,6 +436,7 @@ def uninstall() -> None:
             kernels.uninstall()
         candidates.uninstall()
         _installed_parts.clear()
+        _config_checked.clear()
         _clear_cached_remote_caches()
         for var in _env_set:
             os.environ.pop(var, None)

@@ -53,3 +53,23 @@ module "cache" {
     create_instance_profile = true
   }
 }
+
+# Signing (docs/security.md): CI holds the Ed25519 private key and signs what it writes;
+# the fleet holds only public keys, verifies every entry it reads, and writes nothing.
+data "aws_iam_policy_document" "ci_signing_key" {
+  count = var.signing_key_secret_arn == null ? 0 : 1
+
+  statement {
+    sid       = "ReadObjcacheSigningKey"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.signing_key_secret_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "ci_signing_key" {
+  count = var.signing_key_secret_arn == null ? 0 : 1
+
+  name   = "objcache-signing-key"
+  role   = module.cache.writer_role_name
+  policy = data.aws_iam_policy_document.ci_signing_key[0].json
+}

@@ -84,3 +84,25 @@ variable "tags" {
   type        = map(string)
   default     = { "app" = "objcache" }
 }
+
+variable "signing_key_secret_arn" {
+  description = "ARN of a Secrets Manager secret holding CI's Ed25519 private key (the PEM file `objcache keygen` writes). Created outside Terraform, so the private key never enters Terraform state. Only the CI writer role may read it. null: entries are not signed."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.signing_key_secret_arn == null || can(regex("^arn:aws[a-z-]*:secretsmanager:", var.signing_key_secret_arn))
+    error_message = "signing_key_secret_arn must be a Secrets Manager secret ARN."
+  }
+}
+
+variable "verify_keys" {
+  description = "Ed25519 public keys (`ed25519:<base64>` lines as `objcache keygen` prints them) the fleet accepts; several give a rotation window. Public: they go into the fleet's environment as OBJCACHE_VERIFY_KEYS."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for k in var.verify_keys : can(regex("^ed25519:[A-Za-z0-9+/]{43}=$", k))])
+    error_message = "Each verify key must be an ed25519:<base64> line printed by objcache keygen."
+  }
+}

@@ -1,0 +1,59 @@
+"""Per-kind size caps on what a remote tier may hand this machine (docs/security.md).
+
+A cap bounds both the stored bytes a remote GET may transfer (checked before the body is
+read where the protocol allows) and the payload length a zstd frame may claim (checked
+before decompression), so a planted huge object or a zstd bomb costs neither memory nor CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from objcache.errors import ConfigError
+
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+#: Default cap of every kind: far above any FX graph, kernel or Mega-Cache bundle seen.
+DEFAULT_CAP = 1 << 30
+#: Kinds whose entries are small by construction get a tighter default.
+DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType({"manifest": 64 << 20, "pgo": 64 << 20})
+
+
+@dataclass(frozen=True)
+class SizeCaps:
+    """The largest entry (stored bytes, and payload once decompressed) accepted per kind."""
+
+    default: int = DEFAULT_CAP
+    per_kind: Mapping[str, int] = field(default_factory=lambda: DEFAULT_PER_KIND)
+
+    def for_kind(self, kind: str) -> int:
+        return self.per_kind.get(kind, self.default)
+
+    @classmethod
+    def parse(cls, raw: str, where: str) -> SizeCaps:
+        """``N[,kind=N...]`` with optional k/m/g (binary) suffixes: ``512M,pgo=1M``."""
+        default, per_kind = DEFAULT_CAP, dict(DEFAULT_PER_KIND)
+        for part in (p.strip() for p in raw.split(",")):
+            if not part:
+                continue
+            kind, sep, value = part.rpartition("=")
+            if sep:
+                per_kind[kind.strip()] = _size(value, where)
+            else:
+                default = _size(value, where)
+        return cls(default, MappingProxyType(per_kind))
+
+    def __str__(self) -> str:
+        kinds = ",".join(f"{k}={v}" for k, v in sorted(self.per_kind.items()))
+        return f"{self.default},{kinds}" if kinds else str(self.default)
+
+
+def _size(text: str, where: str) -> int:
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = _UNITS.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in _UNITS else t
+    if not digits.isdigit() or int(digits) == 0:
+        raise ConfigError(f"{where}: {text.strip()!r} is not a size (e.g. 512M, 64k, 1048576)")
+    return int(digits) * mult
