@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import _chart
 from bench._report import write_section
 from objcache.backends.base import PutMode, TierSpec
 from objcache.client import Client
@@ -627,6 +628,49 @@ def report(
     return "\n".join(lines)
 
 
+def node_chart(node: dict[str, Any]) -> dict[str, Any]:
+    """(c) as a bar chart (bench/_chart.py): remote GETs per entry per configuration."""
+    rows = []
+    for leases, prefetch in NODE_RUNS:
+        r = node[f"{leases}-{'prefetch' if prefetch else 'no_prefetch'}"]
+        label = f"node single-flight {leases}, {'prefetch' if prefetch else 'no prefetch'}"
+        rows.append([label, round(r["gets_per_entry"], 3)])
+    return {
+        "chart": "bars",
+        "title": (
+            f"{node['ranks']} ranks on one node, {node['entries']} entries: remote GETs per "
+            f"entry (median of {node['rounds']})"
+        ),
+        "xlabel": "remote GETs per entry (1.0 = each entry fetched once per node)",
+        "source": "bench/fleet.py (c), docs/benchmarks.md section fleet-node",
+        "target": 1.05,
+        "rows": rows,
+        "highlight": "single-flight on",
+    }
+
+
+def sync_chart(data: dict[str, Any] | None, syncs: list[dict[str, Any]]) -> dict[str, Any]:
+    """(b) as grouped bars: objcache push/pull vs aws s3 sync, per network."""
+    groups = []
+    for r in syncs:
+        network = "direct" if r["rtt_ms"] == 0 else f"+{r['rtt_ms']:.0f} ms RTT"
+        for what in ("push", "pull"):
+            groups.append([f"{what}, {network}", [r[f"objcache_{what}"], r[f"aws_{what}"]]])
+    size = f" ({data['bytes'] / 1e6:.0f} MB)" if data else ""
+    entries = data["entries"] if data else "?"
+    return {
+        "chart": "grouped",
+        "title": (
+            f"{entries} entries{size} to and from SeaweedFS: objcache vs aws s3 sync "
+            f"(median of {syncs[0]['rounds']})"
+        ),
+        "ylabel": "wall time of the command (s)",
+        "source": "bench/fleet.py (b), docs/benchmarks.md section fleet",
+        "series": ["objcache push/pull", "aws s3 sync"],
+        "groups": groups,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=2000)
@@ -651,6 +695,7 @@ def main() -> None:
         if args.out:
             command = f"python bench/fleet.py --node-only --rounds {args.rounds} --out {args.out}"
             write_section(args.out, "fleet-node", command, text)
+            _chart.write_beside(args.out, "fleet_node", node_chart(node))
     if args.skip_sync and args.skip_warm and args.skip_torch:
         return
     aws = find_aws()
@@ -672,6 +717,8 @@ def main() -> None:
     if args.out:
         command = f"python bench/fleet.py --rounds {args.rounds} --out docs/benchmarks.md"
         write_section(args.out, "fleet", command, text)
+        if syncs:
+            _chart.write_beside(args.out, "fleet_sync", sync_chart(data, syncs))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import argparse
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -60,6 +61,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import _chart  # noqa: E402
 from objcache.demo import Job, machine_env, run_job  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
@@ -288,11 +290,14 @@ def main() -> int:
             server.stop()
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)
-    command = "python bench/warm_start.py " + " ".join(
+    command = "python bench/warm_start.py " + shlex.join(
         a for a in sys.argv[1:] if not a.startswith("--out") and a != str(opts.out)
     )
     table = render(scenarios, runs, opts.model, command.strip(), opts.section, opts.batches)
     write_section(opts.out, table, opts.section)
+    chart = _chart.write_beside(opts.out, opts.section, chart_spec(scenarios, runs, opts))
+    if chart is not None:
+        print(f"chart: {chart}")
     print(table)
     print(f"wrote the {opts.section} section of {opts.out}; command: {command.strip()}")
     return 0
@@ -412,6 +417,18 @@ def torch_redis_scenarios(bench: Bench, url: str) -> list[Scenario]:
             )
         )
     return scenarios
+
+
+def chart_spec(scenarios: list[Scenario], runs: int, opts: argparse.Namespace) -> dict[str, Any]:
+    """The main comparison of this run as a bar chart (bench/_chart.py)."""
+    sizes = f", batches {opts.batches}" if opts.batches else ""
+    return {
+        "chart": "bars",
+        "title": f"torch.compile warm start on CPU (model {opts.model}{sizes}, median of {runs})",
+        "xlabel": "first step: compile + one step per batch size (s)",
+        "source": f"bench/warm_start.py, docs/benchmarks.md section {opts.section}",
+        "rows": [[sc.name, round(sc.median("first_step_s"), 3)] for sc in scenarios],
+    }
 
 
 def render(

@@ -581,6 +581,50 @@ def verify(
     raise typer.Exit(1 if report.bad and not delete else 0)
 
 
+# --- report ------------------------------------------------------------------------------
+
+
+@app.command()
+def report(
+    job: Annotated[str, typer.Option(help="The job whose runs to report.")],
+    since: Annotated[
+        str | None, typer.Option(help="Only runs started this long ago or later (24h, 7d).")
+    ] = None,
+    env: Annotated[str | None, typer.Option(help="Environment id (default: this one).")] = None,
+    tier: TierOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One row per run of a job across hosts: hits per kind, bytes, lookup time, misses."""
+    from objcache import report as fleet
+
+    config = _config()
+    try:
+        since_s = fleet.parse_duration(since) if since else None
+    except ValueError as exc:
+        raise UserError(f"--since: {exc}") from None
+    backend = create_backend(_tiers(config, tier)[0])
+    bar, advance = _progress(0, "report")
+
+    async def run() -> fleet.Report:
+        with bar:
+            return await fleet.collect(
+                backend,
+                _codec(config),
+                env=env or env_id(),
+                job=job,
+                since_s=since_s,
+                progress=advance,
+                total=lambda n: bar.update(bar.task_ids[0], total=n),
+            )
+
+    result = _run(_closing([backend], run()))
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        fleet.render(result, out, _size)
+    raise typer.Exit(0 if result.rows else 1)
+
+
 # --- mega / demo -------------------------------------------------------------------------
 
 

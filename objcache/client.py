@@ -28,6 +28,7 @@ from objcache.fingerprint import env_id, fingerprint
 from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.nodelease import NodeLeases
+from objcache.observe import RunObserver
 from objcache.records import Change
 from objcache.registry import create_backend
 from objcache.tier import Tier
@@ -103,6 +104,7 @@ class Client:
         self.prefetch_result: concurrent.futures.Future[dict[str, Any]] | None = None
         if config.prefetch and any(t.readable for t in self.cache.remotes):
             self.prefetch_result = self.bridge.submit(lambda: prefetch(self.cache, self.job))
+        self.observer = RunObserver(config, self.cache, self.bridge)
 
     def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
         try:
@@ -182,10 +184,14 @@ class Client:
             if self.prefetch_result is not None and not self.prefetch_result.done():
                 self.prefetch_result.cancel()
             try:
-                await record_run(self.cache, self.job)
+                await record_run(self.cache, self.job, self.observer.run_id)
             except Exception:
                 log.debug("writing the run manifest failed", exc_info=True)
-            return await self.cache.close(t)
+            # The summary counts the bytes the flush wrote: flush first, then queue it.
+            started = time.monotonic()
+            await self.cache.flush(t)
+            await self.observer.write_summary(self.job)
+            return await self.cache.close(max(1.0, t - (time.monotonic() - started)))
 
         try:
             left = self.bridge.call(finish, t + 5)
@@ -194,6 +200,7 @@ class Client:
         if left:
             log.warning("objcache: %s remote writes were not flushed at exit", left)
         _write_stats_file(self)
+        self.observer.close()
 
 
 def stats_file(config: Config) -> Path:

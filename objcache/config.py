@@ -182,6 +182,25 @@ class Config:
         "(default: ~/.cache/objcache/last-stats.json).",
         default=None,
     )
+    run_summary: bool = _opt(
+        "OBJCACHE_RUN_SUMMARY",
+        "At exit, write this run's summary (host, rank, hits and misses per kind and tier, "
+        "bytes, lookup time) to the remote tiers for `objcache report --job`. Read-only "
+        "configurations write none. See docs/operations.md.",
+        default=True,
+    )
+    prometheus_textfile: Path | None = _opt(
+        "OBJCACHE_PROMETHEUS_TEXTFILE",
+        "Write this process's counters in the Prometheus text format to this file (for the "
+        "node_exporter textfile collector) every OBJCACHE_PROMETHEUS_INTERVAL_S and at exit. "
+        "Needs prometheus_client (the `metrics` extra). See docs/operations.md.",
+        default=None,
+    )
+    prometheus_interval_s: float = _opt(
+        "OBJCACHE_PROMETHEUS_INTERVAL_S",
+        "Seconds between two writes of OBJCACHE_PROMETHEUS_TEXTFILE (0: only at exit).",
+        default=15.0,
+    )
     fingerprint_cache: bool = _opt(
         "OBJCACHE_FINGERPRINT_CACHE",
         "Cache torch's answers for the environment fingerprint per machine, so CLI runs skip "
@@ -207,12 +226,14 @@ class Config:
         if isinstance(self.max_entry_bytes, str):
             caps = SizeCaps.parse(self.max_entry_bytes, "max_entry_bytes")
             object.__setattr__(self, "max_entry_bytes", caps)
-        for name in ("local_dir", "stats_file", "signing_key_file"):
+        for name in ("local_dir", "stats_file", "signing_key_file", "prometheus_textfile"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if self.prometheus_interval_s < 0:
+            raise ConfigError("prometheus_interval_s must be >= 0")
         if self.write_to not in ("all", "nearest"):
             raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
         if self.log_level and self.log_level.upper() not in LEVELS:

@@ -132,8 +132,11 @@ async def read_job(cache: TieredCache, job: str) -> tuple[set[str], list[str]]:
     return keys, read
 
 
-async def write_run(cache: TieredCache, job: str, keys: Iterable[str]) -> str:
-    name = _run_name(job)
+async def write_run(
+    cache: TieredCache, job: str, keys: Iterable[str], run_id: str | None = None
+) -> str:
+    """Write a run manifest, named ``<job>/<run_id>`` when given (the run's summary id)."""
+    name = f"{job}/{run_id}" if run_id else _run_name(job)
     manifest = Manifest(job, frozenset(keys), time.time())
     await cache.put(KIND, name, manifest.to_bytes())
     return name
@@ -206,9 +209,9 @@ async def _local_has(cache: TieredCache, okey: str) -> bool:
     return bool(await cache.local.exists(okey))
 
 
-async def record_run(cache: TieredCache, job: str) -> str | None:
+async def record_run(cache: TieredCache, job: str, run_id: str | None = None) -> str | None:
     """Write this run's manifest if it used entries the job's manifests did not list."""
     used = {k for k in cache.recorded if parse_object_key(k) and f"/{KIND}/" not in k}
     if not used or used <= cache.prefetched or cache.read_only:
         return None
-    return await write_run(cache, job, used | cache.prefetched)
+    return await write_run(cache, job, used | cache.prefetched, run_id)

@@ -1,4 +1,4 @@
-"""Counters that explain every hit and miss, per tier: no failure passes silently.
+"""Counters that explain every hit and miss, per tier (docs/operations.md, Monitoring).
 
 A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
 ``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the
@@ -70,6 +70,16 @@ class TierStats:
     records: Counter[str] = field(default_factory=Counter)
     #: Conditional writes that lost to another writer and were applied again.
     record_conflicts: int = 0
+    #: Lookups by the entry kind of the object key: kind -> "hit" or the miss reason.
+    kinds: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def note(self, okey: str, outcome: str) -> None:
+        """Count one lookup of ``okey`` by its kind: ``"hit"`` or a miss reason."""
+        kind = kind_of(okey)
+        counts = self.kinds.get(kind)
+        if counts is None:
+            counts = self.kinds[kind] = Counter()
+        counts[outcome] += 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +96,7 @@ class TierStats:
             "breaker_opened": self.breaker_opened,
             "records": dict(self.records),
             "record_conflicts": self.record_conflicts,
+            "kinds": {k: dict(v) for k, v in self.kinds.items()},
         }
 
 
@@ -112,6 +123,8 @@ class CacheStats:
     #: Stored records that could not be read (corrupt, unsigned, foreign): replaced by the
     #: next write, counted by kind.
     records_unreadable: Counter[str] = field(default_factory=Counter)
+    #: Wall time of every lookup the caller made (local fast path included).
+    lookup: Histogram = field(default_factory=Histogram)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -128,7 +141,16 @@ class CacheStats:
             "single_flight_shared": self.single_flight_shared,
             "node_leases": dict(self.node_leases),
             "records_unreadable": dict(self.records_unreadable),
+            "lookup": self.lookup.as_dict(),
+            "lookup_buckets": {"le_ms": list(LATENCY_BUCKETS_MS), "counts": self.lookup.counts},
+            "lookup_ms_total": round(self.lookup.sum_ms, 3),
         }
+
+
+def kind_of(okey: str) -> str:
+    """The kind segment of ``v1/<env>/<kind>/...`` (``"other"`` for any other key)."""
+    parts = okey.split("/", 3)
+    return parts[2] if len(parts) == 4 and parts[0] == "v1" else "other"
 
 
 class LogOnce:

@@ -108,7 +108,8 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
 
 
 def _moved(item: Any, result: Any) -> int:
-    return int(result or 0)
+    """The bytes an ``fn`` of :func:`_bounded` moved: its result when that is a count."""
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
 async def _bounded(

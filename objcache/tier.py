@@ -149,11 +149,13 @@ class Tier:
             )
         except Failed as f:
             self.stats.misses[f.reason] += 1
+            self.stats.note(key, f.reason)
             return None, f.reason
         finally:
             self.stats.get_latency.observe((time.perf_counter() - started) * 1000)
         if data is None:
             self.stats.misses["absent"] += 1
+            self.stats.note(key, "absent")
             return None, "absent"
         self.stats.bytes_read += len(data)
         return data, ""

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,9 @@ class TieredCache:
     async def get(self, kind: str, key: str) -> bytes | None:
         """The verified payload stored under (kind, key), or None."""
         self.stats.gets[kind] += 1
+        started = time.perf_counter()
         payload, tier = await self.get_object(self.namespace.object_key(kind, key))
+        self.stats.lookup.observe((time.perf_counter() - started) * 1000)
         if payload is not None:
             self.stats.hits[kind] += 1
             self.stats.served_by[tier] += 1
@@ -178,8 +181,10 @@ class TieredCache:
         self.stats.served_by[self.local.name] += 1
         self.stats.lookups_served_by[self.local.name] += 1
         self.local.stats.hits += 1
+        self.local.stats.note(okey, "hit")
         self.local.stats.bytes_read += size
         self.local.stats.get_latency.observe(ms)
+        self.stats.lookup.observe(ms)
         self.recorded.add(okey)
         if self._local_store is not None:
             self._local_store.note_hit(okey, size)
@@ -257,6 +262,7 @@ class TieredCache:
                 continue
             if t.breaker_open():  # skipped: still a miss of this tier, with its reason
                 t.stats.misses["breaker"] += 1
+                t.stats.note(okey, "breaker")
                 reasons.append("breaker")
                 continue
             tiers.append(t)
@@ -305,6 +311,7 @@ class TieredCache:
         if payload is None:
             return None, "refused"
         tier.stats.hits += 1
+        tier.stats.note(okey, "hit")
         return (entry, payload), ""
 
     def cap(self, okey: str) -> int:
@@ -324,6 +331,7 @@ class TieredCache:
             return decode(entry, okey, cap)
         except EntryError as exc:
             tier.stats.misses[exc.reason] += 1
+            tier.stats.note(okey, exc.reason)
             log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
             if tier is self.local and self._local_store is not None:
                 await self._local_store.quarantine(okey)
@@ -338,6 +346,7 @@ class TieredCache:
         payload = await self._verify(self.local, okey, entry)
         if payload is not None:
             self.local.stats.hits += 1  # served_by is counted per lookup, in get()
+            self.local.stats.note(okey, "hit")
         return payload
 
     def _remote_readable(self) -> bool:
@@ -378,6 +387,7 @@ class TieredCache:
         (:meth:`adopt_candidate`).
         """
         self.stats.gets[kind] += 1
+        started = time.perf_counter()
         prefix = self.namespace.object_prefix(kind, key)
         tiers = [t for t in self.tiers if t.readable and not t.breaker_open()]
         # The key's single value too (seeded entries, writers with candidates off), fetched
@@ -406,6 +416,7 @@ class TieredCache:
                 if payload is None:
                     return None
                 tier.stats.hits += 1
+                tier.stats.note(okey, "hit")
                 self.stats.served_by[tier.name] += 1
                 local = tier is self.local
                 return Candidate(okey, payload, entry, tier.name, local, mtime)
@@ -423,6 +434,7 @@ class TieredCache:
             self.stats.hits[kind] += 1
             nearest = next((c for c in candidates if c.local), candidates[0])
             self.stats.lookups_served_by[nearest.tier] += 1
+        self.stats.lookup.observe((time.perf_counter() - started) * 1000)
         return candidates
 
     async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:
@@ -472,6 +484,15 @@ class TieredCache:
         if not self.read_only and any(t.writable for t in self.remotes):
             self._ensure_env_file()
             self._writes.submit(okey, entry)
+
+    async def put_remote(self, kind: str, key: str, payload: bytes) -> bool:
+        """Queue ``payload`` for the remote write targets only (write-behind, CREATE mode):
+        bookkeeping objects such as run summaries, which no lookup of this machine reads.
+        Returns whether it was queued (False when read-only or nothing is writable)."""
+        if self.read_only or not any(t.writable for t in self.remotes):
+            return False
+        okey = self.namespace.object_key(kind, key)
+        return self._writes.submit(okey, self.codec.encode(payload, okey))
 
     def write_targets(self) -> list[Tier]:
         """Remote tiers a new entry goes to.

@@ -1,0 +1,200 @@
+"""Run summaries: what one process of a job saw, written once at exit for ``objcache report``.
+
+A summary is its own small object per run, ``v1/<env>/run/<shard>/<job>/<run id>``, written
+through the write-behind queue to the remote tiers only (never the local tier), in CREATE
+mode, at exit. The run id (``run-<epoch>-<pid>-<random>``) is also the name of the run's
+prefetch manifest when it writes one, so ``objcache report`` can tell a run from an older
+objcache (a manifest without a summary). Why a separate object and not a field of the run
+manifest: a warm run writes no manifest, and compaction deletes run manifests
+(docs/architecture.md, "Run summaries").
+
+Parsing is strict and bounded: a summary read back is hostile input (anyone with write access
+to the bucket can put bytes there), so anything unexpected is a :class:`SummaryError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+KIND = "run"
+FORMAT = 1
+#: Largest summary accepted (bytes of JSON); a real one is a few KiB.
+MAX_BYTES = 256 << 10
+#: Largest count or byte total accepted in a summary (a petabyte).
+MAX_COUNT = 10**15
+#: Most entries accepted in any mapping of a summary (kinds, tiers, reasons).
+MAX_ENTRIES = 64
+#: Longest string accepted (host, job, tier, kind, reason).
+MAX_STR = 512
+#: The name of a run: also its prefetch manifest's (``<job>/<run id>``).
+RUN_ID = re.compile(r"run-(\d{1,12})-(\d{1,10})-([0-9a-f]{1,32})")
+
+
+class SummaryError(ValueError):
+    """Bytes that are not a valid run summary."""
+
+
+def new_run_id(started: float | None = None) -> str:
+    started = time.time() if started is None else started
+    return f"run-{int(started)}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def run_started(run_id: str) -> float | None:
+    """The start time (epoch seconds) a run id carries, or None if it is not one."""
+    match = RUN_ID.fullmatch(run_id)
+    return float(match.group(1)) if match else None
+
+
+def ranks(environ: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
+    """``(RANK, LOCAL_RANK)`` as torchrun sets them; None when unset or not a number."""
+    environ = os.environ if environ is None else environ
+
+    def read(name: str) -> int | None:
+        raw = environ.get(name, "").strip()
+        return int(raw) if raw.isdigit() else None
+
+    return read("RANK"), read("LOCAL_RANK")
+
+
+def build(
+    stats: dict[str, Any],
+    *,
+    job: str,
+    run: str,
+    started: float,
+    ended: float,
+    environ: Mapping[str, str] | None = None,
+    host: str | None = None,
+) -> dict[str, Any]:
+    """The summary of one run from its ``TieredCache.stats_dict()``."""
+    cache = stats.get("cache", {})
+    rank, local_rank = ranks(environ)
+    kinds = {
+        kind: {"lookups": int(n), "hits": int(cache.get("hits", {}).get(kind, 0))}
+        for kind, n in cache.get("gets", {}).items()
+    }
+    tiers: dict[str, Any] = {}
+    bytes_in = bytes_out = 0
+    for t in stats.get("tiers", []):
+        remote = not t.get("local", False)
+        tiers[t["name"]] = {
+            "remote": remote,
+            "kinds": {k: dict(v) for k, v in t.get("kinds", {}).items()},
+            "bytes_in": int(t.get("bytes_read", 0)),
+            "bytes_out": int(t.get("bytes_written", 0)),
+        }
+        if remote:
+            bytes_in += int(t.get("bytes_read", 0))
+            bytes_out += int(t.get("bytes_written", 0))
+    return {
+        "format": FORMAT,
+        "job": job,
+        "run": run,
+        "host": host or socket.gethostname(),
+        "rank": rank,
+        "local_rank": local_rank,
+        "started": round(started, 3),
+        "duration_s": round(max(0.0, ended - started), 3),
+        "kinds": kinds,
+        "tiers": tiers,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "lookup_s": round(float(cache.get("lookup_ms_total", 0.0)) / 1000, 6),
+        "write_behind_dropped": int(cache.get("write_behind_dropped", 0)),
+    }
+
+
+def encode(summary: dict[str, Any]) -> bytes:
+    return json.dumps(summary, separators=(",", ":"), sort_keys=True).encode()
+
+
+# --- strict parsing ------------------------------------------------------------------------
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_STR:
+        raise SummaryError(f"{what}: not a short string")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise SummaryError(f"{what}: not a count")
+    return value
+
+
+def _seconds(value: Any, what: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not 0 <= value <= 1e11:
+        raise SummaryError(f"{what}: not a time in seconds")
+    return float(value)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or len(value) > MAX_ENTRIES:
+        raise SummaryError(f"{what}: not a mapping of at most {MAX_ENTRIES} entries")
+    for key in value:
+        _str(key, f"{what} key")
+    return value
+
+
+def _rank(value: Any, what: str) -> int | None:
+    return None if value is None else _count(value, what)
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """A validated summary (the shape :func:`build` makes), or :class:`SummaryError`."""
+    if len(data) > MAX_BYTES:
+        raise SummaryError(f"{len(data)} bytes, more than {MAX_BYTES}")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise SummaryError("not JSON") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise SummaryError(f"not a run summary of format {FORMAT}")
+    kinds: dict[str, dict[str, int]] = {}
+    for kind, k in _mapping(body.get("kinds"), "kinds").items():
+        k = _mapping(k, f"kinds.{kind}")
+        lookups, hits = _count(k.get("lookups"), "lookups"), _count(k.get("hits"), "hits")
+        if hits > lookups:
+            raise SummaryError(f"kinds.{kind}: more hits than lookups")
+        kinds[kind] = {"lookups": lookups, "hits": hits}
+    tiers: dict[str, dict[str, Any]] = {}
+    for name, t in _mapping(body.get("tiers"), "tiers").items():
+        t = _mapping(t, f"tiers.{name}")
+        if not isinstance(t.get("remote"), bool):
+            raise SummaryError(f"tiers.{name}.remote: not a boolean")
+        tier_kinds = {
+            kind: {o: _count(n, "outcome count") for o, n in _mapping(c, "outcomes").items()}
+            for kind, c in _mapping(t.get("kinds"), f"tiers.{name}.kinds").items()
+        }
+        tiers[name] = {
+            "remote": t["remote"],
+            "kinds": tier_kinds,
+            "bytes_in": _count(t.get("bytes_in"), "bytes_in"),
+            "bytes_out": _count(t.get("bytes_out"), "bytes_out"),
+        }
+    return {
+        "format": FORMAT,
+        "job": _str(body.get("job"), "job"),
+        "run": _str(body.get("run"), "run"),
+        "host": _str(body.get("host"), "host"),
+        "rank": _rank(body.get("rank"), "rank"),
+        "local_rank": _rank(body.get("local_rank"), "local_rank"),
+        "started": _seconds(body.get("started"), "started"),
+        "duration_s": _seconds(body.get("duration_s"), "duration_s"),
+        "kinds": kinds,
+        "tiers": tiers,
+        "bytes_in": _count(body.get("bytes_in"), "bytes_in"),
+        "bytes_out": _count(body.get("bytes_out"), "bytes_out"),
+        "lookup_s": _seconds(body.get("lookup_s"), "lookup_s"),
+        "write_behind_dropped": _count(body.get("write_behind_dropped", 0), "dropped"),
+    }
