@@ -1,7 +1,10 @@
 """The ``objcache`` command line.
 
-Exit codes: 0 success; 1 the command ran and found problems (a failing tier, bad entries,
-entries that could not be copied); 2 bad usage or configuration (one line, no traceback).
+Exit codes (docs/operations.md, "Exit codes"): 0 success, and always for ``pull``/``warm``
+(warming is best-effort: problems are warnings); 1 the command ran and found problems (a
+failing tier, bad entries, entries that could not be copied or listed); 2 bad usage or
+configuration, or a write refused by read-only (one line, no traceback); 130 interrupted.
+Every remote call is bounded by its tier's deadline.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -19,13 +23,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from objcache import ops
 from objcache.backends.base import Backend, TierSpec
 from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.fingerprint import env_id, fingerprint
 from objcache.registry import create_backend
-from objcache.urls import parse_tier_list
+from objcache.urls import flag, parse_tier_list
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -33,11 +38,29 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # click's plain help: typer's rich panels render every boolean flag as "--json <bool>"
+    rich_markup_mode=None,
 )
-mega_app = typer.Typer(help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).")
+mega_app = typer.Typer(
+    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).", rich_markup_mode=None
+)
 app.add_typer(mega_app, name="mega")
-out = Console()
-err = Console(stderr=True)
+
+#: Console width without a terminal: wide enough that no table cell is ever truncated.
+UNWRAPPED_WIDTH = 100_000
+
+
+def _console(stderr: bool) -> Console:
+    """Wrapped for a person at a terminal; without one (CI logs, pipes) every message is one
+    line and tables are as wide as their cells, so nothing is wrapped or truncated."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, soft_wrap=True, width=UNWRAPPED_WIDTH)
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
 
 TierOpt = Annotated[
     str | None,
@@ -56,7 +79,11 @@ class UserError(Exception):
 
 
 def _config() -> Config:
-    return Config.from_env()
+    from objcache import logs
+
+    config = Config.from_env()
+    logs.configure(config.log_level)
+    return config
 
 
 def _codec(config: Config) -> Codec:
@@ -67,6 +94,40 @@ def _tiers(config: Config, tier: str | None) -> list[TierSpec]:
     return parse_tier_list(tier, "--tier") if tier else list(config.effective_tiers())
 
 
+def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSpec]:
+    """The tiers a writing command acts on. Fails closed: a read-only configuration, a
+    read-only ``--tier``, or configured tiers that are all read-only refuse ``action`` before
+    anything is opened; read-only tiers among several configured ones are skipped, said once."""
+    ops.refuse_read_only(action, [], read_only=config.read_only)
+    if tier:
+        specs = parse_tier_list(tier, "--tier")
+        ops.refuse_read_only(action, specs)
+        return specs
+    specs = list(config.effective_tiers())
+    writable = [s for s in specs if not flag(s, "read_only")]
+    if not writable:
+        ops.refuse_read_only(action, specs)
+    for s in specs:
+        if s not in writable:
+            err.print(
+                f"{action}: skipping read-only tier {s.display}", markup=False, highlight=False
+            )
+    return writable
+
+
+def _open(spec: TierSpec, config: Config) -> Backend:
+    """The backend of ``spec`` with every call (each listing page too) bounded by the tier's
+    deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself."""
+    from objcache.deadline import DeadlineBackend
+
+    timeout_ms = int(spec.options.get("timeout_ms") or config.timeout_ms)
+    return DeadlineBackend(create_backend(spec), timeout_ms / 1000)
+
+
+def _warn(message: str) -> None:
+    err.print(f"objcache: warning: {message}", markup=False, highlight=False)
+
+
 def _local_spec(config: Config) -> TierSpec:
     return TierSpec(f"disk://{config.local_dir}", "disk", "", str(config.local_dir), {})
 
@@ -75,18 +136,30 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-def _progress(total: int, what: str) -> tuple[Progress, Any]:
+def _progress(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
+    """A bar of objects done, bytes moved and their rate; the callback takes one object's
+    bytes (see :mod:`objcache.ops`)."""
     bar = Progress(
         TextColumn(f"[bold]{what}"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn("{task.fields[moved]} at {task.fields[rate]}"),
         TimeElapsedColumn(),
         console=err,
         transient=False,
         disable=not err.is_terminal and not os.environ.get("OBJCACHE_PROGRESS"),
     )
-    task = bar.add_task(what, total=total)
-    return bar, lambda n: bar.update(task, completed=n)
+    task = bar.add_task(what, total=total or None, moved=_size(0), rate=f"{_size(0)}/s")
+    started = time.monotonic()
+    moved = 0
+
+    def advance(nbytes: int) -> None:
+        nonlocal moved
+        moved += nbytes
+        rate = moved / max(time.monotonic() - started, 1e-3)
+        bar.update(task, advance=1, moved=_size(moved), rate=f"{_size(rate)}/s")
+
+    return bar, advance
 
 
 def _size(n: float) -> str:
@@ -97,7 +170,7 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-async def _closing(backends: list[Backend], coro: Coroutine[Any, Any, T]) -> T:
+async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
     try:
         return await coro
     finally:
@@ -111,8 +184,6 @@ async def _closing(backends: list[Backend], coro: Coroutine[Any, Any, T]) -> T:
 @app.command()
 def doctor(tier: TierOpt = None) -> None:
     """Check that every tier can be read, written in create mode and deleted from."""
-    from objcache import ops
-
     config = _config()
     specs = [_local_spec(config), *_tiers(config, tier)]
     codec = _codec(config)
@@ -124,8 +195,8 @@ def doctor(tier: TierOpt = None) -> None:
     failed = 0
 
     async def check(spec: TierSpec) -> ops.ProbeResult:
-        backend = create_backend(spec)
-        write = not (config.read_only or spec.options.get("read_only") in ("1", "true"))
+        backend = _open(spec, config)
+        write = not (config.read_only or flag(spec, "read_only"))
         try:
             return await asyncio.wait_for(
                 ops.probe(backend, codec, write=write), config.timeout_ms / 1000 * 3
@@ -142,7 +213,9 @@ def doctor(tier: TierOpt = None) -> None:
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
         if not result.ok:
-            reasons.append(f"FAILED {spec.display}: {' '.join(result.error.split())}")
+            # errors name their tier already: the URL once per line
+            detail = " ".join(result.error.removeprefix(f"{spec.display}: ").split())
+            reasons.append(f"FAILED {spec.display}: {detail}")
         steps = [
             f"{result.steps[s]:.1f}" if s in result.steps else "-"
             for s in ("create", "read", "delete")
@@ -180,12 +253,10 @@ def stats(
     if as_json:
         _print_json(data)
         return
-    cache = data.get("cache", {})
-    out.print(f"environment {data.get('env')}  gets {cache.get('gets')}  hits {cache.get('hits')}")
-    out.print(
-        f"write-through {cache.get('write_through')}  back-fills {cache.get('backfills')}  "
-        f"write-behind dropped {cache.get('write_behind_dropped')}"
-    )
+    from objcache.stats_summary import latency_cell, stamp_line, summary_lines
+
+    for line in [stamp_line(data), *summary_lines(data)]:
+        out.print(line, markup=False, highlight=False)
     table = Table(
         "tier",
         "hits",
@@ -200,14 +271,14 @@ def stats(
     for t in data.get("tiers", []):
         lat = t.get("get_latency", {})
         table.add_row(
-            t["name"],
+            t["name"] + (" (local)" if t.get("local") else ""),
             str(t["hits"]),
             ", ".join(f"{k}={v}" for k, v in t["misses"].items()) or "-",
             str(t["puts"]),
             ", ".join(f"{k}={v}" for k, v in t["put_errors"].items()) or "-",
             _size(t["bytes_read"]),
             _size(t["bytes_written"]),
-            f"≤{lat.get('p50_ms_le')}/≤{lat.get('p99_ms_le')}",
+            latency_cell(lat),
             t.get("breaker", ""),
         )
     out.print(table)
@@ -228,11 +299,9 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """List entries (or environments) in a tier."""
-    from objcache import ops
-
     config = _config()
     spec = _tiers(config, tier)[0]
-    backend = create_backend(spec)
+    backend = _open(spec, config)
     if envs:
         found = _run(_closing([backend], ops.environments(backend)))
         if as_json:
@@ -287,9 +356,16 @@ def ls(
 
 
 def _copy(
-    source: Backend, targets: list[Backend], env: str | None, what: str, config: Config
-) -> None:
-    from objcache import ops
+    source: Backend,
+    targets: list[Backend],
+    env: str | None,
+    what: str,
+    config: Config,
+    *,
+    read_only: bool = False,
+) -> ops.CopyReport:
+    """Copy this environment's entries (or all) and print the outcome; the caller decides
+    what the outcome means for the exit code."""
 
     async def run() -> ops.CopyReport:
         keys = [e.info.key async for e in ops.entries(source, env=env)]
@@ -297,7 +373,9 @@ def _copy(
             keys.append(f"v1/{env}/ENV.json")
         bar, advance = _progress(len(keys), what)
         with bar:
-            return await ops.copy(source, targets, keys, _codec(config), advance)
+            return await ops.copy(
+                source, targets, keys, _codec(config), advance, read_only=read_only
+            )
 
     report = _run(_closing([source, *targets], run()))
     out.print(
@@ -305,8 +383,8 @@ def _copy(
         f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
     )
     for line in report.errors[:10]:
-        err.print(f"  {line}")
-    raise typer.Exit(1 if report.failed or report.refused else 0)
+        err.print(f"  {line}", markup=False, highlight=False)
+    return report
 
 
 @app.command()
@@ -325,6 +403,7 @@ def push(
 ) -> None:
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
+    specs = _write_targets(config, tier, "push")
     if inductor_dir is not None or bundle:
         from objcache.integrations.torch.seed import import_local
 
@@ -334,8 +413,11 @@ def push(
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
     src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
-    targets = [create_backend(s) for s in _tiers(config, tier)]
-    _copy(src, targets, None if all_envs else env_id(), "push", config)
+    targets = [_open(s, config) for s in specs]
+    report = _copy(
+        src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only
+    )
+    raise typer.Exit(1 if report.failed or report.refused else 0)
 
 
 @app.command()
@@ -346,8 +428,20 @@ def pull(
         bool, typer.Option("--all-envs", help="Every environment, not only this one.")
     ] = False,
 ) -> None:
-    """Warm the local tier: by job manifest, or everything for this environment."""
+    """Warm the local tier: by job manifest, or everything for this environment.
+
+    Best-effort: a missing bucket, a hung tier or entries that cannot be fetched are warnings
+    and exit 0 (a cold start is slower, not broken); only bad usage or configuration exits 2."""
     config = _config()
+    try:
+        _pull(config, tier, job, all_envs)
+    except ConfigError:
+        raise
+    except ObjcacheError as exc:
+        _warn(f"pull: nothing warmed: {exc}")
+
+
+def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> None:
     if job:
         from objcache import manifest
         from objcache.client import build_cache
@@ -366,10 +460,14 @@ def pull(
             f"{result['fetched']} fetched, {result['already_local']} already local "
             f"in {result['seconds']} s"
         )
-        raise typer.Exit(0 if result["manifests"] else 1)
+        if not result["manifests"]:
+            _warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
+        return
     spec = _tiers(config, tier)[0]
     local = create_backend(_local_spec(config))
-    _copy(create_backend(spec), [local], None if all_envs else env_id(), "pull", config)
+    report = _copy(_open(spec, config), [local], None if all_envs else env_id(), "pull", config)
+    if report.failed or report.refused:
+        _warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
 
 
 app.command("warm", help="Same as pull.")(pull)
@@ -395,37 +493,56 @@ def gc(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete whole environments, old entries, or down to a size."""
-    from objcache import ops
-
     if keep_env is None and older_than is None and max_bytes is None:
         raise UserError("gc needs --keep-env, --older-than or --max-bytes")
     config = _config()
-    spec = _tiers(config, tier)[0]
-    backend = create_backend(spec)
+    # A dry run deletes nothing, so it may look at read-only tiers too.
+    specs = _tiers(config, tier) if dry_run else _write_targets(config, tier, "gc")
     keep = None if keep_env is None else {env_id() if e == "current" else e for e in keep_env}
-    plan = _run(
-        ops.plan_gc(backend, keep_envs=keep, older_than_days=older_than, max_bytes=max_bytes)
-    )
-    out.print(
-        f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
-        f"{_size(plan.keep_bytes)} kept"
-    )
-    if dry_run or not plan.delete:
-        for e in plan.delete[:20]:
-            out.print(f"  would delete {e.info.key}")
-        _run(backend.close())
+
+    async def plan_all() -> list[ops.GcPlan]:
+        backends = [_open(s, config) for s in specs]
+        return await _closing(
+            backends,
+            asyncio.gather(
+                *(
+                    ops.plan_gc(b, keep_envs=keep, older_than_days=older_than, max_bytes=max_bytes)
+                    for b in backends
+                )
+            ),
+        )
+
+    plans = _run(plan_all())
+    for spec, plan in zip(specs, plans, strict=True):
+        out.print(
+            f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
+            f"{_size(plan.keep_bytes)} kept",
+            markup=False,
+            highlight=False,
+        )
+    total = sum(len(p.delete) for p in plans)
+    if dry_run or not total:
+        for plan in plans:
+            for e in plan.delete[:20]:
+                out.print(f"  would delete {e.info.key}", markup=False, highlight=False)
         return
     if not yes and not typer.confirm("delete them?"):
-        _run(backend.close())
         raise typer.Exit(1)
-    bar, advance = _progress(len(plan.delete), "gc")
+    bar, advance = _progress(total, "gc")
 
-    async def run() -> int:
+    async def run() -> list[int]:
+        backends = [_open(s, config) for s in specs]
+
+        async def one(i: int, backend: Backend) -> int:
+            return await ops.run_gc(backend, plans[i], advance, read_only=config.read_only)
+
         with bar:
-            return await ops.run_gc(backend, plan, advance)
+            return await _closing(
+                backends, asyncio.gather(*(one(i, b) for i, b in enumerate(backends)))
+            )
 
-    deleted = _run(_closing([backend], run()))
-    out.print(f"deleted {deleted} entries")
+    deleted = _run(run())
+    out.print(f"deleted {sum(deleted)} entries")
 
 
 @app.command()
@@ -435,11 +552,13 @@ def verify(
     delete: Annotated[bool, typer.Option("--delete", help="Delete bad entries.")] = False,
 ) -> None:
     """Check every entry's digest (and signature, when signing keys are set)."""
-    from objcache import ops
-
     config = _config()
-    spec = _tiers(config, tier)[0] if tier else _local_spec(config)
-    backend = create_backend(spec)
+    spec = parse_tier_list(tier, "--tier")[0] if tier else _local_spec(config)
+    # The local tier is this machine's own: a read-only configuration protects remote tiers.
+    read_only = config.read_only and bool(tier)
+    if delete:
+        ops.refuse_read_only("verify --delete", [spec], read_only=read_only)
+    backend = _open(spec, config) if tier else create_backend(spec)
     bar, advance = _progress(0, "verify")
 
     async def run() -> ops.VerifyReport:
@@ -450,6 +569,7 @@ def verify(
                 env=None if all_envs else env_id(),
                 delete=delete,
                 progress=advance,
+                read_only=read_only,
             )
 
     report = _run(_closing([backend], run()))
@@ -513,6 +633,7 @@ def mega_save(name: str) -> None:
     """Save this process's Mega-Cache artifacts as bundle NAME (run after compiling)."""
     from objcache import mega
 
+    _write_targets(_config(), None, "mega save")
     out.print(mega.save(name))
 
 

@@ -13,12 +13,14 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from objcache import logs
 from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import Config, user_cache_dir
@@ -92,6 +94,7 @@ class Client:
 
     def __init__(self, config: Config, bridge: Bridge | None = None) -> None:
         self.config = config
+        logs.configure(config.log_level)
         self.bridge = bridge or Bridge()
         self.cache = build_cache(config)
         self.call_timeout_s = sync_deadline_s(self.cache)
@@ -210,6 +213,8 @@ def _write_stats_file(client: Client) -> None:
     data = client.cache.stats_dict()
     if not data["cache"]["gets"] and not any(t["puts"] for t in data["tiers"]):
         return
+    # whose stats these are: `objcache stats` on a shared machine must say
+    data.update(written_at=time.time(), host=socket.gethostname(), pid=os.getpid(), job=client.job)
     target = stats_file(client.config)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

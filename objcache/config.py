@@ -8,6 +8,7 @@ configuration reference in ``docs/configuration.md`` is generated from them
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from objcache.caps import SizeCaps
 from objcache.codec import Codec
 from objcache.errors import ConfigError
 from objcache.keys import check_hmac_keys, parse_hmac_keys
+from objcache.logs import LEVELS
+from objcache.registry import SCHEMES
 from objcache.signing import is_pem, load_private_key, parse_verify_keys
 from objcache.urls import parse_tier_list
 
@@ -43,9 +46,10 @@ class Config:
 
     tiers: tuple[TierSpec, ...] = _opt(
         "OBJCACHE_TIERS",
-        "Comma-separated remote tier URLs, nearest first: redis://, rediss://, unix://, "
-        "s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir. Per-tier options go in the "
-        "query: read_only=1, write_only=1, home=1, timeout_ms=, retries=, max_size=. "
+        "Comma-separated remote tier URLs, nearest first: "
+        + ", ".join(f"{name}://" for name in SCHEMES if name != "disk")
+        + " (s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir). Per-tier options go in "
+        "the query, e.g. ?read_only=1 (see Tier URL options below). "
         "Empty: a file:// store under the user cache dir (the embedded default).",
         default=(),
     )
@@ -204,7 +208,17 @@ class Config:
         "reads change). Read from the environment only.",
         default=True,
     )
-    log_level: str = _opt("OBJCACHE_LOG_LEVEL", "Logging level of the objcache logger.", "WARNING")
+    log_level: str | None = _opt(
+        "OBJCACHE_LOG_LEVEL",
+        "Level of the `objcache` logger (DEBUG, INFO, WARNING, ERROR). Set, objcache logs to "
+        "stderr unless the application has configured logging. Unset: the application's "
+        "logging decides (Python's default shows WARNING and above).",
+        default=None,
+    )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Config:
+        _check_keywords(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
@@ -222,6 +236,10 @@ class Config:
             raise ConfigError("prometheus_interval_s must be >= 0")
         if self.write_to not in ("all", "nearest"):
             raise ConfigError(f"write_to must be 'all' or 'nearest', got {self.write_to!r}")
+        if self.log_level and self.log_level.upper() not in LEVELS:
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LEVELS)}, got {self.log_level!r}"
+            )
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("compression_level must be in 1..22")
         check_hmac_keys(self.signing_keys, "OBJCACHE_SIGNING_KEY")
@@ -243,6 +261,7 @@ class Config:
             var = f.metadata["env"]
             if var in environ and f.name not in overrides:
                 values[f.name] = _parse(f, environ[var], var)
+        _check_keywords(overrides)
         values.update(overrides)
         config = cls(**values)
         if config.signing_key_file is not None and not config.signs_with_ed25519():
@@ -289,6 +308,16 @@ class Config:
         if self.tiers:
             return self.tiers
         return tuple(parse_tier_list(f"file://{user_cache_dir() / 'store'}"))
+
+
+def _check_keywords(given: Mapping[str, Any]) -> None:
+    """An unknown keyword is a ConfigError naming it, with the closest field when one is."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    for name in given:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"Config: unknown option {name!r}{hint}")
 
 
 def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
@@ -364,4 +393,27 @@ def reference_markdown() -> str:
         "`objcache.Config(tiers='s3://bucket/p', read_only=True)` or "
         "`objcache.Config.from_env(read_only=True)`.\n\n"
     )
-    return head + "\n".join(rows) + "\n"
+    return head + "\n".join(rows) + "\n\n" + _tier_options_markdown()
+
+
+def _tier_options_markdown() -> str:
+    """The query options of tier URLs, from the tables in :mod:`objcache.registry`."""
+    from objcache import options, registry
+
+    by_table: dict[int, list[str]] = {}
+    for name, entry in registry.SCHEMES.items():
+        if entry.options is not None and name != "disk":  # disk:// is the local tier
+            by_table.setdefault(id(entry.options), []).append(name)
+    parts = [
+        "## Tier URL options\n\n"
+        "Query options of a tier URL in `OBJCACHE_TIERS`, e.g. "
+        "`s3://bucket/prefix?region=us-east-1&read_only=1`. An unknown option is a "
+        "configuration error naming it.\n\n### Every tier\n\n"
+        + options.markdown(options.TIER_OPTIONS)
+    ]
+    for names in by_table.values():
+        table = registry.SCHEMES[names[0]].options
+        assert table is not None
+        schemes = ", ".join(f"`{n}://`" for n in names)
+        parts.append(f"### {schemes}\n\n" + options.markdown(table))
+    return "\n\n".join(parts) + "\n"

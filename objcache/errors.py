@@ -18,6 +18,10 @@ class ConfigError(ObjcacheError, ValueError):
 # --- entry format ---------------------------------------------------------------------
 
 
+class ReadOnlyRefused(ConfigError):
+    """A command that writes or deletes was pointed at a read-only configuration or tier."""
+
+
 class EntryError(ObjcacheError):
     """An entry's bytes were refused by the decoder. Never returned to a caller as data."""
 

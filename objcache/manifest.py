@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import PutMode
+from objcache.deadline import bounded_pages
 from objcache.errors import EntryError
 from objcache.layout import parse_object_key
 from objcache.tier import Tier
@@ -97,7 +98,8 @@ async def list_manifests(cache: TieredCache, job: str) -> list[str]:
 
     async def collect(tier: Tier) -> list[str]:
         names: list[str] = []
-        async for info in tier.backend.list(prefix):
+        pages = bounded_pages(tier.backend.list(prefix), tier.policy.timeout_s, "list", tier.name)
+        async for info in pages:  # each page within the tier's deadline
             parsed = parse_object_key(info.key)
             if parsed and parsed[2].startswith(f"{job}/"):
                 names.append(parsed[2])
@@ -105,7 +107,7 @@ async def list_manifests(cache: TieredCache, job: str) -> list[str]:
 
     for tier in [t for t in cache.remotes if t.readable and not t.breaker_open()]:
         try:
-            return await asyncio.wait_for(collect(tier), tier.policy.timeout_s * 4)
+            return await collect(tier)
         except Exception:  # an unlistable tier: try the next one
             continue
     return []
@@ -180,8 +182,12 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
     async def fetch(okey: str) -> bool:
         nonlocal elsewhere
         async with limit:
-            payload, tier = await cache.get_object(okey, wait=False)
+            payload, tier = await cache.get_object(
+                okey, wait=False, absent_locally=cache.local is not None
+            )
             elsewhere += tier == LEASED_ELSEWHERE
+            if payload is not None:
+                cache.stats.prefetch_fetched[tier] += 1
             return payload is not None
 
     fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))

@@ -107,6 +107,10 @@ class CacheStats:
     gets: Counter[str] = field(default_factory=Counter)  # by kind
     hits: Counter[str] = field(default_factory=Counter)  # by kind
     served_by: Counter[str] = field(default_factory=Counter)  # tier name -> hits served
+    #: tier name -> lookups it answered, once per lookup (the nearest tier of a candidate set)
+    lookups_served_by: Counter[str] = field(default_factory=Counter)
+    #: tier name -> entries the start-up prefetch fetched from it (not lookups)
+    prefetch_fetched: Counter[str] = field(default_factory=Counter)
     write_through: int = 0
     backfills: int = 0
     write_behind_dropped: int = 0
@@ -127,6 +131,8 @@ class CacheStats:
             "gets": dict(self.gets),
             "hits": dict(self.hits),
             "served_by": dict(self.served_by),
+            "lookups_served_by": dict(self.lookups_served_by),
+            "prefetch_fetched": dict(self.prefetch_fetched),
             "write_through": self.write_through,
             "backfills": self.backfills,
             "write_behind_dropped": self.write_behind_dropped,

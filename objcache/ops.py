@@ -1,30 +1,46 @@
 """Store maintenance, independent of any UI: listing, copying, verifying, collecting garbage.
 
-The CLI (:mod:`objcache.cli`) renders these; each takes an optional ``progress`` callback
-called with the number of objects done so far, so long work can show a bar.
+The CLI (:mod:`objcache.cli`) renders these; each takes an optional ``progress`` callback,
+called once per object done with the bytes it moved, so long work can show a bar with bytes
+and rate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objcache.backends.base import Backend, ObjectInfo, PutMode
+from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
 from objcache.codec import Codec
-from objcache.errors import BackendError, EntryError
+from objcache.errors import BackendError, EntryError, ReadOnlyRefused
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
+from objcache.urls import flag
 
+log = logging.getLogger("objcache")
 Progress = Callable[[int], None]
 CONCURRENCY = 64
 #: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
 #: a bulk copy hashes on one core while the event loop drives the transfers on another.
 VERIFY_OFFLOAD_BYTES = 64 * 1024
+
+
+def refuse_read_only(action: str, specs: Iterable[TierSpec], *, read_only: bool = False) -> None:
+    """Fail closed before ``action`` writes or deletes anything: a read-only configuration
+    (``OBJCACHE_READ_ONLY``) or a ``?read_only=1`` tier among ``specs`` refuses it."""
+    if read_only:
+        raise ReadOnlyRefused(
+            f"{action} refused: the configuration is read-only (OBJCACHE_READ_ONLY)"
+        )
+    for spec in specs:
+        if flag(spec, "read_only"):
+            raise ReadOnlyRefused(f"{action} refused: {spec.display} is read-only (read_only=1)")
 
 
 async def verify_entry(codec: Codec, data: bytes, okey: str) -> None:
@@ -91,19 +107,26 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
     return envs
 
 
+def _moved(item: Any, result: Any) -> int:
+    """The bytes an ``fn`` of :func:`_bounded` moved: its result when that is a count."""
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
 async def _bounded(
-    items: list[Any], fn: Callable[[Any], Any], progress: Progress | None
+    items: list[Any],
+    fn: Callable[[Any], Any],
+    progress: Progress | None,
+    weight: Callable[[Any, Any], int] = _moved,
 ) -> list[Any]:
+    """``fn`` over ``items``, CONCURRENCY at a time; ``progress(weight(item, result))`` after
+    each (by default ``fn`` returns the bytes it moved)."""
     limit = asyncio.Semaphore(CONCURRENCY)
-    done = 0
 
     async def one(item: Any) -> Any:
-        nonlocal done
         async with limit:
             result = await fn(item)
-        done += 1
         if progress:
-            progress(done)
+            progress(weight(item, result))
         return result
 
     return list(await asyncio.gather(*(one(i) for i in items)))
@@ -125,31 +148,37 @@ async def copy(
     keys: list[str],
     codec: Codec,
     progress: Progress | None = None,
+    *,
+    read_only: bool = False,
 ) -> CopyReport:
-    """Copy entries, verifying each before writing it (a bad entry is never propagated)."""
+    """Copy entries, verifying each before writing it (a bad entry is never propagated).
+
+    Refused before any call when the configuration or a target is read-only."""
+    refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
     report = CopyReport()
 
-    async def one(okey: str) -> None:
+    async def one(okey: str) -> int:
         try:
             data = await source.get(okey)
             if data is None:
-                return
+                return 0
             if not okey.endswith(ENV_FILE):
                 await verify_entry(codec, data, okey)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
         except EntryError as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")
-            return
+            return 0
         except (BackendError, OSError) as exc:
             report.failed += 1
             report.errors.append(f"{okey}: {exc}")
-            return
+            return 0
         if any(results):
             report.copied += 1
             report.bytes += len(data)
         else:
             report.existed += 1
+        return len(data)
 
     await _bounded(keys, one, progress)
     return report
@@ -169,15 +198,20 @@ async def verify(
     env: str | None = None,
     delete: bool = False,
     progress: Progress | None = None,
+    read_only: bool = False,
 ) -> VerifyReport:
-    """Check every entry's digest (and signature when keys are configured)."""
+    """Check every entry's digest (and signature when keys are configured).
+
+    ``delete`` is refused before any call when the configuration or the tier is read-only."""
+    if delete:
+        refuse_read_only("verify --delete", [backend.spec], read_only=read_only)
     report = VerifyReport()
     found = [e async for e in entries(backend, env=env)]
 
-    async def one(entry: Entry) -> None:
+    async def one(entry: Entry) -> int:
         data = await backend.get(entry.info.key)
         if data is None:
-            return
+            return 0
         report.checked += 1
         try:
             await verify_entry(codec, data, entry.info.key)
@@ -185,6 +219,7 @@ async def verify(
             report.bad.append((entry.info.key, exc.reason))
             if delete and await backend.delete(entry.info.key):
                 report.deleted += 1
+        return len(data)
 
     await _bounded(found, one, progress)
     return report
@@ -228,14 +263,20 @@ async def plan_gc(
     return plan
 
 
-async def run_gc(backend: Backend, plan: GcPlan, progress: Progress | None = None) -> int:
+async def run_gc(
+    backend: Backend, plan: GcPlan, progress: Progress | None = None, *, read_only: bool = False
+) -> int:
+    """Delete what ``plan`` lists; refused when the configuration or the tier is read-only."""
+    refuse_read_only("gc", [backend.spec], read_only=read_only)
+
     async def one(entry: Entry) -> bool:
         try:
             return await backend.delete(entry.info.key)
         except BackendError:
             return False
 
-    return sum(await _bounded(plan.delete, one, progress))
+    deleted = await _bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
+    return sum(deleted)
 
 
 @dataclass
@@ -268,4 +309,5 @@ async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeR
         result.ok = True
     except (BackendError, EntryError, OSError) as exc:
         result.error = str(exc)
+        log.debug("probe of %s failed", backend.name, exc_info=True)
     return result

@@ -123,20 +123,29 @@ class TieredCache:
         """The verified payload stored under (kind, key), or None."""
         self.stats.gets[kind] += 1
         started = time.perf_counter()
-        payload, _ = await self.get_object(self.namespace.object_key(kind, key))
+        payload, tier = await self.get_object(self.namespace.object_key(kind, key))
         self.stats.lookup.observe((time.perf_counter() - started) * 1000)
         if payload is not None:
             self.stats.hits[kind] += 1
+            self.stats.served_by[tier] += 1
+            self.stats.lookups_served_by[tier] += 1
         return payload
 
-    async def get_object(self, okey: str, *, wait: bool = True) -> tuple[bytes | None, str]:
+    async def get_object(
+        self, okey: str, *, wait: bool = True, absent_locally: bool = False
+    ) -> tuple[bytes | None, str]:
         """``(payload, tier name)`` for a full object key; concurrent callers share a fetch.
 
-        Without ``wait`` (prefetch), a key another process of the node is fetching is left
-        to it: ``(None, LEASED_ELSEWHERE)``. A waiting caller that joined such a fetch
-        starts its own, which waits for the other process.
+        Not a lookup (nothing is counted as one): :meth:`get` counts lookups, prefetch its
+        own. Without ``wait`` (prefetch), a key another process of the node is fetching is
+        left to it: ``(None, LEASED_ELSEWHERE)``. A waiting caller that joined such a fetch
+        starts its own, which waits for the other process. ``absent_locally``: the caller
+        knows the local tier lacks the key (prefetch asked), so the local tier is not read
+        again (nor counted as a miss) before the remotes.
         """
-        result, shared = await self._flight.do(okey, lambda: self._fetch(okey, wait))
+        result, shared = await self._flight.do(
+            okey, lambda: self._fetch(okey, wait, absent_locally)
+        )
         if wait and result[1] == LEASED_ELSEWHERE:
             result, shared = await self._flight.do(okey, lambda: self._fetch(okey, True))
         if shared:
@@ -170,6 +179,7 @@ class TieredCache:
         self.stats.gets[kind] += 1
         self.stats.hits[kind] += 1
         self.stats.served_by[self.local.name] += 1
+        self.stats.lookups_served_by[self.local.name] += 1
         self.local.stats.hits += 1
         self.local.stats.note(okey, "hit")
         self.local.stats.bytes_read += size
@@ -182,13 +192,14 @@ class TieredCache:
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
 
-    async def _fetch(self, okey: str, wait: bool = True) -> tuple[bytes | None, str]:
+    async def _fetch(
+        self, okey: str, wait: bool = True, absent_locally: bool = False
+    ) -> tuple[bytes | None, str]:
         if self.local is not None:
             landing = self._landing.get(okey)
             if landing is not None:
-                self.stats.served_by[self.local.name] += 1
                 return landing, self.local.name
-            found = await self._read_local(okey)
+            found = None if absent_locally else await self._read_local(okey)
             if found is not None:
                 return found, self.local.name
         lease: Lease | None = None
@@ -224,14 +235,13 @@ class TieredCache:
                 await lease.release("miss" if absent else "")
             return None, ""
         winner, entry, payload, absent_in = hit
-        self.stats.served_by[winner.name] += 1
         if self.local is not None:
             self._landing[okey] = payload
             self._spawn(self._write_through(okey, entry, lease))
         elif lease is not None:
             await lease.release("")
         if not self.read_only:
-            for tier in absent_in:
+            for tier in (t for t in absent_in if t.writable):  # never a ?read_only=1 tier
                 self.stats.backfills += 1
                 self._spawn(tier.put(okey, entry, PutMode.CREATE))
         return payload, winner.name
@@ -335,9 +345,8 @@ class TieredCache:
             return None
         payload = await self._verify(self.local, okey, entry)
         if payload is not None:
-            self.local.stats.hits += 1
+            self.local.stats.hits += 1  # served_by is counted per lookup, in get()
             self.local.stats.note(okey, "hit")
-            self.stats.served_by[self.local.name] += 1
         return payload
 
     def _remote_readable(self) -> bool:
@@ -419,9 +428,12 @@ class TieredCache:
             digests = {candidate_digest(c.payload) for c in candidates}
             if payload is not None and candidate_digest(payload) not in digests:
                 # get_object already wrote a remote hit through to the local tier.
+                self.stats.served_by[tier_name] += 1
                 candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
         if candidates:
             self.stats.hits[kind] += 1
+            nearest = next((c for c in candidates if c.local), candidates[0])
+            self.stats.lookups_served_by[nearest.tier] += 1
         self.stats.lookup.observe((time.perf_counter() - started) * 1000)
         return candidates
 
@@ -496,6 +508,9 @@ class TieredCache:
         return nearest + [t for t in healthy if t.flags.home and t not in nearest]
 
     async def _write_remotes(self, okey: str, entry: bytes) -> None:
+        for tier in self.remotes:
+            if tier.writable and tier.breaker_open():  # skipped, not silently
+                tier.stats.put_errors["breaker"] += 1
         targets = self.write_targets()
         await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 

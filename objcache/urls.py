@@ -5,67 +5,49 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from objcache import registry
 from objcache.backends.base import TierSpec
 from objcache.errors import ConfigError
-
-#: Schemes objcache itself serves; third-party schemes come from entry points.
-BUILTIN_SCHEMES = ("disk", "file", "redis", "rediss", "unix", "s3", "gs")
-
-#: Query options every tier understands (the rest belong to the backend).
-TIER_OPTIONS = ("read_only", "write_only", "home", "timeout_ms", "max_size", "retries")
+from objcache.options import TIER_OPTIONS, lookup
+from objcache.options import check as check_options
 
 _SECRET_QUERY = re.compile(r"(?i)(password|secret|token|key|credential|signature)")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 
 
-def parse_tier_url(url: str, where: str = "tier URL", known: tuple[str, ...] = ()) -> TierSpec:
-    """Parse one tier URL. ``where`` names it in errors, e.g. ``OBJCACHE_TIERS[1]``."""
+def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
+    """Parse one tier URL. ``where`` names it in errors, e.g. ``OBJCACHE_TIERS[1]``.
+
+    The scheme, its location and every query option are checked against
+    :mod:`objcache.registry`: an unknown option is an error naming it."""
     url = url.strip()
     if "://" not in url:
         raise ConfigError(f"{where}: {redact(url)!r} is not a URL (expected scheme://...)")
     scheme = url.split("://", 1)[0].lower()
-    if scheme not in BUILTIN_SCHEMES and scheme not in known:
+    entry = registry.scheme(scheme)
+    if entry is None:
         raise ConfigError(f"unknown scheme {scheme!r} in {where}")
     try:
         parts = urlsplit(url)
         options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
         _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError as exc:
+        if "@" in url:  # a password cut short: echo none of it (urllib's message quotes it)
+            raise ConfigError(f"{where}: cannot parse the URL; {registry.PERCENT_ENCODE}") from None
         raise ConfigError(f"{where}: cannot parse {redact(url)!r}: {exc}") from None
-    location, path = parts.netloc, parts.path
-    if scheme in ("file", "disk"):
-        if location not in ("", "localhost"):
-            raise ConfigError(f"{where}: file:// path must be absolute (got host {location!r})")
-        if not path.startswith("/"):
-            raise ConfigError(f"{where}: file:// path must be absolute")
-        location = ""
-    elif scheme == "unix":
-        if not path.startswith("/"):
-            raise ConfigError(f"{where}: unix:// socket path must be absolute")
-    elif scheme in ("s3", "gs"):
-        if not location:
-            raise ConfigError(f"{where}: {scheme}:// URL needs a bucket name")
-        if not _BUCKET.match(location):
-            raise ConfigError(f"{where}: invalid bucket name {location!r}")
-        path = path.strip("/")
-    elif scheme in ("redis", "rediss") and not parts.hostname:
-        raise ConfigError(f"{where}: {scheme}:// URL needs a host")
-    for flag in ("read_only", "write_only", "home"):
-        if flag in options and options[flag].lower() not in ("", "0", "1", "true", "false"):
-            raise ConfigError(f"{where}: {flag} must be 0/1/true/false")
-    for num in ("timeout_ms", "max_size", "retries"):
-        if num in options and not options[num].isdigit():
-            raise ConfigError(f"{where}: {num} must be a non-negative integer")
+    location, path = entry.location(parts, where)
+    tables = registry.option_tables(scheme)
+    if tables is None:  # a third party's backend: only the tier options are known
+        options_checked = {k: v for k, v in options.items() if k in {o.name for o in TIER_OPTIONS}}
+        check_options(options_checked, [TIER_OPTIONS], where)
+    else:
+        check_options(options, tables, where)
     return TierSpec(url=url, scheme=scheme, location=location, path=path, options=options)
 
 
 def parse_tier_list(value: str, where: str = "OBJCACHE_TIERS") -> list[TierSpec]:
     """Parse a comma-separated tier list, naming the bad entry by index."""
-    from objcache.registry import known_schemes
-
-    known = known_schemes()
     urls = [u for u in (s.strip() for s in value.split(",")) if u]
-    return [parse_tier_url(u, f"{where}[{i}]", known) for i, u in enumerate(urls)]
+    return [parse_tier_url(u, f"{where}[{i}]") for i, u in enumerate(urls)]
 
 
 def redact(url: str) -> str:
@@ -80,7 +62,7 @@ def redact(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
     query = "&".join(
-        f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={v}" if v else k)
+        f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={_redact_value(v)}" if v else k)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     )
     out = urlunsplit((parts.scheme, netloc, parts.path, query, ""))
@@ -89,6 +71,12 @@ def redact(url: str) -> str:
     return out
 
 
+def _redact_value(value: str) -> str:
+    """A query value that is itself a URL (``endpoint_url=http://user:pw@host``) may carry a
+    password too."""
+    return redact(value) if "://" in value and "@" in value else value
+
+
 def flag(spec: TierSpec, name: str) -> bool:
-    """A boolean tier option."""
-    return spec.options.get(name, "0").lower() in ("", "1", "true") and name in spec.options
+    """A boolean tier option (``read_only``, ``write_only``, ``home``), parsed as checked."""
+    return bool(lookup(TIER_OPTIONS, name).parse(spec.options.get(name), spec.display))

@@ -14,8 +14,6 @@ from objcache.errors import PermanentBackendError, TransientBackendError
 
 
 class MemoryBackend(Backend):
-    schemes = ("mem",)
-
     def __init__(self, name: str = "mem://test") -> None:
         super().__init__(TierSpec(url=name, scheme="mem", location="", path="", options={}))
         self.data: dict[str, bytes] = {}

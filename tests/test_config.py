@@ -49,10 +49,62 @@ def test_good_urls_parse() -> None:
 
 
 def test_secrets_never_in_display() -> None:
-    spec = parse_tier_url("redis://user:hunter2@cache:6379/0?token=abc&ttl=5")
-    assert "hunter2" not in spec.display and "abc" not in spec.display
-    assert "ttl=5" in spec.display
+    spec = parse_tier_url("redis://user:hunter2@cache:6379/0?ttl=5")
+    assert "hunter2" not in spec.display and "ttl=5" in spec.display
+    shown = redact("redis://user:hunter2@cache:6379/0?token=abc&ttl=5")
+    assert "hunter2" not in shown and "abc" not in shown and "ttl=5" in shown
     assert redact("rediss://:pw@h:1/0") == "rediss://:***@h:1/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("file:///c?read_onyl=1", "unknown option 'read_onyl'; did you mean 'read_only'?"),
+        (
+            "s3://bucket/p?endpointurl=http://127.0.0.1:1",
+            "unknown option 'endpointurl'; did you mean 'endpoint_url'?",
+        ),
+        ("s3://bucket/p?regoin=us-east-1", "unknown option 'regoin'; did you mean 'region'?"),
+        ("redis://h:6379/0?timeout=5000", "unknown option 'timeout'; did you mean 'timeout_ms'?"),
+        ("gs://bucket/p?zzz=1", "unknown option 'zzz' (known: project, endpoint,"),
+        ("s3://bucket/p?read_only=yes please", "read_only must be 0/1/true/false"),
+        ("redis://h:6379/0?ttl=soon", "ttl must be a non-negative integer"),
+        ("s3://bucket/p?connect_timeout=0", "connect_timeout must be > 0"),
+        ("redis://:hunt@er/zz@cache:6379/0", "percent-encode special characters"),
+        ("redis://:hunt#er@w@cache:6379/0", "cannot parse the URL; percent-encode"),
+    ],
+)
+def test_unknown_or_mistyped_tier_options_are_refused(url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_tier_list(url)
+    assert str(raised.value).startswith("OBJCACHE_TIERS[0]: ")
+    assert message in str(raised.value)
+    assert "hunt" not in str(raised.value), "no part of a password"
+
+
+def test_unknown_config_keywords_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^Config: unknown option 'read_onyl'; did you mean"):
+        Config(read_onyl=True)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"unknown option 'timout_ms'; did you mean 'timeout_ms'"):
+        Config.from_env({}, timout_ms=5)
+    with pytest.raises(ConfigError, match=r"^Config: unknown option 'zzz'$"):
+        Config.from_env({}, zzz=1)
+
+
+def test_tier_flags_parse_as_they_are_checked() -> None:
+    """What validation accepts as true is true for the tier too (read_only=yes is read-only)."""
+    from objcache.urls import flag
+
+    for raw in ("1", "true", "yes", "", "TRUE"):
+        assert flag(parse_tier_url(f"file:///c?read_only={raw}"), "read_only"), raw
+    assert not flag(parse_tier_url("file:///c?read_only=0"), "read_only")
+    assert not flag(parse_tier_url("file:///c"), "read_only")
+
+
+def test_password_inside_an_endpoint_url_is_redacted() -> None:
+    config = Config(tiers="s3://bucket/p?endpoint_url=http://minio:hunter2@127.0.0.1:9000")
+    assert "hunter2" not in repr(config) and "hunter2" not in config.tiers[0].display
+    assert "endpoint_url=http://minio:***@127.0.0.1:9000" in config.tiers[0].display
 
 
 def test_env_parsing_and_errors() -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from objcache.backends import _fs, disk
 from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
-from objcache.backends.disk import DiskBackend, size_option
+from objcache.backends._opts import opt_int
+from objcache.backends.disk import DiskBackend
 from objcache.errors import ConfigError, InvalidKey
 from objcache.urls import parse_tier_url
 
@@ -192,7 +193,7 @@ def test_quarantine_is_emptied_after_a_day(tmp_path: Path) -> None:
     [("0", 0), ("1048576", 1 << 20), ("512M", 512 << 20), ("10G", 10 << 30), ("2GiB", 2 << 30)],
 )
 def test_max_bytes_option(value: str, expected: int) -> None:
-    assert size_option(parse_tier_url(f"disk:///c?max_bytes={value}"), "max_bytes") == expected
+    assert opt_int(parse_tier_url(f"disk:///c?max_bytes={value}"), "max_bytes") == expected
 
 
 @pytest.mark.parametrize("value", ["-1", "ten", "1.5G", "10X"])

@@ -77,12 +77,19 @@ async def test_compaction_keeps_the_runs_when_one_tier_refuses_the_merged_manife
     assert union == keys and len(keys) == manifest.COMPACT_AFTER + 2
 
 
-async def test_prefetch_fills_local_and_lookups_join_in_flight_fetches() -> None:
+async def job_in_a_store(n: int) -> tuple[TieredCache, list[str], MemoryBackend]:
+    """A store holding ``n`` entries k0..k{n-1} and one run manifest of job "job" listing
+    them; returns the writer, the object keys and the store."""
     caches, store = shared_store_caches(1)
     writer = caches[0]
-    okeys = [seed(tier_of(writer), f"k{i}", f"v{i}".encode()) for i in range(20)]
+    okeys = [seed(tier_of(writer), f"k{i}", f"v{i}".encode()) for i in range(n)]
     await manifest.write_run(writer, "job", okeys)
     await writer.flush(5)
+    return writer, okeys, store
+
+
+async def test_prefetch_fills_local_and_lookups_join_in_flight_fetches() -> None:
+    writer, okeys, store = await job_in_a_store(20)
     reader_cache, local = make(writer.remotes[0])
     store.delay_s = 0.05
     task = asyncio.ensure_future(manifest.prefetch(reader_cache, "job"))
@@ -127,3 +134,18 @@ def test_manifest_round_trip_and_rejects_foreign_keys() -> None:
     assert Manifest.from_bytes(m.to_bytes()) == m
     with pytest.raises(ManifestError):
         Manifest.from_bytes(b'{"format":1,"job":"j","created":1,"keys":["../../etc"]}')
+
+
+async def test_prefetch_is_counted_apart_from_lookups() -> None:
+    """Prefetch fetches are not lookups, and do not show as misses of the local tier."""
+    writer, _, _ = await job_in_a_store(6)
+    reader, local = make(writer.remotes[0])
+    result = await manifest.prefetch(reader, "job")
+    assert result["fetched"] == 6
+    await reader.flush(5)
+    assert reader.stats.prefetch_fetched == {writer.remotes[0].name: 6}
+    assert sum(reader.stats.gets.values()) == 0 and not reader.stats.lookups_served_by
+    # the one run manifest was looked for locally; the 6 prefetched entries were not
+    assert local.stats.misses == {"absent": 1}, local.stats.misses
+    assert await reader.get("fx-graph", "k1") == b"v1"
+    assert reader.stats.lookups_served_by == {local.name: 1}

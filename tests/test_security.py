@@ -433,6 +433,8 @@ def test_secrets_never_reach_cli_output(secret_env: dict[str, str], args: list[s
     if args == ["doctor"]:
         assert done.returncode != 0  # both tiers fail their checks
         assert "redis://:***@127.0.0.1" in out  # named, with the password redacted
+        # OBJCACHE_LOG_LEVEL=DEBUG really logs: the failures' tracebacks are in what we grep
+        assert " objcache DEBUG probe of " in done.stderr and "Traceback" in done.stderr, out
     assert_no_secret(out, f"`objcache {' '.join(args)}`")
 
 

@@ -345,3 +345,16 @@ def test_an_integration_failure_is_counted_every_time_and_logged_once(
     assert counters == Counter({"errors:store": 3})
     levels = [r.levelno for r in caplog.records if r.name == "objcache.test"]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+async def test_puts_skipped_by_an_open_breaker_are_counted() -> None:
+    broken, healthy = tier("mem://broken"), tier("mem://healthy")
+    cache, _ = make(broken, healthy)
+    for _ in range(broken.breaker.threshold):
+        broken.breaker.failure()
+    assert broken.breaker_open()
+    for i in range(4):
+        await cache.put("fx-graph", f"k{i}", b"v")
+    await cache.flush(5)
+    assert broken.stats.put_errors["breaker"] == 4 + 1  # and the ENV.json
+    assert healthy.stats.puts == 4 + 1  # and the ENV.json

@@ -17,7 +17,7 @@ import stat
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
 from objcache.errors import PermanentBackendError
@@ -33,8 +33,6 @@ BOOTSTRAP = (
 
 class FaultBackend(Backend):
     """``fault:///name?mode=error|hang``: a tier that never works (for tests only)."""
-
-    schemes: ClassVar[tuple[str, ...]] = ("fault",)
 
     @property
     def mode(self) -> str:
@@ -70,7 +68,7 @@ class FaultBackend(Backend):
 def register_fault_backend() -> None:
     from objcache import registry
 
-    registry._BUILTIN["fault"] = "tests.torch_support:FaultBackend"
+    registry.register("fault", "tests.torch_support:FaultBackend")
 
 
 def fault_spec(mode: str) -> TierSpec:

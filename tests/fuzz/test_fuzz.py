@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from objcache.codec import HEADER_SIZE, MAGIC, Codec
 from objcache.errors import ConfigError, EntryError
 from objcache.manifest import Manifest, ManifestError
-from objcache.urls import BUILTIN_SCHEMES, parse_tier_list, parse_tier_url
+from objcache.registry import SCHEMES
+from objcache.urls import parse_tier_list, parse_tier_url
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"
 CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key".ljust(32, b"."),)))
@@ -81,7 +82,7 @@ url_text = st.one_of(
     st.text(max_size=80),
     st.builds(
         lambda scheme, rest: f"{scheme}://{rest}",
-        st.sampled_from([*BUILTIN_SCHEMES, "sx3", "http", ""]),
+        st.sampled_from([*SCHEMES, "sx3", "http", ""]),
         st.text(alphabet=st.characters(codec="utf-8"), max_size=60),
     ),
 )
@@ -94,7 +95,7 @@ def test_tier_url_parser(url: str) -> None:
     except ConfigError as exc:
         assert "\n" not in str(exc), "errors are one line"
         return
-    assert spec.scheme in BUILTIN_SCHEMES
+    assert spec.scheme in SCHEMES
     assert spec.display  # redaction never crashes on what the parser accepted
 
 

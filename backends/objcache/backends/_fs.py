@@ -444,8 +444,6 @@ class FsStore:
 class FsBackend(Backend):
     """Async face of :class:`FsStore`: each operation is one worker-thread hop."""
 
-    #: fsync each entry before publishing it (``?fsync=0|1`` overrides).
-    fsync_default: ClassVar[bool] = True
     #: Record hits in the entry's atime.
     touch_on_read: ClassVar[bool] = False
 
@@ -453,7 +451,7 @@ class FsBackend(Backend):
         super().__init__(spec)
         if not spec.path.startswith("/"):
             raise ConfigError(f"{spec.display}: the store path must be absolute")
-        fsync = opt_bool(spec, "fsync", self.fsync_default)
+        fsync = opt_bool(spec, "fsync")
         self.store = FsStore(spec.path, fsync=fsync, touch_on_read=self.touch_on_read)
         self.closed = False
 

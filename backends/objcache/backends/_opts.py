@@ -1,50 +1,45 @@
-"""Typed access to a tier URL's query options, with one-line ConfigErrors."""
+"""Typed values of a tier URL's query options, from the scheme's table in
+:mod:`objcache.registry` (name, type, default, minimum): one place per option."""
 
 from __future__ import annotations
 
 from objcache.backends.base import TierSpec
-from objcache.errors import ConfigError
+from objcache.options import Option, Value, lookup
 
 MiB = 1 << 20
 
 
-def opt_str(spec: TierSpec, name: str, default: str | None = None) -> str | None:
-    value = spec.options.get(name)
-    return value if value else default
+def _value(spec: TierSpec, name: str) -> Value:
+    from objcache import registry
+
+    for table in registry.option_tables(spec.scheme) or ():
+        try:
+            option: Option = lookup(table, name)
+        except KeyError:
+            continue
+        return option.parse(spec.options.get(name), spec.display)
+    raise KeyError(f"{spec.scheme}:// has no option {name!r} in objcache.registry")
 
 
-def opt_int(spec: TierSpec, name: str, default: int, minimum: int = 0) -> int:
-    raw = spec.options.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{spec.display}: option {name} must be an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{spec.display}: option {name} must be >= {minimum}")
+def opt_str(spec: TierSpec, name: str) -> str | None:
+    value = _value(spec, name)
+    assert value is None or isinstance(value, str)
+    return value or None
+
+
+def opt_int(spec: TierSpec, name: str) -> int:
+    value = _value(spec, name)
+    assert isinstance(value, int) and not isinstance(value, bool)
     return value
 
 
-def opt_float(spec: TierSpec, name: str, default: float) -> float:
-    raw = spec.options.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{spec.display}: option {name} must be a number") from None
-    if value <= 0:
-        raise ConfigError(f"{spec.display}: option {name} must be > 0")
+def opt_float(spec: TierSpec, name: str) -> float:
+    value = _value(spec, name)
+    assert isinstance(value, float)
     return value
 
 
-def opt_bool(spec: TierSpec, name: str, default: bool) -> bool:
-    raw = spec.options.get(name)
-    if raw is None:
-        return default
-    if raw.lower() in ("", "1", "true", "yes"):
-        return True
-    if raw.lower() in ("0", "false", "no"):
-        return False
-    raise ConfigError(f"{spec.display}: {name} must be 0/1/true/false, got {raw!r}")
+def opt_bool(spec: TierSpec, name: str) -> bool:
+    value = _value(spec, name)
+    assert isinstance(value, bool)
+    return value

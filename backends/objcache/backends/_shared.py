@@ -13,12 +13,18 @@ Loops are held weakly: after a fork, or when a loop is discarded, its clients go
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
+import queue
+import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 C = TypeVar("C")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class _Slot(Generic[C]):
@@ -123,3 +129,73 @@ class Memo(Generic[C]):
 
     def clear(self) -> None:
         self._loop = self._client = None
+
+
+class DaemonThreadPool(concurrent.futures.Executor):
+    """A thread pool for blocking SDK calls whose threads never hold up interpreter exit.
+
+    ``ThreadPoolExecutor`` joins its workers at exit, so one call stuck on a dead connection
+    kept a finished process alive until the SDK's own read timeout (20 s for
+    google-cloud-storage). The caller has already given up on such a call at its deadline;
+    here its thread is a daemon and is simply abandoned at exit.
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._max_workers = max_workers
+        self._name = name
+        self._shutdown = False
+
+    def submit(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put(_WorkItem(future, functools.partial(fn, *args, **kwargs)))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            item.run()
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+class _WorkItem:
+    __slots__ = ("call", "future")
+
+    def __init__(self, future: concurrent.futures.Future[Any], call: Callable[[], Any]) -> None:
+        self.future = future
+        self.call = call
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.call()
+        except BaseException as exc:  # handed to the waiting caller, as ThreadPoolExecutor does
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)

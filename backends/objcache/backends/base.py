@@ -17,7 +17,7 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from objcache.errors import EntryTooLarge, InvalidKey
 
@@ -87,9 +87,6 @@ def validate_key(key: str) -> str:
 
 class Backend(abc.ABC):
     """Async bytes store. Instances are shared process-wide; construction must be cheap."""
-
-    #: URL schemes this backend serves.
-    schemes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec

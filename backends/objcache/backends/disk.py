@@ -20,26 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import ClassVar
 
 from objcache.backends._fs import FsBackend, FsStore, check_key, os_error
+from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode, TierSpec
-from objcache.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def size_option(spec: TierSpec, name: str) -> int:
-    """A byte count such as ``1048576``, ``512M``, ``10G`` or ``10GiB`` (binary units)."""
-    raw = spec.options.get(name, "0").strip().lower()
-    match = re.fullmatch(r"(\d+)\s*([kmgt]?)(?:i?b)?", raw)
-    if not match:
-        raise ConfigError(f"{spec.display}: {name} must be a byte count like 10G, got {raw!r}")
-    return int(match[1]) * _UNITS[match[2]]
 
 
 class _Index:
@@ -117,8 +105,6 @@ def _evict(store: FsStore, sizes: dict[str, int], used: dict[str, float], excess
 class DiskBackend(FsBackend):
     """Machine-local store with LRU eviction and quarantine."""
 
-    schemes: ClassVar[tuple[str, ...]] = ("disk",)
-    fsync_default: ClassVar[bool] = False
     touch_on_read: ClassVar[bool] = True
     #: Eviction stops below this fraction of ``max_bytes``.
     low_water: ClassVar[float] = 0.9
@@ -128,7 +114,7 @@ class DiskBackend(FsBackend):
 
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
-        self.max_bytes = size_option(spec, "max_bytes")
+        self.max_bytes = opt_int(spec, "max_bytes")
         self._index = _Index()
         self._task: asyncio.Task[None] | None = None
         self._pending = False

@@ -20,6 +20,4 @@ from objcache.backends._fs import FsBackend
 class FileBackend(FsBackend):
     """Shared directory store."""
 
-    schemes: ClassVar[tuple[str, ...]] = ("file",)
-    fsync_default: ClassVar[bool] = True
     touch_on_read: ClassVar[bool] = False

@@ -40,9 +40,8 @@ import functools
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from objcache.backends._gcs_errors import (
     classify,
@@ -50,8 +49,9 @@ from objcache.backends._gcs_errors import (
     is_precondition_failure,
     missing_bucket,
 )
-from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._opts import opt_float, opt_int, opt_str
 from objcache.backends._records import Versioned
+from objcache.backends._shared import DaemonThreadPool
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -118,14 +118,15 @@ class _Shared:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid = -1
-        self.executor: ThreadPoolExecutor | None = None
+        self.executor: DaemonThreadPool | None = None
         self.clients: dict[ClientKey, Any] = {}
 
-    def pool(self) -> ThreadPoolExecutor:
+    def pool(self) -> DaemonThreadPool:
         if self.pid != os.getpid() or self.executor is None:
             with self.lock:
                 if self.pid != os.getpid() or self.executor is None:
-                    self.executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="gcs")
+                    # daemon threads: a call stuck past its deadline never delays exit
+                    self.executor = DaemonThreadPool(MAX_THREADS, "gcs")
                     self.clients = {}
                     self.pid = os.getpid()
         return self.executor
@@ -146,8 +147,6 @@ _BUCKETS_SEEN: set[tuple[str | None, str]] = set()
 
 
 class GCSBackend(Backend):
-    schemes: ClassVar[tuple[str, ...]] = ("gs",)
-
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
         self.bucket = spec.location
@@ -159,11 +158,11 @@ class GCSBackend(Backend):
             project=opt_str(spec, "project"), endpoint=endpoint, pool_size=MAX_THREADS
         )
         self.timeout = (
-            opt_float(spec, "connect_timeout", 3.0),
-            opt_float(spec, "read_timeout", 20.0),
+            opt_float(spec, "connect_timeout"),
+            opt_float(spec, "read_timeout"),
         )
-        self.resumable_threshold = opt_int(spec, "resumable_threshold", 8 * MiB, minimum=1)
-        self.resumable_chunk = opt_int(spec, "resumable_chunk", 64 * MiB, minimum=CHUNK_QUANTUM)
+        self.resumable_threshold = opt_int(spec, "resumable_threshold")
+        self.resumable_chunk = opt_int(spec, "resumable_chunk")
         if self.resumable_chunk % CHUNK_QUANTUM:
             raise ConfigError(f"{spec.display}: resumable_chunk must be a multiple of 256 KiB")
         #: objects per listing page (GCS's maximum; tests lower it to exercise paging)

@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
 import redis.asyncio as aioredis
@@ -42,7 +42,7 @@ from redis.asyncio.connection import ConnectionPool, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from objcache.backends._opts import MiB, opt_float, opt_int, opt_str
+from objcache.backends._opts import opt_float, opt_int, opt_str
 from objcache.backends._records import Versioned
 from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import (
@@ -59,12 +59,11 @@ from objcache.errors import (
     PermanentBackendError,
     TransientBackendError,
 )
-from objcache.urls import TIER_OPTIONS
+from objcache.options import TIER_OPTIONS
+from objcache.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 
-#: Query options objcache reads; everything else in the query goes to redis-py.
-OWN_OPTIONS = frozenset(
-    {*TIER_OPTIONS, "ttl", "prefix", "connect_timeout", "socket_timeout", "max_connections"}
-)
+#: Query options objcache reads; the rest (checked against objcache.registry) go to redis-py.
+OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *REDIS_OPTIONS)) - REDIS_DRIVER_OPTIONS
 #: put_if_version: KEYS[1] = name; ARGV = data, expected SHA-1 ("" = must be absent), TTL s.
 _COMPARE_AND_SET = """
 local current = redis.call('GET', KEYS[1])
@@ -186,18 +185,16 @@ def classify(exc: BaseException, op: str, tier: str) -> BackendError:
 
 
 class RedisBackend(Backend):
-    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
-
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
-        self.prefix = opt_str(spec, "prefix", "objcache/") or ""
-        self.ttl = opt_int(spec, "ttl", 0)
-        self.max_size = opt_int(spec, "max_size", 64 * MiB, minimum=1)
+        self.prefix = opt_str(spec, "prefix") or ""
+        self.ttl = opt_int(spec, "ttl")
+        self.max_size = opt_int(spec, "max_size")
         self.pool_key = PoolKey(
             url=connection_url(spec),
-            connect_timeout=opt_float(spec, "connect_timeout", 2.0),
-            socket_timeout=opt_float(spec, "socket_timeout", 5.0),
-            max_connections=opt_int(spec, "max_connections", 64, minimum=1),
+            connect_timeout=opt_float(spec, "connect_timeout"),
+            socket_timeout=opt_float(spec, "socket_timeout"),
+            max_connections=opt_int(spec, "max_connections"),
         )
         self._prefix_bytes = self.prefix.encode()
         self._memo: Memo[Pool] = Memo()

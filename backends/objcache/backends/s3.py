@@ -44,7 +44,7 @@ import os
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import aioboto3
 from aiobotocore.config import AioConfig
@@ -161,13 +161,11 @@ _BUCKETS_SEEN: set[tuple[str | None, str]] = set()
 
 
 class S3Backend(Backend):
-    schemes: ClassVar[tuple[str, ...]] = ("s3",)
-
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
         self.bucket = spec.location
         self.prefix = f"{spec.path}/" if spec.path else ""
-        style = opt_str(spec, "addressing_style", "auto")
+        style = opt_str(spec, "addressing_style")
         if style not in ("auto", "path", "virtual"):
             raise ConfigError(f"{spec.display}: addressing_style must be auto, path or virtual")
         assert style is not None
@@ -176,14 +174,14 @@ class S3Backend(Backend):
             endpoint_url=opt_str(spec, "endpoint_url"),
             profile=opt_str(spec, "profile"),
             addressing_style=style,
-            connect_timeout=opt_float(spec, "connect_timeout", 3.0),
-            read_timeout=opt_float(spec, "read_timeout", 20.0),
-            max_pool_connections=opt_int(spec, "max_pool_connections", 64, minimum=1),
-            direct=opt_bool(spec, "direct", True),
+            connect_timeout=opt_float(spec, "connect_timeout"),
+            read_timeout=opt_float(spec, "read_timeout"),
+            max_pool_connections=opt_int(spec, "max_pool_connections"),
+            direct=opt_bool(spec, "direct"),
         )
-        self.multipart_threshold = opt_int(spec, "multipart_threshold", 16 * MiB, minimum=1)
-        self.part_size = opt_int(spec, "part_size", 8 * MiB, minimum=MIN_PART_SIZE)
-        self.part_concurrency = opt_int(spec, "part_concurrency", 8, minimum=1)
+        self.multipart_threshold = opt_int(spec, "multipart_threshold")
+        self.part_size = opt_int(spec, "part_size")
+        self.part_concurrency = opt_int(spec, "part_concurrency")
         self._memo: Memo[S3Client] = Memo()
         #: keys per ListObjectsV2 page (S3's maximum; tests lower it to exercise paging)
         self.list_page_size = 1000

@@ -1,0 +1,145 @@
+"""The CLI against real stores (SeaweedFS, moto, fake-gcs-server) and a black-holed
+endpoint: what it closes, how it exits, and how long it may take."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from objcache.client import Client
+from objcache.config import Config
+from tests.cloud_support import gcs_url, s3_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS, SeaweedS3
+
+pytestmark = pytest.mark.servers
+
+MakeProxy = Callable[[str, int], FaultProxy]
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def cli(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "objcache.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done, time.monotonic() - started
+
+
+def base_env(tmp_path: Path, tiers: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OBJCACHE_TIERS": tiers,
+        "OBJCACHE_LOCAL_DIR": str(tmp_path / "local"),
+        "OBJCACHE_STATS_FILE": str(tmp_path / "stats.json"),
+        "OBJCACHE_PREFETCH": "0",
+        "OBJCACHE_JOB": "clijob",
+        **extra,
+    }
+
+
+def test_gc_on_s3_closes_its_clients(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    url = s3_url(seaweed_s3, f"gc-{uid()}")
+    env = base_env(tmp_path, url)
+    client = Client(Config.from_env(env))
+    for i in range(3):
+        client.put("fx-graph", f"k{i}", os.urandom(300))
+    client.close()
+    for args in (["gc", "--keep-env", "x", "--dry-run"], ["gc", "--keep-env", "x", "--yes"]):
+        done, _ = cli(*args, "--tier", url, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Unclosed" not in done.stderr, done.stderr
+    # the 3 entries, the run manifest (and run summary): everything of another env
+    assert re.search(r"deleted ([4-9]|\d\d+) entries", done.stdout), done.stdout
+
+
+# --- deadlines: a black-holed endpoint costs one deadline, not the SDK's read timeout ------
+
+DEADLINE_MS = 1500
+SLACK_S = 1.0
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def hung(
+    request: pytest.FixtureRequest, fault_proxy: MakeProxy, tmp_path: Path
+) -> tuple[dict[str, str], FaultProxy]:
+    """An environment whose only tier sits behind a proxy (healthy until black-holed)."""
+    prefix = f"hung-{uid()}"
+    if request.param == "s3":
+        s3: SeaweedS3 = request.getfixturevalue("seaweed_s3")
+        proxy = fault_proxy(s3.host, s3.port)
+        url = s3_url(s3, prefix, endpoint_url=proxy.url())
+    else:
+        gcs: FakeGCS = request.getfixturevalue("fake_gcs")
+        proxy = fault_proxy(gcs.host, gcs.port)
+        url = gcs_url(gcs, prefix, endpoint=proxy.url())
+    env = base_env(tmp_path, url, OBJCACHE_TIMEOUT_MS=str(DEADLINE_MS))
+    client = Client(Config.from_env(env, timeout_ms=15_000))
+    client.put("fx-graph", "k", os.urandom(300))
+    client.close()
+    return env, proxy
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [(["ls"], 1), (["pull"], 0), (["pull", "--job", "clijob"], 0), (["doctor"], 1)],
+    ids=["ls", "pull", "pull --job", "doctor"],
+)
+def test_commands_on_a_hung_tier_end_within_the_deadline(
+    hung: tuple[dict[str, str], FaultProxy], args: list[str], code: int
+) -> None:
+    """Each command against a black-holed endpoint ends (process exit included) within the
+    configured deadline plus 1 s of what the same command takes against the healthy one."""
+    env, proxy = hung
+    healthy, baseline = cli(*args, env=env)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    proxy.blackhole()
+    done, elapsed = cli(*args, env=env, timeout=60)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert elapsed <= baseline + DEADLINE_MS / 1000 + SLACK_S, (elapsed, baseline, done.stderr)
+    if args[0] == "pull":
+        assert "warning" in done.stderr, done.stderr  # best-effort: said, not fatal
+
+
+EXIT_SCRIPT = """
+import sys, time
+from objcache.client import Client
+from objcache.config import Config
+client = Client(Config.from_env())
+assert client.get("fx-graph", "absent") is None
+print(time.monotonic(), flush=True)
+"""
+
+
+def test_process_with_a_hung_tier_exits_within_the_deadline(
+    hung: tuple[dict[str, str], FaultProxy],
+) -> None:
+    env, proxy = hung
+    proxy.blackhole()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], env=env, capture_output=True, text=True, timeout=60
+    )
+    ended = time.monotonic()
+    assert done.returncode == 0, done.stdout + done.stderr
+    last_call = float(done.stdout.strip().splitlines()[-1])
+    assert last_call - started <= 30, "the lookup itself ended"
+    assert ended - last_call <= DEADLINE_MS / 1000 + SLACK_S, (ended - last_call, done.stderr)
