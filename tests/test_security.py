@@ -569,3 +569,57 @@ def test_red_team_empty_or_short_keys_are_errors_not_silent_off(env: dict[str, s
     message = str(exc.value)
     assert "\n" not in message and next(iter(env)) in message
     assert "short-secret-9f3" not in message and "c2hvcnQ" not in message
+
+
+def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torch release moved one of the cache classes: the swap fails half-way. torch's
+    remote-cache flags must stay off and the classes swapped so far must be put back, so
+    torch never falls back to its own unauthenticated ``RedisRemoteCache``."""
+    pytest.importorskip("torch")
+    import torch._dynamo.config as dconf
+    import torch._dynamo.pgo as pgo
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._inductor import remote_cache
+    from torch._inductor import utils as iutils
+
+    import objcache
+    from objcache.integrations.torch import hooks
+
+    for _, _, env in hooks.FLAGS:
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.delenv("OBJCACHE_ENABLE", raising=False)
+    monkeypatch.delenv("OBJCACHE_TIERS", raising=False)
+    monkeypatch.delattr(remote_cache, "RemoteDynamoPGOCache")  # the last class to be swapped
+    redis_used: list[str] = []
+
+    def spy(self: object, cache_id: str) -> None:
+        redis_used.append(cache_id)
+        raise RuntimeError("torch's own Redis cache must not be used")
+
+    monkeypatch.setattr(remote_cache.RedisRemoteCacheBackend, "__init__", spy)
+    flags = [(iconf, "fx_graph_remote_cache"), (iconf, "autotune_remote_cache"),
+             (iconf, "bundled_autotune_remote_cache"), (fconf, "enable_remote_autograd_cache"),
+             (dconf, "automatic_dynamic_remote_pgo")]  # fmt: skip
+    before = [mod._config[attr].user_override.get() for mod, attr in flags]
+    fx_class = remote_cache.RemoteFxGraphCache
+    caplog.set_level(logging.INFO, logger="objcache")
+    try:
+        objcache.install()
+        assert [mod._config[attr].user_override.get() for mod, attr in flags] == before
+        assert remote_cache.RemoteFxGraphCache is fx_class  # the half-done swap was undone
+        assert not hooks.installed()
+        assert not iutils.should_use_remote_fx_graph_cache()
+        assert not autograd_cache.should_use_remote_autograd_cache()
+        assert not pgo.should_use_remote_dynamo_pgo_cache()
+        for _ in range(2):  # the zero-code path retries on later imports: still one line
+            hooks.apply_part("torch._inductor.remote_cache", remote_cache)
+        lines = [r.getMessage() for r in caplog.records if "remote_cache" in r.getMessage()]
+        assert len(lines) == 1 and "\n" not in lines[0], lines
+        assert "flags stay off" in lines[0]
+    finally:
+        objcache.uninstall()
+    assert redis_used == []
