@@ -623,3 +623,43 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
     finally:
         objcache.uninstall()
     assert redis_used == []
+
+
+def test_red_team_files_planted_in_a_shared_triton_cache_dir_are_never_served_or_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shared ``TRITON_CACHE_DIR`` holds a planted kernel (a group file and its children,
+    a ``.so`` among them). objcache misses, so the backend looks into the directory: the
+    planted files are neither handed to Triton nor published to the stores."""
+    pytest.importorskip("triton")
+    from objcache.integrations import triton as ot
+
+    tc = tmp_path / "shared-triton"
+    monkeypatch.setenv(ot.ENV_CACHE_DIR, str(tc))
+    ot._verdicts.clear()
+    ot.reset_stats()
+    key = "PLANTEDKERNELKEY0000000000000000000000000000000000000"
+    planted = {"k.so": b"\x7fELF planted", "k.json": b"{}", "k.cubin": b"\x7fELF planted"}
+    group = "__grp__k.json"
+    (tc / key).mkdir(parents=True)
+    listing = json.dumps({"child_paths": sorted(planted)}).encode()
+    for name, data in {**planted, group: listing}.items():
+        (tc / key / name).write_bytes(data)
+    store = tmp_path / "store"
+    client = Client(Config(tiers=f"file://{store}", local_dir=tmp_path / "local", prefetch=False))  # type: ignore[arg-type]
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        backend = ot.backend_class()(key, client=client)
+        for _ in range(2):
+            assert backend.get([group]) == {}
+            assert backend.get(sorted(planted)) == {}
+        assert client.flush(10) == 0
+        assert "republished" not in ot.stats() and "cache_dir_hits" not in ot.stats()
+        assert ot.stats()["cache_dir_refused"] >= 1
+        lines = [r.getMessage() for r in caplog.records if "TRITON_CACHE_DIR" in r.getMessage()]
+        assert len(lines) == 1, lines
+    finally:
+        client.close()
+        client.bridge.stop()
+    assert not [p for p in store.rglob("*") if p.is_file() and "triton" in p.parts]
+    assert not [p for p in (tmp_path / "local").rglob("*") if p.is_file() and "triton" in p.parts]
