@@ -31,7 +31,7 @@ from objcache.backends.base import Backend, PutMode
 from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
-from objcache.errors import ConfigError
+from objcache.errors import ConfigError, InvalidKey
 from objcache.registry import create_backend
 from objcache.signing import Ed25519PrivateKey, public_line
 from objcache.urls import parse_tier_url
@@ -663,3 +663,65 @@ def test_red_team_files_planted_in_a_shared_triton_cache_dir_are_never_served_or
         client.bridge.stop()
     assert not [p for p in store.rglob("*") if p.is_file() and "triton" in p.parts]
     assert not [p for p in (tmp_path / "local").rglob("*") if p.is_file() and "triton" in p.parts]
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
+@pytest.mark.parametrize("swapped", ["v1/env/fx-graph/ab", "v1/env"])
+@pytest.mark.parametrize("mode", [PutMode.CREATE, PutMode.OVERWRITE])
+def test_red_team_a_folder_of_a_shared_file_store_swapped_for_a_symlink(
+    tmp_path: Path, swapped: str, mode: PutMode, openat2: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer of a shared ``file://`` store replaces a folder this process already
+    wrote into with a symlink to a place of their choosing: later writes, reads, deletes and
+    listings must stay inside the store (every level is walked with ``O_NOFOLLOW``; reads
+    use one ``openat2`` where the kernel has it, and the walk where it does not)."""
+    from objcache.backends import _fs
+
+    if not openat2:
+        monkeypatch.setattr(_fs._openat2, "usable", False)
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "ab").mkdir()
+    (outside / "fx-graph").mkdir()
+    backend = make_backend(f"file://{root}")
+    folder = "v1/env/fx-graph/ab"
+    try:
+        assert raw(lambda: backend.put(f"{folder}/first", b"v", mode)) is True
+        assert raw(lambda: backend.get(f"{folder}/first")) == b"v"
+        os.rename(root / swapped, tmp_path / "moved-away")
+        os.symlink(outside, root / swapped)
+        for call in (
+            lambda: backend.put(f"{folder}/second", b"planted by us", mode),
+            lambda: backend.get(f"{folder}/first"),
+            lambda: backend.delete(f"{folder}/first"),
+        ):
+            with pytest.raises(InvalidKey):
+                raw(call)  # type: ignore[arg-type]
+        assert raw(lambda: _keys(backend)) == []
+    finally:
+        raw(backend.close)
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == ["ab", "fx-graph"]
+
+
+async def _keys(backend: Backend) -> list[str]:
+    return [info.key async for info in backend.list()]
+
+
+def test_the_stats_temp_file_never_follows_a_symlink(tmp_path: Path) -> None:
+    """Whoever can write the stats file's folder plants symlinks where the temp file goes:
+    the file they point at is never written."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    stats = tmp_path / "shared" / "stats.json"
+    stats.parent.mkdir()
+    os.symlink(victim, stats.parent / f".stats.json.{os.getpid()}")
+    client = Client(
+        Config.from_env(
+            {}, tiers="", local_dir=tmp_path / "local", stats_file=stats, prefetch=False
+        )
+    )
+    client.get(KIND, "missing")
+    close(client)
+    assert victim.read_text() == "precious"
+    assert json.loads(stats.read_text())["cache"]["gets"]
+    assert stats.stat().st_mode & 0o077 == 0
