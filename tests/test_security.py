@@ -725,3 +725,91 @@ def test_the_stats_temp_file_never_follows_a_symlink(tmp_path: Path) -> None:
     assert victim.read_text() == "precious"
     assert json.loads(stats.read_text())["cache"]["gets"]
     assert stats.stat().st_mode & 0o077 == 0
+
+
+# --- hostile URLs: a secret in every place a URL can hide one -----------------------------
+
+LEFT, RIGHT = "hunter2Left", "Right7hunter"  # each half of a planted secret must stay hidden
+
+
+def _hostile_urls(port: int) -> list[str]:
+    host = f"127.0.0.1:{port}"
+    return [
+        f"s3://AKIA{LEFT}:{RIGHT}@bucket/prefix",  # credentials pasted where the bucket goes
+        f"gs://{LEFT}:{RIGHT}@bucket/prefix",
+        f"redis://:{LEFT}/{RIGHT}@{host}/0",  # a password with an unencoded /
+        f"redis://:{LEFT}?{RIGHT}@{host}/0",  # ... with an unencoded ?
+        f"redis://:{LEFT}#{RIGHT}@{host}/0",  # ... with an unencoded #
+        f"redis://user:{LEFT}@{RIGHT}@{host}/0",  # ... with an unencoded @
+        f"rediss://:{LEFT}%2F{RIGHT}@{host}/0",  # percent-encoded, as it should be
+        f"redis://{host}/0?password={LEFT}{RIGHT}",
+        f"s3://bucket/prefix?endpoint_url=http://{LEFT}:{RIGHT}@127.0.0.1:1",
+        f"redis://:{LEFT}{RIGHT}@[::1",  # unparseable
+    ]
+
+
+def assert_hidden(text: str, where: str) -> None:
+    leaked = [s for s in (LEFT, RIGHT) if s.lower() in text.lower()]
+    assert not leaked, f"{where} leaks {leaked}: {text[-2000:]}"
+
+
+def test_hostile_urls_never_leak_into_errors_reprs_or_logs(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from objcache.urls import redact
+
+    caplog.set_level(logging.DEBUG, logger="objcache")
+    for url in _hostile_urls(redis_server.port):
+        assert_hidden(redact(url), f"redact({url!r})")
+        try:
+            spec = parse_tier_url(url, "OBJCACHE_TIERS[0]")
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+            assert_hidden(str(exc), f"the error for {url!r}")
+            continue
+        assert_hidden(repr(spec) + spec.display, f"the TierSpec of {url!r}")
+        try:
+            config = Config.from_env(
+                {}, tiers=url, local_dir=tmp_path / "local", prefetch=False, timeout_ms=1000
+            )
+        except ConfigError as exc:
+            assert_hidden(str(exc), f"Config of {url!r}")
+            continue
+        assert_hidden(repr(config), f"repr(Config) of {url!r}")
+        try:
+            client = Client(config)
+        except Exception as exc:
+            assert_hidden(f"{exc!r} {exc}", f"the client error of {url!r}")
+            continue
+        try:
+            client.put(KIND, "k", b"v" * 100)
+            client.get(KIND, "absent")
+            client.flush(5)
+            assert_hidden(json.dumps(client.stats()), f"stats() of {url!r}")
+        finally:
+            close(client)
+    text = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert_hidden(text, "the objcache log (DEBUG, with tracebacks)")
+
+
+@pytest.mark.parametrize("index", range(len(_hostile_urls(0))))
+def test_hostile_urls_never_leak_into_doctor(index: int, redis_server: RedisServer) -> None:
+    url = _hostile_urls(redis_server.port)[index]
+    done = subprocess.run(
+        [sys.executable, "-m", "objcache.cli", "doctor"],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OBJCACHE_TIERS": url,
+            "OBJCACHE_LOG_LEVEL": "DEBUG",
+            "OBJCACHE_TIMEOUT_MS": "1000",
+            "COLUMNS": "250",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    out = done.stdout + done.stderr
+    assert out.strip()
+    assert_hidden(out, f"`objcache doctor` with {url!r}")
