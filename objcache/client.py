@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -217,9 +218,13 @@ def _write_stats_file(client: Client) -> None:
     data.update(written_at=time.time(), host=socket.gethostname(), pid=os.getpid(), job=client.job)
     target = stats_file(client.config)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A fresh name, created exclusively without following a symlink: whoever can write
+        # the folder cannot make this write land elsewhere (docs/security.md).
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o600), "w") as f:
+            f.write(json.dumps(data, indent=1))
         os.replace(tmp, target)
     except OSError:
         log.debug("cannot write stats file %s", target, exc_info=True)

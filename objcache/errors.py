@@ -78,6 +78,11 @@ class PermanentBackendError(BackendError):
     """Not worth retrying: access denied, missing bucket, bad credentials, bad request."""
 
 
+class ClockSkew(PermanentBackendError):
+    """The server refused the request's timestamp (S3 ``RequestTimeTooSkewed``): this
+    machine's clock is off. Not the tier's fault, so it does not count against its breaker."""
+
+
 class InvalidKey(PermanentBackendError, ValueError):
     """A key that could escape its store (path traversal) or exceeds the size limit."""
 

@@ -3,7 +3,8 @@
 A miss has a reason: ``absent`` (no such key), ``corrupt`` / ``version`` / ``unsigned`` /
 ``bad_signature`` (refused by the decoder), ``error`` (the call failed), ``timeout`` (the
 deadline passed), ``breaker`` (tier skipped while its breaker is open), ``too_large``,
-``invalid_key`` (a key the store cannot hold, e.g. too long; not held against the breaker).
+``invalid_key`` (a key the store cannot hold, e.g. too long; not held against the breaker),
+``clock_skew`` (the server refused this machine's clock; not held against the breaker).
 Counters are only touched from the event loop thread, so plain ints suffice.
 """
 

@@ -44,6 +44,11 @@ def _filesystem(parts: SplitResult, where: str) -> tuple[str, str]:
 def _bucket(parts: SplitResult, where: str) -> tuple[str, str]:
     if not parts.netloc:
         raise ConfigError(f"{where}: {parts.scheme}:// URL needs a bucket name")
+    if "@" in parts.netloc:  # never echo what precedes it: keys pasted into the URL
+        raise ConfigError(
+            f"{where}: credentials do not belong in a {parts.scheme}:// URL (bucket "
+            f"{parts.netloc.rsplit('@', 1)[1]!r}); use the environment or a profile"
+        )
     if not _BUCKET.match(parts.netloc):
         raise ConfigError(f"{where}: invalid bucket name {parts.netloc!r}")
     return parts.netloc, parts.path.strip("/")
@@ -72,6 +77,13 @@ def _anything(parts: SplitResult, where: str) -> tuple[str, str]:
 
 FS_OPTIONS: OptionTable = (
     Option("fsync", "bool", True, "fsync each entry and its directory before it is visible."),
+    Option(
+        "shared",
+        "str",
+        "user",
+        "user: a private store (folders 0700, files 0600); group: shared by a group "
+        "(root may belong to another member, folders 0770, files 0640).",
+    ),
 )
 DISK_OPTIONS: OptionTable = (
     Option("fsync", "bool", False, "fsync each entry (the local tier is a cache: off)."),

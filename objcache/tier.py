@@ -14,7 +14,13 @@ from typing import TypeVar
 
 from objcache.backends._records import RecordBackend
 from objcache.backends.base import Backend, PutMode
-from objcache.errors import BackendError, EntryTooLarge, InvalidKey, PermanentBackendError
+from objcache.errors import (
+    BackendError,
+    ClockSkew,
+    EntryTooLarge,
+    InvalidKey,
+    PermanentBackendError,
+)
 from objcache.metrics import TierStats, log_once
 from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
 from objcache.records import Change, read_modify_write
@@ -116,6 +122,12 @@ class Tier:
             self.breaker.success()
             log_once.warn(self.name, f"{op}-invalid_key", f"{self.name}: {op} refused: {exc}")
             raise Failed("invalid_key") from None
+        except ClockSkew as exc:
+            # This machine's clock, not the tier, is at fault: the tier answered, so like
+            # InvalidKey it is no breaker failure (and ends a half-open probe).
+            self.breaker.success()
+            log_once.warn(self.name, f"{op}-clock_skew", f"{op} refused: {exc}")
+            raise Failed("clock_skew") from None
         except PermanentBackendError as exc:
             # A permanent error says the tier is misconfigured: count it against the breaker.
             self._failed(op, "error", f"{op} failed: {exc}")

@@ -12,6 +12,8 @@ from objcache.options import TIER_OPTIONS, lookup
 from objcache.options import check as check_options
 
 _SECRET_QUERY = re.compile(r"(?i)(password|secret|token|key|credential|signature)")
+#: Schemes whose URL user name is an ACL user, not a secret: shown by :func:`redact`.
+_USER_SCHEMES = ("redis", "rediss", "unix")
 
 
 def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
@@ -50,17 +52,51 @@ def parse_tier_list(value: str, where: str = "OBJCACHE_TIERS") -> list[TierSpec]
     return [parse_tier_url(u, f"{where}[{i}]") for i, u in enumerate(urls)]
 
 
+def _split_userinfo(rest: str) -> tuple[str, str] | None:
+    """``(userinfo, the rest)`` of what follows ``scheme://``, or None without userinfo.
+
+    Conservative, for redaction: a password holding an unencoded ``/``, ``?``, ``#`` or
+    ``@`` ends the authority early for urllib, so when the authority looks like the start
+    of ``user:password`` (a ``:`` not followed by a port) the userinfo runs to the last
+    ``@`` of the URL.
+    """
+    auth_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:auth_end]
+    if "@" in authority:
+        at = authority.rindex("@")
+    elif "@" in rest[auth_end:] and ":" in authority:
+        host, _, port = authority.rpartition(":")
+        if host and port.isdigit():
+            return None  # host:port, then an @ in the path or query
+        at = rest.rindex("@")
+    else:
+        return None
+    return rest[:at], rest[at + 1 :]
+
+
 def redact(url: str) -> str:
-    """Remove passwords and secret-looking query values from a URL."""
+    """Remove passwords and secret-looking query values from a URL (docs/security.md).
+
+    Shown: the scheme, a Redis ACL user name, host, path, and query values whose names do
+    not look secret (URLs among them are redacted in turn). Hidden: every password, even
+    one with unencoded ``/ ? # @``; the whole userinfo of other schemes (an access key
+    pasted into an ``s3://`` URL); ``password``, ``secret``, ``token``, ``key``... values.
+    """
+    scheme, sep, rest = url.partition("://")
+    split = _split_userinfo(rest) if sep else None
+    if split is not None:
+        userinfo, tail = split
+        user, colon, _ = userinfo.partition(":")
+        shown = (f"{user}:***" if colon else user) if scheme.lower() in _USER_SCHEMES else "***"
+        tail = redact(f"{scheme}://{tail}")
+        if not tail.startswith(f"{scheme}://"):
+            return tail  # unparseable
+        return f"{scheme}://{shown}@{tail[len(scheme) + 3 :]}"
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
     netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
     query = "&".join(
         f"{k}=***" if _SECRET_QUERY.search(k) else (f"{k}={_redact_value(v)}" if v else k)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)

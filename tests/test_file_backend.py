@@ -214,6 +214,57 @@ async def test_symlinks_cannot_escape_the_root(scheme: str, tmp_path: Path) -> N
 
 
 @SCHEMES
+async def test_folders_are_created_0700_and_files_0600(scheme: str, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    backend = make(scheme, root)
+    old = os.umask(0)  # the modes objcache asks for, not what a umask leaves of them
+    try:
+        await backend.put("a/b/c", b"v")
+        await backend.put("a/b/d", b"v", PutMode.OVERWRITE)
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in root.rglob("*")}
+    assert modes == {"a": 0o700, "a/b": 0o700, "a/b/c": 0o600, "a/b/d": 0o600}
+    assert root.stat().st_mode & 0o777 == 0o700
+
+
+async def test_a_group_shared_store_creates_0770_and_0640(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    root.chmod(0o2770)  # group-writable: refused unless the store says it is group-shared
+    with pytest.raises(PermanentBackendError, match="writable by its group"):
+        await make("file", root).put("k", b"v")
+    backend = make("file", root, "?shared=group")
+    await backend.put("a/k", b"v")
+    assert (root / "a").stat().st_mode & 0o777 == 0o770  # even under the usual umask 022
+    assert (root / "a" / "k").stat().st_mode & 0o777 == 0o640
+    root.chmod(0o777)
+    with pytest.raises(PermanentBackendError, match="writable by others"):
+        await make("file", root, "?shared=group").get("a/k")
+
+
+@SCHEMES
+@pytest.mark.parametrize("problem", ["another owner", "writable by others", "group-writable"])
+async def test_a_root_others_control_is_refused_in_one_line(
+    scheme: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    if problem == "another owner":
+        uid = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
+    else:
+        root.chmod(0o777 if problem == "writable by others" else 0o770)
+    backend = make(scheme, root)
+    for call in (backend.put("k", b"v"), backend.get("k"), backend.exists("k")):
+        with pytest.raises(PermanentBackendError) as exc:
+            await call
+        message = str(exc.value)
+        assert "\n" not in message and str(root) in message and "refusing" in message
+    assert os.listdir(root) == []
+
+
+@SCHEMES
 async def test_reserved_names_are_not_keys(scheme: str, tmp_path: Path) -> None:
     backend = make(scheme, tmp_path)
     for key in (".objcache-tmp-1-2", "a/.objcache-quarantine/x", "a/" + "s" * 256):
@@ -242,7 +293,7 @@ async def test_key_that_is_a_folder_of_other_keys(scheme: str, tmp_path: Path) -
 async def test_without_hard_links_create_uses_placeholders(
     scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_link(src: str, dst: str) -> None:
+    def no_link(src: str, dst: str, **kwargs: object) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(os, "link", no_link)

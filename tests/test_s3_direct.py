@@ -5,10 +5,13 @@ against real servers, and the fall back to botocore when the server redirects.""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
+from urllib.parse import urlsplit
 
 import pytest
 from botocore.auth import S3SigV4Auth
@@ -27,7 +30,9 @@ from objcache.backends._s3_direct import (
 )
 from objcache.backends.base import PutMode
 from objcache.backends.s3 import CLIENTS, S3Backend
-from objcache.errors import PermanentBackendError
+from objcache.client import Client
+from objcache.config import Config
+from objcache.errors import ClockSkew, PermanentBackendError
 from objcache.urls import parse_tier_url
 from tests.cloud_support import s3_url
 from tests.faults._shim import ThrottleShim
@@ -72,15 +77,11 @@ KEYS = [
 @pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("token", [None, "FwoGZXIvYXdzEJr//session+token=="])
 @pytest.mark.parametrize(
-    ("method", "payload", "extra"),
+    ("method", "body", "extra"),
     [
-        ("GET", EMPTY_SHA256, {}),
-        ("HEAD", EMPTY_SHA256, {}),
-        (
-            "PUT",
-            UNSIGNED_PAYLOAD,
-            {"x-amz-checksum-crc32": "AAAAAA==", "If-None-Match": "*"},
-        ),
+        ("GET", None, {}),
+        ("HEAD", None, {}),
+        ("PUT", b"entry", {"x-amz-checksum-crc32": "AAAAAA==", "If-None-Match": "*"}),
     ],
 )
 @pytest.mark.parametrize(
@@ -97,13 +98,25 @@ def test_signature_is_the_one_botocore_computes(
     key: str,
     token: str | None,
     method: str,
-    payload: str,
+    body: bytes | None,
     extra: dict[str, str],
     route: Route,
 ) -> None:
+    """The differential test: the headers objcache sends, signed independently by
+    botocore's S3 signer over the payload hash S3's rules call for, give the same
+    Authorization."""
     creds = ReadOnlyCredentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
     encoded = _s3_direct.quote(key, safe="/~")
-    ours = SigV4().headers(method, route, f"{route.path}/{encoded}", creds, payload, extra, NOW)
+    ours = SigV4().headers(method, route, f"{route.path}/{encoded}", creds, body, extra, NOW)
+    if body is None:
+        payload = EMPTY_SHA256
+    elif route.base.startswith("https://"):
+        payload = UNSIGNED_PAYLOAD
+    else:
+        payload = hashlib.sha256(body).hexdigest()
+    assert ours["x-amz-content-sha256"] == payload
+    assert ours["x-amz-date"] == NOW.strftime("%Y%m%dT%H%M%SZ")
+    assert ours.get("x-amz-security-token") == token
     sent = {k: v for k, v in ours.items() if k != "authorization"}
     expected = botocore_authorization(method, f"{route.base}/{encoded}", sent, creds, route.region)
     assert ours["authorization"] == expected
@@ -124,8 +137,8 @@ def test_cached_signing_key_follows_secret_date_and_region() -> None:
     seen = set()
     for creds, region, when in cases:
         route = Route("http://h/b", "h", "/b", region)
-        ours = shared.headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, when)
-        fresh = SigV4().headers("GET", route, "/b/k", creds, EMPTY_SHA256, {}, when)
+        ours = shared.headers("GET", route, "/b/k", creds, None, {}, when)
+        fresh = SigV4().headers("GET", route, "/b/k", creds, None, {}, when)
         assert ours == fresh
         seen.add(ours["authorization"])
     assert len(seen) == 4, "the first and last case are the same request"
@@ -314,3 +327,57 @@ def test_proxy_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert env_proxy("https://b.s3.us-east-1.amazonaws.com") == "http://proxy.corp:3128"
     assert env_proxy("https://s3.internal.example/b") is None
     assert env_proxy("http://127.0.0.1:8333/b") is None
+
+
+# --- payload signing and clock skew -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ("http://127.0.0.1:8333/bucket", hashlib.sha256(b"entry bytes").hexdigest()),
+        ("https://b.s3.eu-west-1.amazonaws.com", UNSIGNED_PAYLOAD),
+    ],
+)
+def test_the_payload_is_signed_over_plain_http(base: str, expected: str) -> None:
+    """Over http nothing else protects the body on the wire: its SHA-256 is signed. Over
+    https TLS and the signed x-amz-checksum-crc32 header do, so the body is not hashed."""
+    parts = urlsplit(base)
+    route = Route(base, parts.netloc, parts.path, "eu-west-1")
+    creds = ReadOnlyCredentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", None)
+    extra = {"x-amz-checksum-crc32": "AAAAAA=="}
+    ours = SigV4().headers("PUT", route, f"{route.path}/k", creds, b"entry bytes", extra, NOW)
+    assert ours["x-amz-content-sha256"] == expected
+
+
+@servers
+async def test_request_time_too_skewed_is_a_clock_error_that_leaves_the_breaker_closed(
+    seaweed_s3: S3Server, prefix: str, tmp_path: Path
+) -> None:
+    port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
+    shim = ThrottleShim(
+        port, status=403, body=s3_error("RequestTimeTooSkewed"), content_type="application/xml"
+    )
+    url = s3_url(seaweed_s3, prefix, endpoint_url=shim.url)
+    backend = S3Backend(parse_tier_url(url))
+    try:
+        assert await backend.put("k", b"v") is True
+        shim.throttle_next(1)
+        with pytest.raises(ClockSkew, match="clock") as exc:
+            await backend.get("k")
+        assert "access denied" not in str(exc.value) and "\n" not in str(exc.value)
+    finally:
+        await backend.close()
+    config = Config.from_env({}, tiers=url, local_dir=tmp_path / "local", prefetch=False)
+    client = Client(config)
+    try:
+        shim.throttle_next(50)
+        for i in range(10):  # far past the breaker's threshold
+            assert client.get("fx-graph", f"skewed-{i}") is None
+        remote = client.stats()["tiers"][1]
+        assert remote["misses"] == {"clock_skew": 10}, remote
+        assert remote["breaker_opened"] == 0
+    finally:
+        client.close()
+        client.bridge.stop()
+        shim.close()

@@ -31,7 +31,7 @@ from objcache.backends.base import Backend, PutMode
 from objcache.client import Client
 from objcache.codec import Codec
 from objcache.config import Config
-from objcache.errors import ConfigError
+from objcache.errors import ConfigError, InvalidKey
 from objcache.registry import create_backend
 from objcache.signing import Ed25519PrivateKey, public_line
 from objcache.urls import parse_tier_url
@@ -571,3 +571,247 @@ def test_red_team_empty_or_short_keys_are_errors_not_silent_off(env: dict[str, s
     message = str(exc.value)
     assert "\n" not in message and next(iter(env)) in message
     assert "short-secret-9f3" not in message and "c2hvcnQ" not in message
+
+
+def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torch release moved one of the cache classes: the swap fails half-way. torch's
+    remote-cache flags must stay off and the classes swapped so far must be put back, so
+    torch never falls back to its own unauthenticated ``RedisRemoteCache``."""
+    pytest.importorskip("torch")
+    import torch._dynamo.config as dconf
+    import torch._dynamo.pgo as pgo
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._inductor import remote_cache
+    from torch._inductor import utils as iutils
+
+    import objcache
+    from objcache.integrations.torch import hooks
+
+    for _, _, env in hooks.FLAGS:
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.delenv("OBJCACHE_ENABLE", raising=False)
+    monkeypatch.delenv("OBJCACHE_TIERS", raising=False)
+    monkeypatch.delattr(remote_cache, "RemoteDynamoPGOCache")  # the last class to be swapped
+    redis_used: list[str] = []
+
+    def spy(self: object, cache_id: str) -> None:
+        redis_used.append(cache_id)
+        raise RuntimeError("torch's own Redis cache must not be used")
+
+    monkeypatch.setattr(remote_cache.RedisRemoteCacheBackend, "__init__", spy)
+    flags = [(iconf, "fx_graph_remote_cache"), (iconf, "autotune_remote_cache"),
+             (iconf, "bundled_autotune_remote_cache"), (fconf, "enable_remote_autograd_cache"),
+             (dconf, "automatic_dynamic_remote_pgo")]  # fmt: skip
+    before = [mod._config[attr].user_override.get() for mod, attr in flags]
+    fx_class = remote_cache.RemoteFxGraphCache
+    caplog.set_level(logging.INFO, logger="objcache")
+    try:
+        objcache.install()
+        assert [mod._config[attr].user_override.get() for mod, attr in flags] == before
+        assert remote_cache.RemoteFxGraphCache is fx_class  # the half-done swap was undone
+        assert not hooks.installed()
+        assert not iutils.should_use_remote_fx_graph_cache()
+        assert not autograd_cache.should_use_remote_autograd_cache()
+        assert not pgo.should_use_remote_dynamo_pgo_cache()
+        for _ in range(2):  # the zero-code path retries on later imports: still one line
+            hooks.apply_part("torch._inductor.remote_cache", remote_cache)
+        lines = [r.getMessage() for r in caplog.records if "remote_cache" in r.getMessage()]
+        assert len(lines) == 1 and "\n" not in lines[0], lines
+        assert "flags stay off" in lines[0]
+    finally:
+        objcache.uninstall()
+    assert redis_used == []
+
+
+def test_red_team_files_planted_in_a_shared_triton_cache_dir_are_never_served_or_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shared ``TRITON_CACHE_DIR`` holds a planted kernel (a group file and its children,
+    a ``.so`` among them). objcache misses, so the backend looks into the directory: the
+    planted files are neither handed to Triton nor published to the stores."""
+    pytest.importorskip("triton")
+    from objcache.integrations import triton as ot
+
+    tc = tmp_path / "shared-triton"
+    monkeypatch.setenv(ot.ENV_CACHE_DIR, str(tc))
+    ot._verdicts.clear()
+    ot.reset_stats()
+    key = "PLANTEDKERNELKEY0000000000000000000000000000000000000"
+    planted = {"k.so": b"\x7fELF planted", "k.json": b"{}", "k.cubin": b"\x7fELF planted"}
+    group = "__grp__k.json"
+    (tc / key).mkdir(parents=True)
+    listing = json.dumps({"child_paths": sorted(planted)}).encode()
+    for name, data in {**planted, group: listing}.items():
+        (tc / key / name).write_bytes(data)
+    store = tmp_path / "store"
+    client = Client(Config(tiers=f"file://{store}", local_dir=tmp_path / "local", prefetch=False))  # type: ignore[arg-type]
+    caplog.set_level(logging.WARNING, logger="objcache")
+    try:
+        backend = ot.backend_class()(key, client=client)
+        for _ in range(2):
+            assert backend.get([group]) == {}
+            assert backend.get(sorted(planted)) == {}
+        assert client.flush(10) == 0
+        assert "republished" not in ot.stats() and "cache_dir_hits" not in ot.stats()
+        assert ot.stats()["cache_dir_refused"] >= 1
+        lines = [r.getMessage() for r in caplog.records if "TRITON_CACHE_DIR" in r.getMessage()]
+        assert len(lines) == 1, lines
+    finally:
+        client.close()
+        client.bridge.stop()
+    assert not [p for p in store.rglob("*") if p.is_file() and "triton" in p.parts]
+    assert not [p for p in (tmp_path / "local").rglob("*") if p.is_file() and "triton" in p.parts]
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
+@pytest.mark.parametrize("swapped", ["v1/env/fx-graph/ab", "v1/env"])
+@pytest.mark.parametrize("mode", [PutMode.CREATE, PutMode.OVERWRITE])
+def test_red_team_a_folder_of_a_shared_file_store_swapped_for_a_symlink(
+    tmp_path: Path, swapped: str, mode: PutMode, openat2: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer of a shared ``file://`` store replaces a folder this process already
+    wrote into with a symlink to a place of their choosing: later writes, reads, deletes and
+    listings must stay inside the store (every level is walked with ``O_NOFOLLOW``; reads
+    use one ``openat2`` where the kernel has it, and the walk where it does not)."""
+    from objcache.backends import _fs
+
+    if not openat2:
+        monkeypatch.setattr(_fs._openat2, "usable", False)
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "ab").mkdir()
+    (outside / "fx-graph").mkdir()
+    backend = make_backend(f"file://{root}")
+    folder = "v1/env/fx-graph/ab"
+    try:
+        assert raw(lambda: backend.put(f"{folder}/first", b"v", mode)) is True
+        assert raw(lambda: backend.get(f"{folder}/first")) == b"v"
+        os.rename(root / swapped, tmp_path / "moved-away")
+        os.symlink(outside, root / swapped)
+        for call in (
+            lambda: backend.put(f"{folder}/second", b"planted by us", mode),
+            lambda: backend.get(f"{folder}/first"),
+            lambda: backend.delete(f"{folder}/first"),
+        ):
+            with pytest.raises(InvalidKey):
+                raw(call)  # type: ignore[arg-type]
+        assert raw(lambda: _keys(backend)) == []
+    finally:
+        raw(backend.close)
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == ["ab", "fx-graph"]
+
+
+async def _keys(backend: Backend) -> list[str]:
+    return [info.key async for info in backend.list()]
+
+
+def test_the_stats_temp_file_never_follows_a_symlink(tmp_path: Path) -> None:
+    """Whoever can write the stats file's folder plants symlinks where the temp file goes:
+    the file they point at is never written."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    stats = tmp_path / "shared" / "stats.json"
+    stats.parent.mkdir()
+    os.symlink(victim, stats.parent / f".stats.json.{os.getpid()}")
+    client = Client(
+        Config.from_env(
+            {}, tiers="", local_dir=tmp_path / "local", stats_file=stats, prefetch=False
+        )
+    )
+    client.get(KIND, "missing")
+    close(client)
+    assert victim.read_text() == "precious"
+    assert json.loads(stats.read_text())["cache"]["gets"]
+    assert stats.stat().st_mode & 0o077 == 0
+
+
+# --- hostile URLs: a secret in every place a URL can hide one -----------------------------
+
+LEFT, RIGHT = "hunter2Left", "Right7hunter"  # each half of a planted secret must stay hidden
+
+
+def _hostile_urls(port: int) -> list[str]:
+    host = f"127.0.0.1:{port}"
+    return [
+        f"s3://AKIA{LEFT}:{RIGHT}@bucket/prefix",  # credentials pasted where the bucket goes
+        f"gs://{LEFT}:{RIGHT}@bucket/prefix",
+        f"redis://:{LEFT}/{RIGHT}@{host}/0",  # a password with an unencoded /
+        f"redis://:{LEFT}?{RIGHT}@{host}/0",  # ... with an unencoded ?
+        f"redis://:{LEFT}#{RIGHT}@{host}/0",  # ... with an unencoded #
+        f"redis://user:{LEFT}@{RIGHT}@{host}/0",  # ... with an unencoded @
+        f"rediss://:{LEFT}%2F{RIGHT}@{host}/0",  # percent-encoded, as it should be
+        f"redis://{host}/0?password={LEFT}{RIGHT}",
+        f"s3://bucket/prefix?endpoint_url=http://{LEFT}:{RIGHT}@127.0.0.1:1",
+        f"redis://:{LEFT}{RIGHT}@[::1",  # unparseable
+    ]
+
+
+def assert_hidden(text: str, where: str) -> None:
+    leaked = [s for s in (LEFT, RIGHT) if s.lower() in text.lower()]
+    assert not leaked, f"{where} leaks {leaked}: {text[-2000:]}"
+
+
+def test_hostile_urls_never_leak_into_errors_reprs_or_logs(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from objcache.urls import redact
+
+    caplog.set_level(logging.DEBUG, logger="objcache")
+    for url in _hostile_urls(redis_server.port):
+        assert_hidden(redact(url), f"redact({url!r})")
+        try:
+            spec = parse_tier_url(url, "OBJCACHE_TIERS[0]")
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+            assert_hidden(str(exc), f"the error for {url!r}")
+            continue
+        assert_hidden(repr(spec) + spec.display, f"the TierSpec of {url!r}")
+        try:
+            config = Config.from_env(
+                {}, tiers=url, local_dir=tmp_path / "local", prefetch=False, timeout_ms=1000
+            )
+        except ConfigError as exc:
+            assert_hidden(str(exc), f"Config of {url!r}")
+            continue
+        assert_hidden(repr(config), f"repr(Config) of {url!r}")
+        try:
+            client = Client(config)
+        except Exception as exc:
+            assert_hidden(f"{exc!r} {exc}", f"the client error of {url!r}")
+            continue
+        try:
+            client.put(KIND, "k", b"v" * 100)
+            client.get(KIND, "absent")
+            client.flush(5)
+            assert_hidden(json.dumps(client.stats()), f"stats() of {url!r}")
+        finally:
+            close(client)
+    text = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert_hidden(text, "the objcache log (DEBUG, with tracebacks)")
+
+
+@pytest.mark.parametrize("index", range(len(_hostile_urls(0))))
+def test_hostile_urls_never_leak_into_doctor(index: int, redis_server: RedisServer) -> None:
+    url = _hostile_urls(redis_server.port)[index]
+    done = subprocess.run(
+        [sys.executable, "-m", "objcache.cli", "doctor"],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OBJCACHE_TIERS": url,
+            "OBJCACHE_LOG_LEVEL": "DEBUG",
+            "OBJCACHE_TIMEOUT_MS": "1000",
+            "COLUMNS": "250",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    out = done.stdout + done.stderr
+    assert out.strip()
+    assert_hidden(out, f"`objcache doctor` with {url!r}")

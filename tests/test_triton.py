@@ -234,13 +234,22 @@ def test_failures_are_counted_misses_logged_once(
     probe.client.bridge.call = working  # type: ignore[method-assign]
 
 
+def materialize(probe: Probe, tmp_path: Path) -> Path:
+    """This process compiles the kernel (its files go through ``put``) and Triton's
+    RemoteCacheManager materializes them in its kernel folder, as it does."""
+    kernel_dir = tmp_path / "tc" / KEY
+    kernel_dir.mkdir(parents=True)
+    backend = ot.backend_class()(KEY, client=probe.client)
+    for name, data in {**CHILDREN, GROUP: GROUP_DATA}.items():
+        backend.put(name, data)
+        (kernel_dir / name).write_bytes(data)
+    return kernel_dir
+
+
 def test_files_already_in_the_triton_cache_dir_serve_when_objcache_cannot(
     probe: Probe, tmp_path: Path
 ) -> None:
-    kernel_dir = tmp_path / "tc" / KEY  # where RemoteCacheManager materializes files
-    kernel_dir.mkdir(parents=True)
-    for name, data in {**CHILDREN, GROUP: GROUP_DATA}.items():
-        (kernel_dir / name).write_bytes(data)
+    kernel_dir = materialize(probe, tmp_path)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("store down")
@@ -260,11 +269,12 @@ def test_files_already_in_the_triton_cache_dir_serve_when_objcache_cannot(
 
 
 def test_files_only_in_the_triton_cache_dir_are_published(probe: Probe, tmp_path: Path) -> None:
-    # E.g. compiled while the store was down, or the store was garbage-collected since.
-    kernel_dir = tmp_path / "tc" / KEY
-    kernel_dir.mkdir(parents=True)
-    for name, data in {**CHILDREN, GROUP: GROUP_DATA}.items():
-        (kernel_dir / name).write_bytes(data)
+    # Compiled by this process, then the store was garbage-collected and the local tier
+    # emptied: the files it compiled are stored back.
+    kernel_dir = materialize(probe, tmp_path)
+    assert probe.client.flush() == 0
+    shutil.rmtree(tmp_path / "store")
+    shutil.rmtree(tmp_path / "local")
     backend = ot.backend_class()(KEY, client=probe.client)
     assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
     assert ot.stats()["republished"] == 1 + len(CHILDREN)

@@ -28,8 +28,12 @@ Facts about ``triton/runtime/cache.py`` (3.7.1) this module is built on:
   recompiles), which also makes the order in which remote writes land irrelevant.
 
 Since RemoteCacheManager never reads ``TRITON_CACHE_DIR`` itself, what objcache cannot
-serve is looked up in the files it materialized there before (and stored back into
-objcache): a store that is down or was emptied costs no recompile of what the machine has.
+serve is looked up in the files materialized there before, but only those this process
+compiled or received verified from objcache (their digests are remembered): anything else
+in the directory may have been planted by whoever else can write it (a shared directory)
+and is never handed to Triton nor published (docs/security.md, threat model). A store that
+is down or was emptied costs no recompile of what this process already had, and what it
+compiled is stored back into objcache.
 
 Nothing here raises into Triton: every failure is a miss (or a dropped write), counted in
 :func:`stats` and logged once.
@@ -38,6 +42,7 @@ Nothing here raises into Triton: every failure is a miss (or a dropped write), c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -116,7 +121,9 @@ def stats() -> dict[str, int]:
     """Counters of this process.
 
     ``get_calls``, ``files_requested``, ``files_hit``; ``cache_dir_hits`` (served from files
-    already in ``TRITON_CACHE_DIR``) and ``republished`` (those stored back into objcache);
+    already in ``TRITON_CACHE_DIR`` that this process compiled or verified), ``republished``
+    (those stored back into objcache) and ``cache_dir_refused`` (files found there that this
+    process did not compile or verify: never served, never published);
     ``puts``, ``put_bytes``; ``incomplete_groups``, ``errors``, ``timeouts``, ``mixed_dir``.
     Per-tier hits and misses: ``objcache.stats()``.
     """
@@ -125,6 +132,38 @@ def stats() -> dict[str, int]:
 
 def reset_stats() -> None:
     _counters.clear()
+    _known.clear()
+
+
+class _Known:
+    """Digests of the Triton files this process compiled (``put``) or received from
+    objcache (verified there): the only files of ``TRITON_CACHE_DIR`` that may be handed to
+    Triton or published."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._digests: dict[str, bytes] = {}
+
+    @staticmethod
+    def _digest(data: bytes) -> bytes:
+        return hashlib.blake2b(data, digest_size=32).digest()
+
+    def add(self, name: str, data: bytes) -> None:
+        digest = self._digest(data)
+        with self._lock:
+            self._digests[name] = digest
+
+    def matches(self, name: str, data: bytes) -> bool:
+        with self._lock:
+            digest = self._digests.get(name)
+        return digest is not None and digest == self._digest(data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._digests.clear()
+
+
+_known = _Known()
 
 
 def _failed(op: str, exc: BaseException) -> None:
@@ -239,6 +278,8 @@ class _BackendImpl:
                 fetched, ready = self._call(lambda c: _fetch(c.cache, self._key, todo), scale)
                 found.update(fetched)
                 self._ready.update(ready)
+                for name, data in {**fetched, **ready}.items():
+                    _known.add(f"{self._key}/{name}", data)
             except Exception as exc:
                 _failed("get", exc)
             try:
@@ -253,13 +294,26 @@ class _BackendImpl:
         return found
 
     def _read_local(self, filename: str) -> bytes | None:
+        """``filename`` from this kernel's folder, only when this process compiled or
+        verified those very bytes; anything else there is refused, counted, logged once."""
         if self._dir is None or os.sep in filename or filename in ("", ".", ".."):
             return None
         try:
-            with open(os.path.join(self._dir, filename), "rb") as f:
-                return f.read()
+            fd = os.open(os.path.join(self._dir, filename), os.O_RDONLY | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
+                data = f.read()
         except OSError:
             return None
+        if _known.matches(f"{self._key}/{filename}", data):
+            return data
+        _counters.add(cache_dir_refused=1)
+        log_once.warn(
+            "triton",
+            "cache_dir_refused",
+            f"objcache: refused {self._key}/{filename} found in TRITON_CACHE_DIR: this process "
+            "neither compiled nor verified it; never served or published",
+        )
+        return None
 
     def _from_cache_dir(self, names: list[str]) -> dict[str, bytes]:
         """Every file read from this kernel's ``TRITON_CACHE_DIR`` folder for ``names``.
@@ -289,8 +343,9 @@ class _BackendImpl:
         return read
 
     def _publish(self, files: dict[str, bytes]) -> None:
-        """Store files objcache lacked but this machine had, in one bridge call, so that
-        the fleet gets them: the local tier now, the remote tiers in the background."""
+        """Store files objcache lacked but this process compiled or verified (only those get
+        past :meth:`_read_local`), in one bridge call, so that the fleet gets them: the local
+        tier now, the remote tiers in the background."""
 
         async def put_all(client: Client) -> None:
             await asyncio.gather(
@@ -307,6 +362,7 @@ class _BackendImpl:
         """Store one artifact: local tier now, remote tiers in the background."""
         try:
             payload = data.encode() if isinstance(data, str) else bytes(data)
+            _known.add(f"{self._key}/{filename}", payload)  # compiled by this process
             self._get_client().put(KIND, f"{self._key}/{filename}", payload)
             _counters.add(puts=1, put_bytes=len(payload))
         except Exception as exc:
@@ -541,6 +597,7 @@ def _after_fork_in_child() -> None:
     _verdicts_lock = threading.Lock()
     _backend_lock = threading.Lock()
     _counters._lock = threading.Lock()
+    _known._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -35,6 +35,7 @@ import os
 import random
 import secrets
 import stat
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
@@ -80,7 +81,9 @@ SWEEP_ONE_IN = 32
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
+#: How every folder below a store's root is opened: never through a symlink.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW
 #: link() errors that mean "this filesystem has no hard links".
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
 #: Errors worth retrying: NFS hiccups, interrupted calls, resource contention.
@@ -144,15 +147,77 @@ def content_version(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, directory: int) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(path)
+        os.unlink(name, dir_fd=directory)
+
+
+class _OpenAt2:
+    """``openat2(dirfd, path, {flags, 0, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH})`` through
+    ctypes (Linux 5.6+): one system call that refuses a symlink at any level of ``path`` and
+    any escape from ``dirfd``. ``usable`` turns False for good where the kernel, a seccomp
+    filter or the platform says no; callers then walk folder by folder."""
+
+    SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}
+    RESOLVE = 0x04 | 0x08  # RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+
+    def __init__(self) -> None:
+        self.usable = sys.platform == "linux" and os.uname().machine in self.SYS_OPENAT2
+        self._call: Callable[[int, bytes, int], int] | None = None
+
+    def _bind(self) -> Callable[[int, bytes, int], int]:
+        import ctypes
+
+        class OpenHow(ctypes.Structure):
+            _fields_ = [
+                ("flags", ctypes.c_uint64),
+                ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64),
+            ]
+
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        number = self.SYS_OPENAT2[os.uname().machine]
+        size = ctypes.sizeof(OpenHow)
+
+        def call(dirfd: int, path: bytes, flags: int) -> int:
+            how = OpenHow(flags, 0, self.RESOLVE)
+            fd = int(syscall(number, dirfd, path, ctypes.byref(how), size))
+            if fd < 0:
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code))
+            return fd
+
+        return call
+
+    def __call__(self, dirfd: int, path: str, flags: int) -> int | None:
+        """The new fd; None where openat2 cannot be used here (and from then on)."""
+        if self._call is None:
+            self._call = self._bind()
+        try:
+            return self._call(dirfd, os.fsencode(path), flags)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
+                self.usable = False  # an old kernel or a seccomp filter: walk instead
+                return None
+            raise
+
+
+_openat2 = _OpenAt2()
 
 
 class FsStore:
-    """Synchronous store logic; every public method is one thread hop's worth of work."""
+    """Synchronous store logic; every public method is one thread hop's worth of work.
 
-    def __init__(self, root: str, *, fsync: bool, touch_on_read: bool) -> None:
+    Every operation walks from the root with directory file descriptors, one ``O_NOFOLLOW``
+    open per folder (``dir_fd=``), and acts on names relative to the last one: a folder
+    replaced with a symlink at any time, even after this process wrote there, is refused
+    (``InvalidKey``), never followed (docs/security.md, "Local filesystem"). The root is
+    checked once per process: owned by this user and writable by nobody else (with
+    ``group=True``: owned by anyone, writable by its group, by nobody else).
+    """
+
+    def __init__(self, root: str, *, fsync: bool, touch_on_read: bool, group: bool = False) -> None:
         self.root = os.path.abspath(root)
         self.fsync = fsync
         #: Record reads in the file's atime (the disk tier's LRU clock).
@@ -161,7 +226,12 @@ class FsStore:
         self.touch_interval_s = 60.0
         #: None until the first CREATE tells whether link() works here.
         self.hardlinks: bool | None = None
-        self._safe_dirs: set[str] = set()
+        #: A store shared by a group (``file://...?shared=group``): folders 0770, files 0640.
+        self.group = group
+        self.dir_mode = 0o770 if group else 0o700
+        self.file_mode = 0o640 if group else 0o600
+        #: (st_dev, st_ino) of the root once it passed :meth:`_check_root`.
+        self._root_ok: tuple[int, int] | None = None
         self._swept: dict[str, float] = {}
 
     # --- paths -------------------------------------------------------------------------
@@ -172,35 +242,95 @@ class FsStore:
     def key_of(self, path: str) -> str:
         return os.path.relpath(path, self.root).replace(os.sep, "/")
 
-    def _check_dir(self, directory: str) -> None:
-        """Refuse a folder that resolves (through symlinks) outside the root."""
-        if directory in self._safe_dirs:
+    def _check_root(self, fd: int) -> None:
+        """Refuse a root another user owns, or that others (or, unless the store is
+        group-shared, its group) can write: whoever can write it can plant entries and
+        swap folders (docs/security.md)."""
+        st = os.fstat(fd)
+        if self._root_ok == (st.st_dev, st.st_ino):
             return
-        root = os.path.realpath(self.root)
-        real = os.path.realpath(directory)
-        if real != root and not real.startswith(root + os.sep):
-            raise InvalidKey(f"{self.key_of(directory)!r} resolves outside the store")
-        if len(self._safe_dirs) > 4096:
-            self._safe_dirs.clear()
-        self._safe_dirs.add(directory)
+        mode = stat.S_IMODE(st.st_mode)
+        if not self.group and st.st_uid != os.geteuid():
+            raise PermanentBackendError(
+                f"{self.root} is owned by another user (uid {st.st_uid}); refusing it as a "
+                "store (see docs/security.md)"
+            )
+        if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not self.group):
+            who = "others" if mode & stat.S_IWOTH else "its group"
+            raise PermanentBackendError(
+                f"{self.root} is writable by {who} (mode {mode:o}); refusing it as a store "
+                "(see docs/security.md)"
+            )
+        self._root_ok = (st.st_dev, st.st_ino)
+
+    def _open_root(self, create: bool) -> int | None:
+        flags = os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC
+        try:
+            fd = os.open(self.root, flags)
+        except FileNotFoundError:
+            if not create:
+                return None
+            os.makedirs(self.root, mode=self.dir_mode, exist_ok=True)
+            fd = os.open(self.root, flags)
+        try:
+            self._check_root(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_dir(self, rel: str, create: bool) -> int | None:
+        """An fd of the folder ``rel`` ("" for the root), walked one ``O_NOFOLLOW`` level at
+        a time; None when it is absent and not ``create``. A symlink at any level is an
+        ``InvalidKey``; a file where a folder should be is ``NotADirectoryError``."""
+        fd = self._open_root(create)
+        if fd is None or not rel:
+            return fd
+        try:
+            for segment in rel.split("/"):
+                child = self._open_child(fd, segment, create)
+                os.close(fd)
+                fd = child
+                if fd is None:
+                    return None
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        return fd
+
+    def _parent(self, key: str, create: bool = False) -> tuple[int | None, str]:
+        """(an fd of the folder holding ``key``, None when absent; the entry's name)."""
+        rel, _, name = key.rpartition("/")
+        return self._open_dir(rel, create), name
+
+    def _open_child(self, parent: int, name: str, create: bool) -> int | None:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                return None
+        except NotADirectoryError:  # a symlink (O_NOFOLLOW), or a file
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise InvalidKey(f"{name!r} is a symlink; refusing to follow it") from None
+            if create:
+                raise
+            return None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, self.dir_mode, dir_fd=parent)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        if self.group:  # the umask may have taken the group's write bit
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, self.dir_mode)
+        return fd
 
     # --- single-entry operations ------------------------------------------------------
 
     def read(self, key: str, max_bytes: int = 0) -> bytes | None:
-        path = self.path(key)
-        self._check_dir(os.path.dirname(path))
-        try:
-            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError):
+        fd = self._open_entry(key)
+        if fd is None:
             return None
-        except PermissionError:
-            if self.stat(key) is None:  # a CREATE placeholder (mode 000) of another user
-                return None
-            raise
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise InvalidKey(f"{key!r} is a symlink; refusing to follow it") from None
-            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
@@ -216,23 +346,71 @@ class FsStore:
         finally:
             os.close(fd)
 
-    def stat(self, key: str) -> os.stat_result | None:
-        """The entry's stat, or None when absent (or only a placeholder/folder)."""
-        path = self.path(key)
-        self._check_dir(os.path.dirname(path))
+    def _open_entry(self, key: str) -> int | None:
+        """The entry ``key`` opened for reading without following a symlink at any level;
+        None when absent. One ``openat2`` (``RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH``) where
+        the kernel has it: the local-hit path (docs/benchmarks.md); else the folder walk."""
+        flags = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+        if _openat2.usable:
+            root = self._open_root(create=False)
+            if root is None:
+                return None
+            try:
+                fd = _openat2(root, key, flags)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EXDEV):
+                    raise InvalidKey(f"{key!r} goes through a symlink; refusing it") from None
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return None
+                if exc.errno == errno.EACCES:
+                    self._placeholder_or_raise(key, exc)
+                    return None
+                raise
+            finally:
+                os.close(root)
+            if fd is not None:
+                return fd
+        directory, name = self._parent(key)
+        if directory is None:
+            return None
         try:
-            st = os.stat(path, follow_symlinks=False)
+            return os.open(name, flags, dir_fd=directory)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except PermissionError as exc:
+            self._placeholder_or_raise(key, exc)
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidKey(f"{key!r} is a symlink; refusing to follow it") from None
+            raise
+        finally:
+            os.close(directory)
+
+    def _placeholder_or_raise(self, key: str, exc: OSError) -> None:
+        """An unreadable entry: absent when it is a CREATE placeholder (mode 000) of another
+        user (returns), else the error."""
+        if self.stat(key) is not None:
+            raise exc
+
+    def stat(self, key: str) -> os.stat_result | None:
+        """The entry's stat, or None when absent (or only a placeholder/folder)."""
+        directory, name = self._parent(key)
+        if directory is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            os.close(directory)
         if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
             return None
         return st
 
     def write(self, key: str, data: bytes, mode: PutMode) -> bool:
-        path = self.path(key)
-        directory = os.path.dirname(path)
-        self._check_dir(directory)
-        tmp, fd = self._open_temp(directory)
+        rel, _, name = key.rpartition("/")
+        directory, tmp, fd = self._open_temp(rel)
         published = False
         try:
             try:
@@ -242,57 +420,69 @@ class FsStore:
             finally:
                 os.close(fd)
             if mode is PutMode.OVERWRITE:
-                os.replace(tmp, path)
+                os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
                 published = True
                 return True
-            published = self._publish_create(tmp, path)
+            published = self._publish_create(directory, tmp, name)
             return published
         finally:
             if not (published and mode is PutMode.OVERWRITE):
-                _unlink_quietly(tmp)
-            self._maybe_sweep(directory)
+                _unlink_quietly(tmp, directory)
+            self._maybe_sweep(rel, directory)
+            os.close(directory)
 
-    def _open_temp(self, directory: str) -> tuple[str, int]:
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
-        for _ in range(3):
+    def _open_temp(self, rel: str) -> tuple[int, str, int]:
+        """(folder fd, temp name, temp fd) in the folder ``rel``, created as needed."""
+        tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        for attempt in range(3):
+            directory = self._open_dir(rel, create=True)
+            assert directory is not None
             try:
-                return tmp, os.open(tmp, _CREATE_FLAGS, 0o666)
+                return directory, tmp, os.open(tmp, _CREATE_FLAGS, self.file_mode, dir_fd=directory)
             except FileNotFoundError:
                 # A concurrent delete may prune folders; retry a couple of times.
-                os.makedirs(directory, exist_ok=True)
-        return tmp, os.open(tmp, _CREATE_FLAGS, 0o666)
+                os.close(directory)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                os.close(directory)
+                raise
+        raise AssertionError("unreachable")
 
-    def _publish_create(self, tmp: str, path: str) -> bool:
+    def _publish_create(self, directory: int, tmp: str, name: str) -> bool:
+        at = {"src_dir_fd": directory, "dst_dir_fd": directory}
         if self.hardlinks is not False:
             try:
-                os.link(tmp, path)
+                os.link(tmp, name, **at, follow_symlinks=False)
                 self.hardlinks = True
                 return True
             except FileExistsError:
                 # NFS may report EEXIST for a retransmitted link that did succeed.
-                if os.stat(tmp).st_nlink == 2:
+                if os.stat(tmp, dir_fd=directory, follow_symlinks=False).st_nlink == 2:
                     return True
-                self._refuse_folder(path)
+                self._refuse_folder(directory, name)
                 return False
             except OSError as exc:
                 if self.hardlinks or exc.errno not in _NO_LINKS:
                     raise
                 self.hardlinks = False
         try:
-            os.close(os.open(path, _CREATE_FLAGS, 0))  # the placeholder claims the key
+            os.close(os.open(name, _CREATE_FLAGS, 0, dir_fd=directory))  # claims the key
         except FileExistsError:
-            self._refuse_folder(path)
+            self._refuse_folder(directory, name)
             return False
         try:
-            os.replace(tmp, path)
+            os.rename(tmp, name, **at)
         except BaseException:
-            _unlink_quietly(path)
+            _unlink_quietly(name, directory)
             raise
         return True
 
-    def _refuse_folder(self, path: str) -> None:
-        if os.path.isdir(path):
-            raise PermanentBackendError(f"{self.key_of(path)!r} is a folder of longer keys")
+    @staticmethod
+    def _refuse_folder(directory: int, name: str) -> None:
+        st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            raise PermanentBackendError(f"{name!r} is a folder of longer keys")
 
     # --- records (conditional writes, see backends/_records.py) --------------------------
 
@@ -304,15 +494,17 @@ class FsStore:
     def write_if_version(self, key: str, data: bytes, version: str | None) -> bool:
         """Replace the entry if it is still at ``version`` (None: absent), under a lock file
         beside it; the new bytes are published by an atomic rename."""
-        path = self.path(key)
-        directory, name = os.path.split(path)
-        self._check_dir(directory)
-        os.makedirs(directory, exist_ok=True)
-        lock = os.open(
-            os.path.join(directory, LOCK_PREFIX + name),
-            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
-            0o666,
-        )
+        directory, name = self._parent(key, create=True)
+        assert directory is not None
+        try:
+            lock = os.open(
+                LOCK_PREFIX + name,
+                os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+                self.file_mode,
+                dir_fd=directory,
+            )
+        finally:
+            os.close(directory)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = self.read(key)
@@ -323,122 +515,150 @@ class FsStore:
             os.close(lock)
 
     def delete(self, key: str) -> bool:
-        path = self.path(key)
-        self._check_dir(os.path.dirname(path))
+        rel, _, name = key.rpartition("/")
         try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
+            directory = self._open_dir(rel, create=False)
+        except NotADirectoryError:
+            return False
+        if directory is None:
+            return False
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
                 return False
-            os.unlink(path)
+            os.unlink(name, dir_fd=directory)
         except (FileNotFoundError, NotADirectoryError):
             return False
+        finally:
+            os.close(directory)
         return True
 
     def quarantine(self, key: str) -> bool:
         """Move the entry into the quarantine folder: no longer served nor listed."""
-        path = self.path(key)
-        self._check_dir(os.path.dirname(path))
         if self.stat(key) is None:
             return False
-        qdir = os.path.join(self.root, QUARANTINE_DIR)
-        os.makedirs(qdir, exist_ok=True)
-        digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-        tail = key.rsplit("/", 1)[-1][:100]
-        try:
-            os.rename(path, os.path.join(qdir, f"{time.time_ns()}-{digest}-{tail}"))
-        except FileNotFoundError:
+        directory, name = self._parent(key)
+        if directory is None:
             return False
+        try:
+            qdir = self._open_dir(QUARANTINE_DIR, create=True)
+            assert qdir is not None
+            digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+            target = f"{time.time_ns()}-{digest}-{name[:100]}"
+            try:
+                os.rename(name, target, src_dir_fd=directory, dst_dir_fd=qdir)
+            except FileNotFoundError:
+                return False
+            finally:
+                os.close(qdir)
+        finally:
+            os.close(directory)
         return True
 
     # --- walking ------------------------------------------------------------------------
 
     def scan_dir(self, rel: str) -> tuple[list[ObjectInfo], list[str]]:
         """Entries and sub-folders (as keys) of one folder; removes stale temp files."""
-        directory = self.path(rel) if rel else self.root
-        self._check_dir(directory)
         files: list[ObjectInfo] = []
         dirs: list[str] = []
-        for entry, st in self._entries(directory, time.time()):
-            key = f"{rel}/{entry.name}" if rel else entry.name
-            if st is None:
-                dirs.append(key)
-            else:
-                files.append(ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime))
+        try:
+            directory = self._open_dir(rel, create=False)
+        except NotADirectoryError:
+            return files, dirs
+        if directory is None:
+            return files, dirs
+        try:
+            for name, st in self._entries(directory, time.time()):
+                key = f"{rel}/{name}" if rel else name
+                if st is None:
+                    dirs.append(key)
+                else:
+                    files.append(ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime))
+        finally:
+            os.close(directory)
         return files, dirs
 
     def scan_all(self) -> dict[str, tuple[int, float]]:
         """Every entry as key -> (size, atime); also expires quarantined entries."""
         out: dict[str, tuple[int, float]] = {}
         now = time.time()
-        stack = [self.root]
+        root = self._open_root(create=False)
+        if root is None:
+            return out
+        stack: list[tuple[str, int]] = [("", root)]
         while stack:
-            directory = stack.pop()
-            for entry, st in self._entries(directory, now):
-                if st is None:
-                    stack.append(entry.path)
-                else:
-                    out[self.key_of(entry.path)] = (st.st_size, st.st_atime)
+            rel, directory = stack.pop()
+            try:
+                for name, st in self._entries(directory, now):
+                    key = f"{rel}/{name}" if rel else name
+                    if st is not None:
+                        out[key] = (st.st_size, st.st_atime)
+                        continue
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                        stack.append((key, os.open(name, _DIR_FLAGS, dir_fd=directory)))
+            finally:
+                os.close(directory)
         self._expire_quarantine(now)
         return out
 
-    def _entries(
-        self, directory: str, now: float
-    ) -> Iterator[tuple[os.DirEntry[str], os.stat_result | None]]:
-        """(entry, stat) for entries, (entry, None) for sub-folders; skips reserved names."""
-        try:
-            it = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        with it:
+    def _entries(self, directory: int, now: float) -> Iterator[tuple[str, os.stat_result | None]]:
+        """(name, stat) for entries, (name, None) for sub-folders of the open folder
+        ``directory``; skips reserved names and symlinks."""
+        with os.scandir(directory) as it:
             for entry in it:
                 try:
                     if entry.name.startswith(RESERVED):
-                        self._drop_if_stale(entry, now)
+                        self._drop_if_stale(directory, entry, now)
                     elif entry.is_dir(follow_symlinks=False):
-                        yield entry, None
+                        yield entry.name, None
                     elif entry.is_file(follow_symlinks=False):
                         st = entry.stat(follow_symlinks=False)
                         if not _is_placeholder(st):
-                            yield entry, st
+                            yield entry.name, st
                         elif st.st_mtime < now - STALE_AFTER_S:
-                            _unlink_quietly(entry.path)
+                            _unlink_quietly(entry.name, directory)
                 except FileNotFoundError:
                     continue  # deleted while we looked
 
     @staticmethod
-    def _drop_if_stale(entry: os.DirEntry[str], now: float) -> None:
+    def _drop_if_stale(directory: int, entry: os.DirEntry[str], now: float) -> None:
         if entry.name.startswith((TMP_PREFIX, LEASE_PREFIX)):
             st = entry.stat(follow_symlinks=False)
             if st.st_mtime < now - STALE_AFTER_S:
-                _unlink_quietly(entry.path)
+                _unlink_quietly(entry.name, directory)
 
-    def sweep(self, directory: str) -> None:
-        """Remove stale temp files and placeholders from one folder."""
+    def sweep(self, directory: int) -> None:
+        """Remove stale temp files and placeholders from one open folder."""
         for _ in self._entries(directory, time.time()):
             pass
 
-    def _maybe_sweep(self, directory: str) -> None:
+    def _maybe_sweep(self, rel: str, directory: int) -> None:
         if random.randrange(SWEEP_ONE_IN):
             return
         now = time.monotonic()
-        if now - self._swept.get(directory, -STALE_AFTER_S) < STALE_AFTER_S:
+        if now - self._swept.get(rel, -STALE_AFTER_S) < STALE_AFTER_S:
             return
         if len(self._swept) > 4096:
             self._swept.clear()
-        self._swept[directory] = now
+        self._swept[rel] = now
         with contextlib.suppress(OSError):  # opportunistic
             self.sweep(directory)
 
     def _expire_quarantine(self, now: float) -> None:
-        qdir = os.path.join(self.root, QUARANTINE_DIR)
+        try:
+            qdir = self._open_dir(QUARANTINE_DIR, create=False)
+        except (NotADirectoryError, InvalidKey):
+            return
+        if qdir is None:
+            return
         try:
             with os.scandir(qdir) as it:
                 for entry in it:
                     # Named "<time_ns>-...": rename() kept the entry's own, older mtime.
                     stamp = entry.name.split("-", 1)[0]
                     if not stamp.isdigit() or int(stamp) / 1e9 < now - QUARANTINE_TTL_S:
-                        _unlink_quietly(entry.path)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
+                        _unlink_quietly(entry.name, qdir)
+        finally:
+            os.close(qdir)
 
 
 class FsBackend(Backend):
@@ -452,8 +672,14 @@ class FsBackend(Backend):
         if not spec.path.startswith("/"):
             raise ConfigError(f"{spec.display}: the store path must be absolute")
         fsync = opt_bool(spec, "fsync")
-        self.store = FsStore(spec.path, fsync=fsync, touch_on_read=self.touch_on_read)
+        self.store = FsStore(
+            spec.path, fsync=fsync, touch_on_read=self.touch_on_read, group=self._group(spec)
+        )
         self.closed = False
+
+    def _group(self, spec: TierSpec) -> bool:
+        """Whether the store is shared by a group (only ``file://`` can be)."""
+        return False
 
     async def _run(self, what: str, fn: Callable[P, T], *args: P.args, **kw: P.kwargs) -> T:
         try:

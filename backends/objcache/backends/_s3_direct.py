@@ -1,10 +1,11 @@
-"""Single-part GET, PUT and HEAD of S3 objects over aiohttp, signed here (SigV4).
+"""Single-part GET, PUT and HEAD of S3 objects over aiohttp, signed by botocore's SigV4.
 
 botocore spends about 1.5 ms of CPU on every request before and after the bytes move (event
 hooks, an endpoint-ruleset evaluation per call, since S3's ruleset takes the object key as
 a parameter and so defeats botocore's cache, request and response models). A cache makes
 three kinds of call per entry, and a bulk copy makes thousands: for those three, objcache
-signs and sends the request itself, at about a quarter of the CPU (docs/benchmarks.md).
+sends the request itself over aiohttp, signed by botocore's ``S3SigV4Auth`` (not by a
+signer of its own: docs/security.md), at a fraction of the CPU (docs/benchmarks.md).
 
 botocore still decides everything that needs its knowledge of S3:
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import hmac
 import re
 import ssl
 import urllib.request
@@ -38,6 +38,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import aiohttp
 from botocore import exceptions as bce
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
 from yarl import URL
 
 #: Key used only to ask botocore where a bucket's objects live (never requested).
@@ -115,20 +117,13 @@ def is_special_bucket(bucket: str) -> bool:
 
 
 class SigV4:
-    """AWS Signature Version 4 for S3 header-signed requests (no query signing)."""
+    """SigV4 header signing for S3 by botocore's own ``S3SigV4Auth`` (no query signing).
 
-    def __init__(self) -> None:
-        self._key: tuple[tuple[str, str, str], bytes] | None = None
-
-    def _signing_key(self, secret: str, date: str, region: str) -> bytes:
-        cached = self._key
-        if cached is not None and cached[0] == (secret, date, region):
-            return cached[1]
-        key = ("AWS4" + secret).encode()
-        for part in (date, region, "s3", "aws4_request"):
-            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-        self._key = ((secret, date, region), key)
-        return key
+    botocore decides the payload hash the way it does for its own requests: over plain
+    http the body's SHA-256 is signed (nothing else protects it on the wire); over https,
+    with the signed ``x-amz-checksum-crc32`` header, ``UNSIGNED-PAYLOAD``; an empty body
+    signs the empty hash.
+    """
 
     def headers(
         self,
@@ -136,44 +131,32 @@ class SigV4:
         route: Route,
         encoded_path: str,
         credentials: Any,
-        payload_hash: str,
+        body: bytes | None,
         extra: dict[str, str],
         now: datetime.datetime | None = None,
     ) -> dict[str, str]:
         """The request headers, ``Authorization`` included. ``extra`` headers are signed."""
-        now = now or datetime.datetime.now(datetime.timezone.utc)
-        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        date = amz_date[:8]
-        signed = {
-            "host": route.host,
-            "x-amz-content-sha256": payload_hash,
-            "x-amz-date": amz_date,
-            **{k.lower(): " ".join(v.split()) for k, v in extra.items()},
-        }
-        if credentials.token:
-            signed["x-amz-security-token"] = credentials.token
-        names = sorted(signed)
-        canonical = "\n".join(
-            (
-                method,
-                encoded_path,
-                "",  # no query string
-                "".join(f"{n}:{signed[n]}\n" for n in names),
-                ";".join(names),
-                payload_hash,
-            )
+        scheme = route.base.split("://", 1)[0]
+        request = AWSRequest(
+            method=method,
+            url=f"{scheme}://{route.host}{encoded_path}",
+            headers={"host": route.host, **extra},
+            data=body or b"",
         )
-        scope = f"{date}/{route.region}/s3/aws4_request"
-        to_sign = "\n".join(
-            ("AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest())
-        )
-        key = self._signing_key(credentials.secret_key, date, route.region)
-        signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-        signed["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={credentials.access_key}/{scope}, "
-            f"SignedHeaders={';'.join(names)}, Signature={signature}"
-        )
-        return signed
+        checksum = next((k for k in extra if k.lower().startswith("x-amz-checksum-")), None)
+        if checksum is not None:
+            request.context["checksum"] = {"request_algorithm": {"in": "header", "name": checksum}}
+            request.context["payload_signing_enabled"] = False  # only honoured over https
+        signer = S3SigV4Auth(credentials, "s3", route.region)
+        if now is None:
+            signer.add_auth(request)
+        else:  # tests: botocore stamps the time itself, as naive UTC
+            from unittest import mock
+
+            stamp = now.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+            with mock.patch("botocore.auth.get_current_datetime", return_value=stamp):
+                signer.add_auth(request)
+        return {k.lower(): str(v) for k, v in request.headers.items()}
 
 
 def client_error(status: int, body: bytes, headers: Any, operation: str) -> bce.ClientError:
@@ -265,12 +248,7 @@ class DirectS3:
         encoded = quote(name, safe="/~")
         frozen = await self.credentials.get_frozen_credentials()
         headers = self.signer.headers(
-            method,
-            route,
-            f"{route.path}/{encoded}",
-            frozen,
-            EMPTY_SHA256 if body is None else UNSIGNED_PAYLOAD,
-            extra or {},
+            method, route, f"{route.path}/{encoded}", frozen, body, extra or {}
         )
         url = URL(f"{route.base}/{encoded}", encoded=True)
         async with self._session().request(

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from botocore import exceptions as bce
 
-from objcache.errors import BackendError, PermanentBackendError, TransientBackendError
+from objcache.errors import BackendError, ClockSkew, PermanentBackendError, TransientBackendError
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -98,6 +98,12 @@ def _client_error(exc: bce.ClientError, op: str, bucket: str, tier: str) -> Back
         return TransientBackendError(f"{op}: {code or status} ({message})", tier=tier)
     if code == "NoSuchBucket":
         return missing_bucket(bucket, tier)
+    if code == "RequestTimeTooSkewed":
+        return ClockSkew(
+            f"{op}: this machine's clock differs from the server's by more than S3 allows "
+            "(RequestTimeTooSkewed): synchronise it (chrony, systemd-timesyncd, NTP)",
+            tier=tier,
+        )
     if code == "InvalidAccessKeyId":
         return PermanentBackendError(
             f"{op}: the access key id is unknown to this endpoint: check AWS_ACCESS_KEY_ID "

@@ -8,6 +8,12 @@ the data before the name appears, so another machine never reads a name whose da
 server crash lost. Folders are not fsynced: losing a just-published name is a cache miss.
 No eviction (``objcache gc`` removes old entries) and no atime bookkeeping: readers of a
 shared store may lack write permission, and attribute writes are round trips on NFS.
+
+Permissions (docs/security.md, "Local filesystem"): the root must be owned by this user and
+writable by nobody else; folders are created 0700, files 0600, so a fleet sharing a store
+runs as one user. ``?shared=group`` is the group-shared case: the root may be owned by
+another member and be group-writable (never world-writable); folders are created 0770 and
+files 0640.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from __future__ import annotations
 from typing import ClassVar
 
 from objcache.backends._fs import FsBackend
+from objcache.backends.base import TierSpec
+from objcache.errors import ConfigError
 
 
 class FileBackend(FsBackend):
     """Shared directory store."""
 
     touch_on_read: ClassVar[bool] = False
+
+    def _group(self, spec: TierSpec) -> bool:
+        shared = spec.options.get("shared", "user")
+        if shared not in ("user", "group"):
+            raise ConfigError(f"{spec.display}: shared must be user or group, got {shared!r}")
+        return shared == "group"

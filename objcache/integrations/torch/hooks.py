@@ -94,6 +94,10 @@ _lock = threading.RLock()
 #: What install() changed: (module name, attribute) -> previous value.
 _saved: dict[tuple[str, str], Any] = {}
 _installed_parts: set[str] = set()
+#: The module whose cache classes are swapped; the flags wait for it (:func:`_apply_flags`).
+REMOTE_CACHES = "torch._inductor.remote_cache"
+#: Config modules imported before the swap succeeded, their flags not yet set.
+_flags_waiting: list[Any] = []
 #: Environment variables install() set (for child processes), removed by uninstall().
 _env_set: set[str] = set()
 #: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
@@ -104,6 +108,13 @@ _failed = FailureLog(
     counters,
     "errors:",
     "objcache: %s failed; torch goes on without objcache there: %r",
+)
+_swap_failed = FailureLog(
+    log,
+    "torch",
+    counters,
+    "errors:",
+    "objcache: %s failed, put back; torch's remote-cache flags stay off: %r",
 )
 
 
@@ -196,17 +207,38 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
 
 
 def _apply_remote_cache(module: Any) -> None:
-    backend_cls = _make_backend_class(module.RemoteCacheBackend)
-    module.ObjcacheBackend = backend_cls
-    for name, kind in CACHE_CLASSES.items():
-        current = getattr(module, name)
-        if getattr(current, "objcache_kind", None):
-            continue
-        _save(module.__name__, name, current)
-        setattr(
-            module, name, _make_cache_class(current, kind, backend_cls, module.RemoteCacheJsonSerde)
-        )
-    _clear_cached_remote_caches()
+    """Swap torch's cache classes, then turn on the remote-cache flags waiting for it.
+
+    All or nothing (docs/security.md, threat model): with a flag on and a
+    class left unswapped, torch would use its own ``RedisRemoteCache`` (no auth, no digest,
+    no signature). On any failure, the classes swapped so far and the flags set are put
+    back before the error goes on to :func:`apply_part`.
+    """
+    saved_before = set(_saved)
+    try:
+        backend_cls = _make_backend_class(module.RemoteCacheBackend)
+        module.ObjcacheBackend = backend_cls
+        for name, kind in CACHE_CLASSES.items():
+            current = getattr(module, name)
+            if getattr(current, "objcache_kind", None):
+                continue
+            _save(module.__name__, name, current)
+            cls = _make_cache_class(current, kind, backend_cls, module.RemoteCacheJsonSerde)
+            setattr(module, name, cls)
+        for config_module in _flags_waiting:
+            _set_flags(config_module)
+    except BaseException:
+        for key in reversed([k for k in _saved if k not in saved_before]):
+            mod = sys.modules.get(key[0])
+            value = _saved.pop(key)
+            if mod is not None:
+                _restore(mod, key[1], value)
+        if hasattr(module, "ObjcacheBackend"):
+            del module.ObjcacheBackend
+        raise
+    finally:
+        _clear_cached_remote_caches()
+    _flags_waiting.clear()
 
 
 def _clear_cached_remote_caches() -> None:
@@ -222,6 +254,19 @@ def _clear_cached_remote_caches() -> None:
 
 
 def _apply_flags(module: Any) -> None:
+    """Turn on ``module``'s remote-cache flags once torch's cache classes are swapped.
+
+    Before that they wait in :data:`_flags_waiting`: :func:`_apply_remote_cache` sets them
+    after the swap succeeded, never otherwise (torch reads the flags at compile time, after
+    it imported ``torch._inductor.remote_cache``).
+    """
+    if REMOTE_CACHES in _installed_parts:
+        _set_flags(module)
+    elif module not in _flags_waiting:
+        _flags_waiting.append(module)
+
+
+def _set_flags(module: Any) -> None:
     for mod_name, attr, env in FLAGS:
         if mod_name != module.__name__ or env in os.environ:
             continue
@@ -369,7 +414,9 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             APPLY[WATCHED[module_name]](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
-            _failed(f"install ({module_name})", exc)
+            (_swap_failed if module_name == REMOTE_CACHES else _failed)(
+                f"install ({module_name})", exc
+            )
 
 
 def install(config: Any | None = None) -> None:
@@ -427,7 +474,7 @@ def start_client() -> None:
 
 
 def installed() -> bool:
-    mod = sys.modules.get("torch._inductor.remote_cache")
+    mod = sys.modules.get(REMOTE_CACHES)
     return mod is not None and bool(getattr(mod.RemoteFxGraphCache, "objcache_kind", None))
 
 
@@ -454,6 +501,7 @@ def uninstall() -> None:
         candidates.uninstall()
         time_saved.uninstall()
         _installed_parts.clear()
+        _flags_waiting.clear()
         _config_checked.clear()
         _clear_cached_remote_caches()
         for var in _env_set:
