@@ -38,7 +38,7 @@ fuzz: venv
 # Mutation testing of the core against the fast tests (docs/testing.md); not part of `test`.
 mutation: venv
 	rm -rf mutants
-	PYTHONPATH=$(CURDIR) $(BIN)/mutmut run --max-children 2
+	OBJCACHE_HYPOTHESIS_PROFILE=mutation PYTHONPATH=$(CURDIR) $(BIN)/python scripts/mutmut_run.py run --max-children 2
 	$(BIN)/python scripts/mutation_report.py
 
 docs: venv

@@ -28,6 +28,7 @@ from objcache.errors import (
     UnsignedEntry,
     UnsupportedVersion,
 )
+from tests.support.hypothesis_profiles import examples
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"
 PLAIN = Codec()
@@ -84,7 +85,7 @@ def test_truncation_at_every_length_is_detected(
             check(codec, entry[:n])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=200))
 def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
@@ -98,7 +99,7 @@ def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
                 codec.verify(entry, OKEY)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_crash(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
@@ -110,7 +111,7 @@ def test_arbitrary_bytes_never_crash(blob: bytes) -> None:
         assert codec.decode(codec.encode(out, OKEY), OKEY) == out
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(payloads, st.binary(min_size=1, max_size=64), st.integers(min_value=0))
 def test_appended_or_spliced_bytes_are_refused(payload: bytes, junk: bytes, pos: int) -> None:
     entry = PLAIN.encode(payload, OKEY)
