@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 import time
@@ -234,3 +235,62 @@ def test_maintenance_restarts_on_a_new_event_loop(tmp_path: Path) -> None:
     # stay unknown to the index until the next rescan, so allow one entry over the limit.
     assert bytes_on_disk(tmp_path) <= 4000
     assert (tmp_path / "k5").exists()
+
+
+async def test_a_fast_path_hit_keeps_its_entry_from_eviction(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=3500")
+    for key in ("a", "b", "c"):
+        await backend.put(key, b"x" * 1000)
+        await backend.wait_idle()
+        await asyncio.sleep(0.02)
+    assert backend.read_sync("a") == b"x" * 1000
+    backend.note_hit("a", 1000)  # what TieredCache does after a fast-path hit
+    await backend.put("d", b"x" * 1000)
+    await backend.wait_idle()
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert backend.total_bytes == bytes_on_disk(tmp_path)
+    await backend.close()
+
+
+def test_a_quarantined_entry_is_named_by_time_key_digest_and_tail(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    key = "v1/env/fx/ab/" + "t" * 150
+    (tmp_path / "v1/env/fx/ab").mkdir(parents=True)
+    (tmp_path / key).write_bytes(b"bad")
+    before = time.time_ns()
+    assert store.quarantine(key)
+    after = time.time_ns()
+    [moved] = (tmp_path / QUARANTINE_DIR).iterdir()
+    stamp, digest, tail = moved.name.split("-", 2)
+    assert before <= int(stamp) <= after, "the expiry reads the time from the name"
+    assert digest == hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    assert tail == "t" * 100 and moved.read_bytes() == b"bad"
+    assert not (tmp_path / key).exists()
+    assert store.quarantine(key) is False
+    assert store.quarantine("v1/absent/folder/k") is False
+
+
+def test_only_stale_temp_and_lease_files_are_swept(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    now = time.time()
+    names = {
+        f"{_fs.TMP_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
+        f"{_fs.LEASE_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
+        f"{_fs.TMP_PREFIX}boundary": now - _fs.STALE_AFTER_S,
+        f"{_fs.TMP_PREFIX}fresh": now - 60,
+        f"{_fs.LOCK_PREFIX}old": now - _fs.STALE_AFTER_S - 1,
+    }
+    for name, mtime in names.items():
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (mtime, mtime))
+    with os.scandir(tmp_path) as it:
+        for entry in it:
+            FsStore._drop_if_stale(entry, now)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{_fs.TMP_PREFIX}boundary", f"{_fs.TMP_PREFIX}fresh", f"{_fs.LOCK_PREFIX}old"]
+    )
+    store.sweep(str(tmp_path))  # the same rule, a moment later: the boundary file is stale now
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{_fs.LOCK_PREFIX}old",
+        f"{_fs.TMP_PREFIX}fresh",
+    ]

@@ -287,6 +287,22 @@ async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_pat
     await disk.close()
 
 
+async def test_local_fast_path_hits_add_up(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    okey = NS.object_key("fx-graph", "k")
+    for ms in (0.5, 3.0):
+        cache.note_local_hit("fx-graph", okey, 10, ms)
+    assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (2, 2)
+    assert (cache.stats.served_by[local.name], local.stats.hits) == (2, 2)
+    assert local.stats.bytes_read == 20 and local.stats.kinds["fx-graph"]["hit"] == 2
+    assert local.stats.get_latency.total == 2 and local.stats.get_latency.sum_ms == 3.5
+    assert cache.stats.lookup.total == 2 and cache.stats.lookup.sum_ms == 3.5
+    assert disk.total_bytes == 10, "the hit reached the disk tier's LRU index"
+    await disk.close()
+
+
 def test_tier_options_override_the_global_policy() -> None:
     backend = MemoryBackend("mem://opts")
     backend.spec.options.update(
