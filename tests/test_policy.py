@@ -111,3 +111,11 @@ async def test_backoff_grows_from_the_initial_wait() -> None:
     with pytest.raises(TransientBackendError):
         await call_with_policy(lambda: always_transient(calls), quick)
     assert len(calls) == 4 and calls[-1] - calls[0] < 1.0
+
+
+async def test_a_zero_timeout_means_no_deadline() -> None:
+    async def slow() -> str:
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    assert await call_with_policy(slow, RetryPolicy(timeout_s=0)) == "ok"
