@@ -8,7 +8,7 @@ import pytest
 
 from objcache.config import Config, reference_markdown
 from objcache.errors import ConfigError
-from objcache.urls import parse_tier_list, parse_tier_url, redact
+from objcache.urls import flag, parse_tier_list, parse_tier_url, redact
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = "k-new-0123456789abcdef0123456789abcdef"
@@ -94,3 +94,20 @@ def test_signing_key_file(tmp_path: Path) -> None:
 def test_configuration_reference_is_current() -> None:
     doc = ROOT / "docs" / "configuration.md"
     assert doc.read_text() == reference_markdown(), "run: make docs"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", False),
+        ("?read_only", True),
+        ("?read_only=1", True),
+        ("?read_only=TRUE", True),
+        ("?read_only=true", True),
+        ("?read_only=0", False),
+        ("?read_only=false", False),
+        ("?home=1", False),
+    ],
+)
+def test_boolean_tier_options(query: str, expected: bool) -> None:
+    assert flag(parse_tier_url(f"file:///srv/cache{query}"), "read_only") is expected
