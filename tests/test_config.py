@@ -111,3 +111,13 @@ def test_configuration_reference_is_current() -> None:
 )
 def test_boolean_tier_options(query: str, expected: bool) -> None:
     assert flag(parse_tier_url(f"file:///srv/cache{query}"), "read_only") is expected
+
+
+def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from objcache import registry
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": "myco_cache:Backend"})
+    [spec] = parse_tier_list("myco://bucket/prefix")
+    assert (spec.scheme, spec.location) == ("myco", "bucket")
+    with pytest.raises(ConfigError, match="unknown scheme 'other'"):
+        parse_tier_list("other://bucket")
