@@ -121,3 +121,9 @@ def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.M
     assert (spec.scheme, spec.location) == ("myco", "bucket")
     with pytest.raises(ConfigError, match="unknown scheme 'other'"):
         parse_tier_list("other://bucket")
+
+
+def test_the_scheme_is_what_precedes_the_first_separator() -> None:
+    spec = parse_tier_url("s3://bucket/p?endpoint=http://127.0.0.1:9000")
+    assert (spec.scheme, spec.options["endpoint"]) == ("s3", "http://127.0.0.1:9000")
+    assert parse_tier_url("  S3://bucket/p ").scheme == "s3"
