@@ -50,6 +50,10 @@ def test_compressible_payload_is_compressed_and_tiny_stays_raw() -> None:
     assert len(PLAIN.encode(big, OKEY)) < len(big) // 10
     tiny = b"x" * (MIN_COMPRESS - 1)
     assert len(PLAIN.encode(tiny, OKEY)) == HEADER_SIZE + len(tiny)
+    smallest = b"x" * MIN_COMPRESS  # the threshold itself is compressed
+    assert len(PLAIN.encode(smallest, OKEY)) < HEADER_SIZE + len(smallest)
+    noise = os.urandom(4096)  # zstd would grow it: stored raw
+    assert PLAIN.encode(noise, OKEY)[HEADER_SIZE:] == noise
 
 
 #: Both ways of checking an entry: decoding it, and verifying it without decoding (copies).
