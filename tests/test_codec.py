@@ -25,6 +25,7 @@ from objcache.errors import (
     BadSignature,
     CorruptEntry,
     EntryError,
+    OversizedEntry,
     UnsignedEntry,
     UnsupportedVersion,
 )
@@ -232,3 +233,11 @@ def test_an_entry_declaring_more_than_the_limit_everywhere_is_refused(
     # Nothing else is wrong with it: under a higher limit it verifies.
     monkeypatch.setattr(codec_module, "MAX_PAYLOAD", 4 * MAX_PAYLOAD)
     PLAIN._check(memoryview(bomb), OKEY, 4 * MAX_PAYLOAD)  # what verify() runs, cap raised
+
+
+@pytest.mark.parametrize("payload", [b"k" * 100, b"compressible " * 100])
+def test_the_size_cap_admits_a_payload_of_exactly_its_size(payload: bytes) -> None:
+    entry = SIGNED.encode(payload, OKEY)
+    assert SIGNED.decode(entry, OKEY, max_payload=len(payload)) == payload
+    with pytest.raises(OversizedEntry):
+        SIGNED.decode(entry, OKEY, max_payload=len(payload) - 1)
