@@ -361,3 +361,14 @@ def test_an_integration_failure_is_counted_every_time_and_logged_once(
     assert counters == Counter({"errors:store": 3})
     levels = [r.levelno for r in caplog.records if r.name == "objcache.test"]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+async def test_tier_delete_tells_deleted_absent_and_failed_apart() -> None:
+    t = tier("mem://del")
+    mem(t).data["k"] = b"v"
+    assert await t.delete("k") is True
+    assert await t.delete("k") is False
+    mem(t).fault = "permanent"
+    for _ in range(3):
+        assert await t.delete("k") is None, "a failure is neither deleted nor absent"
+    assert t.stats.breaker_opened == 1 and t.breaker_open(), "and counts against the breaker"
