@@ -127,3 +127,27 @@ def test_the_scheme_is_what_precedes_the_first_separator() -> None:
     spec = parse_tier_url("s3://bucket/p?endpoint=http://127.0.0.1:9000")
     assert (spec.scheme, spec.options["endpoint"]) == ("s3", "http://127.0.0.1:9000")
     assert parse_tier_url("  S3://bucket/p ").scheme == "s3"
+
+
+@pytest.mark.parametrize(
+    ("url", "location", "path"),
+    [
+        ("disk://localhost/srv/c", "", "/srv/c"),
+        ("file://localhost/srv/c", "", "/srv/c"),
+        ("disk:///srv/c", "", "/srv/c"),
+        ("unix:///run/cache.sock", "", "/run/cache.sock"),
+        ("s3://bucket/a/b/", "bucket", "a/b"),
+    ],
+)
+def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
+    spec = parse_tier_url(url)
+    assert (spec.location, spec.path) == (location, path)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["disk://host/srv/c", "file://host/srv/c", "unix://host", "unix://", "s3://", "redis:///0"],
+)
+def test_tier_urls_without_a_usable_location_are_refused(url: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_tier_url(url)
