@@ -137,6 +137,7 @@ def test_the_scheme_is_what_precedes_the_first_separator() -> None:
         ("disk:///srv/c", "", "/srv/c"),
         ("unix:///run/cache.sock", "", "/run/cache.sock"),
         ("s3://bucket/a/b/", "bucket", "a/b"),
+        ("gs://bucket//a/", "bucket", "a"),
     ],
 )
 def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
@@ -146,7 +147,16 @@ def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["disk://host/srv/c", "file://host/srv/c", "unix://host", "unix://", "s3://", "redis:///0"],
+    [
+        "disk://host/srv/c",
+        "file://host/srv/c",
+        "unix://host",
+        "unix://",
+        "s3://",
+        "gs://",
+        "gs://Bad_Bucket",
+        "redis:///0",
+    ],
 )
 def test_tier_urls_without_a_usable_location_are_refused(url: str) -> None:
     with pytest.raises(ConfigError):
