@@ -156,8 +156,24 @@ def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
         "gs://",
         "gs://Bad_Bucket",
         "redis:///0",
+        "rediss:///0",
     ],
 )
 def test_tier_urls_without_a_usable_location_are_refused(url: str) -> None:
     with pytest.raises(ConfigError):
         parse_tier_url(url)
+
+
+@pytest.mark.parametrize("option", ["read_only", "write_only", "home"])
+def test_boolean_tier_options_are_validated(option: str) -> None:
+    assert parse_tier_url(f"file:///c?{option}=FALSE").options[option] == "FALSE"
+    with pytest.raises(ConfigError, match=option):
+        parse_tier_url(f"file:///c?{option}=maybe")
+
+
+@pytest.mark.parametrize("option", ["timeout_ms", "max_size", "retries"])
+def test_numeric_tier_options_are_validated(option: str) -> None:
+    assert parse_tier_url(f"file:///c?{option}=12").options[option] == "12"
+    for bad in ("-1", "1.5", "ten", ""):
+        with pytest.raises(ConfigError, match=option):
+            parse_tier_url(f"file:///c?{option}={bad}")
