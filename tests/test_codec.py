@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
 from collections.abc import Callable
 
@@ -241,3 +242,12 @@ def test_the_size_cap_admits_a_payload_of_exactly_its_size(payload: bytes) -> No
     assert SIGNED.decode(entry, OKEY, max_payload=len(payload)) == payload
     with pytest.raises(OversizedEntry):
         SIGNED.decode(entry, OKEY, max_payload=len(payload) - 1)
+
+
+def test_the_configured_compression_level_is_used() -> None:
+    rng = random.Random(1)
+    words = [bytes(rng.choices(b"abcdefghij", k=rng.randint(3, 9))) for _ in range(2000)]
+    text = b" ".join(rng.choice(words) for _ in range(20000))
+    fast, small = Codec(level=1).encode(text, OKEY), Codec(level=19).encode(text, OKEY)
+    assert len(small) < len(fast)
+    assert PLAIN.decode(fast, OKEY) == PLAIN.decode(small, OKEY) == text
