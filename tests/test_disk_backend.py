@@ -294,3 +294,32 @@ def test_only_stale_temp_and_lease_files_are_swept(tmp_path: Path) -> None:
         f"{_fs.LOCK_PREFIX}old",
         f"{_fs.TMP_PREFIX}fresh",
     ]
+
+
+async def test_a_failed_scan_falls_back_to_what_this_process_has_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(*_: object) -> None:
+        raise OSError("scan failed")
+
+    monkeypatch.setattr(disk, "_scan", unreadable)
+    monkeypatch.setattr(DiskBackend, "evict_backoff_s", 0.0)
+    backend = make(tmp_path, "?max_bytes=3000")
+    for i in range(5):  # the first put's scan fails; eviction still runs on what was seen
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+        await asyncio.sleep(0.01)
+    assert bytes_on_disk(tmp_path) <= 3000 and (tmp_path / "k4").exists()
+    assert backend.total_bytes == bytes_on_disk(tmp_path)
+    await backend.close()
+
+
+async def test_quarantine_takes_the_entry_out_of_the_byte_count(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("a/bad", b"x" * 100)
+    await backend.put("a/good", b"y" * 10)
+    await backend.wait_idle()
+    assert backend.total_bytes == 110
+    assert await backend.quarantine("a/bad")
+    assert backend.total_bytes == 10
+    await backend.close()
