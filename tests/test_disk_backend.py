@@ -323,3 +323,33 @@ async def test_quarantine_takes_the_entry_out_of_the_byte_count(tmp_path: Path) 
     assert await backend.quarantine("a/bad")
     assert backend.total_bytes == 10
     await backend.close()
+
+
+def test_eviction_frees_exactly_the_excess_oldest_first(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    for key in ("old", "mid", "new"):
+        (tmp_path / key).write_bytes(b"x" * 10)
+    sizes = {"new": 10, "old": 10, "mid": 10}
+    used = {"new": 3.0, "old": 1.0, "mid": 2.0}
+    assert disk._evict(store, sizes, used, 1) == ["old"], "one byte over frees one entry"
+    assert disk._evict(store, sizes, used, 11) == ["old", "mid"]
+    assert disk._evict(store, sizes, used, 0) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+async def test_an_eviction_that_frees_nothing_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes: list[int] = []
+
+    def frees_nothing(store: FsStore, sizes: object, used: object, excess: int) -> list[str]:
+        passes.append(excess)
+        return []
+
+    monkeypatch.setattr(disk, "_evict", frees_nothing)
+    backend = make(tmp_path, "?max_bytes=1000")
+    for i in range(5):
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+    assert len(passes) == 1, "no new pass until the back-off has passed"
+    await backend.close()
