@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import threading
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from objcache.backends import _fs, disk
 from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
 from objcache.backends.disk import DiskBackend, size_option
-from objcache.errors import ConfigError, InvalidKey
+from objcache.errors import ConfigError, InvalidKey, TransientBackendError
 from objcache.urls import parse_tier_url
 
 
@@ -353,3 +354,32 @@ async def test_an_eviction_that_frees_nothing_backs_off(
         await backend.wait_idle()
     assert len(passes) == 1, "no new pass until the back-off has passed"
     await backend.close()
+
+
+def test_the_index_replays_changes_made_while_it_was_rebuilt() -> None:
+    idx = disk._Index()
+    idx.seen("kept", 7, 1.0)
+    idx.begin_rebuild()
+    idx.seen("written", 5, 2.0)
+    idx.seen("empty", 0, 2.0)
+    idx.gone("deleted")
+    idx.finish_rebuild({"deleted": 3, "scanned": 4}, {"deleted": 0.5, "scanned": 0.5}, 7)
+    assert idx.ready
+    assert idx.sizes == {"scanned": 4, "written": 5, "empty": 0}
+    assert set(idx.used) == set(idx.sizes) and idx.total == 9
+    idx.seen("after", 1, 3.0)  # no longer journaled: a second rebuild starts from scratch
+    idx.begin_rebuild()
+    idx.finish_rebuild({}, {}, 0)
+    assert idx.sizes == {}
+
+
+def test_a_fast_path_read_error_is_a_typed_backend_error(tmp_path: Path) -> None:
+    backend = make(tmp_path)
+
+    def failing_read(key: str, max_bytes: int = 0) -> bytes | None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    backend.store.read = failing_read  # type: ignore[method-assign]
+    with pytest.raises(TransientBackendError) as raised:
+        backend.read_sync("a/k")
+    assert raised.value.tier == backend.name and "a/k" in str(raised.value)
