@@ -30,6 +30,7 @@ from objcache.errors import (
     UnsignedEntry,
     UnsupportedVersion,
 )
+from objcache.signing import Ed25519PrivateKey
 from tests.support.hypothesis_profiles import examples
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"
@@ -251,3 +252,21 @@ def test_the_configured_compression_level_is_used() -> None:
     fast, small = Codec(level=1).encode(text, OKEY), Codec(level=19).encode(text, OKEY)
     assert len(small) < len(fast)
     assert PLAIN.decode(fast, OKEY) == PLAIN.decode(small, OKEY) == text
+
+
+def test_an_ed25519_signer_verifies_its_own_entries() -> None:
+    ci = Codec(signer=Ed25519PrivateKey.generate())
+    entry = ci.encode(b"payload", OKEY)
+    assert ci.decode(entry, OKEY) == b"payload"
+    ci.verify(entry, OKEY)
+    with pytest.raises(BadSignature):
+        Codec(signer=Ed25519PrivateKey.generate()).decode(entry, OKEY)
+
+
+def test_decode_without_the_signature_check_still_checks_the_digest() -> None:
+    unsigned = PLAIN.encode(b"payload", OKEY)
+    with pytest.raises(UnsignedEntry):
+        SIGNED.decode(unsigned, OKEY)
+    assert SIGNED.decode(unsigned, OKEY, signature=False) == b"payload"
+    with pytest.raises(CorruptEntry):
+        SIGNED.decode(unsigned[:-1] + b"!", OKEY, signature=False)

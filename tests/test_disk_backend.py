@@ -383,3 +383,30 @@ def test_a_fast_path_read_error_is_a_typed_backend_error(tmp_path: Path) -> None
     with pytest.raises(TransientBackendError) as raised:
         backend.read_sync("a/k")
     assert raised.value.tier == backend.name and "a/k" in str(raised.value)
+
+
+def test_a_scan_takes_the_later_of_atime_and_this_process_s_clock(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    for key, atime in (("seen", 100.0), ("unseen", 0.5)):
+        (tmp_path / key).write_bytes(b"x" * 3)
+        os.utime(tmp_path / key, (atime, atime))
+    sizes, used, total = disk._scan(store, {"seen": 200.0, "gone": 300.0})
+    assert sizes == {"seen": 3, "unseen": 3} and total == 6
+    assert used == {"seen": 200.0, "unseen": 0.5}
+
+
+async def test_the_index_is_rescanned_only_after_its_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("mine", b"x" * 100)
+    await backend.wait_idle()
+    (tmp_path / "other").write_bytes(b"y" * 50)  # another process's write
+    await backend.put("mine2", b"x" * 10)
+    await backend.wait_idle()
+    assert backend.total_bytes == 110, "no rescan before the interval"
+    monkeypatch.setattr(DiskBackend, "rescan_interval_s", 0.0)
+    await backend.put("mine3", b"x" * 1)
+    await backend.wait_idle()
+    assert backend.total_bytes == 161, "a due rescan counts what others wrote"
+    await backend.close()
