@@ -410,3 +410,28 @@ async def test_the_index_is_rescanned_only_after_its_interval(
     await backend.wait_idle()
     assert backend.total_bytes == 161, "a due rescan counts what others wrote"
     await backend.close()
+
+
+async def test_a_failed_maintenance_pass_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(*_: object) -> None:
+        raise OSError("scan failed")
+
+    monkeypatch.setattr(disk, "_scan", unreadable)
+    backend = make(tmp_path, "?max_bytes=1500")
+    for i in range(4):
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+    assert bytes_on_disk(tmp_path) == 4000, "no eviction pass during the back-off"
+    await backend.close()
+
+
+async def test_a_tier_exactly_at_its_limit_is_not_evicted(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"k{i}").write_bytes(b"x" * 1000)
+    backend = make(tmp_path, "?max_bytes=3000")
+    assert await backend.put("empty", b"")  # starts the first scan, which finds 3000 bytes
+    await backend.wait_idle()
+    assert backend.total_bytes == bytes_on_disk(tmp_path) == 3000
+    await backend.close()
