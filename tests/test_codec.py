@@ -270,3 +270,8 @@ def test_decode_without_the_signature_check_still_checks_the_digest() -> None:
     assert SIGNED.decode(unsigned, OKEY, signature=False) == b"payload"
     with pytest.raises(CorruptEntry):
         SIGNED.decode(unsigned[:-1] + b"!", OKEY, signature=False)
+
+
+def test_the_hard_limit_admits_an_entry_of_exactly_its_size() -> None:
+    # Header and frame declare the limit itself (more is refused: the test above).
+    PLAIN.verify(bomb_entry(MAX_PAYLOAD), OKEY)
