@@ -435,3 +435,15 @@ async def test_a_tier_exactly_at_its_limit_is_not_evicted(tmp_path: Path) -> Non
     await backend.wait_idle()
     assert backend.total_bytes == bytes_on_disk(tmp_path) == 3000
     await backend.close()
+
+
+async def test_a_miss_on_an_entry_deleted_behind_its_back_updates_the_count(
+    tmp_path: Path,
+) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("a", b"x" * 100)
+    await backend.wait_idle()
+    (tmp_path / "a").unlink()  # another process evicted it
+    assert await backend.get("a") is None
+    assert backend.total_bytes == 0
+    await backend.close()
