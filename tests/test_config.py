@@ -177,3 +177,21 @@ def test_numeric_tier_options_are_validated(option: str) -> None:
     for bad in ("-1", "1.5", "ten", ""):
         with pytest.raises(ConfigError, match=option):
             parse_tier_url(f"file:///c?{option}={bad}")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://user@host/0", "redis://user@host/0"),
+        ("redis://u:p@ss@host/0", "redis://u:***@host/0"),
+        ("rediss://:tok@h:1/0?prefix=a", "rediss://:***@h:1/0?prefix=a"),
+        (
+            "s3://b/p?read_only&secret_key=abc&region=x",
+            "s3://b/p?read_only&secret_key=***&region=x",
+        ),
+        ("disk:///srv/c?max_bytes=1G", "disk:///srv/c?max_bytes=1G"),
+    ],
+)
+def test_redact_hides_passwords_and_secret_options_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact(url) == shown
