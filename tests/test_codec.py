@@ -275,3 +275,15 @@ def test_decode_without_the_signature_check_still_checks_the_digest() -> None:
 def test_the_hard_limit_admits_an_entry_of_exactly_its_size() -> None:
     # Header and frame declare the limit itself (more is refused: the test above).
     PLAIN.verify(bomb_entry(MAX_PAYLOAD), OKEY)
+
+
+def test_entry_format_v2_is_stable() -> None:
+    """A fixed entry, byte for byte: a change to the header or to how the digest binds the
+    key (docs/architecture.md, "Entry format") would strand every entry already stored."""
+    golden = bytes.fromhex(
+        "4f424a43020000000000000000000007"
+        "8ea4b3a058a2478d740f280987e500c215b9c8f5857f0419f52172b18832e600"
+        "7061796c6f6164"
+    )
+    assert PLAIN.encode(b"payload", OKEY) == golden
+    assert PLAIN.decode(golden, OKEY) == b"payload"

@@ -138,6 +138,7 @@ def test_the_scheme_is_what_precedes_the_first_separator() -> None:
         ("unix:///run/cache.sock", "", "/run/cache.sock"),
         ("s3://bucket/a/b/", "bucket", "a/b"),
         ("gs://bucket//a/", "bucket", "a"),
+        ("s3://bucket/XX/", "bucket", "XX"),
     ],
 )
 def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
