@@ -186,6 +186,7 @@ def test_numeric_tier_options_are_validated(option: str) -> None:
         ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
         ("redis://user@host/0", "redis://user@host/0"),
         ("redis://u:p@ss@host/0", "redis://u:***@host/0"),
+        ("redis://u:p:ss@host/0", "redis://u:***@host/0"),
         ("rediss://:tok@h:1/0?prefix=a", "rediss://:***@h:1/0?prefix=a"),
         (
             "s3://b/p?read_only&secret_key=abc&region=x",
