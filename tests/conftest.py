@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
+from tests.support import hypothesis_profiles
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3, Server
 
@@ -22,6 +23,8 @@ class BucketServer(Protocol):
     def create_bucket(self, name: str) -> None: ...
     def delete_bucket(self, name: str) -> None: ...
 
+
+hypothesis_profiles.load()
 
 S = TypeVar("S", bound=Server)
 

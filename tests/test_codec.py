@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
 from collections.abc import Callable
 
@@ -25,9 +26,12 @@ from objcache.errors import (
     BadSignature,
     CorruptEntry,
     EntryError,
+    OversizedEntry,
     UnsignedEntry,
     UnsupportedVersion,
 )
+from objcache.signing import Ed25519PrivateKey
+from tests.support.hypothesis_profiles import examples
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"
 PLAIN = Codec()
@@ -49,6 +53,10 @@ def test_compressible_payload_is_compressed_and_tiny_stays_raw() -> None:
     assert len(PLAIN.encode(big, OKEY)) < len(big) // 10
     tiny = b"x" * (MIN_COMPRESS - 1)
     assert len(PLAIN.encode(tiny, OKEY)) == HEADER_SIZE + len(tiny)
+    smallest = b"x" * MIN_COMPRESS  # the threshold itself is compressed
+    assert len(PLAIN.encode(smallest, OKEY)) < HEADER_SIZE + len(smallest)
+    noise = os.urandom(4096)  # zstd would grow it: stored raw
+    assert PLAIN.encode(noise, OKEY)[HEADER_SIZE:] == noise
 
 
 #: Both ways of checking an entry: decoding it, and verifying it without decoding (copies).
@@ -84,7 +92,7 @@ def test_truncation_at_every_length_is_detected(
             check(codec, entry[:n])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=200))
 def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
@@ -98,7 +106,7 @@ def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
                 codec.verify(entry, OKEY)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_crash(blob: bytes) -> None:
     for codec in (PLAIN, SIGNED):
@@ -110,7 +118,7 @@ def test_arbitrary_bytes_never_crash(blob: bytes) -> None:
         assert codec.decode(codec.encode(out, OKEY), OKEY) == out
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(payloads, st.binary(min_size=1, max_size=64), st.integers(min_value=0))
 def test_appended_or_spliced_bytes_are_refused(payload: bytes, junk: bytes, pos: int) -> None:
     entry = PLAIN.encode(payload, OKEY)
@@ -227,3 +235,55 @@ def test_an_entry_declaring_more_than_the_limit_everywhere_is_refused(
     # Nothing else is wrong with it: under a higher limit it verifies.
     monkeypatch.setattr(codec_module, "MAX_PAYLOAD", 4 * MAX_PAYLOAD)
     PLAIN._check(memoryview(bomb), OKEY, 4 * MAX_PAYLOAD)  # what verify() runs, cap raised
+
+
+@pytest.mark.parametrize("payload", [b"k" * 100, b"compressible " * 100])
+def test_the_size_cap_admits_a_payload_of_exactly_its_size(payload: bytes) -> None:
+    entry = SIGNED.encode(payload, OKEY)
+    assert SIGNED.decode(entry, OKEY, max_payload=len(payload)) == payload
+    with pytest.raises(OversizedEntry):
+        SIGNED.decode(entry, OKEY, max_payload=len(payload) - 1)
+
+
+def test_the_configured_compression_level_is_used() -> None:
+    rng = random.Random(1)
+    words = [bytes(rng.choices(b"abcdefghij", k=rng.randint(3, 9))) for _ in range(2000)]
+    text = b" ".join(rng.choice(words) for _ in range(20000))
+    fast, small = Codec(level=1).encode(text, OKEY), Codec(level=19).encode(text, OKEY)
+    assert len(small) < len(fast)
+    assert PLAIN.decode(fast, OKEY) == PLAIN.decode(small, OKEY) == text
+
+
+def test_an_ed25519_signer_verifies_its_own_entries() -> None:
+    ci = Codec(signer=Ed25519PrivateKey.generate())
+    entry = ci.encode(b"payload", OKEY)
+    assert ci.decode(entry, OKEY) == b"payload"
+    ci.verify(entry, OKEY)
+    with pytest.raises(BadSignature):
+        Codec(signer=Ed25519PrivateKey.generate()).decode(entry, OKEY)
+
+
+def test_decode_without_the_signature_check_still_checks_the_digest() -> None:
+    unsigned = PLAIN.encode(b"payload", OKEY)
+    with pytest.raises(UnsignedEntry):
+        SIGNED.decode(unsigned, OKEY)
+    assert SIGNED.decode(unsigned, OKEY, signature=False) == b"payload"
+    with pytest.raises(CorruptEntry):
+        SIGNED.decode(unsigned[:-1] + b"!", OKEY, signature=False)
+
+
+def test_the_hard_limit_admits_an_entry_of_exactly_its_size() -> None:
+    # Header and frame declare the limit itself (more is refused: the test above).
+    PLAIN.verify(bomb_entry(MAX_PAYLOAD), OKEY)
+
+
+def test_entry_format_v2_is_stable() -> None:
+    """A fixed entry, byte for byte: a change to the header or to how the digest binds the
+    key (docs/architecture.md, "Entry format") would strand every entry already stored."""
+    golden = bytes.fromhex(
+        "4f424a43020000000000000000000007"
+        "8ea4b3a058a2478d740f280987e500c215b9c8f5857f0419f52172b18832e600"
+        "7061796c6f6164"
+    )
+    assert PLAIN.encode(b"payload", OKEY) == golden
+    assert PLAIN.decode(golden, OKEY) == b"payload"

@@ -8,7 +8,7 @@ import pytest
 
 from objcache.config import Config, reference_markdown
 from objcache.errors import ConfigError
-from objcache.urls import parse_tier_list, parse_tier_url, redact
+from objcache.urls import flag, parse_tier_list, parse_tier_url, redact
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = "k-new-0123456789abcdef0123456789abcdef"
@@ -146,3 +146,107 @@ def test_signing_key_file(tmp_path: Path) -> None:
 def test_configuration_reference_is_current() -> None:
     doc = ROOT / "docs" / "configuration.md"
     assert doc.read_text() == reference_markdown(), "run: make docs"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", False),
+        ("?read_only", True),
+        ("?read_only=1", True),
+        ("?read_only=TRUE", True),
+        ("?read_only=true", True),
+        ("?read_only=0", False),
+        ("?read_only=false", False),
+        ("?home=1", False),
+    ],
+)
+def test_boolean_tier_options(query: str, expected: bool) -> None:
+    assert flag(parse_tier_url(f"file:///srv/cache{query}"), "read_only") is expected
+
+
+def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from objcache import registry
+
+    plugin = registry.Scheme("myco", "myco_cache:Backend", "", registry._anything, None)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": plugin})
+    [spec] = parse_tier_list("myco://bucket/prefix")
+    assert (spec.scheme, spec.location) == ("myco", "bucket")
+    with pytest.raises(ConfigError, match="unknown scheme 'other'"):
+        parse_tier_list("other://bucket")
+
+
+def test_the_scheme_is_what_precedes_the_first_separator() -> None:
+    spec = parse_tier_url("s3://bucket/p?endpoint_url=http://127.0.0.1:9000")
+    assert (spec.scheme, spec.options["endpoint_url"]) == ("s3", "http://127.0.0.1:9000")
+    assert parse_tier_url("  S3://bucket/p ").scheme == "s3"
+
+
+@pytest.mark.parametrize(
+    ("url", "location", "path"),
+    [
+        ("disk://localhost/srv/c", "", "/srv/c"),
+        ("file://localhost/srv/c", "", "/srv/c"),
+        ("disk:///srv/c", "", "/srv/c"),
+        ("unix:///run/cache.sock", "", "/run/cache.sock"),
+        ("s3://bucket/a/b/", "bucket", "a/b"),
+        ("gs://bucket//a/", "bucket", "a"),
+        ("s3://bucket/XX/", "bucket", "XX"),
+    ],
+)
+def test_tier_url_location_and_path(url: str, location: str, path: str) -> None:
+    spec = parse_tier_url(url)
+    assert (spec.location, spec.path) == (location, path)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "disk://host/srv/c",
+        "file://host/srv/c",
+        "unix://host",
+        "unix://",
+        "s3://",
+        "gs://",
+        "gs://Bad_Bucket",
+        "redis:///0",
+        "rediss:///0",
+    ],
+)
+def test_tier_urls_without_a_usable_location_are_refused(url: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_tier_url(url)
+
+
+@pytest.mark.parametrize("option", ["read_only", "write_only", "home"])
+def test_boolean_tier_options_are_validated(option: str) -> None:
+    assert parse_tier_url(f"file:///c?{option}=FALSE").options[option] == "FALSE"
+    with pytest.raises(ConfigError, match=option):
+        parse_tier_url(f"file:///c?{option}=maybe")
+
+
+@pytest.mark.parametrize("option", ["timeout_ms", "max_size", "retries"])
+def test_numeric_tier_options_are_validated(option: str) -> None:
+    assert parse_tier_url(f"file:///c?{option}=12").options[option] == "12"
+    for bad in ("-1", "1.5", "ten"):  # an empty value means the default
+        with pytest.raises(ConfigError, match=option):
+            parse_tier_url(f"file:///c?{option}={bad}")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://user@host/0", "redis://user@host/0"),
+        ("redis://u:p@ss@host/0", "redis://u:***@host/0"),
+        ("redis://u:p:ss@host/0", "redis://u:***@host/0"),
+        ("rediss://:tok@h:1/0?prefix=a", "rediss://:***@h:1/0?prefix=a"),
+        (
+            "s3://b/p?read_only&secret_key=abc&region=x",
+            "s3://b/p?read_only&secret_key=***&region=x",
+        ),
+        ("disk:///srv/c?max_bytes=1G", "disk:///srv/c?max_bytes=1G"),
+    ],
+)
+def test_redact_hides_passwords_and_secret_options_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact(url) == shown

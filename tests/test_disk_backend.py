@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
 import os
 import threading
 import time
@@ -16,7 +18,7 @@ from objcache.backends import _fs, disk
 from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
 from objcache.backends._opts import opt_int
 from objcache.backends.disk import DiskBackend
-from objcache.errors import ConfigError, InvalidKey
+from objcache.errors import ConfigError, InvalidKey, TransientBackendError
 from objcache.urls import parse_tier_url
 
 
@@ -235,3 +237,218 @@ def test_maintenance_restarts_on_a_new_event_loop(tmp_path: Path) -> None:
     # stay unknown to the index until the next rescan, so allow one entry over the limit.
     assert bytes_on_disk(tmp_path) <= 4000
     assert (tmp_path / "k5").exists()
+
+
+async def test_a_fast_path_hit_keeps_its_entry_from_eviction(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=3500")
+    for key in ("a", "b", "c"):
+        await backend.put(key, b"x" * 1000)
+        await backend.wait_idle()
+        await asyncio.sleep(0.02)
+    assert backend.read_sync("a") == b"x" * 1000
+    backend.note_hit("a", 1000)  # what TieredCache does after a fast-path hit
+    await backend.put("d", b"x" * 1000)
+    await backend.wait_idle()
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert backend.total_bytes == bytes_on_disk(tmp_path)
+    await backend.close()
+
+
+def test_a_quarantined_entry_is_named_by_time_key_digest_and_tail(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    key = "v1/env/fx/ab/" + "t" * 150
+    (tmp_path / "v1/env/fx/ab").mkdir(parents=True)
+    (tmp_path / key).write_bytes(b"bad")
+    before = time.time_ns()
+    assert store.quarantine(key)
+    after = time.time_ns()
+    [moved] = (tmp_path / QUARANTINE_DIR).iterdir()
+    stamp, digest, tail = moved.name.split("-", 2)
+    assert before <= int(stamp) <= after, "the expiry reads the time from the name"
+    assert digest == hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    assert tail == "t" * 100 and moved.read_bytes() == b"bad"
+    assert not (tmp_path / key).exists()
+    assert store.quarantine(key) is False
+    assert store.quarantine("v1/absent/folder/k") is False
+
+
+def test_only_stale_temp_and_lease_files_are_swept(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    now = time.time()
+    names = {
+        f"{_fs.TMP_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
+        f"{_fs.LEASE_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
+        f"{_fs.TMP_PREFIX}boundary": now - _fs.STALE_AFTER_S,
+        f"{_fs.TMP_PREFIX}fresh": now - 60,
+        f"{_fs.LOCK_PREFIX}old": now - _fs.STALE_AFTER_S - 1,
+    }
+    for name, mtime in names.items():
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (mtime, mtime))
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                FsStore._drop_if_stale(directory, entry, now)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"{_fs.TMP_PREFIX}boundary", f"{_fs.TMP_PREFIX}fresh", f"{_fs.LOCK_PREFIX}old"]
+        )
+        store.sweep(directory)  # the same rule, a moment later: the boundary file is stale now
+    finally:
+        os.close(directory)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{_fs.LOCK_PREFIX}old",
+        f"{_fs.TMP_PREFIX}fresh",
+    ]
+
+
+async def test_a_failed_scan_falls_back_to_what_this_process_has_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(*_: object) -> None:
+        raise OSError("scan failed")
+
+    monkeypatch.setattr(disk, "_scan", unreadable)
+    monkeypatch.setattr(DiskBackend, "evict_backoff_s", 0.0)
+    backend = make(tmp_path, "?max_bytes=3000")
+    for i in range(5):  # the first put's scan fails; eviction still runs on what was seen
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+        await asyncio.sleep(0.01)
+    assert bytes_on_disk(tmp_path) <= 3000 and (tmp_path / "k4").exists()
+    assert backend.total_bytes == bytes_on_disk(tmp_path)
+    await backend.close()
+
+
+async def test_quarantine_takes_the_entry_out_of_the_byte_count(tmp_path: Path) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("a/bad", b"x" * 100)
+    await backend.put("a/good", b"y" * 10)
+    await backend.wait_idle()
+    assert backend.total_bytes == 110
+    assert await backend.quarantine("a/bad")
+    assert backend.total_bytes == 10
+    await backend.close()
+
+
+def test_eviction_frees_exactly_the_excess_oldest_first(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    for key in ("old", "mid", "new"):
+        (tmp_path / key).write_bytes(b"x" * 10)
+    sizes = {"new": 10, "old": 10, "mid": 10}
+    used = {"new": 3.0, "old": 1.0, "mid": 2.0}
+    assert disk._evict(store, sizes, used, 1) == ["old"], "one byte over frees one entry"
+    assert disk._evict(store, sizes, used, 11) == ["old", "mid"]
+    assert disk._evict(store, sizes, used, 0) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+async def test_an_eviction_that_frees_nothing_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes: list[int] = []
+
+    def frees_nothing(store: FsStore, sizes: object, used: object, excess: int) -> list[str]:
+        passes.append(excess)
+        return []
+
+    monkeypatch.setattr(disk, "_evict", frees_nothing)
+    backend = make(tmp_path, "?max_bytes=1000")
+    for i in range(5):
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+    assert len(passes) == 1, "no new pass until the back-off has passed"
+    await backend.close()
+
+
+def test_the_index_replays_changes_made_while_it_was_rebuilt() -> None:
+    idx = disk._Index()
+    idx.seen("kept", 7, 1.0)
+    idx.begin_rebuild()
+    idx.seen("written", 5, 2.0)
+    idx.seen("empty", 0, 2.0)
+    idx.gone("deleted")
+    idx.finish_rebuild({"deleted": 3, "scanned": 4}, {"deleted": 0.5, "scanned": 0.5}, 7)
+    assert idx.ready
+    assert idx.sizes == {"scanned": 4, "written": 5, "empty": 0}
+    assert set(idx.used) == set(idx.sizes) and idx.total == 9
+    idx.seen("after", 1, 3.0)  # no longer journaled: a second rebuild starts from scratch
+    idx.begin_rebuild()
+    idx.finish_rebuild({}, {}, 0)
+    assert idx.sizes == {}
+
+
+def test_a_fast_path_read_error_is_a_typed_backend_error(tmp_path: Path) -> None:
+    backend = make(tmp_path)
+
+    def failing_read(key: str, max_bytes: int = 0) -> bytes | None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    backend.store.read = failing_read  # type: ignore[method-assign]
+    with pytest.raises(TransientBackendError) as raised:
+        backend.read_sync("a/k")
+    assert raised.value.tier == backend.name and "a/k" in str(raised.value)
+
+
+def test_a_scan_takes_the_later_of_atime_and_this_process_s_clock(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=True)
+    for key, atime in (("seen", 100.0), ("unseen", 0.5)):
+        (tmp_path / key).write_bytes(b"x" * 3)
+        os.utime(tmp_path / key, (atime, atime))
+    sizes, used, total = disk._scan(store, {"seen": 200.0, "gone": 300.0})
+    assert sizes == {"seen": 3, "unseen": 3} and total == 6
+    assert used == {"seen": 200.0, "unseen": 0.5}
+
+
+async def test_the_index_is_rescanned_only_after_its_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("mine", b"x" * 100)
+    await backend.wait_idle()
+    (tmp_path / "other").write_bytes(b"y" * 50)  # another process's write
+    await backend.put("mine2", b"x" * 10)
+    await backend.wait_idle()
+    assert backend.total_bytes == 110, "no rescan before the interval"
+    monkeypatch.setattr(DiskBackend, "rescan_interval_s", 0.0)
+    await backend.put("mine3", b"x" * 1)
+    await backend.wait_idle()
+    assert backend.total_bytes == 161, "a due rescan counts what others wrote"
+    await backend.close()
+
+
+async def test_a_failed_maintenance_pass_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(*_: object) -> None:
+        raise OSError("scan failed")
+
+    monkeypatch.setattr(disk, "_scan", unreadable)
+    backend = make(tmp_path, "?max_bytes=1500")
+    for i in range(4):
+        await backend.put(f"k{i}", b"x" * 1000)
+        await backend.wait_idle()
+    assert bytes_on_disk(tmp_path) == 4000, "no eviction pass during the back-off"
+    await backend.close()
+
+
+async def test_a_tier_exactly_at_its_limit_is_not_evicted(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"k{i}").write_bytes(b"x" * 1000)
+    backend = make(tmp_path, "?max_bytes=3000")
+    assert await backend.put("empty", b"")  # starts the first scan, which finds 3000 bytes
+    await backend.wait_idle()
+    assert backend.total_bytes == bytes_on_disk(tmp_path) == 3000
+    await backend.close()
+
+
+async def test_a_miss_on_an_entry_deleted_behind_its_back_updates_the_count(
+    tmp_path: Path,
+) -> None:
+    backend = make(tmp_path, "?max_bytes=1M")
+    await backend.put("a", b"x" * 100)
+    await backend.wait_idle()
+    (tmp_path / "a").unlink()  # another process evicted it
+    assert await backend.get("a") is None
+    assert backend.total_bytes == 0
+    await backend.close()

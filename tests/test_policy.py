@@ -79,3 +79,43 @@ async def test_deadline_bounds_a_hanging_call() -> None:
     with pytest.raises((asyncio.TimeoutError, TimeoutError)):
         await call_with_policy(hang, RetryPolicy(timeout_s=0.2))
     assert time.perf_counter() - started < 1.0
+
+
+async def always_transient(calls: list[float]) -> None:
+    calls.append(time.perf_counter())
+    raise TransientBackendError("503")
+
+
+async def test_retries_stop_after_the_configured_count() -> None:
+    calls: list[float] = []
+    policy = RetryPolicy(timeout_s=5, retries=3, backoff_initial_s=0.001, backoff_max_s=0.002)
+    with pytest.raises(TransientBackendError):
+        await call_with_policy(lambda: always_transient(calls), policy)
+    assert len(calls) == 4, "one call and three retries"
+
+
+async def test_backoff_waits_between_attempts_up_to_its_cap() -> None:
+    # Jittered: each wait is uniform in [0, min(cap, initial * 2**n)]. Ten waits of up to
+    # 50 ms all but never sum to under 50 ms, and without the cap they would outlast 5 s.
+    calls: list[float] = []
+    capped = RetryPolicy(timeout_s=5, retries=10, backoff_initial_s=0.05, backoff_max_s=0.05)
+    with pytest.raises(TransientBackendError):
+        await call_with_policy(lambda: always_transient(calls), capped)
+    assert len(calls) == 11 and calls[-1] - calls[0] >= 0.05
+
+
+async def test_backoff_grows_from_the_initial_wait() -> None:
+    # Waits of at most 2, 4 and 8 ms: far under a second (a 1 s base would take seconds).
+    calls: list[float] = []
+    quick = RetryPolicy(timeout_s=30, retries=3, backoff_initial_s=0.001, backoff_max_s=10)
+    with pytest.raises(TransientBackendError):
+        await call_with_policy(lambda: always_transient(calls), quick)
+    assert len(calls) == 4 and calls[-1] - calls[0] < 1.0
+
+
+async def test_a_zero_timeout_means_no_deadline() -> None:
+    async def slow() -> str:
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    assert await call_with_policy(slow, RetryPolicy(timeout_s=0)) == "ok"

@@ -287,6 +287,22 @@ async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_pat
     await disk.close()
 
 
+async def test_local_fast_path_hits_add_up(tmp_path: Path) -> None:
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M"))
+    local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [], CODEC, NS)
+    okey = NS.object_key("fx-graph", "k")
+    for ms in (0.5, 3.0):
+        cache.note_local_hit("fx-graph", okey, 10, ms)
+    assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (2, 2)
+    assert (cache.stats.served_by[local.name], local.stats.hits) == (2, 2)
+    assert local.stats.bytes_read == 20 and local.stats.kinds["fx-graph"]["hit"] == 2
+    assert local.stats.get_latency.total == 2 and local.stats.get_latency.sum_ms == 3.5
+    assert cache.stats.lookup.total == 2 and cache.stats.lookup.sum_ms == 3.5
+    assert disk.total_bytes == 10, "the hit reached the disk tier's LRU index"
+    await disk.close()
+
+
 def test_tier_options_override_the_global_policy() -> None:
     backend = MemoryBackend("mem://opts")
     backend.spec.options.update(
@@ -358,3 +374,57 @@ async def test_puts_skipped_by_an_open_breaker_are_counted() -> None:
     await cache.flush(5)
     assert broken.stats.put_errors["breaker"] == 4 + 1  # and the ENV.json
     assert healthy.stats.puts == 4 + 1  # and the ENV.json
+
+
+async def test_tier_delete_tells_deleted_absent_and_failed_apart() -> None:
+    t = tier("mem://del")
+    mem(t).data["k"] = b"v"
+    assert await t.delete("k") is True
+    assert await t.delete("k") is False
+    mem(t).fault = "permanent"
+    for _ in range(3):
+        assert await t.delete("k") is None, "a failure is neither deleted nor absent"
+    assert t.stats.breaker_opened == 1 and t.breaker_open(), "and counts against the breaker"
+
+
+async def test_tier_counts_hits_misses_and_bytes_by_reason() -> None:
+    t = tier("mem://stats")
+    okey = NS.object_key("fx-graph", "k")
+    mem(t).data[okey] = b"12345"
+    assert await t.get(okey) == (b"12345", "")
+    assert await t.get(okey, max_bytes=5) == (b"12345", "")
+    assert await t.get(okey, max_bytes=4) == (None, "too_large")
+    assert await t.get(NS.object_key("fx-graph", "absent")) == (None, "absent")
+    mem(t).fault = "permanent"
+    assert await t.get(okey) == (None, "error")
+    assert t.stats.bytes_read == 10
+    assert dict(t.stats.misses) == {"too_large": 1, "absent": 1, "error": 1}
+    assert dict(t.stats.kinds["fx-graph"]) == {"too_large": 1, "absent": 1, "error": 1}
+    assert t.stats.get_latency.total == 5
+
+
+async def test_tier_put_accounting_and_its_size_limit() -> None:
+    t = tier("mem://puts", flags=TierFlags(max_size=4))
+    assert await t.put("a", b"1234") is True, "max_size itself is allowed"
+    assert await t.put("a", b"1234") is True, "an existing entry counts as stored"
+    assert await t.put("b", b"12345") is False
+    assert (t.stats.puts, t.stats.bytes_written, t.stats.put_skipped_exists) == (1, 4, 1)
+    mem(t).fault = "permanent"
+    assert await t.put("c", b"1") is False
+    assert dict(t.stats.put_errors) == {"too_large": 1, "error": 1}
+    assert t.stats.put_latency.total == 3, "a refusal by size makes no call"
+    assert sorted(mem(t).data) == ["a"]
+
+
+def test_tier_defaults_come_from_the_global_policy() -> None:
+    t = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=2500,
+        retries=3,
+        breaker_failures=4,
+        breaker_cooldown_s=8,
+        read_only=True,
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (2.5, 3)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (4, 8)
+    assert t.flags == TierFlags(read_only=True) and not t.writable and t.readable
