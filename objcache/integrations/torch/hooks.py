@@ -34,7 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 import objcache
-from objcache.integrations.torch import candidates, pgo_join, serde, watched, writethrough
+from objcache.integrations.torch import (
+    candidates,
+    features,
+    pgo_join,
+    serde,
+    watched,
+    writethrough,
+)
 from objcache.integrations.torch.watched import WATCHED, Part
 from objcache.metrics import FailureLog
 
@@ -189,9 +196,17 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
 
 
 def _apply_remote_cache(module: Any) -> None:
+    # Only the classes of parts whose hooks are all there (docs/torch.md, "Feature detection").
+    wanted = {
+        name: kind
+        for name, kind in CACHE_CLASSES.items()
+        if features.off(features.PART_OF_KIND[kind]) is None
+    }
+    if not wanted:
+        return
     backend_cls = _make_backend_class(module.RemoteCacheBackend)
     module.ObjcacheBackend = backend_cls
-    for name, kind in CACHE_CLASSES.items():
+    for name, kind in wanted.items():
         current = getattr(module, name)
         if getattr(current, "objcache_kind", None):
             continue
@@ -217,6 +232,8 @@ def _clear_cached_remote_caches() -> None:
 def _apply_flags(module: Any) -> None:
     for mod_name, attr, env in FLAGS:
         if mod_name != module.__name__ or env in os.environ:
+            continue
+        if features.off(features.PART_OF_FLAG[attr]) is not None:
             continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
             continue
@@ -273,12 +290,16 @@ def _restore(mod: Any, attr: str, value: Any) -> None:
 
 
 def _apply_autotune(module: Any) -> None:
-    cls = module.AutotuneCache
-    if getattr(cls._read, "__objcache__", False):
+    if features.off("autotune") is None:
+        cls = module.AutotuneCache
+        if not getattr(cls._read, "__objcache__", False):
+            _save(module.__name__, "AutotuneCache._read", cls._read)
+            cls._read = writethrough.wrap_autotune_read(cls._read)
+    if features.off("bundled autotune") is not None:
         return
-    _save(module.__name__, "AutotuneCache._read", cls._read)
-    cls._read = writethrough.wrap_autotune_read(cls._read)
     bundler = module.AutotuneCacheBundler
+    if getattr(getattr(bundler.__dict__["begin_compile"], "__func__", None), "__objcache__", False):
+        return
     _save(module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"])
     bundler.begin_compile = classmethod(_guarded_begin_compile(bundler.begin_compile))
 
@@ -301,12 +322,15 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
         original(inductor_meta, *args, **kwargs)
 
     begin_compile.__wrapped__ = original  # type: ignore[attr-defined]
+    begin_compile.__objcache__ = True  # type: ignore[attr-defined]
     return begin_compile
 
 
 def _apply_kernels(module: Any) -> None:
     from objcache.integrations.torch import kernels
 
+    if features.off("kernels") is not None:
+        return
     kernels.apply(module)
     _installed_parts.add("kernels")
 
@@ -317,9 +341,28 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "remote_caches": _apply_remote_cache,
     "autotune": _apply_autotune,
     "kernels": _apply_kernels,
-    "fx_candidates": candidates.apply_fx,
-    "aot_candidates": candidates.apply_aot,
+    "fx_candidates": lambda m: _apply_candidates(candidates.apply_fx, m),
+    "aot_candidates": lambda m: _apply_candidates(candidates.apply_aot, m),
 }
+
+
+def _apply_candidates(apply: Callable[[Any], None], module: Any) -> None:
+    if features.off("guarded candidates") is None:
+        apply(module)
+
+
+def _undo_flags_of_parts_off() -> None:
+    """Put back torch's remote-cache flag of every part found off since its flag was set.
+
+    The zero-code path sets flags when torch's config modules are imported, before the
+    modules holding the part's other hooks; a flag left on without objcache's class behind
+    it would send torch to its own Redis cache (docs/torch.md, "Feature detection").
+    """
+    for mod_name, attr, _env in FLAGS:
+        if features.missing(features.PART_OF_FLAG[attr]):
+            for saved in ((mod_name, f"config:{attr}"), (mod_name, attr)):
+                if saved in _saved and (mod := sys.modules.get(mod_name)) is not None:
+                    _restore(mod, saved[1], _saved.pop(saved))
 
 
 _config_checked: list[bool] = []
@@ -353,6 +396,10 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             _installed_parts.add(module_name)
         except Exception as exc:
             _failed(f"install ({module_name})", exc)
+        try:
+            _undo_flags_of_parts_off()
+        except Exception as exc:
+            _failed("install (flags of parts off)", exc)
 
 
 def install(config: Any | None = None) -> None:
@@ -370,6 +417,8 @@ def install(config: Any | None = None) -> None:
             _config_checked[:] = [True]
         elif not _config_ok():
             return
+        # every hooked torch module, so each part is checked whole before it applies
+        features.load(features.TORCH_PARTS)
         for name in WATCHED:
             try:
                 module = importlib.import_module(name)
@@ -411,7 +460,9 @@ def start_client() -> None:
 
 def installed() -> bool:
     mod = sys.modules.get("torch._inductor.remote_cache")
-    return mod is not None and bool(getattr(mod.RemoteFxGraphCache, "objcache_kind", None))
+    return mod is not None and any(
+        getattr(getattr(mod, name, None), "objcache_kind", None) for name in CACHE_CLASSES
+    )
 
 
 def uninstall() -> None:
