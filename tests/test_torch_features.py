@@ -181,6 +181,27 @@ def test_a_flag_set_before_its_part_was_found_off_is_put_back(
     assert remote_cache.RemoteFxGraphCache.objcache_kind == "fx-graph"
 
 
+def test_a_module_still_being_imported_is_not_taken_for_a_moved_hook(
+    clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zero-code path applies parts while torch is half-way through importing other
+    hooked modules (``codecache`` imports ``cpp_builder``): their hooks are unknown yet."""
+    import types
+    from importlib.machinery import ModuleSpec
+
+    half = types.ModuleType("torch._inductor.codecache")
+    half.__spec__ = ModuleSpec("torch._inductor.codecache", None)
+    half.__spec__._initializing = True  # what importlib sets while the body runs
+    monkeypatch.setitem(sys.modules, "torch._inductor.codecache", half)
+    monkeypatch.setattr(features, "_executed", set())
+    assert features.missing("FX") == []
+    assert features.missing("guarded candidates") == []
+    features.executed("torch._inductor.codecache")  # its body ran: now it is checked
+    assert "torch._inductor.codecache.FxGraphCache._write_to_local_cache" in (
+        features.missing("FX")
+    )
+
+
 # --- a whole process: a tiny compile, and the doctor ---------------------------------------
 
 _COMPILE = textwrap.dedent(

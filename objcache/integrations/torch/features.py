@@ -151,11 +151,33 @@ def _present(hook: Hook, module: Any) -> bool:
     return callable(value)
 
 
+#: Modules whose body has run, though importlib still marks them initializing: the zero-code
+#: path applies a part right after its module's body, inside the import (:mod:`.autoload`).
+_executed: set[str] = set()
+
+
+def executed(name: str) -> None:
+    """Note that ``name``'s body has run (its hooks can be checked during its import)."""
+    _executed.add(name)
+
+
+def _loaded(name: str) -> Any | None:
+    """``name`` when imported and done; None while not imported or still running its body
+    (a module half-way through its import lacks hooks it defines further down)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return None
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return module if name in _executed else None
+    return module
+
+
 def missing(part: str) -> list[str]:
-    """The hooks ``part`` needs that the imported modules lack (not-imported ones are unknown)."""
+    """The hooks ``part`` needs that imported modules lack (modules not imported, or still
+    being imported, are unknown)."""
     gone: list[str] = []
     for hook in PARTS[part]:
-        module = sys.modules.get(hook.module)
+        module = _loaded(hook.module)
         if module is not None and not _present(hook, module):
             gone.append(hook.name)
     return gone

@@ -392,6 +392,7 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             return
         try:
             mod = module if module is not None else sys.modules[module_name]
+            features.executed(module_name)
             APPLY[WATCHED[module_name]](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
