@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps
+.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,12 @@ mutation: venv
 	OBJCACHE_HYPOTHESIS_PROFILE=mutation PYTHONPATH=$(CURDIR) $(BIN)/python scripts/mutmut_run.py \
 		run --max-children 2 $(foreach m,$(MODULES),"$(m).x*")
 	$(BIN)/python scripts/mutation_report.py
+
+# One torch release in its own venv, with the Triton it pins: the torch integration tests,
+# `objcache doctor` and `objcache demo` (docs/torch.md, "Release checklist"); not part of `test`.
+compat:
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=<version> [COMPAT_VENV=<path>]"; exit 2; }
+	PY=$(PY) bash scripts/compat.sh $(TORCH) $(or $(COMPAT_VENV),/tmp/compat-$(TORCH))
 
 docs: venv
 	$(BIN)/python -m objcache.docgen > docs/configuration.md

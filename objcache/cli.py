@@ -191,6 +191,10 @@ def doctor(tier: TierOpt = None) -> None:
         f"environment [bold]{env_id()}[/]: "
         + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
     )
+    from objcache.integrations.torch import features
+
+    for line in features.doctor_lines():  # docs/torch.md, "Feature detection"
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
     table = Table("tier", "result", "create ms", "read ms", "delete ms", "detail")
     failed = 0
 

@@ -188,10 +188,11 @@ class Client:
                 await record_run(self.cache, self.job, self.observer.run_id)
             except Exception:
                 log.debug("writing the run manifest failed", exc_info=True)
-            # The summary counts the bytes the flush wrote: flush first, then queue it.
+            # The summary counts the bytes the flush wrote: flush first, then queue it. A
+            # flush that left writes behind (a hung tier) gets no summary to wait for too.
             started = time.monotonic()
-            await self.cache.flush(t)
-            await self.observer.write_summary(self.job)
+            if await self.cache.flush(t) == 0:
+                await self.observer.write_summary(self.job)
             return await self.cache.close(max(1.0, t - (time.monotonic() - started)))
 
         try:

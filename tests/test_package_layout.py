@@ -38,3 +38,20 @@ def test_a_bare_backends_package_is_not_importable_from_the_root() -> None:
     )  # fmt: skip
     assert out.returncode != 0
     assert "import objcache.backends" in out.stderr
+
+
+def test_the_torch_extra_never_caps_torch() -> None:
+    """An upper bound would make `pip install 'objcache[torch]'` downgrade a user's torch;
+    the integration checks torch's hooks by feature instead (docs/torch.md)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    reqs = [Requirement(r) for deps in extras.values() for r in deps]
+    torch_reqs = [r for r in reqs if r.name == "torch"]
+    assert torch_reqs, "the torch extra declares torch"
+    for req in torch_reqs:
+        for spec in req.specifier:
+            assert spec.operator in (">=", ">", "!="), f"{req} caps torch ({spec})"

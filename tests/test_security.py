@@ -23,6 +23,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -576,9 +577,11 @@ def test_red_team_empty_or_short_keys_are_errors_not_silent_off(env: dict[str, s
 def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A torch release moved one of the cache classes: the swap fails half-way. torch's
-    remote-cache flags must stay off and the classes swapped so far must be put back, so
-    torch never falls back to its own unauthenticated ``RedisRemoteCache``."""
+    """A torch release changed one of the cache classes so that the swap fails half-way (a
+    class that is simply gone is feature detection's case: that part alone stays off,
+    tests/test_torch_features.py). torch's remote-cache flags must stay off and the classes
+    swapped so far must be put back, so torch never falls back to its own unauthenticated
+    ``RedisRemoteCache``."""
     pytest.importorskip("torch")
     import torch._dynamo.config as dconf
     import torch._dynamo.pgo as pgo
@@ -595,7 +598,14 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
         monkeypatch.delenv(env, raising=False)
     monkeypatch.delenv("OBJCACHE_ENABLE", raising=False)
     monkeypatch.delenv("OBJCACHE_TIERS", raising=False)
-    monkeypatch.delattr(remote_cache, "RemoteDynamoPGOCache")  # the last class to be swapped
+    real_make = hooks._make_cache_class
+
+    def make(original: Any, kind: str, *args: Any) -> Any:
+        if kind == "pgo":  # the last class to be swapped
+            raise TypeError("RemoteDynamoPGOCache changed shape")
+        return real_make(original, kind, *args)
+
+    monkeypatch.setattr(hooks, "_make_cache_class", make)
     redis_used: list[str] = []
 
     def spy(self: object, cache_id: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import objcache
 from objcache.integrations.torch import (
     candidates,
+    features,
     pgo_join,
     serde,
     time_saved,
@@ -215,10 +216,17 @@ def _apply_remote_cache(module: Any) -> None:
     back before the error goes on to :func:`apply_part`.
     """
     saved_before = set(_saved)
+    # Only the classes of parts whose hooks are all there (docs/torch.md, "Feature detection").
+    wanted = {
+        name: kind
+        for name, kind in CACHE_CLASSES.items()
+        if features.off(features.PART_OF_KIND[kind]) is None
+    }
     try:
-        backend_cls = _make_backend_class(module.RemoteCacheBackend)
-        module.ObjcacheBackend = backend_cls
-        for name, kind in CACHE_CLASSES.items():
+        if wanted:
+            backend_cls = _make_backend_class(module.RemoteCacheBackend)
+            module.ObjcacheBackend = backend_cls
+        for name, kind in wanted.items():
             current = getattr(module, name)
             if getattr(current, "objcache_kind", None):
                 continue
@@ -269,6 +277,8 @@ def _apply_flags(module: Any) -> None:
 def _set_flags(module: Any) -> None:
     for mod_name, attr, env in FLAGS:
         if mod_name != module.__name__ or env in os.environ:
+            continue
+        if features.off(features.PART_OF_FLAG[attr]) is not None:
             continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
             continue
@@ -325,12 +335,16 @@ def _restore(mod: Any, attr: str, value: Any) -> None:
 
 
 def _apply_autotune(module: Any) -> None:
-    cls = module.AutotuneCache
-    if getattr(cls._read, "__objcache__", False):
+    if features.off("autotune") is None:
+        cls = module.AutotuneCache
+        if not getattr(cls._read, "__objcache__", False):
+            _save(module.__name__, "AutotuneCache._read", cls._read)
+            cls._read = writethrough.wrap_autotune_read(cls._read)
+    if features.off("bundled autotune") is not None:
         return
-    _save(module.__name__, "AutotuneCache._read", cls._read)
-    cls._read = writethrough.wrap_autotune_read(cls._read)
     bundler = module.AutotuneCacheBundler
+    if getattr(getattr(bundler.__dict__["begin_compile"], "__func__", None), "__objcache__", False):
+        return
     _save(module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"])
     bundler.begin_compile = classmethod(_guarded_begin_compile(bundler.begin_compile))
 
@@ -353,23 +367,26 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
         original(inductor_meta, *args, **kwargs)
 
     begin_compile.__wrapped__ = original  # type: ignore[attr-defined]
+    begin_compile.__objcache__ = True  # type: ignore[attr-defined]
     return begin_compile
 
 
 def _apply_kernels(module: Any) -> None:
     from objcache.integrations.torch import kernels
 
+    if features.off("kernels") is not None:
+        return
     kernels.apply(module)
     _installed_parts.add("kernels")
 
 
 def _apply_codecache(module: Any) -> None:
-    candidates.apply_fx(module)
+    _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
 
 
 def _apply_autograd_cache(module: Any) -> None:
-    candidates.apply_aot(module)
+    _apply_candidates(candidates.apply_aot, module)
     time_saved.apply(module)
 
 
@@ -382,6 +399,25 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "fx_candidates": _apply_codecache,
     "aot_candidates": _apply_autograd_cache,
 }
+
+
+def _apply_candidates(apply: Callable[[Any], None], module: Any) -> None:
+    if features.off("guarded candidates") is None:
+        apply(module)
+
+
+def _undo_flags_of_parts_off() -> None:
+    """Put back torch's remote-cache flag of every part found off since its flag was set.
+
+    The zero-code path sets flags when torch's config modules are imported, before the
+    modules holding the part's other hooks; a flag left on without objcache's class behind
+    it would send torch to its own Redis cache (docs/torch.md, "Feature detection").
+    """
+    for mod_name, attr, _env in FLAGS:
+        if features.missing(features.PART_OF_FLAG[attr]):
+            for saved in ((mod_name, f"config:{attr}"), (mod_name, attr)):
+                if saved in _saved and (mod := sys.modules.get(mod_name)) is not None:
+                    _restore(mod, saved[1], _saved.pop(saved))
 
 
 _config_checked: list[bool] = []
@@ -411,12 +447,17 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             return
         try:
             mod = module if module is not None else sys.modules[module_name]
+            features.executed(module_name)
             APPLY[WATCHED[module_name]](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
             (_swap_failed if module_name == REMOTE_CACHES else _failed)(
                 f"install ({module_name})", exc
             )
+        try:
+            _undo_flags_of_parts_off()
+        except Exception as exc:
+            _failed("install (flags of parts off)", exc)
 
 
 def install(config: Any | None = None) -> None:
@@ -434,6 +475,8 @@ def install(config: Any | None = None) -> None:
             _config_checked[:] = [True]
         elif not _config_ok():
             return
+        # every hooked torch module, so each part is checked whole before it applies
+        features.load(features.TORCH_PARTS)
         for name in WATCHED:
             try:
                 module = importlib.import_module(name)
@@ -475,7 +518,9 @@ def start_client() -> None:
 
 def installed() -> bool:
     mod = sys.modules.get(REMOTE_CACHES)
-    return mod is not None and bool(getattr(mod.RemoteFxGraphCache, "objcache_kind", None))
+    return mod is not None and any(
+        getattr(getattr(mod, name, None), "objcache_kind", None) for name in CACHE_CLASSES
+    )
 
 
 def uninstall() -> None:
