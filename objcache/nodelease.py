@@ -76,11 +76,12 @@ class Lease:
         if fd is None:
             return
         try:
+            # The outcome may not fit (a full disk): the file is retired all the same, and a
+            # waiter that finds it retired without an outcome starts over.
             with contextlib.suppress(OSError):
                 if outcome:
                     _write_record(fd, {**_owner(), "deadline": 0.0, "outcome": outcome})
-                if _same_file(fd, self.path):
-                    os.unlink(self.path)
+            _retire(self.path, fd)
         finally:
             os.close(fd)
 
@@ -141,7 +142,7 @@ class NodeLeases:
                 if not wait:
                     return Claim.BUSY, None
                 if step.holder_deadline is not None and time.time() > step.holder_deadline:
-                    await asyncio.to_thread(_retire_overdue, path, fd)
+                    await asyncio.to_thread(_retire, path, fd)  # overdue holder
                     os.close(fd)
                     fd = None
                     continue
@@ -232,12 +233,17 @@ def _try(path: str, fd: int, hold_s: float) -> _Step:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return _Step(None, retired=True)
     took_over = bool(record)  # a record without an outcome: its holder died or overran
-    _write_record(fd, {**_owner(), "deadline": time.time() + hold_s})
+    try:
+        _write_record(fd, {**_owner(), "deadline": time.time() + hold_s})
+    except OSError:  # a full disk: no lease, and no lease file left behind
+        _retire(path, fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        raise
     return _Step(Claim.HELD, Lease(path, fd, took_over))
 
 
-def _retire_overdue(path: str, fd: int) -> None:
-    """Unlink an overdue holder's file (only if it is still the one we have open)."""
+def _retire(path: str, fd: int) -> None:
+    """Unlink ``path`` if it still names the file open as ``fd`` (a waiter then starts over)."""
     with contextlib.suppress(OSError):
         if _same_file(fd, path):
             os.unlink(path)

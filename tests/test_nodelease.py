@@ -106,6 +106,43 @@ async def test_a_shared_miss_is_not_fetched_again(tmp_path: Path, held: int) -> 
     assert await waiter == (Claim.MISSED, None)
 
 
+def exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _no_space(fd: int, record: dict[str, object]) -> None:
+    raise OSError(28, "No space left on device")
+
+
+async def test_a_record_that_cannot_be_written_leaves_no_lease_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: the claim goes unleased and no empty lease file is left behind."""
+    monkeypatch.setattr("objcache.nodelease._write_record", _no_space)
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
+    assert (claim, lease) == (Claim.UNLEASED, None)
+    assert not exists(lease_path(str(tmp_path), KEY))
+
+
+async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while the holder fetches: its file goes; a waiter starts over."""
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    claim, first = await leases.claim(KEY)
+    assert claim is Claim.HELD and first is not None
+    waiter = asyncio.ensure_future(leases.claim(KEY))
+    await asyncio.sleep(0.02)
+    with monkeypatch.context() as m:
+        m.setattr("objcache.nodelease._write_record", _no_space)
+        await first.release("hit")
+    assert not exists(first.path)
+    claim, second = await asyncio.wait_for(waiter, 2)
+    assert claim is Claim.HELD and second is not None
+    await second.release("hit")
+    assert not exists(second.path)
+
+
 async def test_a_holder_that_gives_up_hands_the_lease_on(tmp_path: Path) -> None:
     leases = NodeLeases(str(tmp_path), hold_s=5)
     claim, first = await leases.claim(KEY)
