@@ -422,7 +422,9 @@ def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> 
     with RedisServer() as server:
         raw = redis.Redis(host=server.host, port=server.port)
         for r in range(rounds):
-            for leases, prefetch in NODE_RUNS:
+            # ABBA: every other round runs the four in reverse, so neither setting always
+            # runs second (after the machine warmed, or while the previous run's load lingers)
+            for leases, prefetch in NODE_RUNS if r % 2 == 0 else NODE_RUNS[::-1]:
                 label = f"{leases}-{'prefetch' if prefetch else 'no_prefetch'}"
                 job = f"node-{r}-{label}"
                 url = f"{server.url}?prefix={job}"
@@ -506,9 +508,24 @@ def report_node(node: dict[str, Any]) -> str:
         "",
         f"Target ≤ 1.05 GETs per entry with node single-flight, with and without prefetch: "
         f"**{'met' if worst <= 1.05 else 'not met'}** (worst round {worst:.2f}).",
-        "",
     ]
+    for p in ("no_prefetch", "prefetch"):
+        ratios = node_wall_ratios(node, p)
+        median = statistics.median(ratios)
+        lines.append(
+            f"Wall, single-flight on / off, {'with' if p == 'prefetch' else 'without'} "
+            f"prefetch (paired within each round; rounds alternate their order): median "
+            f"**{median:.2f}x** ({', '.join(f'{x:.2f}' for x in ratios)}); target no worse "
+            f"than off: **{'met' if median <= 1.0 else 'not met'}**."
+        )
+    lines.append("")
     return "\n".join(lines)
+
+
+def node_wall_ratios(node: dict[str, Any], prefetch: str) -> list[float]:
+    """Per round, the wall of single-flight on over off at one prefetch setting."""
+    on, off = node[f"on-{prefetch}"]["all_walls"], node[f"off-{prefetch}"]["all_walls"]
+    return [a / b for a, b in zip(on, off, strict=True)]
 
 
 # --- report --------------------------------------------------------------------------------

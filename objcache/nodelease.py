@@ -8,7 +8,9 @@ listings). See docs/architecture.md, "One remote fetch per node".
   ``flock`` on it, then writes its record: pid, host, deadline. It fetches and writes the
   entry through to the local tier, then writes the outcome (``hit`` or ``miss``) into the
   record, unlinks the file and closes it (which releases the lock).
-* Every other process opens the same file and polls (1 ms, doubling to 16 ms): once the
+* Every other process opens the same file and polls it, pausing an eighth of the time it
+  has waited so far (at least 1 ms, at most 16 ms), so a short fetch is seen within a
+  millisecond and a long one costs at most ~12% extra wait and few polls: once the
   record holds an outcome it reads the entry locally (or shares the miss). The entry itself
   is published atomically by the local tier, so nothing partial is ever read.
 * A holder that dies (``kill -9`` included) loses its lock with its process: the next poll
@@ -38,7 +40,10 @@ from objcache.backends._fs import LEASE_PREFIX
 
 #: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.
 RECORD_BYTES = 256
-#: First and longest pause between two polls of a held lease.
+#: Pause between two polls of a held lease: this fraction of the time waited so far,
+#: within [POLL_FIRST_S, POLL_MAX_S]. (A fixed doubling to 16 ms overshot the typical
+#: millisecond fetch by several ms per key: +11% wall for 8 ranks, docs/benchmarks.md.)
+POLL_FRACTION = 0.125
 POLL_FIRST_S = 0.001
 POLL_MAX_S = 0.016
 
@@ -105,6 +110,11 @@ class _Step:
     retired: bool = False
 
 
+def poll_pause(waited_s: float) -> float:
+    """Seconds to sleep before the next poll, having waited ``waited_s`` so far."""
+    return min(POLL_MAX_S, max(POLL_FIRST_S, waited_s * POLL_FRACTION))
+
+
 def lease_path(root: str, key: str) -> str:
     """The lease file of ``key`` (already a valid local-tier key) under ``root``."""
     directory, _, name = key.rpartition("/")
@@ -123,8 +133,8 @@ class NodeLeases:
     async def claim(self, key: str, *, wait: bool = True) -> tuple[Claim, Lease | None]:
         """Take the lease of ``key``, or wait for the process holding it (see module doc)."""
         path = lease_path(self.root, key)
-        give_up = time.monotonic() + self.hold_s
-        pause = POLL_FIRST_S
+        started = time.monotonic()
+        give_up = started + self.hold_s
         fd: int | None = None
         try:
             while True:
@@ -146,10 +156,10 @@ class NodeLeases:
                     os.close(fd)
                     fd = None
                     continue
-                if time.monotonic() >= give_up:
+                now = time.monotonic()
+                if now >= give_up:
                     return Claim.UNLEASED, None
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, POLL_MAX_S)
+                await asyncio.sleep(poll_pause(now - started))
         except OSError:
             return Claim.UNLEASED, None  # a lease is an optimisation: never fail the lookup
         finally:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,15 @@ from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
 from objcache.layout import Namespace
-from objcache.nodelease import RECORD_BYTES, Claim, NodeLeases, lease_path
+from objcache.nodelease import (
+    POLL_FIRST_S,
+    POLL_MAX_S,
+    RECORD_BYTES,
+    Claim,
+    NodeLeases,
+    lease_path,
+    poll_pause,
+)
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
@@ -104,6 +112,14 @@ async def test_a_shared_miss_is_not_fetched_again(tmp_path: Path, held: int) -> 
     await asyncio.sleep(0.02)
     os.pwrite(fd, json.dumps({"outcome": "miss"}).encode().ljust(RECORD_BYTES), 0)
     assert await waiter == (Claim.MISSED, None)
+
+
+def test_waiters_poll_in_proportion_to_their_wait() -> None:
+    """A short fetch is seen within a millisecond; a long wait polls rarely, never sleeps long."""
+    assert poll_pause(0.0) == POLL_FIRST_S == 0.001
+    assert poll_pause(0.004) == POLL_FIRST_S
+    assert poll_pause(0.040) == pytest.approx(0.005)  # at most an eighth more wait
+    assert poll_pause(0.5) == poll_pause(30.0) == POLL_MAX_S == 0.016
 
 
 def exists(path: str) -> bool:
@@ -223,6 +239,14 @@ def test_stale_lease_files_are_swept_and_never_listed(tmp_path: Path) -> None:
 # --- two "processes" (two TieredCaches, one local dir) in one loop -------------------------
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait (polling the loop) until ``condition()`` holds."""
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached"
+        await asyncio.sleep(0.002)
+
+
 def rank(root: Path, remote: MemoryBackend) -> TieredCache:
     policy = RetryPolicy(timeout_s=2.0, retries=0)
     spec = TierSpec(url=f"disk://{root}", scheme="disk", location="", path=str(root))
@@ -243,7 +267,7 @@ async def test_a_holder_whose_fetch_failed_shares_no_miss(tmp_path: Path) -> Non
     healthy.data[okey] = CODEC.encode(b"value", okey)
     first, second = rank(tmp_path, sick), rank(tmp_path, healthy)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
-    await asyncio.sleep(0.05)  # the first rank holds the lease, its GET fails later
+    await until(lambda: first.stats.node_leases["held"] == 1)  # its GET fails 0.2 s later
     assert await second.get("fx-graph", "k") == b"value"
     assert await holder is None
     assert second.stats.node_leases["held"] == 1 and healthy.calls["get"] == 1
@@ -254,7 +278,7 @@ async def test_absent_everywhere_is_one_remote_get_per_node(tmp_path: Path) -> N
     slow.delay_s = 0.2
     first, second = rank(tmp_path, slow), rank(tmp_path, other)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
-    await asyncio.sleep(0.05)
+    await until(lambda: first.stats.node_leases["held"] == 1)
     assert await second.get("fx-graph", "k") is None
     assert await holder is None
     assert second.stats.node_leases["missed"] == 1 and other.calls["get"] == 0
@@ -269,7 +293,7 @@ async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
     slow.delay_s = 0.2
     first, second = rank(tmp_path, slow), rank(tmp_path, other)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
-    await asyncio.sleep(0.05)
+    await until(lambda: first.stats.node_leases["held"] == 1)
     prefetch = asyncio.ensure_future(second.get_object(okey, wait=False))
     lookup = asyncio.ensure_future(second.get("fx-graph", "k"))
     assert await prefetch == (None, LEASED_ELSEWHERE)
