@@ -8,11 +8,14 @@ listings). See docs/architecture.md, "One remote fetch per node".
   ``flock`` on it, then writes its record: pid, host, deadline. It fetches and writes the
   entry through to the local tier, then writes the outcome (``hit`` or ``miss``) into the
   record, unlinks the file and closes it (which releases the lock).
-* Every other process opens the same file and polls it, pausing an eighth of the time it
-  has waited so far (at least 1 ms, at most 16 ms), so a short fetch is seen within a
-  millisecond and a long one costs at most ~12% extra wait and few polls: once the
-  record holds an outcome it reads the entry locally (or shares the miss). The entry itself
-  is published atomically by the local tier, so nothing partial is ever read.
+* Every other process opens the same file and waits for the lock to be let go: a daemon
+  thread blocks on a shared ``flock`` of the file, so the waiter wakes the moment the holder
+  unlocks, without spending CPU meanwhile; it also looks every 16 ms (holder deadlines, and
+  NFS, where a blocked lock may be granted late). Once the record holds an outcome it reads
+  the entry locally (or shares the miss). With too many threads blocked already (holders
+  that hang), a waiter polls instead, pausing an eighth of the time it has waited (1 to
+  16 ms). The entry itself is published atomically by the local tier, so nothing partial is
+  ever read.
 * A holder that dies (``kill -9`` included) loses its lock with its process: the next poll
   takes the lock, sees a record without an outcome and takes the lease over.
 * A holder that overran the deadline in its record (hung, or on another NFS client that
@@ -33,6 +36,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -136,11 +140,14 @@ class NodeLeases:
         started = time.monotonic()
         give_up = started + self.hold_s
         fd: int | None = None
+        waker: asyncio.Event | None = None
         try:
             while True:
                 if fd is None:
-                    fd = await asyncio.to_thread(_open, path)
-                step = await asyncio.to_thread(_try, path, fd, self.hold_s)
+                    opened, step = await asyncio.to_thread(_open_and_try, path, self.hold_s)
+                    fd = opened
+                else:
+                    step = await asyncio.to_thread(_try, path, fd, self.hold_s)
                 if step.claim is not None:
                     if step.lease is not None:
                         fd = None  # owned by the lease now
@@ -159,12 +166,76 @@ class NodeLeases:
                 now = time.monotonic()
                 if now >= give_up:
                     return Claim.UNLEASED, None
-                await asyncio.sleep(poll_pause(now - started))
+                if waker is not None and waker.is_set():  # woke, yet still held: not a spin
+                    waker = None
+                    await asyncio.sleep(POLL_FIRST_S)
+                    continue
+                if waker is None:
+                    waker = _wake_on_release(path, fd)
+                if waker is None:  # too many threads blocked already: poll
+                    await asyncio.sleep(poll_pause(now - started))
+                    continue
+                # Woken the moment the holder unlocks; polled too, for deadlines and for
+                # NFS, where a blocked lock may be granted late.
+                wait_s = min(POLL_MAX_S, give_up - now)
+                if step.holder_deadline is not None:
+                    wait_s = min(wait_s, max(0.0, step.holder_deadline - time.time()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waker.wait(), wait_s)
         except OSError:
             return Claim.UNLEASED, None  # a lease is an optimisation: never fail the lookup
         finally:
             if fd is not None:
                 os.close(fd)
+
+
+# --- waking a waiter when the holder unlocks -----------------------------------------------
+
+#: Most threads one process keeps blocked on other processes' leases. A thread blocks until
+#: the holder unlocks or dies; one of a live holder that hangs stays blocked until it does,
+#: so past this many, waiters poll instead.
+MAX_BLOCKED = 32
+_blocked = 0
+_blocked_lock = threading.Lock()
+
+
+def _wake_on_release(path: str, fd: int) -> asyncio.Event | None:
+    """An event set when the lock on the file open as ``fd`` can be shared (its holder
+    unlocked, died, or the file is gone); None when too many threads are blocked already.
+
+    The thread opens its own file description (a shared lock on ``fd`` itself would turn the
+    waiter's own lock attempts into conversions) and is a daemon: a hung holder never holds
+    up this process's exit.
+    """
+    global _blocked
+    with _blocked_lock:
+        if _blocked >= MAX_BLOCKED:
+            return None
+        _blocked += 1
+    st = os.fstat(fd)
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
+
+    def block() -> None:
+        global _blocked
+        try:
+            own = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            try:
+                mine = os.fstat(own)
+                if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
+                    fcntl.flock(own, fcntl.LOCK_SH)  # granted once the holder lets go
+            finally:
+                os.close(own)  # releases the shared lock at once
+        except OSError:
+            pass  # the file went away (retired): the waiter's next look sees it
+        finally:
+            with _blocked_lock:
+                _blocked -= 1
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    threading.Thread(target=block, name="objcache-lease-wait", daemon=True).start()
+    return event
 
 
 # --- the synchronous steps (one worker-thread hop each) ----------------------------------
@@ -181,6 +252,16 @@ def _open(path: str) -> int:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return os.open(path, flags, 0o666)
+
+
+def _open_and_try(path: str, hold_s: float) -> tuple[int, _Step]:
+    """Open the lease file and make a first attempt, in one worker-thread hop."""
+    fd = _open(path)
+    try:
+        return fd, _try(path, fd, hold_s)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _write_record(fd: int, record: dict[str, object]) -> None:

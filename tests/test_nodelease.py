@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 from tests.memory_backend import MemoryBackend
+from tests.support.node_worker import REPO
 
 KEY = "v1/env/fx-graph/ab/key1"
 NS = Namespace("testenv")
@@ -190,6 +192,59 @@ async def test_a_waiter_never_waits_past_its_budget(tmp_path: Path, held: int) -
     claim, lease = await NodeLeases(str(tmp_path), hold_s=0.3).claim(KEY)
     assert (claim, lease) == (Claim.UNLEASED, None)
     assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("POLL_MAX_S", 30.0),  # polls 30 s apart: only the blocked lock wakes it in time
+        ("MAX_BLOCKED", 0),  # no thread to spare: it polls
+    ],
+)
+async def test_a_waiter_sees_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: float
+) -> None:
+    monkeypatch.setattr(f"objcache.nodelease.{setting}", value)
+    before = lease_wait_threads()
+    leases = NodeLeases(str(tmp_path), hold_s=60)
+    claim, first = await leases.claim(KEY)
+    assert claim is Claim.HELD and first is not None
+    waiter = asyncio.ensure_future(leases.claim(KEY))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    if setting == "MAX_BLOCKED":
+        assert lease_wait_threads() <= before  # (earlier tests' threads may still be ending)
+    await first.release("hit")
+    assert await asyncio.wait_for(waiter, 10) == (Claim.LANDED, None)
+
+
+def lease_wait_threads() -> int:
+    return sum(t.name == "objcache-lease-wait" for t in threading.enumerate())
+
+
+WAITS_ON_A_HUNG_HOLDER = """
+import asyncio, fcntl, os, sys
+from objcache.nodelease import Claim, NodeLeases, lease_path
+root, key = sys.argv[1], sys.argv[2]
+path = lease_path(root, key)
+os.makedirs(os.path.dirname(path), exist_ok=True)
+hung = os.open(path, os.O_RDWR | os.O_CREAT)  # a holder that never lets go
+fcntl.flock(hung, fcntl.LOCK_EX)
+claim, _ = asyncio.run(NodeLeases(root, hold_s=0.3).claim(key))
+print(claim.value, flush=True)
+"""
+
+
+def test_a_thread_blocked_on_a_hung_holder_never_holds_up_exit(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WAITS_ON_A_HUNG_HOLDER, str(tmp_path), KEY],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "unleased"
 
 
 HOLDER = """
