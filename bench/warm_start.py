@@ -1,6 +1,7 @@
 """Warm-start benchmark: how long the first training step takes, per way of starting.
 
-    python bench/warm_start.py [--runs 3] [--model block|tiny] [--remote file|redis|NAME=URL]...
+    python bench/warm_start.py [--runs 3] [--model block|tiny|torchvision:NAME|timm:NAME]
+        [--remote file|redis|NAME=URL]...
 
 Every run is a fresh process running the shared workload (``python -m objcache.demo --worker``:
 compile, one forward+backward step, compare with eager). A "fresh machine" is a fresh set of
@@ -62,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
-from objcache.demo import Job, machine_env, run_job  # noqa: E402
+from objcache.demo import Job, machine_env, model_name, run_job  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
 
@@ -231,7 +232,12 @@ def main() -> int:
         return guarded_main([a for a in sys.argv[1:] if a != "--guarded"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help=f"runs per scenario (1..{MAX_RUNS})")
-    parser.add_argument("--model", choices=("block", "tiny"), default="block")
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default="block",
+        help="block, tiny, or a library model: torchvision:<name>, timm:<name>",
+    )
     parser.add_argument(
         "--batches",
         default="",

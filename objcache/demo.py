@@ -37,6 +37,21 @@ from typing import Any
 RESULT_TAG = "OBJCACHE_RESULT "
 STAGE_TAG = "objcache-demo: stage "
 MODELS = ("tiny", "block")
+#: Models from a model library: ``torchvision:<name>`` or ``timm:<name>`` (not installed by
+#: objcache; no weights are downloaded: every model is built with random weights).
+LIBRARIES = ("torchvision", "timm")
+#: Image side of the library models' input (small: a CPU compile, not accuracy, is measured).
+IMAGE_SIDE = 64
+
+
+def model_name(value: str) -> str:
+    """argparse type of ``--model``: a built-in model or ``<library>:<name>``."""
+    library, sep, name = value.partition(":")
+    if value in MODELS or (sep and library in LIBRARIES and name):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"unknown model {value!r}: use {', '.join(MODELS)}, torchvision:<name> or timm:<name>"
+    )
 
 
 # --- the worker: one process, one compile -----------------------------------------------------
@@ -47,6 +62,9 @@ def make_input(name: str, batch: int | None = None) -> Any:
     import torch
 
     generator = torch.Generator().manual_seed(1 if batch is None else 1000 + batch)
+    if ":" in name:  # a library model: a batch of small images
+        side = IMAGE_SIDE
+        return torch.randn(2 if batch is None else batch, 3, side, side, generator=generator)
     if name == "tiny":
         return torch.randn(4 if batch is None else batch, 8, generator=generator)
     return torch.randn(2 if batch is None else batch, 16, 64, generator=generator)
@@ -65,6 +83,20 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
     from torch.nn import functional as F
 
     torch.manual_seed(0)
+    if ":" in name:
+
+        class Salted(nn.Module):
+            """A library model times the demo's constant: every demo's cold run is cold."""
+
+            def __init__(self, inner: nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+                self.salt = salt
+
+            def forward(self, x: Any) -> Any:
+                return self.inner(x) * self.salt
+
+        return Salted(_library_model(name)), make_input(name)
     if name == "tiny":
 
         class Tiny(nn.Module):
@@ -102,6 +134,21 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
             return (x + self.mlp(self.norm2(x))) * self.salt
 
     return Block(), torch.randn(2, 16, 64)
+
+
+def _library_model(name: str) -> Any:
+    """A model from torchvision or timm, random weights, 10 classes."""
+    library, _, model = name.partition(":")
+    if library == "torchvision":
+        import torchvision
+
+        return torchvision.models.get_model(model, weights=None, num_classes=10)
+    import timm
+
+    kwargs: dict[str, Any] = {"pretrained": False, "num_classes": 10}
+    if "vit" in model or "deit" in model:
+        kwargs["img_size"] = IMAGE_SIDE  # vision transformers take their image size
+    return timm.create_model(model, **kwargs)
 
 
 def _stage(name: str) -> None:
@@ -222,7 +269,7 @@ def _kernels_hooked() -> bool:
 def worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m objcache.demo --worker")
     p.add_argument("--worker", action="store_true")
-    p.add_argument("--model", choices=MODELS, default="tiny")
+    p.add_argument("--model", type=model_name, default="tiny")
     p.add_argument("--salt", type=float, default=1.0)
     p.add_argument(
         "--batches",
@@ -391,7 +438,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--worker" in argv:
         return worker_main(argv)
     parser = argparse.ArgumentParser(prog="objcache demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=MODELS, default="block")
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default="block",
+        help="tiny, block, or a library model: torchvision:<name>, timm:<name>",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the demo's temp dirs")
     parser.add_argument("--timeout", type=float, default=900.0)
     opts = parser.parse_args(argv)
