@@ -140,7 +140,7 @@ class NodeLeases:
         started = time.monotonic()
         give_up = started + self.hold_s
         fd: int | None = None
-        waker: asyncio.Event | None = None
+        waker: _Waker | None = None
         try:
             while True:
                 if fd is None:
@@ -166,7 +166,7 @@ class NodeLeases:
                 now = time.monotonic()
                 if now >= give_up:
                     return Claim.UNLEASED, None
-                if waker is not None and waker.is_set():  # woke, yet still held: not a spin
+                if waker is not None and waker.event.is_set():  # woke, still held: no spin
                     waker = None
                     await asyncio.sleep(POLL_FIRST_S)
                     continue
@@ -181,7 +181,9 @@ class NodeLeases:
                 if step.holder_deadline is not None:
                     wait_s = min(wait_s, max(0.0, step.holder_deadline - time.time()))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waker.wait(), wait_s)
+                    await asyncio.wait_for(waker.event.wait(), wait_s)
+                if waker.outcome is not None:  # read by the thread, under the shared lock
+                    return waker.outcome, None
         except OSError:
             return Claim.UNLEASED, None  # a lease is an optimisation: never fail the lookup
         finally:
@@ -199,9 +201,17 @@ _blocked = 0
 _blocked_lock = threading.Lock()
 
 
-def _wake_on_release(path: str, fd: int) -> asyncio.Event | None:
-    """An event set when the lock on the file open as ``fd`` can be shared (its holder
-    unlocked, died, or the file is gone); None when too many threads are blocked already.
+@dataclass
+class _Waker:
+    #: Set when the lock could be shared (the holder unlocked or died) or the file is gone.
+    event: asyncio.Event
+    #: The holder's outcome, read under the shared lock (saves the waiter a hop), if any.
+    outcome: Claim | None = None
+
+
+def _wake_on_release(path: str, fd: int) -> _Waker | None:
+    """A :class:`_Waker` for the file open as ``fd``; None when too many threads are
+    blocked already.
 
     The thread opens its own file description (a shared lock on ``fd`` itself would turn the
     waiter's own lock attempts into conversions) and is a daemon: a hung holder never holds
@@ -214,7 +224,7 @@ def _wake_on_release(path: str, fd: int) -> asyncio.Event | None:
         _blocked += 1
     st = os.fstat(fd)
     loop = asyncio.get_running_loop()
-    event = asyncio.Event()
+    waker = _Waker(asyncio.Event())
 
     def block() -> None:
         global _blocked
@@ -224,6 +234,7 @@ def _wake_on_release(path: str, fd: int) -> asyncio.Event | None:
                 mine = os.fstat(own)
                 if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
                     fcntl.flock(own, fcntl.LOCK_SH)  # granted once the holder lets go
+                    waker.outcome = _outcome(_read_record(own))
             finally:
                 os.close(own)  # releases the shared lock at once
         except OSError:
@@ -232,10 +243,10 @@ def _wake_on_release(path: str, fd: int) -> asyncio.Event | None:
             with _blocked_lock:
                 _blocked -= 1
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(event.set)
+                loop.call_soon_threadsafe(waker.event.set)
 
     threading.Thread(target=block, name="objcache-lease-wait", daemon=True).start()
-    return event
+    return waker
 
 
 # --- the synchronous steps (one worker-thread hop each) ----------------------------------
