@@ -674,11 +674,32 @@ def keygen(path: Path) -> None:
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="block, tiny, or a model library's: torchvision:<name>, timm:<name> "
+            "(that library must be installed).",
+        ),
+    ] = "block",
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's temp dirs.")] = False,
+) -> None:
     """Compile a small model cold, then on a "new machine", then warm; print the table."""
-    from objcache.demo import main as demo_main
+    import argparse
+    import importlib.util
 
-    raise typer.Exit(demo_main())
+    from objcache.demo import main as demo_main
+    from objcache.demo import model_name
+
+    try:
+        model_name(model)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(str(exc)) from None
+    library = model.partition(":")[0] if ":" in model else ""
+    if library and importlib.util.find_spec(library) is None:
+        raise UserError(f"--model {model}: {library} is not installed (pip install {library})")
+    raise typer.Exit(demo_main(["--model", model, *(["--keep"] if keep else [])]))
 
 
 def main() -> None:

@@ -433,7 +433,7 @@ def _torch_cell(result: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The demo (``objcache demo`` calls this with no arguments) or, with --worker, a worker."""
+    """The demo (``objcache demo [--model M] [--keep]`` calls this) or, with --worker, a worker."""
     argv = list(argv or [])
     if "--worker" in argv:
         return worker_main(argv)

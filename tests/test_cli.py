@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -218,3 +219,14 @@ def test_pull_by_job_manifest(run: Run, env: dict[str, str], tmp_path: Path) -> 
     missing = run("pull", "--job", "nosuchjob", extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert missing.returncode == 0, "warming is best-effort: a boot script goes on cold"
     assert "warning: pull: job nosuchjob has no manifest" in missing.stderr
+
+
+def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run: Run) -> None:
+    unknown = run("demo", "--model", "resnet18")
+    assert unknown.returncode != 0
+    assert "unknown model 'resnet18'" in unknown.stderr and "Traceback" not in unknown.stderr
+    missing = run("demo", "--model", "nosuchlibrary:x")
+    assert missing.returncode != 0 and "unknown model" in missing.stderr
+    if importlib.util.find_spec("timm") is None:  # the dev venv does not install it
+        absent = run("demo", "--model", "timm:resnet18")
+        assert absent.returncode != 0 and "timm is not installed" in absent.stderr
