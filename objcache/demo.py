@@ -136,6 +136,14 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
     return Block(), torch.randn(2, 16, 64)
 
 
+def tolerance(name: str) -> tuple[float, float]:
+    """``(rtol, atol)`` for compiled vs eager. Library models are deep (dozens of fused
+    norm/activation layers, gradients through all of them), where Inductor's reordered float
+    sums differ from eager by more than a toy model's 1e-5 (timm's mobilenetv3_small_050:
+    2.7e-5, the same in a cold compile without any cache)."""
+    return (1e-3, 1e-4) if ":" in name else (1e-4, 1e-5)
+
+
 def _library_model(name: str) -> Any:
     """A model from torchvision or timm, random weights, 10 classes."""
     library, _, model = name.partition(":")
@@ -213,7 +221,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     ]
     errs = [float((a - b).abs().max()) for a, b in pairs]
     result["max_abs_err"] = max(errs)
-    result["match"] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
+    rtol, atol = tolerance(args.model)
+    result["match"] = all(torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in pairs)
     from torch._dynamo.utils import counters
 
     result["torch"] = {
