@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import resource
@@ -413,13 +414,24 @@ def bench_torch_warm(
 NODE_RUNS = (("off", False), ("off", True), ("on", False), ("on", True))
 
 
-def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> dict[str, Any]:
-    """Remote GETs per entry and wall time of ``ranks`` processes sharing a fresh local dir."""
+def bench_node(
+    work: Path, rounds: int, ranks: int, entries: int, size: int, rtt_ms: float = 0.0
+) -> dict[str, Any]:
+    """Remote GETs per entry and wall time of ``ranks`` processes sharing a fresh local dir;
+    with ``rtt_ms``, the ranks reach Redis through a proxy adding that round trip."""
     import redis
 
-    out: dict[str, Any] = {"ranks": ranks, "entries": entries, "size": size, "rounds": rounds}
+    out: dict[str, Any] = {
+        "ranks": ranks, "entries": entries, "size": size, "rounds": rounds, "rtt_ms": rtt_ms,
+    }  # fmt: skip
     samples: dict[str, list[dict[str, Any]]] = {}
-    with RedisServer() as server:
+    with RedisServer() as server, contextlib.ExitStack() as stack:
+        ranks_url = server.url
+        if rtt_ms:
+            proxy = FaultProxy(server.host, server.port)
+            stack.callback(proxy.close)
+            proxy.set_rtt_ms(rtt_ms)
+            ranks_url = f"redis://{proxy.host}:{proxy.port}/0"
         raw = redis.Redis(host=server.host, port=server.port)
         for r in range(rounds):
             # ABBA: every other round runs the four in reverse, so neither setting always
@@ -434,7 +446,7 @@ def bench_node(work: Path, rounds: int, ranks: int, entries: int, size: int) -> 
                     seeder.put(NODE_KIND, key, payload_for(key, size))
                 seeder.close()  # leaves the job's manifest
                 spec = {
-                    "tiers": url,
+                    "tiers": f"{ranks_url}?prefix={job}",
                     "local_dir": str(work / job / "node"),
                     "job": job,
                     "prefetch": prefetch,
@@ -478,8 +490,13 @@ def report_node(node: dict[str, Any]) -> str:
     lines = [
         f"**(c) {n} ranks on one node.** {n} processes start at once on a fresh shared "
         f"`OBJCACHE_LOCAL_DIR` and look up {e} entries of {node['size'] // 1000} KB "
-        "(incompressible) in order, as torch does, from one redis-server on 127.0.0.1. Remote "
-        "GETs counted by Redis (`INFO commandstats`), the reads of the job's manifest "
+        "(incompressible) in order, as torch does, from one redis-server on 127.0.0.1"
+        + (
+            f" through a proxy adding {node['rtt_ms']:g} ms per round trip"
+            if node["rtt_ms"]
+            else ""
+        )
+        + ". Remote GETs counted by Redis (`INFO commandstats`), the reads of the job's manifest "
         "included. Wall: start of the lookups to the last rank's last hit. Median of "
         f"{node['rounds']} rounds, each on a fresh prefix and local dir:",
         "",
@@ -700,19 +717,35 @@ def main() -> None:
     ap.add_argument("--node-only", action="store_true", help="only (c), 8 ranks on one node")
     ap.add_argument("--node-ranks", type=int, default=8)
     ap.add_argument("--node-entries", type=int, default=300)
+    ap.add_argument(
+        "--node-rtt-ms", type=float, default=0, help="(c) through a proxy adding this RTT"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.node_only:
         args.skip_sync = args.skip_warm = args.skip_torch = True
     if not args.skip_node:
         with tempfile.TemporaryDirectory(prefix="objcache-bench-node-") as tmp:
-            node = bench_node(Path(tmp), args.rounds, args.node_ranks, args.node_entries, 60_000)
+            node = bench_node(
+                Path(tmp),
+                args.rounds,
+                args.node_ranks,
+                args.node_entries,
+                60_000,
+                args.node_rtt_ms,
+            )
         text = report_node(node)
         print(text)
         if args.out:
-            command = f"python bench/fleet.py --node-only --rounds {args.rounds} --out {args.out}"
-            write_section(args.out, "fleet-node", command, text)
-            _chart.write_beside(args.out, "fleet_node", node_chart(node))
+            rtt = f" --node-rtt-ms {args.node_rtt_ms:g}" if args.node_rtt_ms else ""
+            command = (
+                f"python bench/fleet.py --node-only --rounds {args.rounds}{rtt} --out {args.out}"
+            )
+            if args.node_rtt_ms:  # its own section: the loopback table stays
+                write_section(args.out, "fleet-node-rtt", command, text)
+            else:
+                write_section(args.out, "fleet-node", command, text)
+                _chart.write_beside(args.out, "fleet_node", node_chart(node))
     if args.skip_sync and args.skip_warm and args.skip_torch:
         return
     aws = find_aws()
