@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,13 @@ from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
+from objcache.errors import (
+    ClockSkew,
+    EntryTooLarge,
+    InvalidKey,
+    PermanentBackendError,
+    TransientBackendError,
+)
 from objcache.layout import Namespace
 from objcache.metrics import FailureLog
 from objcache.policy import CircuitBreaker, RetryPolicy
@@ -428,3 +436,144 @@ def test_tier_defaults_come_from_the_global_policy() -> None:
     assert (t.policy.timeout_s, t.policy.retries) == (2.5, 3)
     assert (t.breaker.threshold, t.breaker.cooldown_s) == (4, 8)
     assert t.flags == TierFlags(read_only=True) and not t.writable and t.readable
+
+
+# --- Tier: every failure is a miss with its reason, counted -----------------------------
+
+
+class Raising(MemoryBackend):
+    """Every call raises ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    async def _enter(self, op: str) -> None:
+        self.calls[op] += 1
+        raise self.exc
+
+
+def one_shot_tier(backend: MemoryBackend) -> Tier:
+    """A tier whose breaker opens on the first failure; no retries."""
+    return Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(1, 60))
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason", "tier_at_fault"),
+    [
+        (TimeoutError(), "timeout", True),
+        (EntryTooLarge("over the limit"), "too_large", False),
+        (InvalidKey("../escape"), "invalid_key", False),
+        (ClockSkew("RequestTimeTooSkewed"), "clock_skew", False),
+        (PermanentBackendError("AccessDenied"), "error", True),
+        (TransientBackendError("connection reset"), "error", True),
+        (OSError(5, "I/O error"), "error", True),
+    ],
+)
+async def test_a_failure_is_a_miss_with_its_reason(
+    exc: BaseException, reason: str, tier_at_fault: bool
+) -> None:
+    """The reason names the failure; only the tier's own faults count against its breaker."""
+    backend = Raising(exc)
+    tier = one_shot_tier(backend)
+    assert await tier.get("k") == (None, reason)
+    assert tier.stats.misses == Counter({reason: 1})
+    assert tier.breaker_open() is tier_at_fault
+    assert tier.stats.breaker_opened == int(tier_at_fault)
+    if not tier_at_fault:  # answered, so the next call goes through and counts again
+        assert not await tier.put("k", b"v") and not await tier.put("k", b"v")
+        assert await tier.exists("k") is None and await tier.delete("k") is None
+        assert await tier.get("k") == (None, reason)
+        assert tier.stats.misses == Counter({reason: 2})
+        assert tier.stats.put_errors == Counter({reason: 2})
+        assert backend.calls == Counter({"get": 2, "put": 2, "exists": 1, "delete": 1})
+
+
+async def test_each_time_the_breaker_opens_is_counted() -> None:
+    backend = MemoryBackend("mem://flaky")
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(1, 0.0))
+    assert tier.stats.name == "mem://flaky"
+    for fault in ("transient", "", "transient", "", "transient"):
+        backend.fault = fault  # no cooldown: a probe that succeeds closes it again
+        assert await tier.get("k") == ((None, "error") if fault else (None, "absent"))
+    assert tier.stats.breaker_opened == 3
+
+
+async def test_an_open_breaker_is_a_breaker_miss_without_a_call() -> None:
+    backend = MemoryBackend()
+    backend.fault = "permanent"
+    tier = one_shot_tier(backend)
+    assert await tier.get("k") == (None, "error")
+    backend.fault = ""
+    for _ in range(2):
+        assert await tier.get("k") == (None, "breaker")
+    assert not await tier.put("k", b"v")
+    assert await tier.exists("k") is None and await tier.delete("k") is None
+    assert tier.stats.misses == Counter({"error": 1, "breaker": 2})
+    assert tier.stats.put_errors == Counter({"breaker": 1})
+    assert backend.calls == Counter({"get": 1})
+
+
+async def test_tier_counters_add_up() -> None:
+    """Counts and byte totals accumulate; latencies are milliseconds of the call."""
+    backend = MemoryBackend()
+    backend.delay_s = 0.02
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    for _ in range(2):
+        assert await tier.get("gone") == (None, "absent")
+    assert tier.stats.misses == Counter({"absent": 2})
+    assert await tier.put("a", b"12345") and await tier.put("b", b"123")
+    assert await tier.put("a", b"other", PutMode.CREATE)  # exists: stored, not written
+    assert await tier.put("a", b"other", PutMode.CREATE)
+    assert backend.data["a"] == b"12345"
+    assert await tier.put("a", b"new", PutMode.OVERWRITE)
+    assert backend.data["a"] == b"new"
+    assert tier.stats.puts == 3 and tier.stats.put_skipped_exists == 2
+    assert tier.stats.bytes_written == 5 + 3 + 3
+    assert await tier.exists("b") is True and await tier.exists("gone") is False
+    for latency in (tier.stats.get_latency, tier.stats.put_latency):
+        assert latency.total and 15 <= latency.sum_ms / latency.total <= 2000  # ms, not s
+
+
+async def test_oversized_puts_are_refused_before_the_call_and_counted() -> None:
+    backend = MemoryBackend()
+    tier = Tier(
+        backend,
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+        TierFlags(max_size=4),
+    )
+    for _ in range(2):
+        assert not await tier.put("k", b"12345")
+    assert tier.stats.put_errors == Counter({"too_large": 2}) and backend.calls["put"] == 0
+
+
+async def test_record_updates_are_counted_per_outcome(tmp_path: Path) -> None:
+    spec = parse_tier_url(f"disk://{tmp_path}")
+    tier = Tier(DiskBackend(spec), RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+
+    def append(item: bytes) -> Callable[[bytes | None], bytes | None]:
+        def change(current: bytes | None) -> bytes | None:
+            current = current or b""
+            return None if item in current.split(b",") else b",".join([*current.split(b","), item])
+
+        return change
+
+    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"a")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"b")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"a")) == "unchanged"
+    assert tier.stats.records == Counter({"stored": 2, "unchanged": 1})
+    assert tier.stats.record_conflicts == 0
+    (tmp_path / "not-a-dir").write_bytes(b"")
+    broken = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}/not-a-dir")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    for _ in range(2):
+        assert await broken.update_record("v1/env/pgo/ab/rec", append(b"a")) == "error"
+    assert broken.stats.records == Counter({"error": 2})
+    memory = one_shot_tier(MemoryBackend())  # no conditional writes
+    for _ in range(2):
+        assert await memory.update_record("k", append(b"a")) == "unsupported"
+    assert memory.stats.records == Counter({"unsupported": 2})
