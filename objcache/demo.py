@@ -63,8 +63,8 @@ def make_input(name: str, batch: int | None = None) -> Any:
 
     generator = torch.Generator().manual_seed(1 if batch is None else 1000 + batch)
     if ":" in name:  # a library model: a batch of small images
-        side = IMAGE_SIDE
-        return torch.randn(2 if batch is None else batch, 3, side, side, generator=generator)
+        size = (2 if batch is None else batch, 3, IMAGE_SIDE, IMAGE_SIDE)
+        return torch.randn(size, generator=generator)
     if name == "tiny":
         return torch.randn(4 if batch is None else batch, 8, generator=generator)
     return torch.randn(2 if batch is None else batch, 16, 64, generator=generator)

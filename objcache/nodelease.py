@@ -222,13 +222,16 @@ def _wake_on_release(path: str, fd: int) -> _Waker | None:
         if _blocked >= MAX_BLOCKED:
             return None
         _blocked += 1
-    st = os.fstat(fd)
     loop = asyncio.get_running_loop()
     waker = _Waker(asyncio.Event())
 
     def block() -> None:
         global _blocked
         try:
+            # In the thread, not on the loop (a round trip on NFS). Should the waiter have
+            # returned and its fd number been reused, the identities differ and no lock is
+            # taken.
+            st = os.fstat(fd)
             own = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
             try:
                 mine = os.fstat(own)

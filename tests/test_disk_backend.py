@@ -302,13 +302,20 @@ def test_only_stale_temp_and_lease_files_are_swept(tmp_path: Path) -> None:
     ]
 
 
-async def test_a_failed_scan_falls_back_to_what_this_process_has_seen(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def scans_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every directory scan of the disk tier fails."""
+
     def unreadable(*_: object) -> None:
         raise OSError("scan failed")
 
     monkeypatch.setattr(disk, "_scan", unreadable)
+
+
+@pytest.mark.usefixtures("scans_fail")
+async def test_a_failed_scan_falls_back_to_what_this_process_has_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(DiskBackend, "evict_backoff_s", 0.0)
     backend = make(tmp_path, "?max_bytes=3000")
     for i in range(5):  # the first put's scan fails; eviction still runs on what was seen
@@ -417,13 +424,8 @@ async def test_the_index_is_rescanned_only_after_its_interval(
     await backend.close()
 
 
-async def test_a_failed_maintenance_pass_backs_off(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def unreadable(*_: object) -> None:
-        raise OSError("scan failed")
-
-    monkeypatch.setattr(disk, "_scan", unreadable)
+@pytest.mark.usefixtures("scans_fail")
+async def test_a_failed_maintenance_pass_backs_off(tmp_path: Path) -> None:
     backend = make(tmp_path, "?max_bytes=1500")
     for i in range(4):
         await backend.put(f"k{i}", b"x" * 1000)
