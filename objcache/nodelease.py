@@ -23,7 +23,11 @@ listings). See docs/architecture.md, "One remote fetch per node".
 * A waiter waits at most its own budget; then it fetches on its own. Nothing waits forever.
 
 Every step is a few non-blocking syscalls, run in one worker-thread hop like every other
-local-disk operation.
+local-disk operation. :meth:`NodeLeases.lookup` also reads the entry in those hops (before
+the lease file is opened, right after the lease is taken, and in the waking thread once
+the holder's outcome says it landed), so a lookup costs the hops of a lookup without
+single-flight: each hop is comparable to a loopback GET, and on a node whose ranks walk
+the same keys in lockstep every extra one is paid on every key (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from objcache.backends._fs import LEASE_PREFIX
@@ -58,6 +63,9 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 class Claim(enum.Enum):
     """What :meth:`NodeLeases.claim` found."""
 
+    #: The entry is in the local tier already: no lease file was opened (only from
+    #: :meth:`NodeLeases.lookup` with ``look_first``).
+    LOCAL = "local"
     #: This process holds the lease: fetch, then :meth:`Lease.release`.
     HELD = "held"
     #: Another process fetched the entry into the local tier: read it there.
@@ -112,6 +120,24 @@ class _Step:
     holder_deadline: float | None = None
     #: The file was retired (unlinked) without an outcome: open the path again.
     retired: bool = False
+    #: The local entry, read in the same hop (LOCAL, LANDED).
+    entry: bytes | None = None
+    #: The step closed the file itself (a lease it took and let go of at once).
+    closed: bool = False
+
+
+#: A blocking read of one local entry: its bytes, or None when it is not there.
+Read = Callable[[], bytes | None]
+
+
+def _look(read: Read | None) -> bytes | None:
+    """``read()``; a read that fails is a miss (the lookup goes on to the remote tiers)."""
+    if read is None:
+        return None
+    try:
+        return read()
+    except Exception:
+        return None
 
 
 def poll_pause(waited_s: float) -> float:
@@ -136,6 +162,21 @@ class NodeLeases:
 
     async def claim(self, key: str, *, wait: bool = True) -> tuple[Claim, Lease | None]:
         """Take the lease of ``key``, or wait for the process holding it (see module doc)."""
+        claim, lease, _ = await self.lookup(key, wait=wait)
+        return claim, lease
+
+    async def lookup(
+        self, key: str, *, read: Read | None = None, wait: bool = True, look_first: bool = True
+    ) -> tuple[Claim, Lease | None, bytes | None]:
+        """:meth:`claim`, with the local entry read in the same worker-thread hops.
+
+        ``read`` is a blocking read of the entry (None when absent). It runs before the
+        lease file is opened (``look_first``; a hit is ``Claim.LOCAL``), right after the
+        lease is taken (the entry may have landed since the caller looked: the lease is
+        let go of as a hit and the answer is ``Claim.LANDED``), and wherever another
+        process's outcome says the entry landed, the waking thread included. The third
+        element is what it read; None for LANDED means the entry was gone again (evicted).
+        """
         path = lease_path(self.root, key)
         started = time.monotonic()
         give_up = started + self.hold_s
@@ -144,20 +185,22 @@ class NodeLeases:
         try:
             while True:
                 if fd is None:
-                    opened, step = await asyncio.to_thread(_open_and_try, path, self.hold_s)
-                    fd = opened
+                    fd, step = await asyncio.to_thread(
+                        _open_and_try, path, self.hold_s, read, look_first
+                    )
                 else:
-                    step = await asyncio.to_thread(_try, path, fd, self.hold_s)
+                    step = await asyncio.to_thread(_try, path, fd, self.hold_s, read)
                 if step.claim is not None:
-                    if step.lease is not None:
-                        fd = None  # owned by the lease now
-                    return step.claim, step.lease
+                    if step.lease is not None or step.closed:
+                        fd = None  # owned by the lease now, or closed already
+                    return step.claim, step.lease, step.entry
+                assert fd is not None  # only a step that found the entry opens no file
                 if step.retired:  # retired without an outcome: start over
                     os.close(fd)
                     fd = None
                     continue
                 if not wait:
-                    return Claim.BUSY, None
+                    return Claim.BUSY, None, None
                 if step.holder_deadline is not None and time.time() > step.holder_deadline:
                     await asyncio.to_thread(_retire, path, fd)  # overdue holder
                     os.close(fd)
@@ -165,13 +208,13 @@ class NodeLeases:
                     continue
                 now = time.monotonic()
                 if now >= give_up:
-                    return Claim.UNLEASED, None
+                    return Claim.UNLEASED, None, None
                 if waker is not None and waker.event.is_set():  # woke, still held: no spin
                     waker = None
                     await asyncio.sleep(POLL_FIRST_S)
                     continue
                 if waker is None:
-                    waker = _wake_on_release(path, fd)
+                    waker = _wake_on_release(path, fd, read)
                 if waker is None:  # too many threads blocked already: poll
                     await asyncio.sleep(poll_pause(now - started))
                     continue
@@ -183,9 +226,9 @@ class NodeLeases:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waker.event.wait(), wait_s)
                 if waker.outcome is not None:  # read by the thread, under the shared lock
-                    return waker.outcome, None
+                    return waker.outcome, None, waker.entry
         except OSError:
-            return Claim.UNLEASED, None  # a lease is an optimisation: never fail the lookup
+            return Claim.UNLEASED, None, None  # a lease is an optimisation: never fail it
         finally:
             if fd is not None:
                 os.close(fd)
@@ -207,9 +250,11 @@ class _Waker:
     event: asyncio.Event
     #: The holder's outcome, read under the shared lock (saves the waiter a hop), if any.
     outcome: Claim | None = None
+    #: The entry, read by the thread when the outcome says it landed (saves another hop).
+    entry: bytes | None = None
 
 
-def _wake_on_release(path: str, fd: int) -> _Waker | None:
+def _wake_on_release(path: str, fd: int, read: Read | None = None) -> _Waker | None:
     """A :class:`_Waker` for the file open as ``fd``; None when too many threads are
     blocked already.
 
@@ -238,6 +283,8 @@ def _wake_on_release(path: str, fd: int) -> _Waker | None:
                 if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
                     fcntl.flock(own, fcntl.LOCK_SH)  # granted once the holder lets go
                     waker.outcome = _outcome(_read_record(own))
+                    if waker.outcome is Claim.LANDED:
+                        waker.entry = _look(read)
             finally:
                 os.close(own)  # releases the shared lock at once
         except OSError:
@@ -268,11 +315,18 @@ def _open(path: str) -> int:
         return os.open(path, flags, 0o666)
 
 
-def _open_and_try(path: str, hold_s: float) -> tuple[int, _Step]:
-    """Open the lease file and make a first attempt, in one worker-thread hop."""
+def _open_and_try(
+    path: str, hold_s: float, read: Read | None = None, look_first: bool = False
+) -> tuple[int | None, _Step]:
+    """Look for the entry, then open the lease file and make a first attempt, in one
+    worker-thread hop. No file is opened (None) when the entry is there already."""
+    if look_first:
+        entry = _look(read)
+        if entry is not None:
+            return None, _Step(Claim.LOCAL, entry=entry)
     fd = _open(path)
     try:
-        return fd, _try(path, fd, hold_s)
+        return fd, _try(path, fd, hold_s, read)
     except BaseException:
         os.close(fd)
         raise
@@ -314,12 +368,17 @@ def _outcome(record: dict[str, object]) -> Claim | None:
     return None
 
 
-def _try(path: str, fd: int, hold_s: float) -> _Step:
+def _done(claim: Claim, read: Read | None) -> _Step:
+    """Another process's outcome, with the entry when it landed."""
+    return _Step(claim, entry=_look(read) if claim is Claim.LANDED else None)
+
+
+def _try(path: str, fd: int, hold_s: float, read: Read | None = None) -> _Step:
     """One attempt on the open lease file ``fd``."""
     record = _read_record(fd)
     done = _outcome(record)
     if done is not None:
-        return _Step(done)
+        return _done(done, read)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -333,7 +392,7 @@ def _try(path: str, fd: int, hold_s: float) -> _Step:
     record = _read_record(fd)
     done = _outcome(record)
     if done is not None:
-        return _Step(done)
+        return _done(done, read)
     if not _same_file(fd, path):
         fcntl.flock(fd, fcntl.LOCK_UN)
         return _Step(None, retired=True)
@@ -344,7 +403,12 @@ def _try(path: str, fd: int, hold_s: float) -> _Step:
         _retire(path, fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         raise
-    return _Step(Claim.HELD, Lease(path, fd, took_over))
+    lease = Lease(path, fd, took_over)
+    entry = _look(read)  # it may have landed between the caller's look and the lock
+    if entry is not None:
+        lease.release_sync("hit")  # closes fd
+        return _Step(Claim.LANDED, entry=entry, closed=True)
+    return _Step(Claim.HELD, lease)
 
 
 def _retire(path: str, fd: int) -> None:

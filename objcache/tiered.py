@@ -195,30 +195,20 @@ class TieredCache:
     async def _fetch(
         self, okey: str, wait: bool = True, absent_locally: bool = False
     ) -> tuple[bytes | None, str]:
+        lease: Lease | None = None
         if self.local is not None:
             landing = self._landing.get(okey)
             if landing is not None:
                 return landing, self.local.name
-            found = None if absent_locally else await self._read_local(okey)
-            if found is not None:
-                return found, self.local.name
-        lease: Lease | None = None
-        if self.leases is not None and self.local is not None and self._remote_readable():
-            claim, lease = await self.leases.claim(okey, wait=wait)
-            self.stats.node_leases[claim.value] += 1
-            if lease is not None and lease.took_over:
-                self.stats.node_leases["took_over"] += 1
-            if claim is Claim.BUSY:
-                return None, LEASED_ELSEWHERE
-            if claim is Claim.MISSED:
-                return None, ""
-            if claim in (Claim.LANDED, Claim.HELD):
-                # LANDED: another process wrote it through. HELD: it may have landed
-                # between our miss and the claim.
-                found = await self._read_local(okey)
+            if self._leased():
+                found, lease, elsewhere = await self._claim(okey, wait, absent_locally)
                 if found is not None:
-                    if lease is not None:
-                        await lease.release("hit")
+                    return found, self.local.name
+                if elsewhere is not None:
+                    return None, elsewhere
+            else:
+                found = None if absent_locally else await self._read_local(okey)
+                if found is not None:
                     return found, self.local.name
         reasons: list[str] = []
         try:
@@ -336,6 +326,56 @@ class TieredCache:
             if tier is self.local and self._local_store is not None:
                 await self._local_store.quarantine(okey)
             return None
+
+    def _leased(self) -> bool:
+        """Whether lookups go through node leases (a disk local tier and a remote to ask)."""
+        return self.leases is not None and self._local_store is not None and self._remote_readable()
+
+    async def _claim(
+        self, okey: str, wait: bool, absent_locally: bool
+    ) -> tuple[bytes | None, Lease | None, str | None]:
+        """The local look and the node lease in one worker-thread hop (nodelease.py):
+        ``(payload, None, None)`` on a local hit; ``(None, lease or None, None)`` to fetch
+        from the remotes (holding the lease when it is ours); ``(None, None, tier)`` to
+        answer the lookup without a fetch: another process found the entry absent
+        everywhere (``""``) or, without ``wait``, is fetching it (``LEASED_ELSEWHERE``)."""
+        assert self.leases is not None and self._local_store is not None
+        assert self.local is not None
+        store = self._local_store
+        claim, lease, entry = await self.leases.lookup(
+            okey,
+            read=functools.partial(store.read_sync, okey),
+            wait=wait,
+            look_first=not absent_locally,
+        )
+        if claim is not Claim.LOCAL:
+            self.stats.node_leases[claim.value] += 1
+            if not absent_locally:  # the look before the lease missed
+                self.local.stats.misses["absent"] += 1
+                self.local.stats.note(okey, "absent")
+        if lease is not None and lease.took_over:
+            self.stats.node_leases["took_over"] += 1
+        if entry is not None:
+            payload = await self._accept_local(okey, entry)
+            if payload is not None:
+                return payload, None, None
+        if claim is Claim.BUSY:
+            return None, None, LEASED_ELSEWHERE
+        if claim is Claim.MISSED:
+            return None, None, ""
+        return None, lease, None
+
+    async def _accept_local(self, okey: str, entry: bytes) -> bytes | None:
+        """A local entry read outside the tier (``read_sync``): verified and accounted as
+        :meth:`_read_local` accounts it."""
+        assert self.local is not None and self._local_store is not None
+        self.local.stats.bytes_read += len(entry)
+        payload = await self._verify(self.local, okey, entry)
+        if payload is not None:
+            self.local.stats.hits += 1
+            self.local.stats.note(okey, "hit")
+            self._local_store.note_hit(okey, len(entry))
+        return payload
 
     async def _read_local(self, okey: str) -> bytes | None:
         """The verified local entry, accounted as a local hit, or None."""

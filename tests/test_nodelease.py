@@ -116,6 +116,65 @@ async def test_a_shared_miss_is_not_fetched_again(tmp_path: Path, held: int) -> 
     assert await waiter == (Claim.MISSED, None)
 
 
+# --- lookup: the local entry read in the lease's own hops ---------------------------------
+
+
+class Reads:
+    """A blocking read of the entry that answers from ``answers`` in turn (the last
+    repeats) and records the thread of every call."""
+
+    def __init__(self, *answers: bytes | None) -> None:
+        self.answers = list(answers)
+        self.threads: list[str] = []
+
+    def __call__(self) -> bytes | None:
+        self.threads.append(threading.current_thread().name)
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+async def test_lookup_of_an_entry_already_there_opens_no_lease_file(tmp_path: Path) -> None:
+    read = Reads(b"entry")
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    assert await leases.lookup(KEY, read=read) == (Claim.LOCAL, None, b"entry")
+    assert not exists(lease_path(str(tmp_path), KEY)) and len(read.threads) == 1
+    # without look_first (the caller knows it is absent) the lease is taken, then it looks
+    claim, lease, entry = await leases.lookup(KEY, read=Reads(None), look_first=False)
+    assert claim is Claim.HELD and lease is not None and entry is None
+    await lease.release("")
+
+
+async def test_lookup_lets_go_of_a_lease_whose_entry_landed_meanwhile(tmp_path: Path) -> None:
+    """Absent at the first look, there once the lease is taken: a hit, and the lease let go
+    of as one (so a process waiting on it reads the entry too)."""
+    read = Reads(None, b"entry")
+    leases = NodeLeases(str(tmp_path), hold_s=5)
+    assert await leases.lookup(KEY, read=read) == (Claim.LANDED, None, b"entry")
+    assert len(read.threads) == 2 and read.threads[0] == read.threads[1]  # one hop
+    assert not exists(lease_path(str(tmp_path), KEY))
+    claim, lease = await leases.claim(KEY)  # not held by anyone
+    assert claim is Claim.HELD and lease is not None and not lease.took_over
+    await lease.release("")
+
+
+async def test_a_waiter_gets_the_landed_entry_with_the_outcome(tmp_path: Path, held: int) -> None:
+    read = Reads(None, b"entry")
+    waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=5).lookup(KEY, read=read))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and read.threads and len(read.answers) == 1  # looked, missed
+    os.pwrite(held, json.dumps({"outcome": "hit", "deadline": 0}).encode().ljust(RECORD_BYTES), 0)
+    fcntl.flock(held, fcntl.LOCK_UN)
+    assert await waiter == (Claim.LANDED, None, b"entry")
+
+
+async def test_a_failing_read_is_a_miss_and_the_lease_is_taken(tmp_path: Path) -> None:
+    def broken() -> bytes | None:
+        raise OSError(5, "Input/output error")
+
+    claim, lease, entry = await NodeLeases(str(tmp_path), hold_s=5).lookup(KEY, read=broken)
+    assert claim is Claim.HELD and lease is not None and entry is None
+    await lease.release("")
+
+
 def test_waiters_poll_in_proportion_to_their_wait() -> None:
     """A short fetch is seen within a millisecond; a long wait polls rarely, never sleeps long."""
     assert poll_pause(0.0) == POLL_FIRST_S == 0.001
@@ -337,6 +396,47 @@ async def test_absent_everywhere_is_one_remote_get_per_node(tmp_path: Path) -> N
     assert await second.get("fx-graph", "k") is None
     assert await holder is None
     assert second.stats.node_leases["missed"] == 1 and other.calls["get"] == 0
+
+
+def holding_value() -> tuple[MemoryBackend, str]:
+    """A remote tier holding b"value" under ("fx-graph", "k"), and its object key."""
+    remote = MemoryBackend("mem://r")
+    okey = NS.object_key("fx-graph", "k")
+    remote.data[okey] = CODEC.encode(b"value", okey)
+    return remote, okey
+
+
+async def test_a_leased_lookup_is_one_local_miss_and_a_local_hit_no_lease_file(
+    tmp_path: Path,
+) -> None:
+    remote, okey = holding_value()
+    first = rank(tmp_path, remote)
+    assert await first.get("fx-graph", "k") == b"value"
+    assert first.local is not None and first.local.stats.misses["absent"] == 1
+    assert first.stats.node_leases["held"] == 1
+    await first.flush(5)
+    second = rank(tmp_path, remote)
+    assert await second.get("fx-graph", "k") == b"value"
+    assert second.local is not None and second.local.stats.hits == 1
+    assert second.local.stats.misses["absent"] == 0 and not second.stats.node_leases
+    assert remote.calls["get"] == 1
+    assert not exists(lease_path(str(tmp_path), okey))
+
+
+async def test_a_corrupt_local_entry_found_by_the_leased_look_is_quarantined(
+    tmp_path: Path,
+) -> None:
+    remote, okey = holding_value()
+    good = remote.data[okey]
+    corrupt = good[:-1] + bytes([good[-1] ^ 1])
+    store = FsStore(str(tmp_path), fsync=False, touch_on_read=False)
+    store.write(okey, corrupt, PutMode.CREATE)
+    cache = rank(tmp_path, remote)
+    assert await cache.get("fx-graph", "k") == b"value"
+    assert cache.local is not None and sum(cache.local.stats.misses.values()) == 1
+    assert remote.calls["get"] == 1
+    await cache.flush(5)
+    assert store.read(okey) == good  # written through over the quarantined one
 
 
 async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
