@@ -109,8 +109,9 @@ class Tier:
         try:
             result = await call_with_policy(fn, self.policy)
         except (asyncio.TimeoutError, TimeoutError):
-            self._failed(op, "timeout", f"{self.name}: {op} exceeded {self.policy.timeout_s}s")
-            raise Failed("timeout") from None
+            raise self._failed(
+                op, "timeout", f"{self.name}: {op} exceeded {self.policy.timeout_s}s"
+            ) from None
         except EntryTooLarge as exc:
             self.breaker.success()
             log_once.warn(self.name, f"{op}-too_large", f"{self.name}: {op} refused: {exc}")
@@ -130,15 +131,15 @@ class Tier:
             raise Failed("clock_skew") from None
         except PermanentBackendError as exc:
             # A permanent error says the tier is misconfigured: count it against the breaker.
-            self._failed(op, "error", f"{op} failed: {exc}")
-            raise Failed("error") from None
+            raise self._failed(op, "error", f"{op} failed: {exc}") from None
         except (BackendError, OSError) as exc:
-            self._failed(op, "error", f"{self.name}: {op} failed: {exc}")
-            raise Failed("error") from None
+            raise self._failed(op, "error", f"{self.name}: {op} failed: {exc}") from None
         self.breaker.success()
         return result
 
-    def _failed(self, op: str, reason: str, message: str) -> None:
+    def _failed(self, op: str, reason: str, message: str) -> Failed:
+        """Count a failure of the tier against its breaker and log it once per (op, reason);
+        the :class:`Failed` to raise, whose reason the caller counts as the miss."""
         if self.breaker.failure():
             self.stats.breaker_opened += 1
             log_once.warn(
@@ -148,6 +149,7 @@ class Tier:
                 f"after {self.breaker.threshold} consecutive failures",
             )
         log_once.warn(self.name, f"{op}-{reason}", message)
+        return Failed(reason)
 
     async def get(self, key: str, max_bytes: int = 0) -> tuple[bytes | None, str]:
         """``(data, "")`` on a hit, ``(None, reason)`` on a miss of any kind; an object over

@@ -8,6 +8,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,24 +119,52 @@ async def test_first_use_counts_entries_written_before(tmp_path: Path) -> None:
     await backend.close()
 
 
-async def test_put_does_not_wait_for_eviction(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    release, evicting = threading.Event(), threading.Event()
-    real_evict = disk._evict
+class SlowEvict:
+    """Stands in for ``disk._evict``: each pass blocks until ``release`` is set; counts
+    passes and the most that ran at once."""
 
-    def slow_evict(*args: object) -> list[str]:
-        evicting.set()
-        release.wait(10)
-        return real_evict(*args)  # type: ignore[arg-type]
+    def __init__(self) -> None:
+        self.release, self.evicting = threading.Event(), threading.Event()
+        self.calls = self.active = self.most = 0
+        self._lock = threading.Lock()
+        self._real = disk._evict
 
-    monkeypatch.setattr(disk, "_evict", slow_evict)
+    def __call__(self, *args: object) -> list[str]:
+        with self._lock:
+            self.calls += 1
+            self.active += 1
+            self.most = max(self.most, self.active)
+        self.evicting.set()
+        self.release.wait(10)
+        try:
+            return self._real(*args)  # type: ignore[arg-type]
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+@pytest.fixture
+def slow_evict(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowEvict]:
+    slow = SlowEvict()
+    monkeypatch.setattr(disk, "_evict", slow)
+    yield slow
+    slow.release.set()
+
+
+async def over_the_limit(tmp_path: Path, slow: SlowEvict) -> DiskBackend:
+    """A 2000-byte disk tier given 3000 bytes: its eviction pass has started and blocks."""
     backend = make(tmp_path, "?max_bytes=2000")
+    for i in range(3):
+        await backend.put(f"k{i}", b"x" * 1000)
+    await asyncio.to_thread(slow.evicting.wait, 5)
+    assert slow.evicting.is_set()
+    return backend
+
+
+async def test_put_does_not_wait_for_eviction(tmp_path: Path, slow_evict: SlowEvict) -> None:
+    release = slow_evict.release
+    backend = await over_the_limit(tmp_path, slow_evict)
     try:
-        for i in range(3):
-            await backend.put(f"k{i}", b"x" * 1000)
-        await asyncio.to_thread(evicting.wait, 5)
-        assert evicting.is_set()
         t0 = time.monotonic()
         for i in range(3, 6):
             assert await backend.put(f"k{i}", b"x" * 1000)
@@ -453,4 +482,33 @@ async def test_a_miss_on_an_entry_deleted_behind_its_back_updates_the_count(
     (tmp_path / "a").unlink()  # another process evicted it
     assert await backend.get("a") is None
     assert backend.total_bytes == 0
+    await backend.close()
+
+
+async def test_a_closed_tier_starts_no_maintenance(tmp_path: Path) -> None:
+    """Writes that land after close() (a last write-through) leave eviction to the next
+    process: no pass starts on a loop that is shutting down."""
+    backend = make(tmp_path, "?max_bytes=1500")
+    await backend.put("k0", b"x" * 1000)
+    await backend.wait_idle()
+    await backend.close()
+    for i in range(1, 4):
+        assert await backend.put(f"k{i}", b"x" * 1000)
+    await backend.wait_idle()
+    assert bytes_on_disk(tmp_path) == 4000
+
+
+async def test_maintenance_passes_never_overlap(tmp_path: Path, slow_evict: SlowEvict) -> None:
+    """Writes during a pass ask for one more pass after it, never a second one beside it."""
+    backend = await over_the_limit(tmp_path, slow_evict)
+    try:
+        for i in range(3, 8):
+            assert await backend.put(f"k{i}", b"x" * 1000)
+        await asyncio.sleep(0.05)
+        assert (slow_evict.most, slow_evict.calls) == (1, 1)
+    finally:
+        slow_evict.release.set()
+    await backend.wait_idle()
+    assert (slow_evict.most, slow_evict.calls) == (1, 2)  # the pending pass ran once, after
+    assert bytes_on_disk(tmp_path) <= 2000
     await backend.close()

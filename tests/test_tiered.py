@@ -8,12 +8,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from objcache.backends._fs import QUARANTINE_DIR
+from objcache.backends._records import Versioned
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
 from objcache.codec import Codec
@@ -577,3 +578,86 @@ async def test_record_updates_are_counted_per_outcome(tmp_path: Path) -> None:
     for _ in range(2):
         assert await memory.update_record("k", append(b"a")) == "unsupported"
     assert memory.stats.records == Counter({"unsupported": 2})
+
+
+class Versions(MemoryBackend):
+    """A record backend in memory: every conditional write meets ``conflicts`` other
+    writers first (each bumps the version), and ``fault`` applies as to every call."""
+
+    def __init__(self, name: str, conflicts: int = 0) -> None:
+        super().__init__(name)
+        self.conflicts = conflicts
+        self.version = 0
+
+    async def get_versioned(self, key: str) -> Versioned | None:
+        await self._enter("get_versioned")
+        data = self.data.get(key)
+        return None if data is None else Versioned(data, str(self.version))
+
+    async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+        await self._enter("put_if_version")
+        if self.conflicts:
+            self.conflicts -= 1
+            self.version += 1
+            self.data[key] = self.data.get(key, b"") + b"+"
+            return False
+        if version != (None if key not in self.data else str(self.version)):
+            return False
+        self.version += 1
+        self.data[key] = data
+        return True
+
+
+def suffix(current: bytes | None) -> bytes | None:
+    return (current or b"") + b"!"
+
+
+async def test_each_operations_failure_is_logged_once_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One WARNING per (operation, reason), naming the operation; repeats go to DEBUG."""
+    backend = Versions(f"mem://log-{time.monotonic_ns()}")  # log_once is per tier name
+    tier = Tier(backend, RetryPolicy(timeout_s=0.05, retries=0), CircuitBreaker(100, 60))
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "get": lambda: tier.get("k"),
+        "put": lambda: tier.put("k", b"v"),
+        "exists": lambda: tier.exists("k"),
+        "delete": lambda: tier.delete("k"),
+        "record": lambda: tier.update_record("k", suffix),
+    }
+    expected = []
+    with caplog.at_level(logging.DEBUG, logger="objcache"):
+        for fault, words in (("transient", "failed"), ("permanent", "failed"), ("hang", "")):
+            backend.fault = fault
+            for op, call in calls.items():
+                for _ in range(2):
+                    await call()
+                # a permanent fault has the same reason ("error") as a transient one; a hung
+                # record update is dropped at its own budget, inside the deadline (not logged)
+                if fault == "transient" or (fault == "hang" and op != "record"):
+                    expected.append(f"{op} {words or 'exceeded'}")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == len(expected) == 9
+    for message, start in zip(warnings, expected, strict=True):
+        assert start in message, (start, message)
+
+
+async def test_record_conflicts_add_up_across_updates() -> None:
+    backend = Versions("mem://records", conflicts=2)
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    assert await tier.update_record("k", suffix) == "stored"
+    backend.conflicts = 3
+    assert await tier.update_record("k", suffix) == "stored"
+    assert tier.stats.record_conflicts == 5 and tier.stats.records == Counter({"stored": 2})
+
+
+async def test_a_conflict_storm_is_dropped_within_the_tiers_deadline() -> None:
+    """The read-modify-write gets most of the tier's deadline (not all: it ends as a
+    counted drop, not a timeout), and not much less."""
+    backend = Versions("mem://storm", conflicts=10**9)
+    tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=0), CircuitBreaker(5, 60))
+    started = time.monotonic()
+    assert await tier.update_record("k", suffix) == "dropped"
+    assert time.monotonic() - started >= 0.4
+    assert tier.stats.records == Counter({"dropped": 1}) and not tier.breaker_open()
+    assert tier.stats.record_conflicts >= 3
