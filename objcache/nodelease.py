@@ -84,12 +84,16 @@ class Lease:
     def __init__(self, path: str, fd: int, took_over: bool) -> None:
         self.path = path
         self._fd: int | None = fd
+        #: A write-through lets the lease go in its worker thread, the loop on a failure.
+        self._lock = threading.Lock()
         #: A dead or overdue holder's record was found under the lock.
         self.took_over = took_over
 
     def release_sync(self, outcome: str) -> None:
-        """Publish ``outcome`` (``hit``, ``miss`` or ``""`` for none), retire the file, unlock."""
-        fd, self._fd = self._fd, None
+        """Publish ``outcome`` (``hit``, ``miss`` or ``""`` for none), retire the file, unlock.
+        Any thread; the first call wins."""
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is None:
             return
         try:

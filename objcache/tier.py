@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from objcache.backends._records import RecordBackend
-from objcache.backends.base import Backend, PutMode
+from objcache.backends.base import Backend, LocalStore, PutMode
 from objcache.errors import (
     BackendError,
     ClockSkew,
@@ -174,14 +174,35 @@ class Tier:
         self.stats.bytes_read += len(data)
         return data, ""
 
-    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
-        """Whether the bytes are now stored (an existing entry under CREATE counts)."""
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        mode: PutMode = PutMode.CREATE,
+        *,
+        then: Callable[[bool], None] | None = None,
+    ) -> bool:
+        """Whether the bytes are now stored (an existing entry under CREATE counts).
+
+        ``then`` (a local tier only, :class:`LocalStore`): called with whether the backend
+        stored the bytes, in the worker thread that wrote them. It is not called when the
+        write never started (size limit, open breaker): the caller handles that case.
+        """
         if self.flags.max_size and len(data) > self.flags.max_size:
             self.stats.put_errors["too_large"] += 1
             return False
+        backend = self.backend
+        if then is not None and not isinstance(backend, LocalStore):
+            raise TypeError(f"{self.name}: put(then=...) needs a local store")
+
+        async def call() -> bool:
+            if then is not None and isinstance(backend, LocalStore):
+                return await backend.put_then(key, data, mode, then)
+            return await backend.put(key, data, mode)
+
         started = time.perf_counter()
         try:
-            written = await self._call("put", lambda: self.backend.put(key, data, mode))
+            written = await self._call("put", call)
         except Failed as f:
             self.stats.put_errors[f.reason] += 1
             return False

@@ -49,6 +49,11 @@ CANDIDATE_FETCHES = 8
 LEASED_ELSEWHERE = "~leased-elsewhere"
 
 
+def _let_go(lease: Lease, stored: bool) -> None:
+    """Release a write-through's lease from the thread that wrote the entry."""
+    lease.release_sync("hit" if stored else "")
+
+
 def candidate_digest(payload: bytes) -> str:
     """Content address of a guarded candidate (BLAKE2b-128 of the payload, hex)."""
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
@@ -395,8 +400,14 @@ class TieredCache:
     async def _write_through(self, okey: str, entry: bytes, lease: Lease | None = None) -> None:
         assert self.local is not None
         landed = False
+        # The lease is let go of in the thread that wrote the entry: a waiting process wakes
+        # one hop sooner. The release below only covers a write that never ran or that
+        # failed (the first release wins).
+        then = None
+        if lease is not None and self._local_store is not None:
+            then = functools.partial(_let_go, lease)
         try:
-            landed = await self.local.put(okey, entry, PutMode.OVERWRITE)
+            landed = await self.local.put(okey, entry, PutMode.OVERWRITE, then=then)
             if landed:
                 self.stats.write_through += 1
         finally:

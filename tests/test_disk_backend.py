@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from objcache.backends import _fs, disk
 from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
 from objcache.backends._opts import opt_int
+from objcache.backends.base import PutMode
 from objcache.backends.disk import DiskBackend
-from objcache.errors import ConfigError, InvalidKey, TransientBackendError
+from objcache.errors import BackendError, ConfigError, InvalidKey, TransientBackendError
 from objcache.urls import parse_tier_url
 
 
@@ -512,3 +513,22 @@ async def test_maintenance_passes_never_overlap(tmp_path: Path, slow_evict: Slow
     assert (slow_evict.most, slow_evict.calls) == (1, 2)  # the pending pass ran once, after
     assert bytes_on_disk(tmp_path) <= 2000
     await backend.close()
+
+
+async def test_put_then_runs_in_the_writing_thread_whatever_happened(tmp_path: Path) -> None:
+    seen: list[tuple[bool, str]] = []
+
+    def then(stored: bool) -> None:
+        seen.append((stored, threading.current_thread().name))
+
+    backend = make(tmp_path / "ok")
+    assert await backend.put_then("a/k", b"v", PutMode.OVERWRITE, then)
+    assert await backend.get("a/k") == b"v"
+    (tmp_path / "file").write_bytes(b"")
+    broken = make(tmp_path / "file")  # its root is a file: every write fails
+    with pytest.raises(BackendError):
+        await broken.put_then("a/k", b"v", PutMode.OVERWRITE, then)
+    assert [stored for stored, _ in seen] == [True, False]
+    assert all(name != threading.current_thread().name for _, name in seen)
+    await backend.close()
+    await broken.close()

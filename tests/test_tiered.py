@@ -661,3 +661,16 @@ async def test_a_conflict_storm_is_dropped_within_the_tiers_deadline() -> None:
     assert time.monotonic() - started >= 0.4
     assert tier.stats.records == Counter({"dropped": 1}) and not tier.breaker_open()
     assert tier.stats.record_conflicts >= 3
+
+
+async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
+    called: list[bool] = []
+    local = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    assert await local.put("k", b"v", PutMode.OVERWRITE, then=called.append)
+    assert called == [True] and local.stats.puts == 1
+    with pytest.raises(TypeError):
+        await tier("mem://remote").put("k", b"v", then=called.append)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -148,3 +148,10 @@ class LocalStore(Protocol):
 
     async def quarantine(self, key: str) -> bool:
         """Move a refused entry aside so it is no longer served; whether one was moved."""
+
+    async def put_then(
+        self, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None]
+    ) -> bool:
+        """:meth:`Backend.put`, then ``then(stored)`` in the same worker-thread hop
+        (``then(False)`` when the write raised): a write-through lets its node lease go
+        there, saving the waiting processes a hop (docs/architecture.md)."""

@@ -19,8 +19,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import ClassVar
 
 from objcache.backends._fs import FsBackend, FsStore, check_key, os_error
@@ -28,6 +30,20 @@ from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode, TierSpec
 
 log = logging.getLogger(__name__)
+
+
+def _write_then(
+    store: FsStore, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None] | None
+) -> bool:
+    """``store.write``, then ``then(stored)`` whatever happened (False if it raised)."""
+    stored = False
+    try:
+        stored = store.write(key, data, mode)
+        return stored
+    finally:
+        if then is not None:
+            with contextlib.suppress(OSError):
+                then(stored)
 
 
 class _Index:
@@ -151,7 +167,15 @@ class DiskBackend(FsBackend):
             self._kick()
 
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
-        stored = await super().put(key, data, mode)
+        return await self.put_then(key, data, mode, None)
+
+    async def put_then(
+        self, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None] | None
+    ) -> bool:
+        """:meth:`put`, then ``then(stored)`` in the same worker-thread hop (see
+        :class:`~objcache.backends.base.LocalStore`)."""
+        check_key(key)
+        stored = await self._run(f"put {key}", _write_then, self.store, key, data, mode, then)
         if self.max_bytes:
             if stored:
                 self._index.seen(key, len(data), time.time())
