@@ -631,7 +631,10 @@ async def test_each_operations_failure_is_logged_once_naming_it(
             backend.fault = fault
             for op, call in calls.items():
                 for _ in range(2):
+                    before = len(caplog.records)
                     await call()
+                    for record in caplog.records[before:]:  # the DEBUG repeats name it too
+                        assert f"{op} {words or 'exceeded'}" in record.getMessage()
                 # a permanent fault has the same reason ("error") as a transient one; a hung
                 # record update is dropped at its own budget, inside the deadline (not logged)
                 if fault == "transient" or (fault == "hang" and op != "record"):
@@ -671,6 +674,18 @@ async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
         CircuitBreaker(5, 60),
     )
     assert await local.put("k", b"v", PutMode.OVERWRITE, then=called.append)
-    assert called == [True] and local.stats.puts == 1
+    assert await local.put("k", b"other", PutMode.CREATE, then=called.append)  # kept
+    assert (await local.get("k"))[0] == b"v"
+    assert called == [True, False] and local.stats.puts == 1
     with pytest.raises(TypeError):
         await tier("mem://remote").put("k", b"v", then=called.append)
+
+
+async def test_a_tier_without_a_deadline_updates_records(tmp_path: Path) -> None:
+    tier = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
+        RetryPolicy(timeout_s=0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    assert await tier.update_record("v1/env/pgo/ab/rec", suffix) == "stored"
+    assert tier.stats.records == Counter({"stored": 1})
