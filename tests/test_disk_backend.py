@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -337,7 +338,7 @@ def scans_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every directory scan of the disk tier fails."""
 
     def unreadable(*_: object) -> None:
-        raise OSError("scan failed")
+        raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(disk, "_scan", unreadable)
 
@@ -526,9 +527,40 @@ async def test_put_then_runs_in_the_writing_thread_whatever_happened(tmp_path: P
     assert await backend.get("a/k") == b"v"
     (tmp_path / "file").write_bytes(b"")
     broken = make(tmp_path / "file")  # its root is a file: every write fails
-    with pytest.raises(BackendError):
+    with pytest.raises(BackendError, match="put a/k: "):  # the error names the operation
         await broken.put_then("a/k", b"v", PutMode.OVERWRITE, then)
     assert [stored for stored, _ in seen] == [True, False]
     assert all(name != threading.current_thread().name for _, name in seen)
+
+    def fails(stored: bool) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    assert await backend.put_then("a/k2", b"v", PutMode.OVERWRITE, fails)  # stored all the same
+    with pytest.raises(BackendError, match="quarantine a/k: "):
+        await broken.quarantine("a/k")
     await backend.close()
     await broken.close()
+
+
+async def test_a_failed_maintenance_pass_is_logged_naming_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(DiskBackend, "evict_backoff_s", 0.0)
+    backend = make(tmp_path, "?max_bytes=1500")
+    with caplog.at_level(logging.WARNING, logger="objcache"):
+        real_scan = disk._scan
+        monkeypatch.setattr(disk, "_scan", broken)
+        await backend.put("k0", b"x" * 1000)
+        await backend.wait_idle()
+        monkeypatch.setattr(disk, "_scan", real_scan)
+        monkeypatch.setattr(disk, "_evict", broken)
+        await backend.put("k1", b"x" * 1000)
+        await backend.wait_idle()
+    failures = [r.getMessage() for r in caplog.records if "maintenance failed" in r.getMessage()]
+    assert len(failures) == 2
+    assert "scan: Input/output error" in failures[0]
+    assert "evict: Input/output error" in failures[1]
+    await backend.close()
