@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from objcache.config import Config, reference_markdown
+from objcache.config import Config, reference_markdown, user_cache_dir
 from objcache.errors import ConfigError
+from objcache.signing import generate_key_file
 from objcache.urls import flag, parse_tier_list, parse_tier_url, redact
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,3 +251,115 @@ def test_numeric_tier_options_are_validated(option: str) -> None:
 )
 def test_redact_hides_passwords_and_secret_options_and_keeps_the_rest(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+# --- every field checked as documented -----------------------------------------------------
+
+
+def test_string_paths_become_paths() -> None:
+    c = Config(
+        local_dir="/l",  # type: ignore[arg-type]
+        stats_file="/s",  # type: ignore[arg-type]
+        prometheus_textfile="/p",  # type: ignore[arg-type]
+    )
+    assert (c.local_dir, c.stats_file, c.prometheus_textfile) == (
+        Path("/l"),
+        Path("/s"),
+        Path("/p"),
+    )
+    assert c.signing_key_file is None
+
+
+@pytest.mark.parametrize(
+    "name", ["timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"]
+)
+def test_counts_may_be_zero_not_negative(name: str) -> None:
+    assert getattr(Config(**{name: 0}), name) == 0
+    with pytest.raises(ConfigError, match=name):
+        Config(**{name: -1})
+
+
+def test_bounds_of_the_other_numbers_and_choices() -> None:
+    assert Config(prometheus_interval_s=0).prometheus_interval_s == 0
+    with pytest.raises(ConfigError, match="prometheus_interval_s"):
+        Config(prometheus_interval_s=-0.5)
+    for level in (1, 22):
+        assert Config(compression_level=level).compression_level == level
+    for level in (0, 23):
+        with pytest.raises(ConfigError, match="compression_level"):
+            Config(compression_level=level)
+    assert Config(write_to="nearest").write_to == "nearest"
+    with pytest.raises(ConfigError, match="write_to"):
+        Config(write_to="far")
+    assert Config(log_level="debug").log_level == "debug"  # any case
+    with pytest.raises(ConfigError, match="log_level must be one of DEBUG, INFO"):
+        Config(log_level="loud")
+
+
+def test_bad_keyword_values_name_the_option() -> None:
+    with pytest.raises(ConfigError, match="tiers"):
+        Config(tiers="ftp://x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_entry_bytes"):
+        Config(max_entry_bytes="lots")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY"):
+        Config(signing_keys=(b"short",))
+    with pytest.raises(ConfigError, match="OBJCACHE_VERIFY_KEYS"):
+        Config(verify_keys=("not-a-key",))
+
+
+def test_verify_keys_alone_make_a_read_only_fleet(tmp_path: Path) -> None:
+    public = generate_key_file(tmp_path / "ci.pem")
+    fleet = Config(verify_keys=public)  # type: ignore[arg-type]
+    assert fleet.verify_keys == (public,) and fleet.read_only
+    assert fleet.codec().verify_keys and not fleet.codec().signer
+    signer = Config(verify_keys=(public,), signing_key_file=tmp_path / "ci.pem")
+    assert not signer.read_only and signer.codec().signer is not None
+    assert signer.signs_with_ed25519() and not fleet.signs_with_ed25519()
+    hmac = Config(verify_keys=(public,), signing_keys=(NEW.encode(),))
+    assert not hmac.read_only and not hmac.signs_with_ed25519()
+    with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY_FILE"):
+        Config(signing_key_file=tmp_path / "missing.pem").codec()
+
+
+def test_the_user_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir() == tmp_path / "xdg" / "objcache"
+    assert Config().local_dir == tmp_path / "xdg" / "objcache" / "local"
+    assert Config().effective_tiers()[0].path == str(tmp_path / "xdg" / "objcache" / "store")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "objcache"
+
+
+def test_each_kind_of_variable_parses(tmp_path: Path) -> None:
+    public = generate_key_file(tmp_path / "ci.pem")
+    c = Config.from_env(
+        {
+            "OBJCACHE_BREAKER_COOLDOWN_S": " 2.5 ",
+            "OBJCACHE_STATS_FILE": "",
+            "OBJCACHE_JOB": "",
+            "OBJCACHE_LOG_LEVEL": "INFO",
+            "OBJCACHE_VERIFY_KEYS": f" {public} , {public},",
+            "OBJCACHE_TIERS": "file:///srv/a,file:///srv/b",
+        }
+    )
+    assert c.breaker_cooldown_s == 2.5 and isinstance(c.breaker_cooldown_s, float)
+    assert c.stats_file is None and c.job is None and c.log_level == "INFO"
+    assert c.verify_keys == (public, public)
+    assert [t.path for t in c.tiers] == ["/srv/a", "/srv/b"]
+    assert Config.from_env({"OBJCACHE_LOCAL_DIR": " "}).local_dir == Path(".")
+    assert Config.from_env({"OBJCACHE_STATS_FILE": "~/s"}).stats_file == Path.home() / "s"
+    with pytest.raises(ConfigError, match="OBJCACHE_TIERS"):
+        Config.from_env({"OBJCACHE_TIERS": "ftp://x"})
+    with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY_FILE is set but empty"):
+        Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": " "})
+
+
+def test_a_key_file_with_undecodable_bytes_still_yields_its_keys(tmp_path: Path) -> None:
+    f = tmp_path / "keys"
+    f.write_bytes(NEW.encode() + b"\n\xff\xfe\n" + OLD.encode() + b"\n")
+    with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY"):
+        Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(f)})  # the bad line is refused
+    f.write_bytes(b"\n \n")
+    with pytest.raises(ConfigError, match="holds no key"):
+        Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(f)})
