@@ -336,6 +336,8 @@ async def test_prefetch_reports_what_it_did() -> None:
     }
     assert isinstance(seconds, float) and 0 <= seconds < 2.9 and round(seconds, 3) == seconds
     assert reader.prefetched == set(okeys)
+    left = await manifest.list_manifests(reader, "job")  # compacted into the job's own
+    assert len(left) == 1 and left[0].startswith("job/merged-")
 
 
 async def test_prefetch_leaves_a_key_another_process_is_fetching_to_it(tmp_path: Path) -> None:
