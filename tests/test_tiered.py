@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends._records import Versioned
@@ -689,3 +690,99 @@ async def test_a_tier_without_a_deadline_updates_records(tmp_path: Path) -> None
     )
     assert await tier.update_record("v1/env/pgo/ab/rec", suffix) == "stored"
     assert tier.stats.records == Counter({"stored": 1})
+
+
+# --- keys: what a machine that only verifies, or signs, accepts of its own and others' -------
+
+
+def verify_only_codec() -> Codec:
+    return Codec(verify_keys=(Ed25519PrivateKey.generate().public_key(),))
+
+
+def joined(current: bytes | None, item: bytes) -> bytes | None:
+    items = [i for i in (current or b"").split(b",") if i]
+    return None if item in items else b",".join([*items, item])
+
+
+async def test_a_verifying_machine_reads_its_own_unsigned_local_entries(tmp_path: Path) -> None:
+    """Local entries are checked for digest and binding, not signature: a machine that can
+    only verify (no key to sign with) still reads back what it wrote itself."""
+    codec = verify_only_codec()
+    local = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    cache = TieredCache(local, [], codec, Namespace("e"))
+    await cache.put("fx-graph", "k", b"mine")
+    hit = cache.read_local_sync("fx-graph", "k")
+    assert hit is not None and hit[0] == b"mine"
+    for item in (b"a", b"b"):
+        await cache.update_record("pgo", "r", lambda cur, item=item: joined(cur, item))
+    assert await cache.get_record("pgo", "r") == b"a,b"
+    assert not cache.stats.records_unreadable
+
+
+async def test_a_forged_unsigned_remote_record_is_replaced_not_joined() -> None:
+    key = b"k" * 32
+    remote = Tier(
+        Versions("mem://records"), RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60)
+    )
+    cache = TieredCache(None, [remote], Codec(signing_keys=(key,)), NS)
+    okey = NS.object_key("pgo", "r")
+    mem(remote).data[okey] = Codec().encode(b"forged", okey)  # unsigned
+    await cache.update_record("pgo", "r", lambda cur: joined(cur, b"mine"))
+    await cache.flush(5)
+    assert await cache.get_record("pgo", "r") == b"mine"
+    assert cache.stats.records_unreadable == Counter({"pgo": 1})
+
+
+async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
+    tmp_path: Path,
+) -> None:
+    local = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    cache = TieredCache(local, [tier("mem://r")], CODEC, NS)
+    assert await cache.get_record("pgo", "r") is None
+    assert cache.stats.hits["pgo"] == 0
+    unchanged: list[bytes | None] = []
+    await cache.update_record("pgo", "r", lambda cur: unchanged.append(cur))  # returns None
+    assert unchanged == [None] and await cache.get_record("pgo", "r") is None
+    for item in (b"a", b"b"):
+        await cache.update_record("pgo", "r", lambda cur, item=item: joined(cur, item))
+    await cache.flush(5)
+    for _ in range(2):
+        assert await cache.get_record("pgo", "r") == b"a,b"
+    assert cache.stats.gets["pgo"] == 4 and cache.stats.hits["pgo"] == 2
+    okey = NS.object_key("pgo", "r")  # in the local tier only (the remote has no records)
+    store = local.backend
+    assert isinstance(store, DiskBackend)
+    good = store.store.read(okey)
+    assert good is not None
+    store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
+    assert await cache.get_record("pgo", "r") is None
+    assert local.stats.misses["corrupt"] == 1
+    # an unreadable local record is counted, then replaced by the next update
+    store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
+    await cache.update_record("pgo", "r", lambda cur: joined(cur, b"c"))
+    assert cache.stats.records_unreadable == Counter({"pgo": 1})
+
+
+async def test_fast_path_hits_are_counted_once_each(tmp_path: Path) -> None:
+    local = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    cache = TieredCache(local, [], CODEC, NS)
+    await cache.put("fx-graph", "k", b"v")
+    okey = NS.object_key("fx-graph", "k")
+    for _ in range(2):
+        cache.note_local_hit("fx-graph", okey, 10, 1.0)
+    assert cache.stats.lookups_served_by == {local.name: 2}
+    assert cache.stats.hits["fx-graph"] == 2 and local.stats.bytes_read == 20
+    assert isinstance(local.backend, DiskBackend)
+    assert okey in local.backend._index.used

@@ -152,6 +152,31 @@ async def test_the_single_value_of_a_key_comes_last_unless_already_a_candidate()
     assert [c.okey for c in without] == [found[0].okey]
 
 
+async def test_get_candidates_accounts_each_lookup_once() -> None:
+    """Two lookups: each is one get and one hit of the kind, served (for the lookup) by the
+    nearest tier holding a candidate; every fetched candidate counts a hit of its tier."""
+    local, remote = tier("mem://local"), tier("mem://r")
+    cache = TieredCache(local, [remote], CODEC, NS)
+    seed_candidate(local, b"L")
+    seed_candidate(remote, b"R1")
+    seed_candidate(remote, b"R2")
+    single = NS.object_key("fx-graph", KEY)
+    mem(remote).data[single] = CODEC.encode(b"S", single)
+    for _ in range(2):
+        found = await cache.get_candidates("fx-graph", KEY, concurrency=1)
+        assert [c.payload for c in found][-1] == b"S"
+    assert cache.stats.gets["fx-graph"] == 2 and cache.stats.hits["fx-graph"] == 2
+    assert cache.stats.lookups_served_by == {"mem://local": 2}
+    assert remote.stats.hits == 2 * 2 + 1  # two candidates per lookup; the single value once
+    assert local.stats.hits == 2 + 1  # the single value was written through by the first
+    last = found[-1]
+    assert (last.okey, last.entry, last.local, last.mtime) == (single, b"", True, 0.0)
+    assert last.tier == "mem://local"
+    assert cache.stats.served_by == {"mem://local": 2 + 1, "mem://r": 2 * 2 + 1}
+    assert cache.stats.lookup.total == 2 and 0.01 < cache.stats.lookup.sum_ms < 60_000
+    assert all(c.mtime > 0 for c in found[:-1])
+
+
 # --- torch hooks, in-process -------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
