@@ -36,14 +36,19 @@ fuzz: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-profile=fuzz
 
 # Mutation testing of the core against the fast tests (docs/testing.md); not part of `test`.
-# `make mutation`: every listed module from scratch (over 30 minutes on a shared 2-core
-# machine); `make mutation MODULES="objcache.codec objcache.backends.disk"`: those modules,
-# keeping the other modules' results (docs/testing.md).
+# One sitting of at most MUTATION_BUDGET_S (30 min): first the mutants no test detected yet
+# run again against today's tests, then the mutants not run yet; results are kept in
+# mutants/, so the next sitting goes on from there (FRESH=1 starts over).
+# MODULES="objcache.codec objcache.backends.disk" limits a sitting to those modules.
 MODULES ?=
+MUTATION_BUDGET_S ?= 1800
+MUTMUT = OBJCACHE_HYPOTHESIS_PROFILE=mutation PYTHONPATH=$(CURDIR) $(BIN)/python scripts/mutmut_run.py
 mutation: venv
-	$(if $(MODULES),,rm -rf mutants)
-	OBJCACHE_HYPOTHESIS_PROFILE=mutation PYTHONPATH=$(CURDIR) $(BIN)/python scripts/mutmut_run.py \
-		run --max-children 2 $(foreach m,$(MODULES),"$(m).x*")
+	$(if $(FRESH),rm -rf mutants)
+	-timeout $(MUTATION_BUDGET_S) sh -c '\
+	  again=$$($(BIN)/python scripts/mutation_report.py --names $(MODULES)); \
+	  if [ -n "$$again" ]; then $(MUTMUT) run --max-children 2 $$again; fi; \
+	  $(MUTMUT) run --max-children 2 $(foreach m,$(MODULES),"$(m).x*")'
 	$(BIN)/python scripts/mutation_report.py
 
 # One torch release in its own venv, with the Triton it pins: the torch integration tests,

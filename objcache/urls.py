@@ -89,7 +89,7 @@ def redact(url: str) -> str:
         user, colon, _ = userinfo.partition(":")
         shown = (f"{user}:***" if colon else user) if scheme.lower() in _USER_SCHEMES else "***"
         tail = redact(f"{scheme}://{tail}")
-        if not tail.startswith(f"{scheme}://"):
+        if not tail.lower().startswith(f"{scheme.lower()}://"):  # urlsplit lowercases it
             return tail  # unparseable
         return f"{scheme}://{shown}@{tail[len(scheme) + 3 :]}"
     try:

@@ -4,7 +4,9 @@ Reads mutmut's result files (``mutants/**/*.py.meta``). A mutant counts as detec
 test failed, hung past mutmut's deadline, or crashed the test process; "no tests" (no fast
 test calls the mutated function) counts against the score; mutants an interrupted run
 never reached ("not checked") are shown apart and left out of the score. ``--survivors`` lists every
-mutant that is not detected, one per line, for docs/testing.md.
+mutant that is not detected, one per line, for docs/testing.md. ``--names [MODULE...]`` prints
+their names on one line (those of the dotted MODULEs only, when given), for ``make mutation``
+to run them again against the tests written since.
 """
 
 from __future__ import annotations
@@ -58,8 +60,22 @@ def survivors(by_module: dict[str, dict[str, str]]) -> str:
     )
 
 
+def undetected_names(by_module: dict[str, dict[str, str]], modules: list[str]) -> list[str]:
+    """Names of the undetected mutants, of ``modules`` (dotted prefixes) when given."""
+    return [
+        name
+        for statuses in by_module.values()
+        for name, status in statuses.items()
+        if status not in (*DETECTED, "not checked")
+        and (not modules or any(name.startswith(m + ".") for m in modules))
+    ]
+
+
 def main(argv: list[str]) -> int:
-    by_module = results(Path("mutants"))
+    by_module = results(Path("mutants")) if Path("mutants").is_dir() else {}
+    if argv[:1] == ["--names"]:  # for `make mutation`: re-run these against today's tests
+        print(" ".join(undetected_names(by_module, argv[1:])))
+        return 0
     if not by_module:
         print("no mutmut results under mutants/: run `make mutation` first", file=sys.stderr)
         return 1

@@ -247,6 +247,26 @@ def test_numeric_tier_options_are_validated(option: str) -> None:
             "s3://b/p?read_only&secret_key=***&region=x",
         ),
         ("disk:///srv/c?max_bytes=1G", "disk:///srv/c?max_bytes=1G"),
+        # a password with an unencoded / ? # or @ is hidden whole
+        ("redis://u:p/w@host:1/0", "redis://u:***@host:1/0"),
+        ("redis://u:p?w@host:1/0", "redis://u:***@host:1/0"),
+        ("redis://u:p#w@host:1/0", "redis://u:***@host:1/0"),
+        ("redis://u:p/w@x@host:1/0", "redis://u:***@host:1/0"),
+        # an @ after host:port, or in a path, is not userinfo
+        ("redis://host:6379/0?x=a@b", "redis://host:6379/0?x=a@b"),
+        ("redis://host:1/a@b/c", "redis://host:1/a@b/c"),
+        ("s3://bucket/pre@fix", "s3://bucket/pre@fix"),
+        ("file:///data/a@b:1/c", "file:///data/a@b:1/c"),
+        # other schemes hide the whole userinfo (an access key pasted into the URL)
+        ("s3://AKIA:secret@host/b", "s3://***@host/b"),
+        ("S3://AKIA:secret@host/b", "S3://***@host/b"),
+        ("REDIS://u:pw@host/0", "REDIS://u:***@host/0"),
+        # a URL inside a query value is redacted in turn
+        (
+            "s3://b/p?endpoint_url=http://u:pw@h:9000",
+            "s3://b/p?endpoint_url=http://***@h:9000",
+        ),
+        ("s3://[bad/p", "<unparseable url>"),
     ],
 )
 def test_redact_hides_passwords_and_secret_options_and_keeps_the_rest(url: str, shown: str) -> None:
