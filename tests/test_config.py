@@ -344,6 +344,10 @@ def test_verify_keys_alone_make_a_read_only_fleet(tmp_path: Path) -> None:
     assert not hmac.read_only and not hmac.signs_with_ed25519()
     with pytest.raises(ConfigError, match="OBJCACHE_SIGNING_KEY_FILE"):
         Config(signing_key_file=tmp_path / "missing.pem").codec()
+    bad = tmp_path / "bad.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(ConfigError, match=r"^OBJCACHE_SIGNING_KEY_FILE"):
+        Config(signing_key_file=bad).signs_with_ed25519()
 
 
 def test_the_user_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

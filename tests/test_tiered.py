@@ -677,7 +677,9 @@ async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
     assert await local.put("k", b"v", PutMode.OVERWRITE, then=called.append)
     assert await local.put("k", b"other", PutMode.CREATE, then=called.append)  # kept
     assert (await local.get("k"))[0] == b"v"
-    assert called == [True, False] and local.stats.puts == 1
+    assert await local.put("k", b"new", PutMode.OVERWRITE, then=called.append)  # replaced
+    assert (await local.get("k"))[0] == b"new"
+    assert called == [True, False, True] and local.stats.puts == 2
     with pytest.raises(TypeError):
         await tier("mem://remote").put("k", b"v", then=called.append)
 
