@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ from objcache.layout import Namespace
 from objcache.metrics import FailureLog
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
-from objcache.tiered import TieredCache
+from objcache.tiered import OFFLOAD_BYTES, TieredCache
 from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
@@ -788,3 +789,48 @@ async def test_fast_path_hits_are_counted_once_each(tmp_path: Path) -> None:
     assert cache.stats.hits["fx-graph"] == 2 and local.stats.bytes_read == 20
     assert isinstance(local.backend, DiskBackend)
     assert okey in local.backend._index.used
+
+
+async def test_lookups_are_counted_once_each() -> None:
+    remote = tier("mem://r")
+    cache, _ = make(remote)
+    seed(remote, "k", b"v")
+    for _ in range(2):  # a remote hit, written through, then a local hit
+        assert await cache.get("fx-graph", "k") == b"v"
+        await cache.flush(5)
+    assert await cache.get("fx-graph", "gone") is None
+    assert cache.stats.gets == Counter({"fx-graph": 3}) and cache.stats.hits == Counter(
+        {"fx-graph": 2}
+    )
+    assert cache.stats.served_by == Counter({"mem://r": 1, "mem://local": 1})
+    assert cache.stats.lookups_served_by == cache.stats.served_by
+    assert cache.stats.write_through == 1
+    assert cache.stats.lookup.total == 3 and 0.01 < cache.stats.lookup.sum_ms < 60_000
+
+
+async def test_put_remote_queues_for_the_remote_tiers_only() -> None:
+    remote = tier("mem://r")
+    cache, local = make(remote)
+    assert await cache.put_remote("summary", "run-1", b"report")
+    await cache.flush(5)
+    okey = NS.object_key("summary", "run-1")
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"report"
+    assert not mem(local).data
+    reader, _ = make(tier("mem://r2"), read_only=True)
+    assert not await reader.put_remote("summary", "run-1", b"report")
+    frozen, _ = make(tier("mem://r3", flags=TierFlags(read_only=True)))
+    assert not await frozen.put_remote("summary", "run-1", b"report")
+    await reader.flush(5)
+    await frozen.flush(5)
+    assert not mem(reader.remotes[0]).data and not mem(frozen.remotes[0]).data
+
+
+async def test_a_payload_over_the_offload_size_round_trips() -> None:
+    remote = tier("mem://r")
+    cache, local = make(remote)
+    big = random.Random(7).randbytes(OFFLOAD_BYTES + 1)
+    await cache.put("fx-graph", "big", big)
+    await cache.flush(5)
+    okey = NS.object_key("fx-graph", "big")
+    assert CODEC.decode(mem(remote).data[okey], okey) == big
+    assert CODEC.decode(mem(local).data[okey], okey) == big
