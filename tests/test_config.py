@@ -173,6 +173,11 @@ def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.M
     monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": plugin})
     [spec] = parse_tier_list("myco://bucket/prefix")
     assert (spec.scheme, spec.location) == ("myco", "bucket")
+    # its own options are its business; the options every tier takes are still checked
+    [spec] = parse_tier_list("myco://bucket/prefix?flavour=x&read_only=1")
+    assert spec.options == {"flavour": "x", "read_only": "1"}
+    with pytest.raises(ConfigError, match=r"OBJCACHE_TIERS\[0\]"):
+        parse_tier_list("myco://bucket/prefix?read_only=maybe")
     with pytest.raises(ConfigError, match="unknown scheme 'other'"):
         parse_tier_list("other://bucket")
 
