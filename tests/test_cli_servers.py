@@ -108,8 +108,13 @@ def test_commands_on_a_hung_tier_end_within_the_deadline(
     """Each command against a black-holed endpoint ends (process exit included) within the
     configured deadline plus 1 s of what the same command takes against the healthy one."""
     env, proxy = hung
-    healthy, baseline = cli(*args, env=env)
-    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    # The healthy time is the slower of two runs: a command's own start-up (doctor imports
+    # torch, ~6 s here) varies by more than the slack from one process to the next.
+    baseline = 0.0
+    for _ in range(2):
+        healthy, took = cli(*args, env=env)
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        baseline = max(baseline, took)
     proxy.blackhole()
     done, elapsed = cli(*args, env=env, timeout=60)
     assert done.returncode == code, done.stdout + done.stderr
