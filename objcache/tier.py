@@ -7,6 +7,7 @@ outcome is a value and a counter, and each distinct failure is logged once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -192,14 +193,13 @@ class Tier:
             self.stats.put_errors["too_large"] += 1
             return False
         backend = self.backend
-        if then is not None and not isinstance(backend, LocalStore):
+        call: Callable[[], Awaitable[bool]]
+        if then is None:
+            call = functools.partial(backend.put, key, data, mode)
+        elif isinstance(backend, LocalStore):
+            call = functools.partial(backend.put_then, key, data, mode, then)
+        else:
             raise TypeError(f"{self.name}: put(then=...) needs a local store")
-
-        async def call() -> bool:
-            if then is not None and isinstance(backend, LocalStore):
-                return await backend.put_then(key, data, mode, then)
-            return await backend.put(key, data, mode)
-
         started = time.perf_counter()
         try:
             written = await self._call("put", call)

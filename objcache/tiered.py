@@ -402,10 +402,8 @@ class TieredCache:
         landed = False
         # The lease is let go of in the thread that wrote the entry: a waiting process wakes
         # one hop sooner. The release below only covers a write that never ran or that
-        # failed (the first release wins).
-        then = None
-        if lease is not None and self._local_store is not None:
-            then = functools.partial(_let_go, lease)
+        # failed (the first release wins). A lease implies a LocalStore (_leased).
+        then = None if lease is None else functools.partial(_let_go, lease)
         try:
             landed = await self.local.put(okey, entry, PutMode.OVERWRITE, then=then)
             if landed:
