@@ -49,6 +49,15 @@ def mem(t: Tier) -> MemoryBackend:
     return t.backend
 
 
+def disk_tier(root: Path, query: str = "", *, timeout: float = 2.0) -> Tier:
+    """A disk:// tier on ``root`` (``query`` appended to its URL), no retries."""
+    return Tier(
+        DiskBackend(parse_tier_url(f"disk://{root}{query}")),
+        RetryPolicy(timeout_s=timeout, retries=0),
+        CircuitBreaker(5, 60),
+    )
+
+
 def make(*remotes: Tier, read_only: bool = False, **kw: int) -> tuple[TieredCache, Tier]:
     local = tier("mem://local")
     cache = TieredCache(
@@ -552,33 +561,21 @@ async def test_oversized_puts_are_refused_before_the_call_and_counted() -> None:
 
 
 async def test_record_updates_are_counted_per_outcome(tmp_path: Path) -> None:
-    spec = parse_tier_url(f"disk://{tmp_path}")
-    tier = Tier(DiskBackend(spec), RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    tier = disk_tier(tmp_path)
 
-    def append(item: bytes) -> Callable[[bytes | None], bytes | None]:
-        def change(current: bytes | None) -> bytes | None:
-            current = current or b""
-            return None if item in current.split(b",") else b",".join([*current.split(b","), item])
-
-        return change
-
-    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"a")) == "stored"
-    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"b")) == "stored"
-    assert await tier.update_record("v1/env/pgo/ab/rec", append(b"a")) == "unchanged"
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"b")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "unchanged"
     assert tier.stats.records == Counter({"stored": 2, "unchanged": 1})
     assert tier.stats.record_conflicts == 0
     (tmp_path / "not-a-dir").write_bytes(b"")
-    broken = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}/not-a-dir")),
-        RetryPolicy(timeout_s=2.0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    broken = disk_tier(tmp_path, "/not-a-dir")
     for _ in range(2):
-        assert await broken.update_record("v1/env/pgo/ab/rec", append(b"a")) == "error"
+        assert await broken.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "error"
     assert broken.stats.records == Counter({"error": 2})
     memory = one_shot_tier(MemoryBackend())  # no conditional writes
     for _ in range(2):
-        assert await memory.update_record("k", append(b"a")) == "unsupported"
+        assert await memory.update_record("k", appending(b"a")) == "unsupported"
     assert memory.stats.records == Counter({"unsupported": 2})
 
 
@@ -670,11 +667,7 @@ async def test_a_conflict_storm_is_dropped_within_the_tiers_deadline() -> None:
 
 async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
     called: list[bool] = []
-    local = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
-        RetryPolicy(timeout_s=2.0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    local = disk_tier(tmp_path)
     assert await local.put("k", b"v", PutMode.OVERWRITE, then=called.append)
     assert await local.put("k", b"other", PutMode.CREATE, then=called.append)  # kept
     assert (await local.get("k"))[0] == b"v"
@@ -686,11 +679,7 @@ async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
 
 
 async def test_a_tier_without_a_deadline_updates_records(tmp_path: Path) -> None:
-    tier = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
-        RetryPolicy(timeout_s=0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    tier = disk_tier(tmp_path, timeout=0)
     assert await tier.update_record("v1/env/pgo/ab/rec", suffix) == "stored"
     assert tier.stats.records == Counter({"stored": 1})
 
@@ -702,26 +691,27 @@ def verify_only_codec() -> Codec:
     return Codec(verify_keys=(Ed25519PrivateKey.generate().public_key(),))
 
 
-def joined(current: bytes | None, item: bytes) -> bytes | None:
-    items = [i for i in (current or b"").split(b",") if i]
-    return None if item in items else b",".join([*items, item])
+def appending(item: bytes) -> Callable[[bytes | None], bytes | None]:
+    """A record change adding ``item`` to a comma-separated set (None: already there)."""
+
+    def change(current: bytes | None) -> bytes | None:
+        items = [i for i in (current or b"").split(b",") if i]
+        return None if item in items else b",".join([*items, item])
+
+    return change
 
 
 async def test_a_verifying_machine_reads_its_own_unsigned_local_entries(tmp_path: Path) -> None:
     """Local entries are checked for digest and binding, not signature: a machine that can
     only verify (no key to sign with) still reads back what it wrote itself."""
     codec = verify_only_codec()
-    local = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
-        RetryPolicy(timeout_s=2.0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    local = disk_tier(tmp_path)
     cache = TieredCache(local, [], codec, Namespace("e"))
     await cache.put("fx-graph", "k", b"mine")
     hit = cache.read_local_sync("fx-graph", "k")
     assert hit is not None and hit[0] == b"mine"
     for item in (b"a", b"b"):
-        await cache.update_record("pgo", "r", lambda cur, item=item: joined(cur, item))
+        await cache.update_record("pgo", "r", appending(item))
     assert await cache.get_record("pgo", "r") == b"a,b"
     assert not cache.stats.records_unreadable
 
@@ -734,7 +724,7 @@ async def test_a_forged_unsigned_remote_record_is_replaced_not_joined() -> None:
     cache = TieredCache(None, [remote], Codec(signing_keys=(key,)), NS)
     okey = NS.object_key("pgo", "r")
     mem(remote).data[okey] = Codec().encode(b"forged", okey)  # unsigned
-    await cache.update_record("pgo", "r", lambda cur: joined(cur, b"mine"))
+    await cache.update_record("pgo", "r", appending(b"mine"))
     await cache.flush(5)
     assert await cache.get_record("pgo", "r") == b"mine"
     assert cache.stats.records_unreadable == Counter({"pgo": 1})
@@ -743,11 +733,7 @@ async def test_a_forged_unsigned_remote_record_is_replaced_not_joined() -> None:
 async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     tmp_path: Path,
 ) -> None:
-    local = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
-        RetryPolicy(timeout_s=2.0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    local = disk_tier(tmp_path)
     cache = TieredCache(local, [tier("mem://r")], CODEC, NS)
     assert await cache.get_record("pgo", "r") is None
     assert cache.stats.hits["pgo"] == 0
@@ -755,7 +741,7 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     await cache.update_record("pgo", "r", lambda cur: unchanged.append(cur))  # returns None
     assert unchanged == [None] and await cache.get_record("pgo", "r") is None
     for item in (b"a", b"b"):
-        await cache.update_record("pgo", "r", lambda cur, item=item: joined(cur, item))
+        await cache.update_record("pgo", "r", appending(item))
     await cache.flush(5)
     for _ in range(2):
         assert await cache.get_record("pgo", "r") == b"a,b"
@@ -770,16 +756,12 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     assert local.stats.misses["corrupt"] == 1
     # an unreadable local record is counted, then replaced by the next update
     store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
-    await cache.update_record("pgo", "r", lambda cur: joined(cur, b"c"))
+    await cache.update_record("pgo", "r", appending(b"c"))
     assert cache.stats.records_unreadable == Counter({"pgo": 1})
 
 
 async def test_fast_path_hits_are_counted_once_each(tmp_path: Path) -> None:
-    local = Tier(
-        DiskBackend(parse_tier_url(f"disk://{tmp_path}?max_bytes=1M")),
-        RetryPolicy(timeout_s=2.0, retries=0),
-        CircuitBreaker(5, 60),
-    )
+    local = disk_tier(tmp_path, "?max_bytes=1M")
     cache = TieredCache(local, [], CODEC, NS)
     await cache.put("fx-graph", "k", b"v")
     okey = NS.object_key("fx-graph", "k")
