@@ -51,19 +51,13 @@ def table(by_module: dict[str, dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def survivors(by_module: dict[str, dict[str, str]]) -> str:
-    return "\n".join(
-        f"{name}: {status}"
-        for statuses in by_module.values()
-        for name, status in statuses.items()
-        if status not in (*DETECTED, "not checked")
-    )
-
-
-def undetected_names(by_module: dict[str, dict[str, str]], modules: list[str]) -> list[str]:
-    """Names of the undetected mutants, of ``modules`` (dotted prefixes) when given."""
+def undetected(
+    by_module: dict[str, dict[str, str]], modules: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """``(name, status)`` of every mutant run and not detected, of ``modules`` (dotted
+    prefixes) when given."""
     return [
-        name
+        (name, status)
         for statuses in by_module.values()
         for name, status in statuses.items()
         if status not in (*DETECTED, "not checked")
@@ -71,10 +65,14 @@ def undetected_names(by_module: dict[str, dict[str, str]], modules: list[str]) -
     ]
 
 
+def survivors(by_module: dict[str, dict[str, str]]) -> str:
+    return "\n".join(f"{name}: {status}" for name, status in undetected(by_module))
+
+
 def main(argv: list[str]) -> int:
     by_module = results(Path("mutants")) if Path("mutants").is_dir() else {}
     if argv[:1] == ["--names"]:  # for `make mutation`: re-run these against today's tests
-        print(" ".join(undetected_names(by_module, argv[1:])))
+        print(" ".join(name for name, _ in undetected(by_module, argv[1:])))
         return 0
     if not by_module:
         print("no mutmut results under mutants/: run `make mutation` first", file=sys.stderr)
