@@ -11,10 +11,11 @@ import errno
 import hashlib
 import multiprocessing
 import os
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 
 from objcache.backends import _fs
 from objcache.backends._fs import RESERVED, FsBackend
-from objcache.backends.base import PutMode
+from objcache.backends.base import ObjectInfo, PutMode
 from objcache.errors import InvalidKey, PermanentBackendError, TransientBackendError
 from objcache.registry import create_backend
 from objcache.urls import parse_tier_url
@@ -289,14 +290,20 @@ async def test_key_that_is_a_folder_of_other_keys(scheme: str, tmp_path: Path) -
 # --- publish mechanics ----------------------------------------------------------------------
 
 
+def failing_link(code: int) -> Callable[..., None]:
+    """An ``os.link`` that fails with ``code`` (EPERM: a filesystem without hard links)."""
+
+    def link(src: str, dst: str, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    return link
+
+
 @SCHEMES
 async def test_without_hard_links_create_uses_placeholders(
     scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_link(src: str, dst: str, **kwargs: object) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr(os, "link", failing_link(errno.EPERM))
     backend = make(scheme, tmp_path)
     assert await backend.put("k", b"first") is True
     assert backend.store.hardlinks is False
@@ -375,3 +382,372 @@ def test_os_errors_are_typed() -> None:
         err = _fs.os_error(OSError(code, "x"), "file:///c", "put k")
         assert type(err) is PermanentBackendError
         assert str(err) == "file:///c: put k: x"
+
+
+# --- the openat2 binding ---------------------------------------------------------------
+
+AT_FDCWD = -100
+
+
+def kernel_has_openat2() -> bool:
+    """An independent probe (its own ctypes struct): whether this kernel, and any seccomp
+    filter, let openat2 through. Where it does, the store's binding must work too: a broken
+    binding would silently fall back to the slower folder walk."""
+    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"):
+        return False
+    import ctypes
+
+    class How(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("flags", "mode", "resolve")]
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
+    how = How(os.O_RDONLY | os.O_DIRECTORY, 0, 0)
+    fd = int(syscall(437, AT_FDCWD, b".", ctypes.byref(how), ctypes.sizeof(How)))
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+@pytest.mark.skipif(not kernel_has_openat2(), reason="this kernel has no openat2")
+def test_openat2_opens_beneath_its_folder_through_no_symlink(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"inside")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "f").write_bytes(b"outside")
+    (tmp_path / "link").symlink_to(tmp_path / "out")
+    opener = _fs._OpenAt2()
+    assert opener.usable
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = opener(root, "a/f", os.O_RDONLY)
+        assert fd is not None
+        try:
+            assert os.read(fd, 100) == b"inside"
+        finally:
+            os.close(fd)
+        for path, code in (("link/f", errno.ELOOP), ("../x", errno.EXDEV)):
+            with pytest.raises(OSError) as refused:
+                opener(root, path, os.O_RDONLY)
+            assert (refused.value.errno, refused.value.strerror) == (code, os.strerror(code))
+        with pytest.raises(FileNotFoundError):
+            opener(root, "a/missing", os.O_RDONLY)
+        assert opener.usable
+    finally:
+        os.close(root)
+
+
+def test_openat2_is_only_tried_on_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its system call number is Linux's: on another kernel the same machine name (macOS on
+    x86_64) must not make it usable."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert _fs._OpenAt2().usable is False
+
+
+# --- entries, symlinked names and listings ----------------------------------------------
+
+
+@SCHEMES
+async def test_an_empty_entry_is_an_entry(scheme: str, tmp_path: Path) -> None:
+    """Zero bytes at mode 0600 is a value; only a mode-000 empty file is a placeholder."""
+    backend = make(scheme, tmp_path)
+    assert await backend.put("e/c", b"") is True
+    assert await backend.put("e/o", b"", PutMode.OVERWRITE) is True
+    for key in ("e/c", "e/o"):
+        assert await backend.get(key) == b""
+        assert await backend.exists(key) is True
+    assert sorted([(i.key, i.size) async for i in backend.list()]) == [("e/c", 0), ("e/o", 0)]
+    assert await backend.put("e/c", b"later") is False
+
+
+def test_short_reads_are_joined_until_the_size_or_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 3)))
+    # 25: the file is shorter than its stat said (truncated meanwhile): what is there
+    for size, expected in ((10, b"0123456789"), (4, b"0123"), (25, b"0123456789"), (0, b"")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert _fs._read_all(fd, size) == expected
+        finally:
+            os.close(fd)
+
+
+@SCHEMES
+async def test_an_entry_name_that_is_a_symlink_is_never_followed(
+    scheme: str, tmp_path: Path
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret").write_bytes(b"secret")
+    backend = make(scheme, root)
+    await backend.put("a/real", b"v")
+    (root / "a" / "file").symlink_to(outside / "secret")
+    (root / "a" / "dir").symlink_to(outside / "dir")
+    assert await backend.exists("a/file") is False
+    assert [i.key async for i in backend.list("a/")] == ["a/real"]
+    assert await backend.put("a/dir", b"x") is False  # the name is taken: not "a folder"
+    assert await backend.delete("a/dir") is True  # the link goes, not what it points to
+    assert await backend.delete("a/file") is True
+    assert sorted(os.listdir(root / "a")) == ["real"]
+    assert (outside / "secret").read_bytes() == b"secret" and (outside / "dir").is_dir()
+
+
+@SCHEMES
+async def test_a_delete_through_a_symlinked_folder_is_refused(scheme: str, tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    backend = make(scheme, root)
+    await backend.put("k", b"v")
+    (root / "dirlink").symlink_to(outside)
+    with pytest.raises(InvalidKey):
+        await backend.delete("dirlink/secret")
+    assert (outside / "secret").read_bytes() == b"secret"
+
+
+@SCHEMES
+async def test_a_stale_reserved_symlink_is_judged_by_its_own_age(
+    scheme: str, tmp_path: Path
+) -> None:
+    backend = make(scheme, tmp_path / "root")
+    await backend.put("d/k", b"v")
+    target = tmp_path / "fresh"
+    target.write_bytes(b"fresh")
+    link = tmp_path / "root" / "d" / f"{_fs.TMP_PREFIX}9-link"
+    link.symlink_to(target)
+    hour_ago = time.time() - _fs.STALE_AFTER_S - 60
+    os.utime(link, (hour_ago, hour_ago), follow_symlinks=False)
+    assert [i.key async for i in backend.list()] == ["d/k"]
+    assert not link.is_symlink() and target.read_bytes() == b"fresh"
+
+
+@SCHEMES
+async def test_stale_placeholders_are_swept_and_fresh_ones_kept(
+    scheme: str, tmp_path: Path
+) -> None:
+    backend = make(scheme, tmp_path)
+    await backend.put("d/k", b"v")
+    stale, fresh = tmp_path / "d" / "stale", tmp_path / "d" / "fresh"
+    for placeholder in (stale, fresh):
+        os.close(os.open(placeholder, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0))
+    hour_ago = time.time() - _fs.STALE_AFTER_S - 60
+    os.utime(stale, (hour_ago, hour_ago))
+    assert [i.key async for i in backend.list()] == ["d/k"]
+    assert not stale.exists() and fresh.exists()
+
+
+@SCHEMES
+async def test_reading_deleting_and_listing_what_is_not_there_create_nothing(
+    scheme: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    backend = make(scheme, root)
+    assert await backend.delete("a/b/c") is False
+    assert [i async for i in backend.list("a/b/")] == []
+    assert backend.store.scan_all() == {}
+    assert not root.exists()
+    await backend.put("a/k", b"v")
+    assert await backend.delete("a/b/c") is False
+    assert await backend.delete("a/k/c") is False  # "a/k" is an entry, not a folder
+    assert [i async for i in backend.list("x/y/")] == []
+    backend.store.scan_all()
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["a", "a/k"]
+    assert backend.store.quarantine("a/absent") is False
+
+
+@SCHEMES
+async def test_a_store_whose_root_is_a_file_holds_nothing(scheme: str, tmp_path: Path) -> None:
+    (tmp_path / "root").write_bytes(b"not a folder")
+    backend = make(scheme, tmp_path / "root")
+    assert await backend.delete("k") is False
+    assert [i async for i in backend.list()] == []
+
+
+@SCHEMES
+async def test_a_listing_descends_only_where_its_prefix_can_match(
+    scheme: str, tmp_path: Path
+) -> None:
+    backend = make(scheme, tmp_path)
+    for key in ("a/b/c/k", "a/b/cd/k", "a/b/x/k", "a/y/k", "z/k"):
+        await backend.put(key, b"v" * len(key))
+    walked: list[str] = []
+    scan_dir = backend.store.scan_dir
+
+    def spied(rel: str) -> tuple[list[ObjectInfo], list[str]]:
+        walked.append(rel)
+        return scan_dir(rel)
+
+    backend.store.scan_dir = spied  # type: ignore[method-assign]
+    listed = [(i.key, i.size) async for i in backend.list("a/b/c")]
+    assert sorted(listed) == [("a/b/c/k", 7), ("a/b/cd/k", 8)]
+    assert sorted(walked) == ["a/b", "a/b/c", "a/b/cd"]
+
+
+def test_a_quarantined_entry_expires_after_exactly_its_ttl(tmp_path: Path) -> None:
+    store = _fs.FsStore(str(tmp_path), fsync=False, touch_on_read=False)
+    (tmp_path / "k").write_bytes(b"bad")
+    assert store.quarantine("k")
+    qdir = tmp_path / _fs.QUARANTINE_DIR
+    for name in os.listdir(qdir):
+        os.unlink(qdir / name)
+    now = 2_000_000_000.0
+    expiry = int((now - _fs.QUARANTINE_TTL_S) * 1e9)
+    (qdir / f"{expiry}-01-at-the-ttl").write_bytes(b"x")  # kept: not older than the TTL
+    (qdir / f"{expiry + 500_000_000}-02-younger").write_bytes(b"x")
+    (qdir / f"{expiry - 1_000}-03-older").write_bytes(b"x")
+    (qdir / "garbage").write_bytes(b"x")  # not named by objcache: removed
+    store._expire_quarantine(now)
+    assert sorted(os.listdir(qdir)) == [
+        f"{expiry}-01-at-the-ttl",
+        f"{expiry + 500_000_000}-02-younger",
+    ]
+
+
+def test_an_unreadable_name_is_absent_only_when_it_is_a_placeholder(tmp_path: Path) -> None:
+    """EACCES on open (another user's mode-000 placeholder): absent; on a real entry: the
+    error."""
+    store = _fs.FsStore(str(tmp_path), fsync=False, touch_on_read=False)
+    store.write("real", b"v", PutMode.CREATE)
+    os.close(os.open(tmp_path / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0))
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    store._placeholder_or_raise("claimed", denied)
+    with pytest.raises(PermissionError):
+        store._placeholder_or_raise("real", denied)
+
+
+# --- CREATE publishing -----------------------------------------------------------------
+
+
+@SCHEMES
+async def test_with_hard_links_every_create_is_a_link(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    links: list[str] = []
+    real_link = os.link
+
+    def counted(src: str, dst: str, **kw: Any) -> None:
+        links.append(dst)
+        real_link(src, dst, **kw)
+
+    monkeypatch.setattr(os, "link", counted)
+    backend = make(scheme, tmp_path)
+    assert await backend.put("a", b"1") is True
+    assert backend.store.hardlinks is True
+    assert await backend.put("b", b"2") is True
+    assert await backend.put("a", b"3") is False
+    assert links == ["a", "b", "a"]
+
+
+@SCHEMES
+async def test_a_link_that_landed_but_reported_eexist_is_a_write(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS: a retransmitted link() that did succeed answers EEXIST."""
+    real_link = os.link
+
+    def retransmitted(src: str, dst: str, **kw: Any) -> None:
+        real_link(src, dst, **kw)
+        raise FileExistsError(errno.EEXIST, "File exists")
+
+    monkeypatch.setattr(os, "link", retransmitted)
+    backend = make(scheme, tmp_path)
+    assert await backend.put("k", b"v") is True
+    assert await backend.get("k") == b"v"
+
+
+@SCHEMES
+async def test_a_link_error_that_is_not_about_links_fails_the_put(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "link", failing_link(errno.EIO))
+    backend = make(scheme, tmp_path)
+    with pytest.raises(TransientBackendError):
+        await backend.put("k", b"v")
+    assert backend.store.hardlinks is None  # still unknown: placeholders are not tried
+    assert os.listdir(tmp_path) == []
+
+
+@SCHEMES
+async def test_a_placeholder_is_mode_000_and_empty_and_goes_if_the_publish_fails(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[int, int]] = []
+    real_rename = os.rename
+
+    def rename(src: str, dst: str, **kw: Any) -> None:
+        st = os.stat(dst, dir_fd=kw.get("dst_dir_fd"), follow_symlinks=False)
+        seen.append((stat.S_IMODE(st.st_mode), st.st_size))
+        if dst == "fails":
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "link", failing_link(errno.EPERM))
+    monkeypatch.setattr(os, "rename", rename)
+    backend = make(scheme, tmp_path)
+    old = os.umask(0)
+    try:
+        assert await backend.put("k", b"v") is True
+        with pytest.raises(TransientBackendError):
+            await backend.put("fails", b"v")
+    finally:
+        os.umask(old)
+    assert seen == [(0, 0), (0, 0)]
+    assert sorted(os.listdir(tmp_path)) == ["k"]
+
+
+# --- errors name their operation ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "method", "call"),
+    [
+        ("get", "read", lambda b: b.get("k")),
+        ("get", "read", lambda b: b.get_capped("k", 10)),
+        ("put", "write", lambda b: b.put("k", b"v")),
+        ("exists", "stat", lambda b: b.exists("k")),
+        ("delete", "delete", lambda b: b.delete("k")),
+        ("get", "read_versioned", lambda b: b.get_versioned("k")),
+        ("put", "write_if_version", lambda b: b.put_if_version("k", b"v", None)),
+        ("list", "scan_dir", lambda b: _collect(b.list("k"))),
+    ],
+)
+async def test_a_store_error_names_the_operation_and_key(
+    op: str, method: str, call: Callable[[FsBackend], Awaitable[object]], tmp_path: Path
+) -> None:
+    backend = make("file", tmp_path)
+
+    def failing(*args: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    setattr(backend.store, method, failing)
+    with pytest.raises(TransientBackendError) as exc:
+        await call(backend)
+    assert str(exc.value) == f"{backend.name}: {op} k: Input/output error"
+
+
+async def _collect(listing: AsyncIterator[object]) -> list[object]:
+    return [item async for item in listing]
+
+
+@SCHEMES
+async def test_a_record_lock_sits_beside_the_record_0600_and_never_through_a_symlink(
+    scheme: str, tmp_path: Path
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    backend = make(scheme, root)
+    old = os.umask(0)
+    try:
+        assert await backend.put_if_version("a/r", b"v1", None) is True
+    finally:
+        os.umask(old)
+    lock = root / "a" / f"{_fs.LOCK_PREFIX}r"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    (root / "a" / f"{_fs.LOCK_PREFIX}s").symlink_to(outside)
+    with pytest.raises(PermanentBackendError):
+        await backend.put_if_version("a/s", b"v1", None)
+    assert not outside.exists()

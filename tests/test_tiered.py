@@ -5,7 +5,10 @@ backends are covered by the contract suite."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
+import os
 import random
 import time
 from collections import Counter
@@ -29,6 +32,7 @@ from objcache.errors import (
 )
 from objcache.layout import Namespace
 from objcache.metrics import FailureLog
+from objcache.nodelease import Claim, NodeLeases, lease_path
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import OFFLOAD_BYTES, TieredCache
@@ -320,6 +324,7 @@ async def test_local_fast_path_hits_add_up(tmp_path: Path) -> None:
     assert local.stats.get_latency.total == 2 and local.stats.get_latency.sum_ms == 3.5
     assert cache.stats.lookup.total == 2 and cache.stats.lookup.sum_ms == 3.5
     assert disk.total_bytes == 10, "the hit reached the disk tier's LRU index"
+    assert disk._index.sizes == {okey: 10}
     await disk.close()
 
 
@@ -758,6 +763,9 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
     await cache.update_record("pgo", "r", appending(b"c"))
     assert cache.stats.records_unreadable == Counter({"pgo": 1})
+    store.store.write(okey, b"garbage", PutMode.OVERWRITE)
+    await cache.update_record("pgo", "r", appending(b"d"))
+    assert cache.stats.records_unreadable == Counter({"pgo": 2})
 
 
 async def test_fast_path_hits_are_counted_once_each(tmp_path: Path) -> None:
@@ -816,3 +824,189 @@ async def test_a_payload_over_the_offload_size_round_trips() -> None:
     okey = NS.object_key("fx-graph", "big")
     assert CODEC.decode(mem(remote).data[okey], okey) == big
     assert CODEC.decode(mem(local).data[okey], okey) == big
+
+
+# --- node leases through the cache: what the other processes of the node see ---------------
+
+
+def leased_cache(root: Path, *remotes: Tier, local: Tier | None = None) -> TieredCache:
+    """A cache whose disk local tier on ``root`` is shared with other processes' leases."""
+    local = local or disk_tier(root, "?max_bytes=1M")
+    return TieredCache(local, list(remotes), CODEC, NS, leases=NodeLeases(str(root), hold_s=30))
+
+
+async def blocked_on(path: str) -> None:
+    """Wait until a process (this one's worker thread) is blocked on the flock of ``path``
+    (``->`` lines of /proc/locks), so what follows is seen by a waiter, not a latecomer."""
+    inode = f":{os.stat(path).st_ino} "
+    for _ in range(500):
+        try:
+            locks = await asyncio.to_thread(Path("/proc/locks").read_text)
+        except OSError:  # no /proc/locks: give the waiter time instead
+            await asyncio.sleep(0.3)
+            return
+        if any("->" in line and inode in line for line in locks.splitlines()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"nobody waits on {path}")
+
+
+async def test_a_write_through_tells_the_waiting_processes_it_landed(tmp_path: Path) -> None:
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"payload")
+    entry = mem(remote).data[okey]
+    cache = leased_cache(tmp_path, remote)
+    assert cache._local_store is not None and cache.leases is not None
+    claim, lease = await cache.leases.claim(okey)
+    assert claim is Claim.HELD and lease is not None
+    other = NodeLeases(str(tmp_path), hold_s=30)  # another rank of the node
+    store = cache._local_store
+    waiter = asyncio.ensure_future(
+        other.lookup(okey, read=functools.partial(store.read_sync, okey), look_first=False)
+    )
+    await blocked_on(lease_path(str(tmp_path), okey))
+    await cache._write_through(okey, entry, lease)
+    assert await asyncio.wait_for(waiter, 10) == (Claim.LANDED, None, entry)
+    assert cache.stats.write_through == 1
+    await cache.close()
+
+
+async def test_a_write_through_that_did_not_land_lets_the_waiters_fetch(tmp_path: Path) -> None:
+    """The local tier refuses the entry before any write (its max_size): the lease is let go
+    of without an outcome at once, not held until its deadline."""
+    local = Tier(
+        DiskBackend(parse_tier_url(f"disk://{tmp_path}")),
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+        TierFlags(max_size=10),
+    )
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"payload over ten bytes")
+    cache = leased_cache(tmp_path, remote, local=local)
+    assert cache.leases is not None
+    claim, lease = await cache.leases.claim(okey)
+    assert claim is Claim.HELD and lease is not None
+    waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=30).claim(okey))
+    await blocked_on(lease_path(str(tmp_path), okey))
+    await cache._write_through(okey, mem(remote).data[okey], lease)
+    claim, theirs = await asyncio.wait_for(waiter, 5)
+    assert claim is Claim.HELD and theirs is not None  # it fetches for itself, now
+    await theirs.release("")
+    assert cache.stats.write_through == 0
+    await cache.close()
+
+
+async def test_a_lookup_that_waited_is_served_what_the_holder_found(tmp_path: Path) -> None:
+    remote = tier("mem://r")
+    hit, miss = seed(remote, "hit", b"payload"), NS.object_key("fx-graph", "miss")
+    cache = leased_cache(tmp_path, remote)
+    store = cache._local_store
+    assert isinstance(store, DiskBackend) and cache.local is not None
+    other = NodeLeases(str(tmp_path), hold_s=30)
+    for okey, outcome in ((hit, "hit"), (miss, "miss")):
+        claim, lease = await other.claim(okey)
+        assert claim is Claim.HELD and lease is not None
+        lookup = asyncio.ensure_future(cache.get_object(okey))
+        await blocked_on(lease_path(str(tmp_path), okey))
+        if outcome == "hit":  # the other rank fetched it and wrote it through
+            assert await store.put(okey, mem(remote).data[okey], PutMode.OVERWRITE)
+        await lease.release(outcome)
+        assert await asyncio.wait_for(lookup, 10) == (
+            (b"payload", cache.local.name) if outcome == "hit" else (None, "")
+        )
+    assert mem(remote).calls["get"] == 0, "neither lookup asked the remote"
+    assert dict(cache.stats.node_leases) == {"landed": 1, "missed": 1}
+    assert cache.local.stats.hits == 1 and cache.local.stats.misses["absent"] == 2
+    assert dict(cache.local.stats.kinds["fx-graph"]) == {"hit": 1, "absent": 2}
+    assert store._index.sizes == {hit: len(mem(remote).data[hit])}, "the hit is in the LRU"
+    await cache.close()
+
+
+async def test_leased_lookups_and_takeovers_add_up(tmp_path: Path) -> None:
+    remote = tier("mem://r")
+    keys = [seed(remote, f"k{i}", b"v%d" % i) for i in range(2)]
+    crashed = NodeLeases(str(tmp_path), hold_s=30)
+    for okey in keys:  # a rank that died mid-fetch: its lock is gone, its record is not
+        claim, lease = await crashed.claim(okey)
+        assert claim is Claim.HELD and lease is not None and lease._fd is not None
+        os.close(lease._fd)  # the kernel drops a dead process's locks
+        lease._fd = None
+    cache = leased_cache(tmp_path, remote)
+    for i, okey in enumerate(keys):
+        assert await cache.get_object(okey) == (b"v%d" % i, "mem://r")
+    assert dict(cache.stats.node_leases) == {"held": 2, "took_over": 2}
+    await cache.flush()
+    assert cache.stats.write_through == 2
+    await cache.close()
+
+
+async def test_a_write_through_whose_write_failed_lets_the_waiters_fetch(tmp_path: Path) -> None:
+    """The write ran and failed (a file where the entry's folder should be): the lease is
+    let go of without an outcome."""
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"payload")
+    cache = leased_cache(tmp_path, remote)
+    assert cache.leases is not None
+    claim, lease = await cache.leases.claim(okey)
+    assert claim is Claim.HELD and lease is not None
+    folder = tmp_path / okey.rpartition("/")[0]
+    for name in os.listdir(folder):  # only the lease file: the folder becomes a file
+        os.rename(folder / name, tmp_path / name)
+    folder.rmdir()
+    folder.write_bytes(b"not a folder")
+    waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=30).claim(okey))
+    await asyncio.sleep(0.3)  # the lease file moved: a waiter cannot be watched for
+    await cache._write_through(okey, mem(remote).data[okey], lease)
+    claim, theirs = await asyncio.wait_for(waiter, 5)
+    assert claim is not Claim.LANDED
+    if theirs is not None:
+        await theirs.release("")
+    assert cache.stats.write_through == 0
+    await cache.close()
+
+
+async def test_local_puts_overwrite_and_are_recorded_and_env_json_is_readable() -> None:
+    remote = tier("mem://r")
+    local = tier("mem://local")
+    cache = TieredCache(local, [remote], CODEC, NS, env_fields={"torch": "2", "cuda": "12"})
+    for payload in (b"first", b"second"):
+        await cache.put("fx-graph", "k", payload)
+    okey = NS.object_key("fx-graph", "k")
+    assert CODEC.decode(mem(local).data[okey], okey) == b"second"
+    assert cache.recorded == {okey}
+    await cache.flush(5)
+    body = mem(remote).data[NS.env_file]
+    assert body == json.dumps({"cuda": "12", "torch": "2"}, indent=1, sort_keys=True).encode()
+    stats = cache.stats_dict()
+    assert set(stats) == {"env", "cache", "write_behind_pending", "tiers"}
+    assert stats["env"] == "testenv" and stats["write_behind_pending"] == 0
+    assert [(t["breaker"], t["local"]) for t in stats["tiers"]] == [
+        ("closed", True),
+        ("closed", False),
+    ]
+
+
+async def test_only_writable_tiers_count_puts_skipped_by_their_breaker() -> None:
+    writable, read_only = tier("mem://w"), tier("mem://ro", flags=TierFlags(read_only=True))
+    cache, _ = make(writable, read_only)
+    for t in (writable, read_only):
+        for _ in range(3):
+            t.breaker.failure()
+        assert t.breaker_open()
+    await cache.put("fx-graph", "k", b"v")
+    await cache.flush(5)
+    assert writable.stats.put_errors["breaker"] >= 1
+    assert read_only.stats.put_errors["breaker"] == 0
+
+
+async def test_failed_candidate_listings_are_counted_and_logged_naming_the_listing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = tier(f"mem://list-{time.monotonic_ns()}", timeout=0.05)
+    mem(broken).fault = "permanent"
+    cache, _ = make(broken)
+    with caplog.at_level(logging.DEBUG, logger="objcache"):
+        for _ in range(2):
+            assert await cache.get_candidates("fx-graph", "k", include_single=False) == []
+    assert broken.stats.misses["list"] == 2
+    assert any("list failed" in r.getMessage() for r in caplog.records), caplog.records

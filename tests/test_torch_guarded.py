@@ -18,12 +18,14 @@ import pickle
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from objcache.backends.base import ObjectInfo
+from objcache.caps import SizeCaps
 from objcache.codec import Codec
 from objcache.layout import Namespace, parse_object_key
 from objcache.policy import CircuitBreaker, RetryPolicy
@@ -388,3 +390,83 @@ def test_a_third_machine_gets_the_second_guard_variant_remotely(tmp_path: Path) 
     # Both variants sit in the store as their own objects under one candidate folder.
     fx_folders = list((tmp_path / "store").rglob("*fx-graph-v1*!"))
     assert len(fx_folders) == 1 and len(os.listdir(fx_folders[0])) == 2
+
+
+class Dated(MemoryBackend):
+    """A memory backend whose listing reports each object's own time (``mtimes``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.mtimes: dict[str, float] = {}
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        async for info in super().list(prefix):
+            yield ObjectInfo(info.key, info.size, self.mtimes.get(info.key, 0.0))
+
+
+async def test_the_newest_candidates_are_the_ones_fetched_within_the_limit() -> None:
+    remote = Tier(Dated("mem://r"), RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
+    cache = TieredCache(tier("mem://local"), [remote], CODEC, NS)
+    backend = remote.backend
+    assert isinstance(backend, Dated)
+    for age, payload in enumerate((b"newest", b"middle", b"oldest")):
+        backend.mtimes[seed_candidate(remote, payload)] = 1000.0 - age
+    found = await cache.get_candidates("fx-graph", KEY, limit=2, include_single=False)
+    assert [c.payload for c in found] == [b"newest", b"middle"]
+    assert [c.mtime for c in found] == [1000.0, 999.0]
+    assert await cache.get_candidates("fx-graph", KEY, limit=0, include_single=False) == []
+    assert remote.stats.hits == 2 and remote.stats.kinds["fx-graph"]["hit"] == 2
+
+
+async def test_a_key_s_single_value_is_left_out_when_asked() -> None:
+    local, remote = tier("mem://local"), tier("mem://r")
+    cache = TieredCache(local, [remote], CODEC, NS)
+    single = NS.object_key("fx-graph", KEY)
+    mem(remote).data[single] = CODEC.encode(b"single", single)
+    assert await cache.get_candidates("fx-graph", KEY, include_single=False) == []
+    assert mem(remote).calls["get"] == 0
+
+
+async def test_write_only_tiers_hold_no_candidates_for_lookups() -> None:
+    local, write_only = tier("mem://local"), tier("mem://wo")
+    write_only.flags = TierFlags(write_only=True)
+    cache = TieredCache(local, [write_only], CODEC, NS)
+    seed_candidate(write_only, b"C")
+    assert await cache.get_candidates("fx-graph", KEY) == []
+    assert mem(write_only).calls["list"] == 0
+
+
+async def test_remote_candidates_are_capped_local_ones_are_not() -> None:
+    """A remote candidate over its kind's size cap is refused unread past the cap; a local
+    one was checked on its way in."""
+    local, remote = tier("mem://local"), tier("mem://r")
+    cache = TieredCache(local, [remote], CODEC, NS, caps=SizeCaps(per_kind={"fx-graph": 64}))
+    big = os.urandom(200)
+    in_local = seed_candidate(local, big)
+    in_remote = seed_candidate(remote, big + b"!")
+    found = await cache.get_candidates("fx-graph", KEY, include_single=False)
+    assert [c.okey for c in found] == [in_local]
+    assert remote.stats.misses["too_large"] == 1 and in_remote in mem(remote).data
+
+
+async def test_adopting_a_local_candidate_writes_nothing() -> None:
+    """The key's single value, already written through, comes back with no entry bytes:
+    adopting it must not overwrite the local entry."""
+    local, remote = tier("mem://local"), tier("mem://r")
+    cache = TieredCache(local, [remote], CODEC, NS)
+    single = NS.object_key("fx-graph", KEY)
+    mem(local).data[single] = CODEC.encode(b"single", single)
+    [found] = await cache.get_candidates("fx-graph", KEY)
+    assert found.local and found.payload == b"single"
+    puts = mem(local).calls["put"]
+    await cache.adopt_candidate(found)
+    await cache.flush(5)
+    assert mem(local).calls["put"] == puts
+    assert CODEC.decode(mem(local).data[single], single) == b"single"
+
+
+def test_a_candidate_is_named_by_the_128_bit_digest_of_its_payload() -> None:
+    import hashlib
+
+    assert candidate_digest(b"payload") == hashlib.blake2b(b"payload", digest_size=16).hexdigest()
+    assert len(candidate_digest(b"")) == 32
