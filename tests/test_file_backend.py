@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import hashlib
 import multiprocessing
 import os
@@ -262,6 +263,7 @@ async def test_a_root_others_control_is_refused_in_one_line(
             await call
         message = str(exc.value)
         assert "\n" not in message and str(root) in message and "refusing" in message
+        assert message.endswith("(see docs/security.md)")
     assert os.listdir(root) == []
 
 
@@ -751,3 +753,186 @@ async def test_a_record_lock_sits_beside_the_record_0600_and_never_through_a_sym
     with pytest.raises(PermanentBackendError):
         await backend.put_if_version("a/s", b"v1", None)
     assert not outside.exists()
+
+
+# --- reads: openat2 where the kernel has it, the folder walk elsewhere ---------------------
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def opener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test over both ways an entry is opened for reading."""
+    if request.param == "walk":
+        monkeypatch.setattr(_fs._openat2, "usable", False)
+    elif not _fs._openat2.usable:
+        pytest.skip("this kernel has no openat2")
+    return str(request.param)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_reads_find_entries_refuse_symlinks_and_create_nothing(
+    opener: str, tmp_path: Path
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    backend = make("file", root)
+    assert await backend.get("a/k") is None
+    assert await backend.exists("a/k") is False
+    assert not root.exists()
+    await backend.put("a/k", b"v")
+    (root / "a" / "link").symlink_to(outside / "secret")
+    (root / "dirlink").symlink_to(outside)
+    os.close(os.open(root / "a" / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0))
+    fds = open_fds()
+    assert await backend.get("a/k") == b"v"
+    for absent in ("a/missing", "b/k", "a/k/x", "a/claimed"):
+        assert await backend.get(absent) is None, absent
+    for refused in ("a/link", "dirlink/secret"):
+        with pytest.raises(InvalidKey):
+            await backend.get(refused)
+    assert open_fds() == fds, "every error path closes what it opened"
+    fd = backend.store._open_entry("a/k")
+    assert fd is not None
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    finally:
+        os.close(fd)
+    root_fd = backend.store._open_root(create=False)
+    assert root_fd is not None
+    try:
+        assert fcntl.fcntl(root_fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    finally:
+        os.close(root_fd)
+
+
+async def test_an_entry_that_denies_reading_is_absent_only_if_a_placeholder(
+    opener: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES (running as root, a denial is simulated): another user's CREATE placeholder
+    is an absent entry; a real entry's denial is the error."""
+    backend = make("file", tmp_path)
+    await backend.put("a/real", b"v")
+    os.close(os.open(tmp_path / "a" / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0))
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    if opener == "openat2":
+
+        class Denying:
+            usable = True
+
+            def __call__(self, dirfd: int, path: str, flags: int) -> int:
+                raise denied
+
+        monkeypatch.setattr(_fs, "_openat2", Denying())
+    else:
+        real_open = os.open
+
+        def denying(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+            if path in ("real", "claimed"):
+                raise denied
+            return real_open(path, flags, *args, **kw)
+
+        monkeypatch.setattr(os, "open", denying)
+    assert await backend.get("a/claimed") is None
+    with pytest.raises(PermanentBackendError):
+        await backend.get("a/real")
+
+
+async def test_an_openat2_read_is_one_call_without_a_folder_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _fs._openat2.usable:
+        pytest.skip("this kernel has no openat2")
+    backend = make("file", tmp_path)
+    await backend.put("a/b/k", b"v")
+
+    def no_walk(*args: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(backend.store, "_open_dir", no_walk)
+    assert await backend.get("a/b/k") == b"v"
+
+
+async def test_a_read_that_cannot_stamp_its_atime_still_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = make("disk", tmp_path)
+    await backend.put("k", b"v")
+    old = time.time() - 3600
+    os.utime(tmp_path / "k", (old, old))
+
+    def read_only_fs(*args: object, **kw: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "utime", read_only_fs)
+    assert await backend.get("k") == b"v"
+
+
+async def test_a_folder_pruned_under_a_writer_is_retried_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concurrent delete may prune the folder between its open and the temp file's."""
+    backend = make("file", tmp_path)
+    real_open = os.open
+    pruned = [0]
+
+    def open_(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if str(path).startswith(_fs.TMP_PREFIX) and pruned[0]:
+            pruned[0] -= 1
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", open_)
+    fds = open_fds()
+    pruned[0] = 2
+    assert await backend.put("d/k", b"v") is True
+    pruned[0] = 3
+    with pytest.raises(PermanentBackendError):
+        await backend.put("d/j", b"v")
+    assert pruned[0] == 0 and open_fds() == fds
+
+
+async def test_a_put_sweeps_its_folder_at_most_hourly_and_never_fails_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fs.random, "randrange", lambda n: 0)  # this put is the one in 32
+    backend = make("file", tmp_path)
+    await backend.put("d/k", b"v")
+    hour_ago = time.time() - _fs.STALE_AFTER_S - 60
+    stale = [tmp_path / "d" / f"{_fs.TMP_PREFIX}1-{i}" for i in range(3)]
+    stale[0].write_bytes(b"x")
+    os.utime(stale[0], (hour_ago, hour_ago))
+    await backend.put("e/k", b"v")  # another folder's put sweeps that folder only
+    assert stale[0].exists()
+    backend.store._swept.clear()
+    await backend.put("d/j", b"v")
+    assert not stale[0].exists()
+    stale[1].write_bytes(b"x")
+    os.utime(stale[1], (hour_ago, hour_ago))
+    await backend.put("d/i", b"v")  # swept less than an hour ago
+    assert stale[1].exists()
+    backend.store._swept.clear()
+
+    def failing_sweep(directory: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(backend.store, "sweep", failing_sweep)
+    assert await backend.put("d/h", b"v") is True
+
+
+async def test_a_key_segment_may_take_all_255_bytes(tmp_path: Path) -> None:
+    backend = make("file", tmp_path)
+    assert await backend.put("a/" + "s" * 255, b"v") is True
+    with pytest.raises(InvalidKey):
+        await backend.put("a/" + "s" * 256, b"v")
+
+
+async def test_a_record_s_version_is_the_128_bit_digest_of_its_bytes(tmp_path: Path) -> None:
+    backend = make("file", tmp_path)
+    await backend.put("r", b"value", PutMode.OVERWRITE)
+    found = await backend.get_versioned("r")
+    assert found is not None
+    assert found.version == hashlib.blake2b(b"value", digest_size=16).hexdigest()
+    assert _fs.content_version(b"value") == found.version

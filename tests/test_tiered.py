@@ -22,6 +22,7 @@ from objcache.backends._fs import QUARANTINE_DIR
 from objcache.backends._records import Versioned
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
+from objcache.caps import SizeCaps
 from objcache.codec import Codec
 from objcache.errors import (
     ClockSkew,
@@ -824,6 +825,15 @@ async def test_a_payload_over_the_offload_size_round_trips() -> None:
     okey = NS.object_key("fx-graph", "big")
     assert CODEC.decode(mem(remote).data[okey], okey) == big
     assert CODEC.decode(mem(local).data[okey], okey) == big
+    # read back from the remote (verified in a worker thread), and refused there when bad
+    fresh, _ = make(remote)
+    assert await fresh.get("fx-graph", "big") == big
+    entry = mem(remote).data[okey]
+    mem(remote).data[okey] = entry[:-1] + bytes([entry[-1] ^ 1])
+    again, _ = make(remote)
+    assert await again.get("fx-graph", "big") is None
+    assert remote.stats.misses["corrupt"] == 1
+    assert remote.stats.kinds["fx-graph"]["corrupt"] == 1
 
 
 # --- node leases through the cache: what the other processes of the node see ---------------
@@ -1010,3 +1020,85 @@ async def test_failed_candidate_listings_are_counted_and_logged_naming_the_listi
             assert await cache.get_candidates("fx-graph", "k", include_single=False) == []
     assert broken.stats.misses["list"] == 2
     assert any("list failed" in r.getMessage() for r in caplog.records), caplog.records
+
+
+async def test_remote_lookups_hits_and_backfills_add_up() -> None:
+    near, far = tier("mem://near"), tier("mem://far")
+    keys = [seed(far, f"k{i}", b"v%d" % i) for i in range(2)]
+    cache, _ = make(near, far)
+    assert await cache.get_object(NS.object_key("fx-graph", "absent")) == (None, "")
+    assert cache.recorded == set(), "a miss is not part of the run"
+    for i in range(2):
+        assert await cache.get("fx-graph", f"k{i}") == b"v%d" % i
+    await cache.flush(5)
+    assert cache.recorded == set(keys)
+    assert cache.stats.served_by["mem://far"] == cache.stats.lookups_served_by["mem://far"] == 2
+    assert far.stats.hits == 2 and far.stats.kinds["fx-graph"]["hit"] == 2
+    assert cache.stats.backfills == 2 and all(k in mem(near).data for k in keys)
+    assert not cache._background, "finished background tasks are let go of"
+
+
+async def test_tiers_skipped_by_their_breaker_are_counted_and_the_next_one_asked() -> None:
+    skipped, asked = tier("mem://skipped"), tier("mem://asked")
+    seed(asked, "k", b"v")
+    for _ in range(3):
+        skipped.breaker.failure()
+    cache, _ = make(skipped, asked)
+    for key in ("k", "absent"):
+        await cache.get("fx-graph", key)
+    assert skipped.stats.misses["breaker"] == 2
+    assert skipped.stats.kinds["fx-graph"]["breaker"] == 2
+    assert mem(skipped).calls["get"] == 0 and mem(asked).calls["get"] == 2
+
+
+async def test_a_lookup_during_a_write_through_is_served_from_memory() -> None:
+    remote = tier("mem://r")
+    seed(remote, "k", b"v")
+    cache, local = make(remote)
+    mem(local).delay_s = 0.3  # the write-through is still running below
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert mem(remote).calls["get"] == 1
+    await cache.flush(5)
+
+
+async def test_a_leased_lookup_that_raises_lets_its_lease_go(tmp_path: Path) -> None:
+    remote = tier("mem://r")
+    okey = seed(remote, "k", b"v")
+    cache = leased_cache(tmp_path, remote)
+
+    async def broken(okey: str, reasons: list[str] | None = None) -> None:
+        raise RuntimeError("a bug in the remote race")
+
+    cache._race_remotes = broken  # type: ignore[method-assign,assignment]
+    with pytest.raises(RuntimeError):
+        await cache.get_object(okey)
+    claim, lease = await asyncio.wait_for(NodeLeases(str(tmp_path), hold_s=30).claim(okey), 5)
+    assert claim is Claim.HELD and lease is not None  # not waited for: it was let go of
+    await lease.release("")
+    await cache.close(1)
+
+
+async def test_a_local_entry_over_its_kind_s_remote_cap_is_served() -> None:
+    """Caps bound what a remote tier may hand this machine; the local tier's entries were
+    checked on the way in."""
+    local = tier("mem://local")
+    cache = TieredCache(local, [], CODEC, NS, caps=SizeCaps(per_kind={"fx-graph": 64}))
+    big = random.Random(3).randbytes(500)
+    seed(local, "k", big)
+    assert await cache.get("fx-graph", "k") == big
+
+
+async def test_flush_gives_up_on_hung_background_work_at_its_timeout() -> None:
+    near, far = tier("mem://near", timeout=30), tier("mem://far")
+    seed(far, "k", b"v")
+    cache, _ = make(near, far)
+    assert await cache.get("fx-graph", "k") == b"v"
+    mem(near).fault = "hang"  # the back-fill into the near tier hangs
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await cache.flush(0.2)
+    assert time.monotonic() - started < 2
+    mem(near).fault = ""
+    for task in list(cache._background):
+        task.cancel()
