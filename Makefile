@@ -39,7 +39,8 @@ fuzz: venv
 # One sitting of at most MUTATION_BUDGET_S (30 min): first the mutants no test detected yet
 # run again against today's tests, then the mutants not run yet; results are kept in
 # mutants/, so the next sitting goes on from there (FRESH=1 starts over).
-# MODULES="objcache.codec objcache.backends.disk" limits a sitting to those modules.
+# MODULES="objcache.codec objcache.backends.disk" limits a sitting to those modules (by name:
+# mutmut runs every named mutant again, so globs would re-run the modules' killed ones too).
 MODULES ?=
 MUTATION_BUDGET_S ?= 1800
 MUTMUT = OBJCACHE_HYPOTHESIS_PROFILE=mutation PYTHONPATH=$(CURDIR) $(BIN)/python scripts/mutmut_run.py
@@ -48,7 +49,10 @@ mutation: venv
 	-timeout $(MUTATION_BUDGET_S) sh -c '\
 	  again=$$($(BIN)/python scripts/mutation_report.py --names $(MODULES)); \
 	  if [ -n "$$again" ]; then $(MUTMUT) run --max-children 2 $$again; fi; \
-	  $(MUTMUT) run --max-children 2 $(foreach m,$(MODULES),"$(m).x*")'
+	  if [ -z "$(MODULES)" ]; then $(MUTMUT) run --max-children 2; \
+	  elif [ ! -d mutants ]; then $(MUTMUT) run --max-children 2 $(foreach m,$(MODULES),"$(m).x*"); \
+	  else todo=$$($(BIN)/python scripts/mutation_report.py --not-run $(MODULES)); \
+	    if [ -n "$$todo" ]; then $(MUTMUT) run --max-children 2 $$todo; fi; fi'
 	$(BIN)/python scripts/mutation_report.py
 
 # One torch release in its own venv, with the Triton it pins: the torch integration tests,

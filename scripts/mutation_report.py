@@ -6,7 +6,9 @@ test calls the mutated function) counts against the score; mutants an interrupte
 never reached ("not checked") are shown apart and left out of the score. ``--survivors`` lists every
 mutant that is not detected, one per line, for docs/testing.md. ``--names [MODULE...]`` prints
 their names on one line (those of the dotted MODULEs only, when given), for ``make mutation``
-to run them again against the tests written since.
+to run them again against the tests written since; ``--not-run [MODULE...]`` the names of
+those not run yet. (Named mutants are always run again, so ``make mutation MODULES=...`` names
+what is left rather than the modules' globs, which would re-run every mutant.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
@@ -51,18 +54,24 @@ def table(by_module: dict[str, dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def undetected(
-    by_module: dict[str, dict[str, str]], modules: list[str] | None = None
+def named(
+    by_module: dict[str, dict[str, str]], wanted: Callable[[str], bool], modules: list[str]
 ) -> list[tuple[str, str]]:
-    """``(name, status)`` of every mutant run and not detected, of ``modules`` (dotted
+    """``(name, status)`` of every mutant whose status is ``wanted``, of ``modules`` (dotted
     prefixes) when given."""
     return [
         (name, status)
         for statuses in by_module.values()
         for name, status in statuses.items()
-        if status not in (*DETECTED, "not checked")
-        and (not modules or any(name.startswith(m + ".") for m in modules))
+        if wanted(status) and (not modules or any(name.startswith(m + ".") for m in modules))
     ]
+
+
+def undetected(
+    by_module: dict[str, dict[str, str]], modules: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """Every mutant run and not detected."""
+    return named(by_module, lambda s: s not in (*DETECTED, "not checked"), modules or [])
 
 
 def survivors(by_module: dict[str, dict[str, str]]) -> str:
@@ -73,6 +82,9 @@ def main(argv: list[str]) -> int:
     by_module = results(Path("mutants")) if Path("mutants").is_dir() else {}
     if argv[:1] == ["--names"]:  # for `make mutation`: re-run these against today's tests
         print(" ".join(name for name, _ in undetected(by_module, argv[1:])))
+        return 0
+    if argv[:1] == ["--not-run"]:  # for `make mutation MODULES=...`: the ones left to run
+        print(" ".join(name for name, _ in named(by_module, "not checked".__eq__, argv[1:])))
         return 0
     if not by_module:
         print("no mutmut results under mutants/: run `make mutation` first", file=sys.stderr)

@@ -870,6 +870,31 @@ async def test_a_read_that_cannot_stamp_its_atime_still_serves(
     assert await backend.get("k") == b"v"
 
 
+async def test_a_hit_restamps_an_atime_older_than_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Whether the kernel also updates atime on a read depends on its mount options: only
+    objcache's own stamps are counted.)"""
+    backend = make("disk", tmp_path)
+    await backend.put("k", b"v")
+    entry = tmp_path / "k"
+    real_utime = os.utime
+    stamps: list[object] = []
+
+    def utime(path: Any, *args: Any, **kw: Any) -> None:
+        stamps.append(path)
+        real_utime(path, *args, **kw)
+
+    for age, restamped in ((59.0, False), (60.5, True)):
+        then = time.time() - age
+        os.utime(entry, (then, then))
+        monkeypatch.setattr(os, "utime", utime)
+        stamps.clear()
+        assert await backend.get("k") == b"v"
+        assert len(stamps) == restamped, age
+        monkeypatch.setattr(os, "utime", real_utime)
+
+
 async def test_a_folder_pruned_under_a_writer_is_retried_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -892,6 +917,16 @@ async def test_a_folder_pruned_under_a_writer_is_retried_twice(
     with pytest.raises(PermanentBackendError):
         await backend.put("d/j", b"v")
     assert pruned[0] == 0 and open_fds() == fds
+
+    def full(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if str(path).startswith(_fs.TMP_PREFIX):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(PermanentBackendError, match="No space left"):
+        await backend.put("d/i", b"v")
+    assert open_fds() == fds
 
 
 async def test_a_put_sweeps_its_folder_at_most_hourly_and_never_fails_for_it(
@@ -936,3 +971,11 @@ async def test_a_record_s_version_is_the_128_bit_digest_of_its_bytes(tmp_path: P
     assert found is not None
     assert found.version == hashlib.blake2b(b"value", digest_size=16).hexdigest()
     assert _fs.content_version(b"value") == found.version
+
+
+def test_a_store_is_not_group_shared_unless_asked(tmp_path: Path) -> None:
+    tmp_path.chmod(0o770)
+    with pytest.raises(PermanentBackendError, match="writable by its group"):
+        _fs.FsStore(str(tmp_path), fsync=False, touch_on_read=False).write(
+            "k", b"v", PutMode.CREATE
+        )

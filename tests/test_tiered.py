@@ -36,7 +36,7 @@ from objcache.metrics import FailureLog
 from objcache.nodelease import Claim, NodeLeases, lease_path
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier, TierFlags
-from objcache.tiered import OFFLOAD_BYTES, TieredCache
+from objcache.tiered import OFFLOAD_BYTES, TieredCache, candidate_digest
 from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
@@ -1051,15 +1051,35 @@ async def test_tiers_skipped_by_their_breaker_are_counted_and_the_next_one_asked
     assert mem(skipped).calls["get"] == 0 and mem(asked).calls["get"] == 2
 
 
+class GatedPuts(MemoryBackend):
+    """A memory backend whose puts wait for ``gate`` (reads answer at once)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.gate = asyncio.Event()
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        await self.gate.wait()
+        return await super().put(key, data, mode)
+
+
+def gated_tier(name: str, timeout: float = 30) -> tuple[Tier, GatedPuts]:
+    backend = GatedPuts(name)
+    return Tier(backend, RetryPolicy(timeout_s=timeout, retries=0), CircuitBreaker(3, 60)), backend
+
+
 async def test_a_lookup_during_a_write_through_is_served_from_memory() -> None:
     remote = tier("mem://r")
     seed(remote, "k", b"v")
-    cache, local = make(remote)
-    mem(local).delay_s = 0.3  # the write-through is still running below
+    local, gated = gated_tier("mem://local")
+    cache = TieredCache(local, [remote], CODEC, NS)
     assert await cache.get("fx-graph", "k") == b"v"
-    assert await cache.get("fx-graph", "k") == b"v"
+    assert await cache.get("fx-graph", "k") == b"v"  # the write-through is still waiting
     assert mem(remote).calls["get"] == 1
+    gated.gate.set()
     await cache.flush(5)
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert gated.calls["get"] == 2, "the second lookup did not read the local tier"
 
 
 async def test_a_leased_lookup_that_raises_lets_its_lease_go(tmp_path: Path) -> None:
@@ -1090,15 +1110,64 @@ async def test_a_local_entry_over_its_kind_s_remote_cap_is_served() -> None:
 
 
 async def test_flush_gives_up_on_hung_background_work_at_its_timeout() -> None:
-    near, far = tier("mem://near", timeout=30), tier("mem://far")
+    near, gated = gated_tier("mem://near")  # its back-fill never gets through
+    far = tier("mem://far")
     seed(far, "k", b"v")
     cache, _ = make(near, far)
     assert await cache.get("fx-graph", "k") == b"v"
-    mem(near).fault = "hang"  # the back-fill into the near tier hangs
-    await asyncio.sleep(0)
     started = time.monotonic()
     await cache.flush(0.2)
     assert time.monotonic() - started < 2
-    mem(near).fault = ""
-    for task in list(cache._background):
-        task.cancel()
+    assert cache._background, "the back-fill is still waiting"
+    gated.gate.set()
+    await cache.flush(5)
+
+
+async def test_a_tier_that_cannot_be_read_is_passed_over_for_the_next() -> None:
+    write_only = tier("mem://wo", flags=TierFlags(write_only=True))
+    readable = tier("mem://r")
+    seed(readable, "k", b"v")
+    cache, local = make(write_only, readable)
+    assert await cache.get("fx-graph", "k") == b"v"
+    assert mem(write_only).calls["get"] == 0
+    await cache.flush(5)
+    assert await cache.get("fx-graph", "k") == b"v"  # now from the local tier, slow path
+    assert local.stats.hits == 1 and local.stats.kinds["fx-graph"]["hit"] == 1
+
+
+async def test_candidate_fetches_stay_within_their_concurrency() -> None:
+    class Counting(MemoryBackend):
+        in_flight = peak = 0
+
+        async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+            Counting.in_flight += 1
+            Counting.peak = max(Counting.peak, Counting.in_flight)
+            await asyncio.sleep(0.01)
+            Counting.in_flight -= 1
+            return await super().get_capped(key, max_bytes)
+
+    remote = Tier(Counting("mem://r"), RetryPolicy(timeout_s=5), CircuitBreaker(3, 60))
+    cache, _ = make(remote)
+    for i in range(4):
+        payload = b"v%d" % i
+        okey = NS.candidate_key("fx-graph", "k", candidate_digest(payload))
+        mem(remote).data[okey] = CODEC.encode(payload, okey)
+    found = await cache.get_candidates("fx-graph", "k", concurrency=1, include_single=False)
+    assert len(found) == 4 and Counting.peak == 1
+
+
+async def test_a_remote_candidate_over_its_cap_is_not_transferred() -> None:
+    remote = tier("mem://r")
+    cache = TieredCache(
+        tier("mem://local"), [remote], CODEC, NS, caps=SizeCaps(per_kind={"fx-graph": 64})
+    )
+    payload = random.Random(5).randbytes(300)
+    okey = NS.candidate_key("fx-graph", "k", candidate_digest(payload))
+    mem(remote).data[okey] = CODEC.encode(payload, okey)
+    assert await cache.get_candidates("fx-graph", "k", include_single=False) == []
+    assert remote.stats.bytes_read == 0 and remote.stats.misses["too_large"] == 1
+
+
+def test_a_key_that_is_not_an_object_key_gets_the_default_cap() -> None:
+    cache, _ = make()
+    assert cache.cap("not-an-object-key") == cache.caps.default
