@@ -7,6 +7,7 @@ Kept free of heavy imports: the multiprocessing test's spawned workers import th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -768,8 +769,15 @@ def opener(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds(under: Path) -> list[str]:
+    """What this process has open under ``under`` (other threads' files do not count)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target == str(under) or target.startswith(f"{under}/"):
+                found.append(target)
+    return sorted(found)
 
 
 async def test_reads_find_entries_refuse_symlinks_and_create_nothing(
@@ -786,14 +794,13 @@ async def test_reads_find_entries_refuse_symlinks_and_create_nothing(
     (root / "a" / "link").symlink_to(outside / "secret")
     (root / "dirlink").symlink_to(outside)
     os.close(os.open(root / "a" / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0))
-    fds = open_fds()
     assert await backend.get("a/k") == b"v"
     for absent in ("a/missing", "b/k", "a/k/x", "a/claimed"):
         assert await backend.get(absent) is None, absent
     for refused in ("a/link", "dirlink/secret"):
         with pytest.raises(InvalidKey):
             await backend.get(refused)
-    assert open_fds() == fds, "every error path closes what it opened"
+    assert open_fds(tmp_path) == [], "every error path closes what it opened"
     fd = backend.store._open_entry("a/k")
     assert fd is not None
     try:
@@ -910,13 +917,12 @@ async def test_a_folder_pruned_under_a_writer_is_retried_twice(
         return real_open(path, flags, *args, **kw)
 
     monkeypatch.setattr(os, "open", open_)
-    fds = open_fds()
     pruned[0] = 2
     assert await backend.put("d/k", b"v") is True
     pruned[0] = 3
     with pytest.raises(PermanentBackendError):
         await backend.put("d/j", b"v")
-    assert pruned[0] == 0 and open_fds() == fds
+    assert pruned[0] == 0 and open_fds(tmp_path) == []
 
     def full(path: Any, flags: int, *args: Any, **kw: Any) -> int:
         if str(path).startswith(_fs.TMP_PREFIX):
@@ -926,7 +932,7 @@ async def test_a_folder_pruned_under_a_writer_is_retried_twice(
     monkeypatch.setattr(os, "open", full)
     with pytest.raises(PermanentBackendError, match="No space left"):
         await backend.put("d/i", b"v")
-    assert open_fds() == fds
+    assert open_fds(tmp_path) == []
 
 
 async def test_a_put_sweeps_its_folder_at_most_hourly_and_never_fails_for_it(
