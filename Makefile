@@ -48,9 +48,9 @@ mutation: venv
 	$(if $(FRESH),rm -rf mutants)
 	@# A mutant that loses a dir_fd writes into the working directory, mutants/; what it
 	@# leaves there can make a later mutant look harmless, so each sitting starts without it.
-	-test -d mutants && find mutants -mindepth 1 -maxdepth 1 ! -name backends ! -name docs \
-	  ! -name objcache ! -name tests ! -name pyproject.toml ! -name mutmut-stats.json \
-	  ! -name .hypothesis ! -name setup.cfg -exec rm -rf {} +
+	if [ -d mutants ]; then find mutants -mindepth 1 -maxdepth 1 ! -name backends \
+	  ! -name docs ! -name objcache ! -name tests ! -name pyproject.toml \
+	  ! -name mutmut-stats.json ! -name .hypothesis -exec rm -rf {} +; fi
 	-timeout $(MUTATION_BUDGET_S) sh -c '\
 	  again=$$($(BIN)/python scripts/mutation_report.py --names $(MODULES)); \
 	  if [ -n "$$again" ]; then $(MUTMUT) run --max-children 2 $$again; fi; \
