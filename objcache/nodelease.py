@@ -229,7 +229,9 @@ class NodeLeases:
                     wait_s = min(wait_s, max(0.0, step.holder_deadline - time.time()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waker.event.wait(), wait_s)
-                if waker.outcome is not None:  # read by the thread, under the shared lock
+                # Read by the thread, under the shared lock; only once it is done (set last):
+                # a poll can wake between its outcome and its read of the entry.
+                if waker.event.is_set() and waker.outcome is not None:
                     return waker.outcome, None, waker.entry
         except OSError:
             return Claim.UNLEASED, None, None  # a lease is an optimisation: never fail it
