@@ -4,7 +4,8 @@ A (cold, batch 4 then 6, objcache off) compiles and calls ``objcache.mega.save``
 B (a fresh machine: new inductor, Triton, temp and local dirs) calls ``objcache.mega.load``
 and runs the same training, again without ``install()``. The bundle must carry the CPU
 kernels A's graphs load, derived from the graphs themselves: B runs no kernel build (a
-``g++`` shim counts them), compiles no more graphs than it needs (the bundle's PGO profile
+``g++`` shim counts them; torch's probes of the ISAs it does not pick are not kernels),
+compiles no more graphs than it needs (the bundle's PGO profile
 makes the first compile dynamic: no recompile at batch 6), and matches eager.
 """
 
@@ -71,7 +72,10 @@ def test_loading_a_recipe_bundle_builds_no_kernel_and_does_not_recompile(
     a, b = runs["a"], runs["b"]
     assert b["match"], b["max_abs_err"]
     assert "skipped" not in b["mega_load"], b["mega_load"]
-    assert b["gxx"] == [], "\n".join(b["gxx"])
+    # The bundle carries the probe of the ISA torch picks; on a CPU with several (AVX-512 with
+    # VNNI, bf16), torch also probes the others on a fresh machine: small builds, no kernels.
+    kernels = [build for build in b["gxx"] if not ts.is_isa_probe(build)]
+    assert kernels == [], "\n".join(kernels)
     assert b["torch"].get("fxgraph_cache_hit", 0) >= 1
     assert "fxgraph_cache_miss" not in b["torch"], b["torch"]
     # A compiled batch 4 statically, then recompiled dynamically at 6; B starts dynamic.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -126,6 +127,16 @@ def gxx_builds(log: Path) -> list[str]:
         return []
     runs = [line for line in log.read_text().splitlines() if line.strip()]
     return [r for r in runs if " -o " in f" {r} " and " -E " not in f" {r} "]
+
+
+def is_isa_probe(build: str) -> bool:
+    """Whether a logged g++ run compiled one of torch's vector-ISA probes
+    (``cpu_vec_isa.VecISA.check_build``: ``__*_chk_kernel*`` functions), not a kernel."""
+    source = next((arg for arg in build.split() if arg.endswith(".cpp")), "")
+    try:
+        return re.search(r"\b__\w*_chk_kernel\w*\(", Path(source).read_text()) is not None
+    except OSError:
+        return False
 
 
 def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
