@@ -272,6 +272,14 @@ def test_numeric_tier_options_are_validated(option: str) -> None:
             "s3://b/p?endpoint_url=http://***@h:9000",
         ),
         ("s3://[bad/p", "<unparseable url>"),
+        # a second "://" later in the URL does not move where the userinfo is looked for
+        (
+            "redis://u:secret@h:6379/0?next=http://example.org",
+            "redis://u:***@h:6379/0?next=http://example.org",
+        ),
+        ("redis://Xu:pXw@h:6379/0", "redis://Xu:***@h:6379/0"),  # any letter anywhere
+        # an IPv6 host and port, then an "@" in the query: no userinfo to hide
+        ("redis://[::1]:6379/0?note=a@b", "redis://[::1]:6379/0?note=a@b"),
     ],
 )
 def test_redact_hides_passwords_and_secret_options_and_keeps_the_rest(url: str, shown: str) -> None:
