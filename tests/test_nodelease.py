@@ -202,6 +202,13 @@ async def test_a_record_that_cannot_be_written_leaves_no_lease_file(
     assert not exists(lease_path(str(tmp_path), KEY))
 
 
+async def blocked_on(path: str) -> None:
+    """Wait until a thread of this process is blocked on the flock of ``path``."""
+    from tests.test_tiered import blocked_on as wait
+
+    await wait(path)
+
+
 async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,7 +217,7 @@ async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     claim, first = await leases.claim(KEY)
     assert claim is Claim.HELD and first is not None
     waiter = asyncio.ensure_future(leases.claim(KEY))
-    await asyncio.sleep(0.02)
+    await blocked_on(first.path)  # else a late waiter makes a new file before the check
     with monkeypatch.context() as m:
         m.setattr("objcache.nodelease._write_record", _no_space)
         await first.release("hit")
