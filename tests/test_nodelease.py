@@ -40,6 +40,7 @@ from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
 from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 from tests.memory_backend import MemoryBackend
+from tests.support.flock import blocked_on
 from tests.support.node_worker import REPO
 
 KEY = "v1/env/fx-graph/ab/key1"
@@ -200,13 +201,6 @@ async def test_a_record_that_cannot_be_written_leaves_no_lease_file(
     claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
     assert (claim, lease) == (Claim.UNLEASED, None)
     assert not exists(lease_path(str(tmp_path), KEY))
-
-
-async def blocked_on(path: str) -> None:
-    """Wait until a thread of this process is blocked on the flock of ``path``."""
-    from tests.test_tiered import blocked_on as wait
-
-    await wait(path)
 
 
 async def test_an_outcome_that_cannot_be_written_still_retires_the_file(

@@ -39,6 +39,7 @@ from objcache.tier import Tier, TierFlags
 from objcache.tiered import OFFLOAD_BYTES, TieredCache, candidate_digest
 from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
+from tests.support.flock import blocked_on
 
 NS = Namespace("testenv")
 CODEC = Codec()
@@ -843,22 +844,6 @@ def leased_cache(root: Path, *remotes: Tier, local: Tier | None = None) -> Tiere
     """A cache whose disk local tier on ``root`` is shared with other processes' leases."""
     local = local or disk_tier(root, "?max_bytes=1M")
     return TieredCache(local, list(remotes), CODEC, NS, leases=NodeLeases(str(root), hold_s=30))
-
-
-async def blocked_on(path: str) -> None:
-    """Wait until a process (this one's worker thread) is blocked on the flock of ``path``
-    (``->`` lines of /proc/locks), so what follows is seen by a waiter, not a latecomer."""
-    inode = f":{os.stat(path).st_ino} "
-    for _ in range(500):
-        try:
-            locks = await asyncio.to_thread(Path("/proc/locks").read_text)
-        except OSError:  # no /proc/locks: give the waiter time instead
-            await asyncio.sleep(0.3)
-            return
-        if any("->" in line and inode in line for line in locks.splitlines()):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"nobody waits on {path}")
 
 
 async def test_a_write_through_tells_the_waiting_processes_it_landed(tmp_path: Path) -> None:
