@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat
+.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat stress
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,14 @@ lint: venv
 
 test: venv system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The timing- and concurrency-sensitive test files, STRESS_RUNS times, with a busy loop holding
+# one core (docs/testing.md, "Flakes"); not part of `test`. STRESS_FILES="tests/x.py ..."
+# narrows it; a failure prints its test and the first lines of its report.
+STRESS_RUNS ?= 20
+STRESS_FILES ?=
+stress: venv system-deps
+	$(BIN)/python scripts/stress.py --runs $(STRESS_RUNS) $(STRESS_FILES)
 
 fuzz: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fuzz --hypothesis-profile=fuzz

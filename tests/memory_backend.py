@@ -19,11 +19,16 @@ class MemoryBackend(Backend):
         self.data: dict[str, bytes] = {}
         self.calls: Counter[str] = Counter()
         self.delay_s = 0.0
+        #: When set, every call waits for this event first: a slow peer whose reply the
+        #: test lets through once the other side is where the test needs it.
+        self.hold_until: asyncio.Event | None = None
         #: "transient", "permanent", "hang" or "" (healthy)
         self.fault = ""
 
     async def _enter(self, op: str) -> None:
         self.calls[op] += 1
+        if self.hold_until is not None:
+            await self.hold_until.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fault == "hang":

@@ -29,6 +29,7 @@ from objcache.backends.base import ObjectInfo, PutMode
 from objcache.errors import InvalidKey, PermanentBackendError, TransientBackendError
 from objcache.registry import create_backend
 from objcache.urls import parse_tier_url
+from tests.support.waiting import until
 
 SCHEMES = pytest.mark.parametrize("scheme", ["file", "disk"])
 
@@ -352,10 +353,7 @@ async def test_cancelled_put_leaves_no_trace(scheme: str, tmp_path: Path) -> Non
     # The worker thread finishes the whole operation on its own: 8 MiB written and, for
     # file://, fsynced, which a busy disk can stretch (CI once still found the temp file
     # after 20 s; the cause was not found, a slow fsync is the likeliest).
-    deadline = time.monotonic() + 90
-    while reserved_files(tmp_path) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    assert reserved_files(tmp_path) == []
+    await until(lambda: reserved_files(tmp_path) == [], 90, "the worker thread's clean-up")
     assert await backend.get("big") in (None, data)
 
 

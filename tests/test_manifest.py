@@ -20,6 +20,7 @@ from objcache.manifest import Manifest, ManifestError, default_job_name
 from objcache.tier import Tier, TierFlags
 from objcache.tiered import TieredCache
 from tests.memory_backend import MemoryBackend
+from tests.support.waiting import until
 from tests.test_nodelease import rank
 from tests.test_tiered import CODEC, NS, make, mem, seed, tier
 
@@ -351,11 +352,11 @@ async def test_prefetch_leaves_a_key_another_process_is_fetching_to_it(tmp_path:
     mokey = NS.object_key(manifest.KIND, "job/run-1")
     remote.data[mokey] = CODEC.encode(job, mokey)
     first, second = rank(tmp_path, slow), rank(tmp_path, remote)
-    slow.delay_s = 0.5
+    slow.hold_until = asyncio.Event()  # the first rank's fetch lasts until the prefetch ends
     holder = asyncio.ensure_future(first.get("fx-graph", "k0"))
-    while first.stats.node_leases["held"] < 1:
-        await asyncio.sleep(0.002)
+    await until(lambda: first.stats.node_leases["held"] >= 1, what="the first rank's lease")
     result = await manifest.prefetch(second, "job")
+    slow.hold_until.set()
     assert result["fetched_by_another_process"] == 1 and result["fetched"] == 3
     assert await holder == b"v0" and remote.calls["get"] == 1 + 3  # the manifest, 3 entries
     await first.flush(5)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +42,7 @@ from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 from tests.memory_backend import MemoryBackend
 from tests.support.flock import blocked_on
 from tests.support.node_worker import REPO
+from tests.support.waiting import until
 
 KEY = "v1/env/fx-graph/ab/key1"
 NS = Namespace("testenv")
@@ -93,9 +94,9 @@ async def test_a_stale_lease_file_left_by_a_crash_is_taken_over_at_once(tmp_path
     path = lease_path(str(tmp_path), KEY)
     write_record(path, {"pid": 999_999_999, "host": "h", "deadline": time.time() + 3600})
     started = time.monotonic()
-    claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=60).claim(KEY)
     assert claim is Claim.HELD and lease is not None and lease.took_over
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 20  # not the 60 s a waiter may wait
     await lease.release("hit")
 
 
@@ -103,7 +104,7 @@ async def test_waiters_see_the_holders_outcome(tmp_path: Path, held: int) -> Non
     fd = held
     leases = NodeLeases(str(tmp_path), hold_s=5)
     waiters = [asyncio.ensure_future(leases.claim(KEY)) for _ in range(3)]
-    await asyncio.sleep(0.05)
+    await blocked_on(lease_path(str(tmp_path), KEY), count=3)
     assert not any(w.done() for w in waiters)
     assert await leases.claim(KEY, wait=False) == (Claim.BUSY, None)
     os.pwrite(fd, json.dumps({"outcome": "hit", "deadline": 0}).encode().ljust(RECORD_BYTES), 0)
@@ -113,7 +114,7 @@ async def test_waiters_see_the_holders_outcome(tmp_path: Path, held: int) -> Non
 async def test_a_shared_miss_is_not_fetched_again(tmp_path: Path, held: int) -> None:
     fd = held
     waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=5).claim(KEY))
-    await asyncio.sleep(0.02)
+    await blocked_on(lease_path(str(tmp_path), KEY))
     os.pwrite(fd, json.dumps({"outcome": "miss"}).encode().ljust(RECORD_BYTES), 0)
     assert await waiter == (Claim.MISSED, None)
 
@@ -161,7 +162,7 @@ async def test_lookup_lets_go_of_a_lease_whose_entry_landed_meanwhile(tmp_path: 
 async def test_a_waiter_gets_the_landed_entry_with_the_outcome(tmp_path: Path, held: int) -> None:
     read = Reads(None, b"entry")
     waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=5).lookup(KEY, read=read))
-    await asyncio.sleep(0.05)
+    await blocked_on(lease_path(str(tmp_path), KEY))
     assert not waiter.done() and read.threads and len(read.answers) == 1  # looked, missed
     os.pwrite(held, json.dumps({"outcome": "hit", "deadline": 0}).encode().ljust(RECORD_BYTES), 0)
     fcntl.flock(held, fcntl.LOCK_UN)
@@ -212,11 +213,17 @@ async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     assert claim is Claim.HELD and first is not None
     waiter = asyncio.ensure_future(leases.claim(KEY))
     await blocked_on(first.path)  # else a late waiter makes a new file before the check
-    with monkeypatch.context() as m:
-        m.setattr("objcache.nodelease._write_record", _no_space)
-        await first.release("hit")
-    assert not exists(first.path)
-    claim, second = await asyncio.wait_for(waiter, 2)
+    # The waiter takes a new lease file at the same path as soon as the first is retired,
+    # so the first file is watched through a descriptor of its own, not by its path.
+    watch = os.open(first.path, os.O_RDONLY)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr("objcache.nodelease._write_record", _no_space)
+            await first.release("hit")
+        assert os.fstat(watch).st_nlink == 0
+    finally:
+        os.close(watch)
+    claim, second = await asyncio.wait_for(waiter, 30)
     assert claim is Claim.HELD and second is not None
     await second.release("hit")
     assert not exists(second.path)
@@ -227,9 +234,9 @@ async def test_a_holder_that_gives_up_hands_the_lease_on(tmp_path: Path) -> None
     claim, first = await leases.claim(KEY)
     assert claim is Claim.HELD and first is not None
     waiter = asyncio.ensure_future(leases.claim(KEY))
-    await asyncio.sleep(0.02)
+    await blocked_on(first.path)
     await first.release("")  # failed without an outcome: the waiter must fetch itself
-    claim, second = await asyncio.wait_for(waiter, 2)
+    claim, second = await asyncio.wait_for(waiter, 30)
     assert claim is Claim.HELD and second is not None
     await second.release("hit")
 
@@ -238,10 +245,10 @@ async def test_an_overdue_live_holder_is_taken_over(tmp_path: Path, held: int) -
     fd = held
     os.pwrite(fd, json.dumps({"pid": 1, "deadline": time.time() + 0.2}).encode().ljust(256), 0)
     started = time.monotonic()
-    claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
+    claim, lease = await NodeLeases(str(tmp_path), hold_s=60).claim(KEY)
     waited = time.monotonic() - started
     assert claim is Claim.HELD and lease is not None
-    assert 0.15 < waited < 1.0
+    assert 0.15 < waited < 20  # its deadline, not the 60 s a waiter may wait
     assert os.fstat(fd).st_nlink == 0  # the overdue holder's file was retired
     await lease.release("hit")
 
@@ -252,7 +259,7 @@ async def test_a_waiter_never_waits_past_its_budget(tmp_path: Path, held: int) -
     started = time.monotonic()
     claim, lease = await NodeLeases(str(tmp_path), hold_s=0.3).claim(KEY)
     assert (claim, lease) == (Claim.UNLEASED, None)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 15  # the holder never lets go: without a budget, forever
 
 
 @pytest.mark.parametrize(
@@ -266,17 +273,24 @@ async def test_a_waiter_sees_the_release(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: float
 ) -> None:
     monkeypatch.setattr(f"objcache.nodelease.{setting}", value)
+    polls: list[float] = []
+    monkeypatch.setattr(
+        "objcache.nodelease.poll_pause", lambda waited: polls.append(waited) or poll_pause(waited)
+    )
     before = lease_wait_threads()
     leases = NodeLeases(str(tmp_path), hold_s=60)
     claim, first = await leases.claim(KEY)
     assert claim is Claim.HELD and first is not None
     waiter = asyncio.ensure_future(leases.claim(KEY))
-    await asyncio.sleep(0.2)
+    if setting == "MAX_BLOCKED":
+        await until(lambda: len(polls) >= 2, what="the waiter polling")
+    else:
+        await blocked_on(first.path)
     assert not waiter.done()
     if setting == "MAX_BLOCKED":
         assert lease_wait_threads() <= before  # (earlier tests' threads may still be ending)
     await first.release("hit")
-    assert await asyncio.wait_for(waiter, 10) == (Claim.LANDED, None)
+    assert await asyncio.wait_for(waiter, 60) == (Claim.LANDED, None)
 
 
 def lease_wait_threads() -> int:
@@ -327,13 +341,13 @@ async def test_a_holder_killed_mid_fetch_is_taken_over(tmp_path: Path) -> None:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         leases = NodeLeases(str(tmp_path), hold_s=30)
         waiter = asyncio.ensure_future(leases.claim(KEY))
-        await asyncio.sleep(0.2)
+        await blocked_on(lease_path(str(tmp_path), KEY))
         assert not waiter.done()
         proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        claim, lease = await asyncio.wait_for(waiter, 5)
+        claim, lease = await asyncio.wait_for(waiter, 60)
         assert claim is Claim.HELD and lease is not None and lease.took_over
-        assert time.monotonic() - killed < 1.0
+        assert time.monotonic() - killed < 15  # not the holder's 60 s deadline
         await lease.release("hit")
     finally:
         proc.kill()
@@ -355,14 +369,6 @@ def test_stale_lease_files_are_swept_and_never_listed(tmp_path: Path) -> None:
 # --- two "processes" (two TieredCaches, one local dir) in one loop -------------------------
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Wait (polling the loop) until ``condition()`` holds."""
-    give_up = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < give_up, "condition not reached"
-        await asyncio.sleep(0.002)
-
-
 def rank(root: Path, remote: MemoryBackend) -> TieredCache:
     policy = RetryPolicy(timeout_s=2.0, retries=0)
     spec = TierSpec(url=f"disk://{root}", scheme="disk", location="", path=str(root))
@@ -378,24 +384,30 @@ def rank(root: Path, remote: MemoryBackend) -> TieredCache:
 
 async def test_a_holder_whose_fetch_failed_shares_no_miss(tmp_path: Path) -> None:
     sick, healthy = MemoryBackend("mem://sick"), MemoryBackend("mem://healthy")
-    sick.fault, sick.delay_s = "transient", 0.2
+    sick.fault, sick.hold_until = "transient", asyncio.Event()
     okey = NS.object_key("fx-graph", "k")
     healthy.data[okey] = CODEC.encode(b"value", okey)
     first, second = rank(tmp_path, sick), rank(tmp_path, healthy)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
-    await until(lambda: first.stats.node_leases["held"] == 1)  # its GET fails 0.2 s later
-    assert await second.get("fx-graph", "k") == b"value"
+    await until(lambda: first.stats.node_leases["held"] == 1)
+    waiter = asyncio.ensure_future(second.get("fx-graph", "k"))
+    await blocked_on(lease_path(str(tmp_path), okey))
+    sick.hold_until.set()  # now the holder's GET fails
+    assert await waiter == b"value"
     assert await holder is None
     assert second.stats.node_leases["held"] == 1 and healthy.calls["get"] == 1
 
 
 async def test_absent_everywhere_is_one_remote_get_per_node(tmp_path: Path) -> None:
     slow, other = MemoryBackend("mem://a"), MemoryBackend("mem://b")
-    slow.delay_s = 0.2
+    slow.hold_until = asyncio.Event()
     first, second = rank(tmp_path, slow), rank(tmp_path, other)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
     await until(lambda: first.stats.node_leases["held"] == 1)
-    assert await second.get("fx-graph", "k") is None
+    waiter = asyncio.ensure_future(second.get("fx-graph", "k"))
+    await blocked_on(lease_path(str(tmp_path), NS.object_key("fx-graph", "k")))
+    slow.hold_until.set()
+    assert await waiter is None
     assert await holder is None
     assert second.stats.node_leases["missed"] == 1 and other.calls["get"] == 0
 
@@ -450,13 +462,15 @@ async def test_a_lookup_that_joined_a_prefetch_left_to_another_rank_waits(
     slow, other = MemoryBackend("mem://a"), MemoryBackend("mem://b")
     okey = NS.object_key("fx-graph", "k")
     slow.data[okey] = other.data[okey] = CODEC.encode(b"value", okey)
-    slow.delay_s = 0.2
+    slow.hold_until = asyncio.Event()
     first, second = rank(tmp_path, slow), rank(tmp_path, other)
     holder = asyncio.ensure_future(first.get("fx-graph", "k"))
     await until(lambda: first.stats.node_leases["held"] == 1)
     prefetch = asyncio.ensure_future(second.get_object(okey, wait=False))
     lookup = asyncio.ensure_future(second.get("fx-graph", "k"))
     assert await prefetch == (None, LEASED_ELSEWHERE)
+    await blocked_on(lease_path(str(tmp_path), okey))  # the lookup waits on the holder
+    slow.hold_until.set()
     assert await lookup == b"value"
     assert await holder == b"value"
     assert other.calls["get"] == 0  # the second rank read what the first wrote through

@@ -4,7 +4,6 @@ and an unwritable path is logged once and never raises."""
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from objcache.client import Client
 from objcache.config import Config
 from objcache.prometheus import TextfileExporter
+from tests.support.waiting import wait_until
 
 
 def samples(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -36,10 +36,7 @@ def test_textfile_carries_the_conventional_series(tmp_path: Path) -> None:
     assert client.get("fx-graph", "k") is None
     client.put("fx-graph", "k", b"v" * 1000)
     assert client.get("fx-graph", "k") == b"v" * 1000
-    deadline = time.monotonic() + 10
-    while not prom.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert prom.exists(), "the periodic write happened before exit"
+    wait_until(prom.exists, what="the periodic write, before exit")
     client.close()
 
     found = samples(prom)
@@ -83,6 +80,7 @@ def test_a_client_with_an_unwritable_textfile_still_serves(tmp_path: Path) -> No
     )
     client = Client(config)
     client.put("blob", "k", b"v")
-    time.sleep(0.05)
+    exporter = client.observer.exporter
+    wait_until(lambda: exporter.failures >= 2, what="two periodic writes failing")
     assert client.get("blob", "k") == b"v"
     client.close()

@@ -1,23 +1,28 @@
-"""Waiting for another thread or process to block on a file lock (Linux /proc/locks)."""
+"""Waiting for other threads or processes to block on a file lock (Linux /proc/locks)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
+import pytest
 
-async def blocked_on(path: str) -> None:
-    """Wait until a process (or a thread of this one) is blocked on the flock of ``path``
-    (``->`` lines of /proc/locks), so what follows is seen by a waiter, not a latecomer."""
-    inode = f":{os.stat(path).st_ino} "
-    for _ in range(500):
-        try:
-            locks = await asyncio.to_thread(Path("/proc/locks").read_text)
-        except OSError:  # no /proc/locks: give the waiter time instead
-            await asyncio.sleep(0.3)
-            return
-        if any("->" in line and inode in line for line in locks.splitlines()):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"nobody waits on {path}")
+from tests.support.waiting import until
+
+LOCKS = Path("/proc/locks")
+HAS_LOCKS = LOCKS.exists()
+
+
+def blocked_count(inode: int) -> int:
+    """How many lock requests wait on the file with ``inode`` (``->`` lines of /proc/locks)."""
+    tag = f":{inode} "
+    return sum("->" in line and tag in line for line in LOCKS.read_text().splitlines())
+
+
+async def blocked_on(path: str, count: int = 1) -> None:
+    """Wait until ``count`` processes (or threads of this one) are blocked on the flock of
+    ``path``, so what follows is seen by a waiter, not a latecomer."""
+    if not HAS_LOCKS:
+        pytest.skip("needs /proc/locks to see who waits on a lock")
+    inode = os.stat(path).st_ino
+    await until(lambda: blocked_count(inode) >= count, what=f"{count} waiter(s) on {path}")

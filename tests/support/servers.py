@@ -320,10 +320,14 @@ class S3Server(Server):
     _admin: tuple[str, Any] | None = None
 
     def contract_url(self, unique: str) -> str:
-        """A tier URL on this server whose keys no other test sees (contract suite)."""
+        """A tier URL on this server whose keys no other test sees (contract suite).
+
+        The socket read timeout is far above the default 20 s: the contract checks what is
+        stored, not how fast, and SeaweedFS answers 32 racing conditional creates one after
+        another (7 s on a quiet 2-core machine, over 20 s for the last one on a busy one)."""
         from tests.cloud_support import s3_url
 
-        return s3_url(self, unique)
+        return s3_url(self, unique, read_timeout=120)
 
     def client_kwargs(self, endpoint_url: str | None = None) -> dict[str, str]:
         """Keyword arguments for ``boto3``/``aioboto3`` ``client("s3", ...)``."""
