@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from objcache.backends._fs import LEASE_PREFIX
+from objcache.backends._shared import to_daemon_thread
 
 #: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.
 RECORD_BYTES = 256
@@ -108,7 +109,7 @@ class Lease:
 
     async def release(self, outcome: str) -> None:
         if self._fd is not None:
-            await asyncio.to_thread(self.release_sync, outcome)
+            await to_daemon_thread(self.release_sync, outcome)
 
     def __del__(self) -> None:  # a lost lease must not keep its lock until exit
         if self._fd is not None:
@@ -189,11 +190,11 @@ class NodeLeases:
         try:
             while True:
                 if fd is None:
-                    fd, step = await asyncio.to_thread(
+                    fd, step = await to_daemon_thread(
                         _open_and_try, path, self.hold_s, read, look_first
                     )
                 else:
-                    step = await asyncio.to_thread(_try, path, fd, self.hold_s, read)
+                    step = await to_daemon_thread(_try, path, fd, self.hold_s, read)
                 if step.claim is not None:
                     if step.lease is not None or step.closed:
                         fd = None  # owned by the lease now, or closed already
@@ -206,7 +207,7 @@ class NodeLeases:
                 if not wait:
                     return Claim.BUSY, None, None
                 if step.holder_deadline is not None and time.time() > step.holder_deadline:
-                    await asyncio.to_thread(_retire, path, fd)  # overdue holder
+                    await to_daemon_thread(_retire, path, fd)  # overdue holder
                     os.close(fd)
                     fd = None
                     continue

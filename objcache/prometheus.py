@@ -27,6 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from objcache.backends._shared import to_daemon_thread
+
 log = logging.getLogger("objcache")
 
 #: At exit, wait at most this long for the last write (a hung filesystem must not hang exit).
@@ -179,7 +181,7 @@ class TextfileExporter:
             return
         while True:
             await asyncio.sleep(self.interval_s)
-            await asyncio.to_thread(self.write, snapshot())
+            await to_daemon_thread(self.write, snapshot())
 
     def write_at_exit(self, snapshot: dict[str, Any]) -> None:
         """The last write, in a daemon thread waited for at most ``EXIT_WRITE_TIMEOUT_S``."""

@@ -231,17 +231,37 @@ class Tier:
     def breaker_open(self) -> bool:
         return self.breaker.state == "open"
 
-    async def update_record(self, key: str, change: Change) -> str:
+    async def update_record(self, key: str, change: Change, max_bytes: int = 0) -> str:
         """Read-modify-write of the record ``key`` within the deadline: the outcome
-        (stored, unchanged, dropped) or the failure reason, counted in ``stats.records``."""
+        (stored, unchanged, dropped) or the failure reason, counted in ``stats.records``.
+        A stored record over a non-zero ``max_bytes`` is not read: a ``too_large`` miss,
+        replaced by this write (docs/security.md, "Records")."""
         backend = self.backend
         if not isinstance(backend, RecordBackend):
             self.stats.records["unsupported"] += 1
             return "unsupported"
         budget = self.policy.timeout_s * RECORD_BUDGET if self.policy.timeout_s > 0 else 3600.0
+
+        def too_large() -> None:
+            self.stats.misses["too_large"] += 1
+            self.stats.note(key, "too_large")
+            log_once.warn(
+                self.name,
+                "record-too_large",
+                f"{self.name}: record {key} is over the {max_bytes}-byte cap; replacing it",
+            )
+
         try:
             outcome, conflicts = await self._call(
-                "record", lambda: read_modify_write(backend, key, change, timeout_s=budget)
+                "record",
+                lambda: read_modify_write(
+                    backend,
+                    key,
+                    change,
+                    timeout_s=budget,
+                    max_bytes=max_bytes,
+                    on_too_large=too_large,
+                ),
             )
         except Failed as f:
             self.stats.records[f.reason] += 1

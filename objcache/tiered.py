@@ -582,7 +582,7 @@ class TieredCache:
         hit = await self._race_remotes(okey)
         payload = hit[2] if hit is not None else None
         if payload is None and self.local is not None:
-            entry, _ = await self.local.get(okey)
+            entry, _ = await self.local.get(okey, self.cap(okey))
             if entry is not None:
                 payload = await self._verify(self.local, okey, entry)
         if payload is not None:
@@ -596,23 +596,27 @@ class TieredCache:
         again on each conflict, within its deadline. ``change`` gets the current payload, or
         None when there is none or it cannot be read (counted, then replaced)."""
         okey = self.namespace.object_key(kind, key)
+        cap = self.cap(okey)  # stored bytes and payload alike (docs/security.md, "Records")
         if self.local is not None:
             # the local copy is checked like a local hit: digest and binding, no signature
-            await self.local.update_record(okey, self._entry_change(kind, okey, change, False))
+            change_local = self._entry_change(kind, okey, change, False)
+            await self.local.update_record(okey, change_local, cap)
         if not self.read_only:
             entry_change = self._entry_change(kind, okey, change, True)
             for tier in self.write_targets():
-                self._spawn(tier.update_record(okey, entry_change))
+                self._spawn(tier.update_record(okey, entry_change, cap))
 
     def _entry_change(self, kind: str, okey: str, change: Change, signature: bool) -> Change:
-        """``change`` on stored entries: decode (a refused entry counts as unreadable and is
-        treated as absent), apply, encode."""
+        """``change`` on stored entries: decode within the kind's cap (a refused entry
+        counts as unreadable and is treated as absent), apply, encode. Runs in a worker
+        thread (objcache/records.py)."""
+        cap = self.cap(okey)
 
         def on_entry(entry: bytes | None) -> bytes | None:
             current = None
             if entry is not None:
                 try:
-                    current = self.codec.decode(entry, okey, signature=signature)
+                    current = self.codec.decode(entry, okey, cap, signature=signature)
                 except EntryError as exc:
                     self.stats.records_unreadable[kind] += 1
                     log_once.warn("records", exc.reason, f"unreadable record {okey}: {exc}")

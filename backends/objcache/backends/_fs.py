@@ -17,7 +17,8 @@ is optionally fsynced, closed (NFS reports write errors at close), then publishe
 Any error (ENOSPC included) removes the temp file, so no partial entry is ever visible and
 the previous entry is untouched. Each operation is one plain synchronous function that the
 async layer runs in ONE thread hop (see ``bench/fs_io.py`` for why not aiofiles); a
-cancelled caller therefore never leaves a half-done operation behind.
+cancelled caller therefore never leaves a half-done operation behind. The hop goes to a
+pool of daemon threads: a call stuck in the kernel never holds up interpreter exit.
 
 Temp files, placeholders and lease files older than an hour (writers that crashed) are
 removed when ``list()`` or the disk index scan walks past them, and by an occasional sweep
@@ -26,7 +27,6 @@ of the folder a put writes into.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -41,7 +41,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
 from objcache.backends._opts import opt_bool
-from objcache.backends._records import Versioned
+from objcache.backends._records import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
+from objcache.backends._shared import to_daemon_thread
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -78,6 +79,11 @@ QUARANTINE_TTL_S = 24 * 3600.0
 MAX_SEGMENT_BYTES = 255
 #: One put in this many sweeps its folder for stale temp files (at most hourly per folder).
 SWEEP_ONE_IN = 32
+#: How long a record write waits for the record's lock file outside a record update
+#: (inside one, until its deadline); then the write reports a conflict.
+LOCK_WAIT_S = 10.0
+#: Longest pause between two tries of a busy record lock.
+LOCK_POLL_MAX_S = 0.05
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -145,6 +151,33 @@ def _is_placeholder(st: os.stat_result) -> bool:
 def content_version(data: bytes) -> str:
     """A record's version in a filesystem store: BLAKE2b-128 of its bytes."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+#: Prefix of the version of a record too large to read: its file's identity, not its bytes.
+_STAT_VERSION = "stat-"
+
+
+def stat_version(st: os.stat_result) -> str:
+    """The version of a record that is not read (over the cap): which file it is."""
+    return f"{_STAT_VERSION}{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+
+
+def _lock_until(fd: int, deadline: float) -> bool:
+    """Take the exclusive flock of ``fd``, polling (never blocking) until ``deadline``
+    (``time.monotonic()``): whoever can open the lock file, even read-only, can hold it
+    (docs/security.md, "Records"). False when it is still busy then."""
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, LOCK_POLL_MAX_S)
 
 
 def _unlink_quietly(name: str, directory: int) -> None:
@@ -336,15 +369,18 @@ class FsStore:
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
             check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
-            data = _read_all(fd, st.st_size)
-            if self.touch_on_read:
-                now = time.time_ns()
-                if st.st_atime_ns < now - self.touch_interval_s * 1e9:
-                    with contextlib.suppress(OSError):  # a read-only cache still serves hits
-                        os.utime(fd, ns=(now, st.st_mtime_ns))
-            return data
+            return self._read_open(fd, st)
         finally:
             os.close(fd)
+
+    def _read_open(self, fd: int, st: os.stat_result) -> bytes:
+        data = _read_all(fd, st.st_size)
+        if self.touch_on_read:
+            now = time.time_ns()
+            if st.st_atime_ns < now - self.touch_interval_s * 1e9:
+                with contextlib.suppress(OSError):  # a read-only cache still serves hits
+                    os.utime(fd, ns=(now, st.st_mtime_ns))
+        return data
 
     def _open_entry(self, key: str) -> int | None:
         """The entry ``key`` opened for reading without following a symlink at any level;
@@ -486,14 +522,55 @@ class FsStore:
 
     # --- records (conditional writes, see backends/_records.py) --------------------------
 
-    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        """The entry and its version (a digest of its bytes), or None."""
-        data = self.read(key)
-        return None if data is None else (data, content_version(data))
+    def read_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
+        """The entry and its version, or None; an entry over a non-zero ``max_bytes`` is
+        not read (its size comes from fstat): its version only, ``too_large``."""
+        fd = self._open_entry(key)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
+                return None
+            if max_bytes and st.st_size > max_bytes:
+                return Versioned(b"", stat_version(st), too_large=True)
+            data = self._read_open(fd, st)
+            return Versioned(data, content_version(data))
+        finally:
+            os.close(fd)
 
-    def write_if_version(self, key: str, data: bytes, version: str | None) -> bool:
+    def _current_version(self, key: str, expected: str, max_bytes: int) -> str | None:
+        """The version ``key`` has now, read no further than needed to compare it with
+        ``expected``: a digest version was read within ``max_bytes``, so an entry over it
+        now is another version, and is not read."""
+        fd = self._open_entry(key)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
+                return None
+            if expected.startswith(_STAT_VERSION) or (max_bytes and st.st_size > max_bytes):
+                return stat_version(st)
+            return content_version(_read_all(fd, st.st_size))
+        finally:
+            os.close(fd)
+
+    def write_if_version(
+        self,
+        key: str,
+        data: bytes,
+        version: str | None,
+        deadline: float | None = None,
+        max_bytes: int = 0,
+    ) -> bool:
         """Replace the entry if it is still at ``version`` (None: absent), under a lock file
-        beside it; the new bytes are published by an atomic rename."""
+        beside it; the new bytes are published by an atomic rename. The lock is polled
+        until ``deadline`` (``time.monotonic()``; None: :data:`LOCK_WAIT_S` from now), never
+        waited on: a lock still busy then is a conflict. The current entry is read for the
+        comparison only within ``max_bytes`` (docs/security.md, "Records")."""
+        if deadline is None:
+            deadline = time.monotonic() + LOCK_WAIT_S
         directory, name = self._parent(key, create=True)
         assert directory is not None
         try:
@@ -506,9 +583,12 @@ class FsStore:
         finally:
             os.close(directory)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            current = self.read(key)
-            if (None if current is None else content_version(current)) != version:
+            if not _lock_until(lock, deadline):
+                return False
+            if version is None:
+                if self.stat(key) is not None:
+                    return False
+            elif self._current_version(key, version, max_bytes) != version:
                 return False
             return self.write(key, data, PutMode.OVERWRITE)
         finally:
@@ -683,7 +763,7 @@ class FsBackend(Backend):
 
     async def _run(self, what: str, fn: Callable[P, T], *args: P.args, **kw: P.kwargs) -> T:
         try:
-            return await asyncio.to_thread(fn, *args, **kw)
+            return await to_daemon_thread(fn, *args, **kw)
         except BackendError:
             raise
         except OSError as exc:
@@ -712,14 +792,17 @@ class FsBackend(Backend):
     async def close(self) -> None:
         self.closed = True
 
-    async def get_versioned(self, key: str) -> Versioned | None:
+    async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         check_key(key)
-        found = await self._run(f"get {key}", self.store.read_versioned, key)
-        return None if found is None else Versioned(*found)
+        return await self._run(f"get {key}", self.store.read_versioned, key, max_bytes)
 
     async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
         check_key(key)
-        return await self._run(f"put {key}", self.store.write_if_version, key, data, version)
+        # the deadline and cap of the record update this write belongs to
+        deadline, cap = RECORD_DEADLINE.get(), RECORD_MAX_BYTES.get()
+        return await self._run(
+            f"put {key}", self.store.write_if_version, key, data, version, deadline, cap
+        )
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walks one folder per thread hop, descending only where ``prefix`` can match."""

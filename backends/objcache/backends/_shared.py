@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
+import os
 import queue
 import threading
 import weakref
@@ -199,3 +201,29 @@ class _WorkItem:
             self.future.set_exception(exc)
         else:
             self.future.set_result(result)
+
+
+#: Workers of :func:`to_daemon_thread`, as many as asyncio's default executor would have.
+BLOCKING_THREADS = min(32, (os.cpu_count() or 1) + 4)
+_blocking: tuple[int, DaemonThreadPool] | None = None
+_blocking_lock = threading.Lock()
+
+
+def blocking_pool() -> DaemonThreadPool:
+    """The process's pool for blocking filesystem calls (a new one in a forked child)."""
+    global _blocking
+    pool = _blocking
+    if pool is None or pool[0] != os.getpid():
+        with _blocking_lock:
+            pool = _blocking
+            if pool is None or pool[0] != os.getpid():
+                pool = _blocking = (os.getpid(), DaemonThreadPool(BLOCKING_THREADS, "objcache-io"))
+    return pool[1]
+
+
+async def to_daemon_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``asyncio.to_thread`` on :func:`blocking_pool`: a call stuck in the kernel (a lock,
+    a hung NFS server) never holds up interpreter exit, where asyncio's default executor
+    joins its threads (docs/security.md, "Records"). Context variables go along."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(blocking_pool(), call)

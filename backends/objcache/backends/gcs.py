@@ -257,14 +257,18 @@ class GCSBackend(Backend):
             raise
         return True
 
-    def _get_versioned(self, client: Any, name: str) -> tuple[bytes, str] | None:
+    def _get_versioned(self, client: Any, name: str, max_bytes: int) -> Versioned | None:
         """The object and its generation: metadata first, then the bytes of exactly that
-        generation (a newer one in between fails the download's precondition: retried)."""
+        generation (a newer one in between fails the download's precondition: retried).
+        A generation over a non-zero ``max_bytes`` (the metadata's size) is not downloaded
+        (docs/security.md, "Records")."""
         blob = client.bucket(self.bucket).get_blob(name, retry=None, timeout=self.timeout)
         if blob is None:
             self._check_bucket(client)
             return None
         generation = int(blob.generation)
+        if max_bytes and int(blob.size or 0) > max_bytes:
+            return Versioned(b"", str(generation), too_large=True)
         try:
             data: bytes = blob.download_as_bytes(
                 if_generation_match=generation, retry=None, timeout=self.timeout, checksum=None
@@ -273,7 +277,7 @@ class GCSBackend(Backend):
             if is_precondition_failure(exc) or is_not_found(exc):
                 raise TransientBackendError("record changed while read", tier=self.name) from exc
             raise
-        return data, str(generation)
+        return Versioned(data, str(generation))
 
     def _put_if_generation(self, client: Any, name: str, data: bytes, generation: int) -> bool:
         blob = client.bucket(self.bucket).blob(name)
@@ -345,9 +349,8 @@ class GCSBackend(Backend):
         name = self._object_name(key)
         return await self._run("put", self._put, name, data, mode is PutMode.CREATE)
 
-    async def get_versioned(self, key: str) -> Versioned | None:
-        found = await self._run("get", self._get_versioned, self._object_name(key))
-        return None if found is None else Versioned(*found)
+    async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
+        return await self._run("get", self._get_versioned, self._object_name(key), max_bytes)
 
     async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
         """``if_generation_match``: the generation read, or 0 for "must not exist"."""

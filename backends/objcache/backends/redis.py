@@ -64,13 +64,20 @@ from objcache.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 
 #: Query options objcache reads; the rest (checked against objcache.registry) go to redis-py.
 OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *REDIS_OPTIONS)) - REDIS_DRIVER_OPTIONS
-#: put_if_version: KEYS[1] = name; ARGV = data, expected SHA-1 ("" = must be absent), TTL s.
+#: put_if_version: KEYS[1] = name; ARGV = data, expected version ("" = must be absent), TTL
+#: s. A version is the value's SHA-1, or "len:<n>" for a value too large to read (its
+#: length, compared with STRLEN: the value is neither sent nor hashed).
 _COMPARE_AND_SET = """
-local current = redis.call('GET', KEYS[1])
 if ARGV[2] == '' then
-  if current then return 0 end
-elseif not current or redis.sha1hex(current) ~= ARGV[2] then
-  return 0
+  if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+elseif string.sub(ARGV[2], 1, 4) == 'len:' then
+  if redis.call('EXISTS', KEYS[1]) == 0 or
+     redis.call('STRLEN', KEYS[1]) ~= tonumber(string.sub(ARGV[2], 5)) then
+    return 0
+  end
+else
+  local current = redis.call('GET', KEYS[1])
+  if not current or redis.sha1hex(current) ~= ARGV[2] then return 0 end
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
@@ -78,6 +85,14 @@ else
   redis.call('SET', KEYS[1], ARGV[1])
 end
 return 1
+"""
+#: get_versioned with a cap: KEYS[1] = name; ARGV[1] = cap. nil when absent, the length
+#: (an integer) when over the cap, else the value: an oversized value never leaves the server.
+_GET_CAPPED = """
+local n = redis.call('STRLEN', KEYS[1])
+if n == 0 and redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if n > tonumber(ARGV[1]) then return n end
+return redis.call('GET', KEYS[1])
 """
 SCAN_COUNT = 1000
 
@@ -307,9 +322,25 @@ class RedisBackend(Backend):
 
     # --- records (backends/_records.py) -------------------------------------------------
 
-    async def get_versioned(self, key: str) -> Versioned | None:
-        data = await self.get(key)
-        return None if data is None else Versioned(data, hashlib.sha1(data).hexdigest())
+    async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
+        """With ``max_bytes``: one script that answers an oversized value with its length
+        (STRLEN) instead of its bytes (docs/security.md, "Records")."""
+        if not max_bytes:
+            data = await self.get(key)
+            return None if data is None else Versioned(data, hashlib.sha1(data).hexdigest())
+        name = self._key(key)
+        pool = await self._pool()
+        try:
+            async with pool.gate:
+                found = await pool.redis.eval(_GET_CAPPED, 1, name, max_bytes)
+        except Exception as exc:
+            raise self._error(exc, "get") from exc
+        if found is None:
+            return None
+        if isinstance(found, int):
+            return Versioned(b"", f"len:{found}", too_large=True)
+        value = cast(bytes, found)
+        return Versioned(value, hashlib.sha1(value).hexdigest())
 
     async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
         """A Lua compare-and-set on the value's SHA-1 (atomic on the server)."""

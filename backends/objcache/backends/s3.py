@@ -376,8 +376,42 @@ class S3Backend(Backend):
 
     # --- records (backends/_records.py): If-Match on the ETag, If-None-Match: * ---------
 
-    async def get_versioned(self, key: str) -> Versioned | None:
-        return await self._read(key, versioned=True)
+    async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
+        """With ``max_bytes``: one ranged GET of the first ``max_bytes + 1`` bytes, whose
+        ETag is the whole object's: an oversized record is answered with its version only
+        (docs/security.md, "Records")."""
+        if not max_bytes:
+            return await self._read(key, versioned=True)
+        found = await self._read(key, versioned=True, byte_range=f"bytes=0-{max_bytes}")
+        if found is None:
+            return None
+        if not found.version:  # 416: an empty object, whose ETag a HEAD tells
+            return await self._empty_versioned(key)
+        if len(found.data) > max_bytes:
+            return Versioned(b"", found.version, too_large=True)
+        return found
+
+    async def _empty_versioned(self, key: str) -> Versioned | None:
+        name = self._object_name(key)
+        client = await self._client()
+        headers: dict[str, str] = {}
+        try:
+            sent = await self._direct(client, "HEAD", name, "HeadObject", response_headers=headers)
+            if sent is None:
+                response = await client.boto.head_object(Bucket=self.bucket, Key=name)
+                headers = {
+                    "etag": response["ETag"],
+                    "content-length": str(response["ContentLength"]),
+                }
+        except bce.ClientError as exc:
+            if is_not_found(exc):
+                return None
+            raise await self._fail(client.boto, exc, "get") from exc
+        except Exception as exc:
+            raise await self._fail(client.boto, exc, "get") from exc
+        if headers.get("content-length", "0") != "0":
+            raise TransientBackendError("record changed while read", tier=self.name)
+        return Versioned(b"", headers["etag"])
 
     async def put_if_version(self, key: str, data: bytes, version: str | None) -> bool:
         """One conditional PutObject (records are small: never multipart)."""
