@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from objcache import ops
 from objcache.backends.base import Backend, TierSpec
@@ -29,6 +30,7 @@ from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.fingerprint import env_id, fingerprint
+from objcache.plaintext import text
 from objcache.registry import create_backend
 from objcache.urls import flag, parse_tier_list
 
@@ -71,7 +73,15 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would happen;
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    # ensure_ascii: no control character of a store string reaches stdout raw, C1 included
+    # (docs/security.md, "What the CLI prints")
+    sys.stdout.write(json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True) + "\n")
+
+
+def _line(console: Console, line: str) -> None:
+    """One line that may carry strings from a store: control characters escaped, never
+    read as markup (docs/security.md, "What the CLI prints")."""
+    console.print(text(line), soft_wrap=True)
 
 
 class UserError(Exception):
@@ -109,9 +119,7 @@ def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSp
         ops.refuse_read_only(action, specs)
     for s in specs:
         if s not in writable:
-            err.print(
-                f"{action}: skipping read-only tier {s.display}", markup=False, highlight=False
-            )
+            _line(err, f"{action}: skipping read-only tier {s.display}")
     return writable
 
 
@@ -125,7 +133,7 @@ def _open(spec: TierSpec, config: Config) -> Backend:
 
 
 def _warn(message: str) -> None:
-    err.print(f"objcache: warning: {message}", markup=False, highlight=False)
+    _line(err, f"objcache: warning: {message}")
 
 
 def _local_spec(config: Config) -> TierSpec:
@@ -225,14 +233,14 @@ def doctor(tier: TierOpt = None) -> None:
             for s in ("create", "read", "delete")
         ]
         table.add_row(
-            spec.display,
+            text(spec.display),
             "[green]ok[/]" if result.ok else "[red]FAILED[/]",
             *steps,
-            result.error or ("read-only" if "create" not in result.steps else ""),
+            text(result.error or ("read-only" if "create" not in result.steps else "")),
         )
     out.print(table)
     for line in reasons:  # the table cell wraps and truncates: one whole line per failure
-        out.print(line, soft_wrap=True, markup=False, highlight=False)
+        _line(out, line)
     raise typer.Exit(1 if failed else 0)
 
 
@@ -315,12 +323,12 @@ def ls(
         for eid, info in sorted(found.items()):
             f = info["fields"]
             table.add_row(
-                eid,
+                text(eid),
                 str(info["entries"]),
                 _size(info["bytes"]),
-                str(f.get("torch", "?")),
-                str(f.get("cpu_isa", "?")),
-                str(f.get("gpu", "?")),
+                text(f.get("torch", "?")),
+                text(f.get("cpu_isa", "?")),
+                text(f.get("gpu", "?")),
                 "yes" if eid == env_id() else "",
             )
         out.print(table)
@@ -336,8 +344,8 @@ def ls(
 
     rows = _run(_closing([backend], collect()))
     if as_json:
-        out.print_json(
-            data=[
+        _print_json(
+            [
                 {
                     "env": e.env,
                     "kind": e.kind,
@@ -351,7 +359,9 @@ def ls(
         return
     table = Table("env", "kind", "key", "size", "age (days)")
     for e in sorted(rows, key=lambda e: (e.kind, e.key)):
-        table.add_row(e.env, e.kind, e.key, _size(e.info.size), f"{e.age_days:.1f}")
+        table.add_row(
+            text(e.env), text(e.kind), text(e.key), _size(e.info.size), f"{e.age_days:.1f}"
+        )
     out.print(table)
     out.print(f"{len(rows)} entries, {_size(sum(e.info.size for e in rows))}")
 
@@ -378,7 +388,13 @@ def _copy(
         bar, advance = _progress(len(keys), what)
         with bar:
             return await ops.copy(
-                source, targets, keys, _codec(config), advance, read_only=read_only
+                source,
+                targets,
+                keys,
+                _codec(config),
+                advance,
+                read_only=read_only,
+                caps=config.max_entry_bytes,
             )
 
     report = _run(_closing([source, *targets], run()))
@@ -387,7 +403,7 @@ def _copy(
         f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
     )
     for line in report.errors[:10]:
-        err.print(f"  {line}", markup=False, highlight=False)
+        _line(err, f"  {line}")
     return report
 
 
@@ -518,17 +534,16 @@ def gc(
 
     plans = _run(plan_all())
     for spec, plan in zip(specs, plans, strict=True):
-        out.print(
+        _line(
+            out,
             f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
             f"{_size(plan.keep_bytes)} kept",
-            markup=False,
-            highlight=False,
         )
     total = sum(len(p.delete) for p in plans)
     if dry_run or not total:
         for plan in plans:
             for e in plan.delete[:20]:
-                out.print(f"  would delete {e.info.key}", markup=False, highlight=False)
+                _line(out, f"  would delete {e.info.key}")
         return
     if not yes and not typer.confirm("delete them?"):
         raise typer.Exit(1)
@@ -574,13 +589,16 @@ def verify(
                 delete=delete,
                 progress=advance,
                 read_only=read_only,
+                caps=config.max_entry_bytes,
             )
 
     report = _run(_closing([backend], run()))
     for key, reason in report.bad:
-        out.print(f"[red]{reason}[/] {key}")
-    out.print(
-        f"{spec.display}: {report.checked} checked, {len(report.bad)} bad, {report.deleted} deleted"
+        out.print(Text.assemble(text(reason, "red"), " ", text(key)), soft_wrap=True)
+    _line(
+        out,
+        f"{spec.display}: {report.checked} checked, {len(report.bad)} bad, "
+        f"{report.deleted} deleted",
     )
     raise typer.Exit(1 if report.bad and not delete else 0)
 
@@ -638,7 +656,7 @@ def mega_save(name: str) -> None:
     from objcache import mega
 
     _write_targets(_config(), None, "mega save")
-    out.print(mega.save(name))
+    _line(out, mega.save(name))
 
 
 @mega_app.command("load")
@@ -646,7 +664,7 @@ def mega_load(name: str) -> None:
     """Load bundle NAME into torch's caches (refused when the environment differs)."""
     from objcache import mega
 
-    out.print(mega.load(name))
+    _line(out, mega.load(name))
 
 
 @mega_app.command("ls")
@@ -655,7 +673,7 @@ def mega_ls() -> None:
     from objcache import mega
 
     for line in mega.list_bundles():
-        out.print(line)
+        _line(out, line)
 
 
 @app.command()
@@ -702,14 +720,19 @@ def demo(
     raise typer.Exit(demo_main(["--model", model, *(["--keep"] if keep else [])]))
 
 
+def _error(exc: Exception) -> None:
+    # an error may quote a store's answer or a key from a listing
+    err.print(Text.assemble(text("objcache: error:", "red"), " ", text(exc)))
+
+
 def main() -> None:
     try:
         app()
     except (UserError, ConfigError) as exc:
-        err.print(f"[red]objcache: error:[/] {exc}", highlight=False)
+        _error(exc)
         sys.exit(2)
     except ObjcacheError as exc:
-        err.print(f"[red]objcache: error:[/] {exc}", highlight=False)
+        _error(exc)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -30,6 +29,7 @@ from objcache.layout import Namespace
 from objcache.manifest import default_job_name, prefetch, record_run
 from objcache.nodelease import NodeLeases
 from objcache.observe import RunObserver
+from objcache.publish import publish
 from objcache.records import Change
 from objcache.registry import create_backend
 from objcache.tier import Tier
@@ -220,13 +220,8 @@ def _write_stats_file(client: Client) -> None:
     target = stats_file(client.config)
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # A fresh name, created exclusively without following a symlink: whoever can write
-        # the folder cannot make this write land elsewhere (docs/security.md).
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open(tmp, flags, 0o600), "w") as f:
-            f.write(json.dumps(data, indent=1))
-        os.replace(tmp, target)
+        # whoever can write the folder cannot make this write land elsewhere
+        publish(target, json.dumps(data, indent=1).encode(), 0o600)
     except OSError:
         log.debug("cannot write stats file %s", target, exc_info=True)
 

@@ -114,10 +114,11 @@ class Codec:
             signature = _mac(self.signing_keys[0], header)
         return b"".join((header, signature, stored))
 
-    def verify(self, entry: bytes | memoryview, okey: str) -> None:
+    def verify(self, entry: bytes | memoryview, okey: str, max_payload: int = MAX_PAYLOAD) -> None:
         """Check an entry without decoding it (bulk copies store the verified bytes as they
-        are): raises the :class:`~objcache.errors.EntryError` that :meth:`decode` would."""
-        self._check(memoryview(entry), okey)
+        are): raises the :class:`~objcache.errors.EntryError` that :meth:`decode` would,
+        ``max_payload`` (its kind's cap) included."""
+        self._check(memoryview(entry), okey, max_payload)
 
     def decode(
         self,

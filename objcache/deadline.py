@@ -50,6 +50,10 @@ class DeadlineBackend(Backend):
     async def get(self, key: str) -> bytes | None:
         return await within(self.inner.get(key), self.timeout_s, "get", self.name)
 
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        # the inner backend's own capped read: refused before the body is read
+        return await within(self.inner.get_capped(key, max_bytes), self.timeout_s, "get", self.name)
+
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         return await within(self.inner.put(key, data, mode), self.timeout_s, "put", self.name)
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
-from objcache.codec import Codec
-from objcache.errors import BackendError, EntryError, ReadOnlyRefused
+from objcache.caps import SizeCaps
+from objcache.codec import MAX_PAYLOAD, Codec
+from objcache.errors import BackendError, EntryError, EntryTooLarge, InvalidKey, ReadOnlyRefused
 from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
 from objcache.urls import flag
 
@@ -29,6 +30,8 @@ CONCURRENCY = 64
 #: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
 #: a bulk copy hashes on one core while the event loop drives the transfers on another.
 VERIFY_OFFLOAD_BYTES = 64 * 1024
+#: Largest ``ENV.json`` read (a real one is under 1 KiB): docs/security.md, "Bulk commands".
+ENV_FILE_MAX_BYTES = 64 << 10
 
 
 def refuse_read_only(action: str, specs: Iterable[TierSpec], *, read_only: bool = False) -> None:
@@ -43,12 +46,29 @@ def refuse_read_only(action: str, specs: Iterable[TierSpec], *, read_only: bool 
             raise ReadOnlyRefused(f"{action} refused: {spec.display} is read-only (read_only=1)")
 
 
-async def verify_entry(codec: Codec, data: bytes, okey: str) -> None:
-    """``codec.verify(data, okey)``, off the event loop when ``data`` is big."""
+def is_env_file(okey: str) -> bool:
+    """Whether ``okey`` is an environment's ``v1/<env>/ENV.json`` (plain JSON, no entry)."""
+    parts = okey.split("/")
+    return len(parts) == 3 and parts[0] == LAYOUT_VERSION and parts[2] == ENV_FILE
+
+
+def read_cap(caps: SizeCaps, okey: str) -> int:
+    """The most bytes a bulk command reads of ``okey``, and the largest payload it accepts
+    there: the cap of the object's kind, as a lookup applies it (docs/security.md)."""
+    if is_env_file(okey):
+        return ENV_FILE_MAX_BYTES
+    parsed = parse_object_key(okey)
+    return caps.for_kind(parsed[1]) if parsed else caps.default
+
+
+async def verify_entry(
+    codec: Codec, data: bytes, okey: str, max_payload: int = MAX_PAYLOAD
+) -> None:
+    """``codec.verify(data, okey, max_payload)``, off the event loop when ``data`` is big."""
     if len(data) >= VERIFY_OFFLOAD_BYTES:
-        await asyncio.to_thread(codec.verify, data, okey)
+        await asyncio.to_thread(codec.verify, data, okey, max_payload)
     else:
-        codec.verify(data, okey)
+        codec.verify(data, okey, max_payload)
 
 
 @dataclass(frozen=True)
@@ -86,7 +106,10 @@ async def entries(
 
 
 async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
-    """env id -> {"fields": ENV.json content or {}, "entries": n, "bytes": n}."""
+    """env id -> {"fields": ENV.json content or {}, "entries": n, "bytes": n}.
+
+    ``ENV.json`` is read capped (:data:`ENV_FILE_MAX_BYTES`); one that is too big, not JSON
+    or not an object gives ``{"error": ...}`` fields, never an exception."""
     envs: dict[str, dict[str, Any]] = {}
     async for info in backend.list(f"{LAYOUT_VERSION}/"):
         parts = info.key.split("/")
@@ -98,12 +121,22 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
         env["entries"] += 1
         env["bytes"] += info.size
     for env_id, env in envs.items():
-        raw = await backend.get(f"{LAYOUT_VERSION}/{env_id}/{ENV_FILE}")
+        try:
+            okey = f"{LAYOUT_VERSION}/{env_id}/{ENV_FILE}"
+            raw = await backend.get_capped(okey, ENV_FILE_MAX_BYTES)
+        except EntryTooLarge:
+            env["fields"] = {"error": "ENV.json too large"}
+            continue
+        except InvalidKey:  # an env folder no call can address
+            env["fields"] = {"error": "unreadable ENV.json"}
+            continue
         if raw:
             try:
-                env["fields"] = json.loads(raw)
-            except ValueError:
-                env["fields"] = {"error": "unreadable ENV.json"}
+                fields = json.loads(raw)
+            except (ValueError, RecursionError):
+                fields = None
+            ok = isinstance(fields, dict)
+            env["fields"] = fields if ok else {"error": "unreadable ENV.json"}
     return envs
 
 
@@ -150,22 +183,27 @@ async def copy(
     progress: Progress | None = None,
     *,
     read_only: bool = False,
+    caps: SizeCaps | None = None,
 ) -> CopyReport:
     """Copy entries, verifying each before writing it (a bad entry is never propagated).
 
+    Each read is capped by its kind's size cap (``caps``, default :class:`SizeCaps`): an
+    object over it is refused without being read whole (docs/security.md, "Bulk commands").
     Refused before any call when the configuration or a target is read-only."""
     refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
     report = CopyReport()
+    caps = caps or SizeCaps()
 
     async def one(okey: str) -> int:
+        cap = read_cap(caps, okey)
         try:
-            data = await source.get(okey)
+            data = await source.get_capped(okey, cap)
             if data is None:
                 return 0
-            if not okey.endswith(ENV_FILE):
-                await verify_entry(codec, data, okey)
+            if not is_env_file(okey):
+                await verify_entry(codec, data, okey, cap)
             results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
-        except EntryError as exc:
+        except (EntryError, EntryTooLarge) as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")
             return 0
@@ -199,27 +237,40 @@ async def verify(
     delete: bool = False,
     progress: Progress | None = None,
     read_only: bool = False,
+    caps: SizeCaps | None = None,
 ) -> VerifyReport:
-    """Check every entry's digest (and signature when keys are configured).
+    """Check every entry's digest (and signature when keys are configured), each read and
+    checked with its kind's size cap (``caps``): an entry over it is bad (``too_large``).
 
     ``delete`` is refused before any call when the configuration or the tier is read-only."""
     if delete:
         refuse_read_only("verify --delete", [backend.spec], read_only=read_only)
     report = VerifyReport()
+    caps = caps or SizeCaps()
     found = [e async for e in entries(backend, env=env)]
 
     async def one(entry: Entry) -> int:
-        data = await backend.get(entry.info.key)
-        if data is None:
-            return 0
-        report.checked += 1
+        okey = entry.info.key
+        cap = read_cap(caps, okey)
+        data: bytes | None = None
         try:
-            await verify_entry(codec, data, entry.info.key)
+            data = await backend.get_capped(okey, cap)
+            if data is None:
+                return 0
+            await verify_entry(codec, data, okey, cap)
+            reason = ""
+        except EntryTooLarge:
+            reason = "too_large"  # refused before its body was read
+        except InvalidKey:
+            reason = "invalid_key"  # a name no call can address (not UTF-8): not deletable
         except EntryError as exc:
-            report.bad.append((entry.info.key, exc.reason))
-            if delete and await backend.delete(entry.info.key):
+            reason = exc.reason
+        report.checked += 1
+        if reason:
+            report.bad.append((okey, reason))
+            if delete and reason != "invalid_key" and await backend.delete(okey):
                 report.deleted += 1
-        return len(data)
+        return len(data) if data is not None else 0
 
     await _bounded(found, one, progress)
     return report

@@ -4,9 +4,11 @@ collector (docs/operations.md, "Prometheus").
 With ``OBJCACHE_PROMETHEUS_TEXTFILE`` set, the client renders a snapshot of its stats every
 ``OBJCACHE_PROMETHEUS_INTERVAL_S`` and at exit, through ``prometheus_client`` with a registry
 of its own (nothing is added to the default registry an application may serve), and writes
-it atomically (a temporary file beside the target, then a rename). Rendering and writing
-happen off the event loop; a failure is logged once and never raises: metrics never fail or
-block a compile.
+it atomically with :func:`objcache.publish.publish`: a random temporary name beside the
+target, created ``O_EXCL | O_NOFOLLOW``, then a rename, so a symlink planted in the shared
+textfile folder is never followed (docs/security.md, "Files in shared folders"). Rendering
+and writing happen off the event loop; a failure is logged once and never raises: metrics
+never fail or block a compile.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -28,11 +30,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from objcache.backends._shared import to_daemon_thread
+from objcache.publish import publish
 
 log = logging.getLogger("objcache")
 
 #: At exit, wait at most this long for the last write (a hung filesystem must not hang exit).
 EXIT_WRITE_TIMEOUT_S = 2.0
+#: The textfile's mode: node_exporter, often another user, reads it.
+TEXTFILE_MODE = 0o644
 
 
 class StatsCollector(Collector):
@@ -160,7 +165,7 @@ class TextfileExporter:
         try:
             with self._lock:
                 self.collector.snapshot = snapshot
-                write_to_textfile(str(self.path), self.registry)
+                publish(self.path, generate_latest(self.registry), TEXTFILE_MODE)
             self.writes += 1
             return True
         except Exception as exc:

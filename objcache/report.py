@@ -27,6 +27,7 @@ from objcache.errors import EntryError
 from objcache.integrations.torch import time_saved
 from objcache.layout import LAYOUT_VERSION, parse_object_key
 from objcache.ops import Progress, _bounded
+from objcache.plaintext import text
 
 #: A run whose lookups hit less often than this started cold.
 COLD_BELOW = 0.5
@@ -219,7 +220,9 @@ async def collect(
         if data is None:
             return "gone"
         try:
-            body = summary.parse(codec.decode(data, ids[run_id]))
+            # decoded with the summary's own cap: a zstd frame claiming more is refused
+            # before decompression (docs/security.md, "What the CLI prints")
+            body = summary.parse(codec.decode(data, ids[run_id], summary.MAX_BYTES))
         except EntryError as exc:
             return exc.reason
         except summary.SummaryError:
@@ -254,7 +257,11 @@ def _misses(misses: dict[str, int]) -> str:
 
 def render(report: Report, console: Console, size: Callable[[float], str]) -> None:
     """The report as a rich table, then the fleet total and what was skipped; ``size``
-    formats byte counts (the CLI's)."""
+    formats byte counts (the CLI's).
+
+    Hosts, kinds and reasons come from summaries anyone with write access to the store can
+    put there: every cell and line carrying them is a :func:`~objcache.plaintext.text`,
+    never markup, control characters escaped (docs/security.md, "What the CLI prints")."""
     table = Table(
         "started (UTC)",
         "host",
@@ -266,7 +273,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
         "saved s",
         "misses by reason",
         "",
-        title=f"job {report.job} · env {report.env}",
+        title=text(f"job {report.job} · env {report.env}"),
     )
     for row in report.rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.started))
@@ -276,32 +283,34 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
         rank = "-" if row.rank is None else str(row.rank)
         table.add_row(
             started,
-            row.host or "-",
+            text(row.host or "-"),
             rank,
-            _kinds(row.kinds),
+            text(_kinds(row.kinds)),
             size(row.bytes_in),
             size(row.bytes_out),
             f"{row.lookup_s:.3f}",
             f"{row.saved_s:.1f}" if row.time_saved_s else "-",
-            _misses(row.misses),
+            text(_misses(row.misses)),
             "[bold red]COLD[/]" if row.cold else "",
         )
     console.print(table)
     t = report.total()
     rate = "-" if t["hit_rate"] is None else f"{100 * t['hit_rate']:.1f}%"
     console.print(
-        f"fleet: {t['runs']} runs on {t['hosts']} hosts, {t['cold_runs']} cold; "
-        f"hits {t['hits']}/{t['lookups']} ({rate}); {_kinds(t['kinds'])}; "
-        f"in {size(t['bytes_in'])}, out {size(t['bytes_out'])}; "
-        f"lookups {t['lookup_s']:.3f} s; compile time saved {t['time_saved_s']:.1f} s; "
-        f"misses {_misses(t['misses'])}",
+        text(
+            f"fleet: {t['runs']} runs on {t['hosts']} hosts, {t['cold_runs']} cold; "
+            f"hits {t['hits']}/{t['lookups']} ({rate}); {_kinds(t['kinds'])}; "
+            f"in {size(t['bytes_in'])}, out {size(t['bytes_out'])}; "
+            f"lookups {t['lookup_s']:.3f} s; compile time saved {t['time_saved_s']:.1f} s; "
+            f"misses {_misses(t['misses'])}"
+        ),
         soft_wrap=True,
-        highlight=False,
     )
     console.print(
-        f"{t['runs_without_summary']} runs without a summary (older objcache); "
-        f"{t['skipped']} summaries skipped"
-        + (f" ({_misses(t['skipped_reasons'])})" if t["skipped"] else ""),
+        text(
+            f"{t['runs_without_summary']} runs without a summary (older objcache); "
+            f"{t['skipped']} summaries skipped"
+            + (f" ({_misses(t['skipped_reasons'])})" if t["skipped"] else "")
+        ),
         soft_wrap=True,
-        highlight=False,
     )

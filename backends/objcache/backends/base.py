@@ -76,8 +76,12 @@ def check_size(size: int, max_bytes: int) -> None:
 
 def validate_key(key: str) -> str:
     """Reject keys that could escape a store or that no store accepts."""
-    if not key or len(key.encode()) > MAX_KEY_BYTES:
-        raise InvalidKey(f"key length must be 1..{MAX_KEY_BYTES} bytes, got {len(key.encode())}")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:  # a listed file name that is not UTF-8 (os.fsdecode)
+        raise InvalidKey(f"key is not UTF-8: {key!r}") from None
+    if not key or size > MAX_KEY_BYTES:
+        raise InvalidKey(f"key length must be 1..{MAX_KEY_BYTES} bytes, got {size}")
     if "\x00" in key or key.startswith("/") or "\\" in key:
         raise InvalidKey(f"key contains a forbidden character or starts with '/': {key!r}")
     if any(part in ("", ".", "..") for part in key.split("/")):
