@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from objcache import logs
+from objcache.backends._fs import FsBackend
 from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import Config, user_cache_dir
@@ -75,7 +76,9 @@ def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> Tie
     leases = None
     if config.node_single_flight:
         hold_s = max((t.policy.timeout_s for t in remotes), default=0.0) + _CALL_MARGIN_S
-        leases = NodeLeases(str(config.local_dir), hold_s=hold_s)
+        # Through the local tier's own store: its folder walk and checks (docs/security.md).
+        store = local.backend.store if isinstance(local.backend, FsBackend) else None
+        leases = NodeLeases(str(config.local_dir), hold_s=hold_s, store=store)
     return TieredCache(
         local,
         remotes,

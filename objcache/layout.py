@@ -77,9 +77,11 @@ def parse_object_key(object_key: str) -> tuple[str, str, str] | None:
     """``(env, kind, key)`` of an object key made by :meth:`Namespace.object_key`.
 
     A candidate (:meth:`Namespace.candidate_key`) parses as ``(env, kind, "<key>/<digest>")``.
+    Anything with an empty, ``.`` or ``..`` segment is None: such a key names no entry and,
+    used as a path, would leave the store (docs/security.md, "Local filesystem").
     """
     parts = object_key.split("/")
-    if parts[0] != LAYOUT_VERSION:
+    if parts[0] != LAYOUT_VERSION or any(p in ("", ".", "..") for p in parts):
         return None
     if len(parts) == 6 and parts[4].endswith(CANDIDATES_MARK) and parts[5]:
         _, env, kind, _, seg, digest = parts

@@ -4,6 +4,14 @@ Processes that share a local dir (the ranks of one node) coordinate through a le
 beside the entry, ``<dir>/.objcache-lease-<name>`` (the reserved prefix keeps it out of
 listings). See docs/architecture.md, "One remote fetch per node".
 
+Lease files are reached as the local tier reaches its entries (docs/security.md, "Local
+filesystem"): the key is checked first, then :meth:`FsStore.open_lease` walks from the
+root, which must pass the store's owner and mode check, one ``O_NOFOLLOW`` folder at a time
+(folders created 0700, any folder another user owns or others can write refused), and
+creates the file 0600 relative to its folder's fd. That fd is kept with the file: every
+later look, unlink or reopen of the lease acts relative to it, never by path. Where any of
+this fails there is no lease (``Claim.UNLEASED``): the lookup fetches on its own.
+
 * The first process to miss a key creates the lease file and takes an exclusive
   ``flock`` on it, then writes its record: pid, host, deadline. It fetches and writes the
   entry through to the local tier, then writes the outcome (``hit`` or ``miss``) into the
@@ -45,8 +53,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from objcache.backends._fs import LEASE_PREFIX
+from objcache.backends._fs import LEASE_PREFIX, FsStore, check_key
 from objcache.backends._shared import to_daemon_thread
+from objcache.errors import BackendError
 
 #: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.
 RECORD_BYTES = 256
@@ -59,6 +68,23 @@ POLL_MAX_S = 0.016
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class _File:
+    """An open lease file: its folder's fd, its name there and its own fd."""
+
+    def __init__(self, directory: int, name: str, fd: int, path: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.fd = fd
+        #: Where it is, for humans and tests; never opened by this path.
+        self.path = path
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        finally:
+            os.close(self.directory)
 
 
 class Claim(enum.Enum):
@@ -82,9 +108,12 @@ class Claim(enum.Enum):
 class Lease:
     """A held lease; :meth:`release` exactly once (a second call does nothing)."""
 
-    def __init__(self, path: str, fd: int, took_over: bool) -> None:
-        self.path = path
-        self._fd: int | None = fd
+    def __init__(self, file: _File, took_over: bool) -> None:
+        self.path = file.path
+        self._name = file.name
+        #: The lease file's fd and its folder's; both None once let go of.
+        self._fd: int | None = file.fd
+        self._dir: int | None = file.directory
         #: A write-through lets the lease go in its worker thread, the loop on a failure.
         self._lock = threading.Lock()
         #: A dead or overdue holder's record was found under the lock.
@@ -95,26 +124,32 @@ class Lease:
         Any thread; the first call wins."""
         with self._lock:
             fd, self._fd = self._fd, None
-        if fd is None:
+            directory, self._dir = self._dir, None
+        if fd is None or directory is None:
+            for left in (fd, directory):
+                if left is not None:
+                    os.close(left)
             return
+        file = _File(directory, self._name, fd, self.path)
         try:
             # The outcome may not fit (a full disk): the file is retired all the same, and a
             # waiter that finds it retired without an outcome starts over.
             with contextlib.suppress(OSError):
                 if outcome:
                     _write_record(fd, {**_owner(), "deadline": 0.0, "outcome": outcome})
-            _retire(self.path, fd)
+            _retire(file)
         finally:
-            os.close(fd)
+            file.close()
 
     async def release(self, outcome: str) -> None:
-        if self._fd is not None:
+        if self._fd is not None or self._dir is not None:
             await to_daemon_thread(self.release_sync, outcome)
 
     def __del__(self) -> None:  # a lost lease must not keep its lock until exit
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
+        for left in (self._fd, self._dir):
+            if left is not None:
+                with contextlib.suppress(OSError):
+                    os.close(left)
 
 
 @dataclass
@@ -151,7 +186,8 @@ def poll_pause(waited_s: float) -> float:
 
 
 def lease_path(root: str, key: str) -> str:
-    """The lease file of ``key`` (already a valid local-tier key) under ``root``."""
+    """Where the lease file of ``key`` (a valid local-tier key) is under ``root``; for
+    humans and tests: leases themselves are opened through the folder walk."""
     directory, _, name = key.rpartition("/")
     return os.path.join(root, directory, LEASE_PREFIX + name)
 
@@ -159,8 +195,10 @@ def lease_path(root: str, key: str) -> str:
 class NodeLeases:
     """Lease files of one local-tier directory."""
 
-    def __init__(self, root: str, *, hold_s: float) -> None:
+    def __init__(self, root: str, *, hold_s: float, store: FsStore | None = None) -> None:
         self.root = os.path.abspath(root)
+        #: The local tier's store (its folder walk and checks); one of its own if not given.
+        self.store = store or FsStore(self.root, fsync=False, touch_on_read=False)
         #: How long a holder may take: its deadline is now + hold_s. Waiters wait at most
         #: this long too.
         self.hold_s = hold_s
@@ -182,34 +220,37 @@ class NodeLeases:
         process's outcome says the entry landed, the waking thread included. The third
         element is what it read; None for LANDED means the entry was gone again (evicted).
         """
-        path = lease_path(self.root, key)
+        try:
+            check_key(key)  # before any file is opened: the key names a path below the root
+        except BackendError:
+            return Claim.UNLEASED, None, None
         started = time.monotonic()
         give_up = started + self.hold_s
-        fd: int | None = None
+        file: _File | None = None
         waker: _Waker | None = None
         try:
             while True:
-                if fd is None:
-                    fd, step = await to_daemon_thread(
-                        _open_and_try, path, self.hold_s, read, look_first
+                if file is None:
+                    file, step = await to_daemon_thread(
+                        _open_and_try, self.store, key, self.hold_s, read, look_first
                     )
                 else:
-                    step = await to_daemon_thread(_try, path, fd, self.hold_s, read)
+                    step = await to_daemon_thread(_try, file, self.hold_s, read)
                 if step.claim is not None:
                     if step.lease is not None or step.closed:
-                        fd = None  # owned by the lease now, or closed already
+                        file = None  # owned by the lease now, or closed already
                     return step.claim, step.lease, step.entry
-                assert fd is not None  # only a step that found the entry opens no file
+                assert file is not None  # only a step that found the entry opens no file
                 if step.retired:  # retired without an outcome: start over
-                    os.close(fd)
-                    fd = None
+                    file.close()
+                    file = None
                     continue
                 if not wait:
                     return Claim.BUSY, None, None
                 if step.holder_deadline is not None and time.time() > step.holder_deadline:
-                    await to_daemon_thread(_retire, path, fd)  # overdue holder
-                    os.close(fd)
-                    fd = None
+                    await to_daemon_thread(_retire, file)  # overdue holder
+                    file.close()
+                    file = None
                     continue
                 now = time.monotonic()
                 if now >= give_up:
@@ -219,7 +260,7 @@ class NodeLeases:
                     await asyncio.sleep(POLL_FIRST_S)
                     continue
                 if waker is None:
-                    waker = _wake_on_release(path, fd, read)
+                    waker = _wake_on_release(file, read)
                 if waker is None:  # too many threads blocked already: poll
                     await asyncio.sleep(poll_pause(now - started))
                     continue
@@ -234,11 +275,13 @@ class NodeLeases:
                 # a poll can wake between its outcome and its read of the entry.
                 if waker.event.is_set() and waker.outcome is not None:
                     return waker.outcome, None, waker.entry
-        except OSError:
-            return Claim.UNLEASED, None, None  # a lease is an optimisation: never fail it
+        except (OSError, BackendError):
+            # A lease is an optimisation: never fail it. BackendError: the store refused the
+            # root or a folder (docs/security.md, "Local filesystem").
+            return Claim.UNLEASED, None, None
         finally:
-            if fd is not None:
-                os.close(fd)
+            if file is not None:
+                file.close()
 
 
 # --- waking a waiter when the holder unlocks -----------------------------------------------
@@ -261,19 +304,26 @@ class _Waker:
     entry: bytes | None = None
 
 
-def _wake_on_release(path: str, fd: int, read: Read | None = None) -> _Waker | None:
-    """A :class:`_Waker` for the file open as ``fd``; None when too many threads are
+def _wake_on_release(file: _File, read: Read | None = None) -> _Waker | None:
+    """A :class:`_Waker` for the open lease ``file``; None when too many threads are
     blocked already.
 
-    The thread opens its own file description (a shared lock on ``fd`` itself would turn the
-    waiter's own lock attempts into conversions) and is a daemon: a hung holder never holds
-    up this process's exit.
+    The thread opens its own file description (a shared lock on the file's fd itself would
+    turn the waiter's own lock attempts into conversions), relative to its own copy of the
+    folder's fd, and is a daemon: a hung holder never holds up this process's exit.
     """
     global _blocked
     with _blocked_lock:
         if _blocked >= MAX_BLOCKED:
             return None
         _blocked += 1
+    try:
+        directory = os.dup(file.directory)  # the waiter may close its own meanwhile
+    except OSError:
+        with _blocked_lock:
+            _blocked -= 1
+        return None
+    fd, name = file.fd, file.name
     loop = asyncio.get_running_loop()
     waker = _Waker(asyncio.Event())
 
@@ -284,7 +334,7 @@ def _wake_on_release(path: str, fd: int, read: Read | None = None) -> _Waker | N
             # returned and its fd number been reused, the identities differ and no lock is
             # taken.
             st = os.fstat(fd)
-            own = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            own = os.open(name, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW, dir_fd=directory)
             try:
                 mine = os.fstat(own)
                 if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
@@ -297,6 +347,7 @@ def _wake_on_release(path: str, fd: int, read: Read | None = None) -> _Waker | N
         except OSError:
             pass  # the file went away (retired): the waiter's next look sees it
         finally:
+            os.close(directory)
             with _blocked_lock:
                 _blocked -= 1
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
@@ -313,29 +364,26 @@ def _owner() -> dict[str, object]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _open(path: str) -> int:
-    flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
-    try:
-        return os.open(path, flags, 0o666)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return os.open(path, flags, 0o666)
+def _open(store: FsStore, key: str) -> _File:
+    """The lease file of ``key``, opened (created) through the store's folder walk."""
+    directory, name, fd = store.open_lease(key)
+    return _File(directory, name, fd, lease_path(store.root, key))
 
 
 def _open_and_try(
-    path: str, hold_s: float, read: Read | None = None, look_first: bool = False
-) -> tuple[int | None, _Step]:
+    store: FsStore, key: str, hold_s: float, read: Read | None = None, look_first: bool = False
+) -> tuple[_File | None, _Step]:
     """Look for the entry, then open the lease file and make a first attempt, in one
     worker-thread hop. No file is opened (None) when the entry is there already."""
     if look_first:
         entry = _look(read)
         if entry is not None:
             return None, _Step(Claim.LOCAL, entry=entry)
-    fd = _open(path)
+    file = _open(store, key)
     try:
-        return fd, _try(path, fd, hold_s, read)
+        return file, _try(file, hold_s, read)
     except BaseException:
-        os.close(fd)
+        file.close()
         raise
 
 
@@ -356,13 +404,13 @@ def _read_record(fd: int) -> dict[str, object]:
     return record if isinstance(record, dict) else {}
 
 
-def _same_file(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
+def _same_file(file: _File) -> bool:
+    """Whether the lease file's name in its folder still names the file it has open."""
     try:
-        st = os.stat(path, follow_symlinks=False)
+        st = os.stat(file.name, dir_fd=file.directory, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    mine = os.fstat(fd)
+    mine = os.fstat(file.fd)
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
@@ -380,8 +428,9 @@ def _done(claim: Claim, read: Read | None) -> _Step:
     return _Step(claim, entry=_look(read) if claim is Claim.LANDED else None)
 
 
-def _try(path: str, fd: int, hold_s: float, read: Read | None = None) -> _Step:
-    """One attempt on the open lease file ``fd``."""
+def _try(file: _File, hold_s: float, read: Read | None = None) -> _Step:
+    """One attempt on the open lease ``file``."""
+    fd = file.fd
     record = _read_record(fd)
     done = _outcome(record)
     if done is not None:
@@ -400,26 +449,27 @@ def _try(path: str, fd: int, hold_s: float, read: Read | None = None) -> _Step:
     done = _outcome(record)
     if done is not None:
         return _done(done, read)
-    if not _same_file(fd, path):
+    if not _same_file(file):
         fcntl.flock(fd, fcntl.LOCK_UN)
         return _Step(None, retired=True)
     took_over = bool(record)  # a record without an outcome: its holder died or overran
     try:
         _write_record(fd, {**_owner(), "deadline": time.time() + hold_s})
     except OSError:  # a full disk: no lease, and no lease file left behind
-        _retire(path, fd)
+        _retire(file)
         fcntl.flock(fd, fcntl.LOCK_UN)
         raise
-    lease = Lease(path, fd, took_over)
+    lease = Lease(file, took_over)
     entry = _look(read)  # it may have landed between the caller's look and the lock
     if entry is not None:
-        lease.release_sync("hit")  # closes fd
+        lease.release_sync("hit")  # closes the file
         return _Step(Claim.LANDED, entry=entry, closed=True)
     return _Step(Claim.HELD, lease)
 
 
-def _retire(path: str, fd: int) -> None:
-    """Unlink ``path`` if it still names the file open as ``fd`` (a waiter then starts over)."""
+def _retire(file: _File) -> None:
+    """Unlink the lease file if its name still names the file it has open (a waiter then
+    starts over)."""
     with contextlib.suppress(OSError):
-        if _same_file(fd, path):
-            os.unlink(path)
+        if _same_file(file):
+            os.unlink(file.name, dir_fd=file.directory)

@@ -245,9 +245,10 @@ class FsStore:
     Every operation walks from the root with directory file descriptors, one ``O_NOFOLLOW``
     open per folder (``dir_fd=``), and acts on names relative to the last one: a folder
     replaced with a symlink at any time, even after this process wrote there, is refused
-    (``InvalidKey``), never followed (docs/security.md, "Local filesystem"). The root is
-    checked once per process: owned by this user and writable by nobody else (with
-    ``group=True``: owned by anyone, writable by its group, by nobody else).
+    (``InvalidKey``), never followed (docs/security.md, "Local filesystem"). The root and
+    every folder below it must be owned by this user and writable by nobody else (with
+    ``group=True``: owned by anyone, writable by its group, by nobody else); so must an
+    entry's file to be read.
     """
 
     def __init__(self, root: str, *, fsync: bool, touch_on_read: bool, group: bool = False) -> None:
@@ -275,26 +276,41 @@ class FsStore:
     def key_of(self, path: str) -> str:
         return os.path.relpath(path, self.root).replace(os.sep, "/")
 
+    def _distrust(self, st: os.stat_result) -> str | None:
+        """Why a folder or file of the store with this stat cannot be trusted, or None:
+        owned by another user, or writable by others (or, unless the store is group-shared,
+        by its group). Whoever can write a folder can plant entries and swap folders in it
+        (docs/security.md, "Local filesystem")."""
+        mode = stat.S_IMODE(st.st_mode)
+        if not self.group and st.st_uid != os.geteuid():
+            return f"is owned by another user (uid {st.st_uid})"
+        if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not self.group):
+            who = "others" if mode & stat.S_IWOTH else "its group"
+            return f"is writable by {who} (mode {mode:o})"
+        return None
+
     def _check_root(self, fd: int) -> None:
-        """Refuse a root another user owns, or that others (or, unless the store is
-        group-shared, its group) can write: whoever can write it can plant entries and
-        swap folders (docs/security.md)."""
+        """Refuse a root that :meth:`_distrust` refuses."""
         st = os.fstat(fd)
         if self._root_ok == (st.st_dev, st.st_ino):
             return
-        mode = stat.S_IMODE(st.st_mode)
-        if not self.group and st.st_uid != os.geteuid():
+        why = self._distrust(st)
+        if why is not None:
             raise PermanentBackendError(
-                f"{self.root} is owned by another user (uid {st.st_uid}); refusing it as a "
-                "store (see docs/security.md)"
-            )
-        if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not self.group):
-            who = "others" if mode & stat.S_IWOTH else "its group"
-            raise PermanentBackendError(
-                f"{self.root} is writable by {who} (mode {mode:o}); refusing it as a store "
-                "(see docs/security.md)"
+                f"{self.root} {why}; refusing it as a store (see docs/security.md)"
             )
         self._root_ok = (st.st_dev, st.st_ino)
+
+    def _check_folder(self, fd: int, rel: str) -> None:
+        """Refuse the folder ``rel`` below the root, open as ``fd``, as the root is refused:
+        an objcache of this user created it 0700, so anything else was made or changed by
+        hand, by another user, or by an older objcache under a umask such as 002."""
+        why = self._distrust(os.fstat(fd))
+        if why is not None:
+            raise PermanentBackendError(
+                f"{os.path.join(self.root, rel)} {why}; refusing the folder (see "
+                'docs/security.md, "Local filesystem")'
+            )
 
     def _open_root(self, create: bool) -> int | None:
         flags = os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC
@@ -319,6 +335,7 @@ class FsStore:
         fd = self._open_root(create)
         if fd is None or not rel:
             return fd
+        walked = ""
         try:
             for segment in rel.split("/"):
                 child = self._open_child(fd, segment, create)
@@ -326,6 +343,8 @@ class FsStore:
                 fd = child
                 if fd is None:
                     return None
+                walked = f"{walked}/{segment}" if walked else segment
+                self._check_folder(fd, walked)
         except BaseException:
             if fd is not None:
                 os.close(fd)
@@ -368,6 +387,13 @@ class FsStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
+            # Whatever the folders above it: the one-call read (openat2) checks none of them.
+            why = self._distrust(st)
+            if why is not None:
+                raise PermanentBackendError(
+                    f"{self.path(key)} {why}; refusing the entry (see docs/security.md, "
+                    '"Local filesystem")'
+                )
             check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
             return self._read_open(fd, st)
         finally:
@@ -519,6 +545,24 @@ class FsStore:
         st = os.stat(name, dir_fd=directory, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             raise PermanentBackendError(f"{name!r} is a folder of longer keys")
+
+    # --- node leases (objcache/nodelease.py) ---------------------------------------------
+
+    def open_lease(self, key: str) -> tuple[int, str, int]:
+        """``(folder fd, name, file fd)`` of the lease file of ``key``, beside the entry:
+        reached by the folder walk (folders created as for a put), opened or created
+        ``O_NOFOLLOW`` relative to the folder, mode 0600 (0640 group-shared). The caller
+        closes both fds."""
+        check_key(key)
+        directory, name = self._parent(key, create=True)
+        assert directory is not None
+        lease = LEASE_PREFIX + name
+        flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW
+        try:
+            return directory, lease, os.open(lease, flags, self.file_mode, dir_fd=directory)
+        except BaseException:
+            os.close(directory)
+            raise
 
     # --- records (conditional writes, see backends/_records.py) --------------------------
 
