@@ -42,7 +42,7 @@ from tests.faults.evil import foreign_signed_entry, malicious_pickle, unsigned_e
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = b"the-victims-signing-key-0123456789"
 KIND = "fx-graph"
 

@@ -32,9 +32,9 @@ from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
-from tests.test_security import commandstats, redis_write_calls
+from tests.security.test_stores_and_keys import commandstats, redis_write_calls
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOOD_KEY = "k" * 32
 KIND = "fx-graph"
 
