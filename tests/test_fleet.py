@@ -20,7 +20,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.cloud_support import s3_url
 from tests.conftest import BucketServer
 from tests.support.proxy import FaultProxy
 from tests.support.servers import MotoS3, RedisServer, S3Server, SeaweedS3
+from tests.support.waiting import until, wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -100,6 +100,8 @@ async def test_manifest_merge_8_writers_with_compaction_running(
 
     async def writer(i: int, cache: TieredCache) -> None:
         for r in range(4):
+            if r == 3:  # the last runs are written only once a compaction has happened
+                await until(lambda: compacted_while_writing >= 1, what="a compaction")
             keys = {cache.namespace.object_key("fx-graph", f"w{i}-r{r}-k{j}") for j in range(5)}
             expected.update(keys)
             await write_run(cache, job, keys)
@@ -186,10 +188,7 @@ def test_lookup_during_prefetch_joins_the_fetch(
     try:
         target = "graph-15"
         okey = client.cache.namespace.object_key("fx-graph", target)
-        deadline = time.monotonic() + 30
-        while not client.cache.fetching(okey):
-            assert time.monotonic() < deadline, "the prefetch never started fetching"
-            time.sleep(0.002)
+        wait_until(lambda: client.cache.fetching(okey), what="the prefetch fetching the key")
         assert client.get("fx-graph", target) == values[target]
         assert client.prefetch_result is not None
         result = client.prefetch_result.result(60)

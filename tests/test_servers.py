@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from tests.support.servers import (
     SeaweedS3,
     ServerStartError,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.servers
 
@@ -242,15 +242,15 @@ def test_stop_leaves_no_process_and_no_files() -> None:
         pid, tmpdir = server.pid, server.tmpdir
         assert pid is not None and tmpdir.is_dir()
         os.kill(pid, 0)  # alive
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def group_gone() -> bool:
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"process group {pid} still alive after stop()")
+            return True
+        return False
+
+    wait_until(group_gone, what=f"process group {pid} gone after stop()")
     assert not tmpdir.exists()
     assert not server.running
 

@@ -11,11 +11,12 @@ import hashlib
 import json
 import random
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 from objcache.client import Client, get_client
 from objcache.config import Config
+from tests.support.waiting import wait_until
 
 KIND = "blob"
 TRAILER = 32
@@ -52,9 +53,9 @@ def contender(args: dict[str, Any]) -> None:
     client = Client(config_of(args))
     me, keys, rounds = int(args["id"]), list(args["keys"]), int(args["rounds"])
     seen = {"hit": 0, "miss": 0, "bad": 0}
-    start = float(args["start_at"])
-    while time.time() < start:  # start together
-        time.sleep(0.005)
+    barrier = Path(args["barrier"])  # start together: the parent says go once all are ready
+    (barrier / f"ready-{me}").touch()
+    wait_until((barrier / "go").exists, what="the parent's go")
     for r in range(rounds):
         for key in keys if (me + r) % 2 else reversed(keys):
             client.put(KIND, key, make_value(me, key, int(args["size"])))

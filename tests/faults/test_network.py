@@ -20,14 +20,17 @@ from tests.faults._shim import GCS_429, S3_SLOWDOWN, ThrottleShim
 from tests.faults.conftest import (
     BREAKER_FAILURES,
     DEADLINE_MS,
-    OPEN_BREAKER_MS,
-    SLACK_MS,
     Store,
     port_of,
     raw,
 )
+from tests.support.waiting import wait_until
 
 KIND = "blob"
+#: What one call on a faulty tier may cost: its deadline and a busy machine's stalls fit;
+#: what a missing deadline costs (redis's 5 s socket timeout, the SDKs' 20 s read timeout,
+#: a 10 s round trip) does not.
+CALL_BOUND_MS = 12 * DEADLINE_MS
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -54,7 +57,7 @@ def seed(store: Store, key: str, value: bytes) -> None:
 FAULTS = {
     "refused": lambda p: p.refuse(),
     "blackholed": lambda p: p.blackhole(),
-    "slower-than-deadline": lambda p: p.set_rtt_ms(2 * DEADLINE_MS),
+    "slower-than-deadline": lambda p: p.set_rtt_ms(40 * DEADLINE_MS),
 }
 
 
@@ -72,16 +75,16 @@ def test_unreachable_tier_costs_the_deadline_then_nothing(store: Store, fault: s
         latencies.append(ms)
     # a put never waits for the remote tier, whatever its state
     _, put_ms = timed(lambda: client.put(KIND, "new", b"x" * 1000))
-    assert put_ms < OPEN_BREAKER_MS, put_ms
+    assert put_ms < CALL_BOUND_MS, put_ms
 
     print(f"{store.kind} {fault}: get latencies ms {[round(x) for x in latencies]}")
-    assert all(ms <= DEADLINE_MS + SLACK_MS for ms in latencies), latencies
-    assert all(ms <= OPEN_BREAKER_MS for ms in latencies[BREAKER_FAILURES:]), latencies
+    assert all(ms < CALL_BOUND_MS for ms in latencies), latencies
     tier = remote_stats(client)
     assert tier["breaker"] == "open"
     misses = tier["misses"]
     assert isinstance(misses, dict)
-    assert misses.get("breaker", 0) >= 3  # every call after the breaker opened is skipped
+    # every call after the breaker opened skipped the tier: no request, no deadline
+    assert misses.get("breaker") == 3, misses
     assert sum(misses.get(r, 0) for r in ("timeout", "error")) == BREAKER_FAILURES
     if fault != "refused":
         assert misses.get("timeout") == BREAKER_FAILURES
@@ -99,7 +102,7 @@ def test_tier_comes_back_after_the_cooldown(store: Store) -> None:
         assert client.get(KIND, f"k{i}") is None
     assert remote_stats(client)["breaker"] == "open"
     store.proxy.passthrough()
-    time.sleep(0.6)
+    wait_until(lambda: remote_stats(client)["breaker"] == "half-open", what="the cooldown")
     assert client.get(KIND, "present") == b"v" * 5000  # the half-open probe succeeds
     assert remote_stats(client)["breaker"] == "closed"
 
@@ -118,7 +121,7 @@ def test_s3_reset_mid_body_is_a_miss_and_stores_nothing(s3_store: Store) -> None
     s3_store.proxy.reset_after(256 << 10)  # every connection, every attempt
     got, ms = timed(lambda: client.get(KIND, "big"))
     assert got is None
-    assert ms <= 3000 + SLACK_MS
+    assert ms < 4 * 3000, ms  # bounded by the deadline, not by the 20 s read timeout
     assert s3_store.proxy.resets >= 1
     tier = remote_stats(client)
     assert tier["misses"] in ({"error": 1}, {"timeout": 1}), tier["misses"]
@@ -177,7 +180,7 @@ def test_throttling_bursts(shim_store: tuple[Store, ThrottleShim]) -> None:
     got, ms = timed(lambda: client.get(KIND, "present"))
     assert got == b"p" * 3000
     assert shim.throttled == 2
-    assert ms <= 1500 + SLACK_MS
+    assert ms < 4 * 1500, ms  # the deadline, with a busy machine's stalls
 
     shim.throttle_next(10_000)
     latencies = []
@@ -188,8 +191,7 @@ def test_throttling_bursts(shim_store: tuple[Store, ThrottleShim]) -> None:
         if i == BREAKER_FAILURES - 1:
             sent = shim.throttled
     print(f"{store.kind} throttled: latencies ms {[round(x) for x in latencies]}")
-    assert all(ms <= 1500 + SLACK_MS for ms in latencies)
-    assert all(ms <= OPEN_BREAKER_MS for ms in latencies[BREAKER_FAILURES:])
+    assert all(ms < 4 * 1500 for ms in latencies), latencies
     assert shim.throttled == sent  # no request reached the store after the breaker opened
     assert sent >= BREAKER_FAILURES * 2  # each failed call retried the throttling error
     tier = remote_stats(client)
@@ -227,7 +229,7 @@ def test_redis_oom_puts_are_counted_errors_and_store_nothing(redis_store: Store)
     values = {f"k{i}": os.urandom(32 << 10) for i in range(2)}
     for k, v in values.items():
         _, ms = timed(partial(client.put, KIND, k, v))
-        assert ms < OPEN_BREAKER_MS
+        assert ms < CALL_BOUND_MS, ms  # a put never waits for the remote tier
     assert client.flush(5) == 0
     tier = remote_stats(client)
     # the two entries and the environment's ENV.json: three refused puts, none stored
@@ -273,9 +275,15 @@ def test_s3_puts_broken_mid_body_store_nothing_partial(s3_store: Store, path: st
             proxy.close_immediately,
         ]
         rng.choice(faults)()
-        time.sleep(rng.uniform(0.05, 0.3))
+        time.sleep(rng.uniform(0.05, 0.3))  # the fault schedule, not an ordering
         proxy.passthrough()
         time.sleep(rng.uniform(0.05, 0.3))
+
+    async def entries() -> int:
+        return len([i async for i in s3_store.backend.list("") if not i.key.endswith("ENV.json")])
+
+    # the writers go on until enough entries are stored to make the scan below mean something
+    wait_until(lambda: raw(entries) > 20, what="more than 20 entries stored")
     stop.set()
     for t in threads:
         t.join(10)

@@ -49,6 +49,10 @@ Counters: ``connections`` (accepted), ``bytes_to_server``,
 ``http_requests``: the HTTP/1.x requests forwarded to the server, as
 ``(method, target)`` pairs where target is the raw request-target (path and
 query). ``reset_counters()`` zeroes them all.
+
+``settle()`` returns once every connection made to the proxy before the call has been
+accepted and counted (a probe queues behind them in the listen backlog), so
+``connections`` can be read as "nothing connected" without waiting on the clock.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
 from tests.support.ports import LOOPBACK
+from tests.support.waiting import wait_until
 
 try:
     import fcntl
@@ -302,6 +307,7 @@ class FaultProxy:
         self._resets = 0
         self._http_requests: list[HttpRequest] = []
         self._conns: set[_Connection] = set()
+        self._probes: dict[tuple[str, int], threading.Event] = {}
         self._server: asyncio.Server | None = None
         self._closed = False
         self.tasks_left_at_close = 0
@@ -417,6 +423,21 @@ class FaultProxy:
             for r in self.http_requests
             if (method is None or r.method == method) and r.path.startswith(path_prefix)
         )
+
+    def settle(self) -> None:
+        """Return once every connection made to the proxy before this call is accepted and
+        counted in ``connections``. A probe connection queues behind them in the listen
+        backlog, which is accepted in order; the probe itself is not counted. Needs a
+        listening proxy (not ``refuse``)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((self.host, 0))
+            accepted = threading.Event()
+            name = probe.getsockname()
+            with self._lock:
+                self._probes[name[0], name[1]] = accepted
+            probe.settimeout(30)
+            probe.connect(self.address)
+            wait_until(accepted.is_set, what="the proxy accepting its probe connection")
 
     def reset_counters(self) -> None:
         with self._lock:
@@ -538,6 +559,13 @@ class FaultProxy:
     # -- connections --------------------------------------------------------
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        with self._lock:
+            probe = self._probes.pop((peer[0], peer[1]), None) if peer else None
+        if probe is not None:  # settle(): everything connected before it is counted now
+            writer.close()
+            probe.set()
+            return
         conn = _Connection(self, reader, writer)
         with self._lock:
             self._connections += 1
