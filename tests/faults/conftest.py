@@ -33,10 +33,6 @@ T = TypeVar("T")
 DEADLINE_MS = 250
 #: Consecutive failures that open a tier's breaker in this suite.
 BREAKER_FAILURES = 3
-#: Scheduling slack allowed on top of a deadline (2 shared cores, 1 s sync margin unused).
-SLACK_MS = 250
-#: A call that skips an open-breaker tier must cost about nothing.
-OPEN_BREAKER_MS = 60
 
 _raw_bridge = Bridge("faults-raw")
 
