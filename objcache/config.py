@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import TierSpec
-from objcache.caps import SizeCaps
+from objcache.caps import SizeCaps, parse_size
 from objcache.codec import Codec
 from objcache.errors import ConfigError
 from objcache.keys import check_hmac_keys, parse_hmac_keys
@@ -27,6 +28,27 @@ from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+log = logging.getLogger("objcache")
+
+#: Fields that take a byte count: digits with an optional k/m/g/t suffix, from the
+#: environment or as a keyword string (one parser: :func:`objcache.caps.parse_size`).
+SIZE_FIELDS = ("local_max_bytes", "write_behind_max_bytes")
+
+#: ``OBJCACHE_*`` variables that are not options but that objcache's own tools, tests and
+#: benchmarks read: never reported as unknown.
+INTERNAL_VARIABLES = frozenset(
+    {
+        "OBJCACHE_PROGRESS",  # the CLI's progress bar without a terminal
+        "OBJCACHE_HYPOTHESIS_PROFILE",  # tests/support/hypothesis_profiles.py
+        "OBJCACHE_TEST_SITE_DIR",  # tests/torch_support.py
+        "OBJCACHE_REPORT_SAMPLE",  # tests/test_report.py
+        "OBJCACHE_BENCH_AWS",  # bench/fleet.py
+    }
+)
+
+#: Words of the options that decide what is trusted or written (docs/security.md): a
+#: variable near one of them that is no option is a configuration error, not a warning.
+SECURITY_WORDS = ("VERIF", "SIGN", "READ_ONLY", "READONLY")
 
 
 def user_cache_dir() -> Path:
@@ -233,6 +255,9 @@ class Config:
         for name in ("local_dir", "stats_file", "signing_key_file", "prometheus_textfile"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
+        for name in SIZE_FIELDS:
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, parse_size(getattr(self, name), name))
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
@@ -260,6 +285,7 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Read ``OBJCACHE_*`` variables; keyword overrides win. Errors name the variable."""
         environ = os.environ if environ is None else environ
+        check_variables(environ)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             var = f.metadata["env"]
@@ -324,6 +350,50 @@ def _check_keywords(given: Mapping[str, Any]) -> None:
             raise ConfigError(f"Config: unknown option {name!r}{hint}")
 
 
+def option_variables() -> tuple[str, ...]:
+    """Every ``OBJCACHE_*`` variable that is an option."""
+    return tuple(f.metadata["env"] for f in dataclasses.fields(Config))
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``OBJCACHE_*`` variables set in ``environ`` that are no option -> the closest option
+    (None when none is close). objcache's internal variables are not reported."""
+    environ = os.environ if environ is None else environ
+    known = option_variables()
+    found: dict[str, str | None] = {}
+    for var in sorted(environ):
+        if var.startswith("OBJCACHE_") and var not in known and var not in INTERNAL_VARIABLES:
+            close = difflib.get_close_matches(var, known, n=1, cutoff=0.75)
+            found[var] = close[0] if close else None
+    return found
+
+
+def _security_related(var: str, close: str | None) -> bool:
+    """Whether ``var`` looks meant for an option that decides trust or writes."""
+    words = (var.removeprefix("OBJCACHE_"), (close or "").removeprefix("OBJCACHE_"))
+    return any(w in part for part in words if part for w in SECURITY_WORDS)
+
+
+_warned: set[str] = set()
+
+
+def check_variables(environ: Mapping[str, str]) -> None:
+    """An ``OBJCACHE_*`` variable that is no option: a one-line warning with the closest
+    option, once per process; a :class:`ConfigError` when it looks meant for a signing,
+    verification or read-only option, so a misspelt guarantee never silently runs without
+    it (docs/security.md, "Configuration that fails closed")."""
+    for var, close in unknown_variables(environ).items():
+        hint = f"; did you mean {close}?" if close else ""
+        if _security_related(var, close):
+            raise ConfigError(
+                f"{var} is not an objcache option{hint} (refusing to run without the "
+                "signing, verification or read-only setting it looks meant for)"
+            )
+        if var not in _warned:
+            _warned.add(var)
+            log.warning("objcache: %s is not an objcache option and is ignored%s", var, hint)
+
+
 def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
     kind = str(f.type)
     try:
@@ -333,6 +403,8 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
             return parse_hmac_keys(raw, var)
         if f.name == "max_entry_bytes":
             return SizeCaps.parse(raw, var)
+        if f.name in SIZE_FIELDS:
+            return parse_size(raw, var)
         if f.name == "verify_keys":
             parse_verify_keys(raw, var)
             return tuple(k.strip() for k in raw.split(",") if k.strip())

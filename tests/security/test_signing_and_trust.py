@@ -30,9 +30,9 @@ from objcache.signing import Ed25519PrivateKey
 from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
+from tests.security.test_stores_and_keys import commandstats, redis_write_calls
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
-from tests.security.test_stores_and_keys import commandstats, redis_write_calls
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_KEY = "k" * 32
