@@ -189,20 +189,90 @@ async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
 # --- doctor ------------------------------------------------------------------------------
 
 
+def _in_force(config: Config) -> dict[str, Any]:
+    """What this process's configuration really puts in force (docs/operations.md)."""
+    from objcache.config import unknown_variables
+    from objcache.integrations.torch import autoload
+
+    environ = dict(os.environ)
+    state: dict[str, Any] = {
+        "enabled": autoload.enabled(environ),
+        "environment": {"id": env_id(), **fingerprint()},
+        **config.trust(),
+        "unknown_variables": unknown_variables(environ),
+    }
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        state["torch_parts"] = {"active": [], "off": {}, "torch": "not installed"}
+    else:
+        from objcache.integrations.torch import features
+
+        parts = features.in_force(environ)  # docs/torch.md, "Feature detection"
+        state["torch_parts"] = {
+            "active": [p.part for p in parts if p.active],
+            "off": {p.part: p.why for p in parts if not p.active},
+        }
+    return state
+
+
+def _in_force_lines(state: dict[str, Any]) -> list[str]:
+    signing, verification = state["signing"], state["verification"]
+    lines = [
+        "objcache: "
+        + (
+            "on in every process that imports torch"
+            if state["enabled"]
+            else "off in new processes (OBJCACHE_TIERS and OBJCACHE_ENABLE unset, or "
+            "OBJCACHE_ENABLE=0)"
+        ),
+        "signing: "
+        + (
+            f"{signing['scheme']} ({', '.join(signing['key_ids'])})"
+            if signing["key_ids"]
+            else "none: new entries are unsigned"
+        ),
+        "verification: "
+        + (
+            f"unsigned entries refused; keys {', '.join(verification['key_ids'])}"
+            if verification["unsigned_refused"]
+            else "none: unsigned entries are accepted (digest checked)"
+        ),
+        "read-only: " + ("yes: no remote writes" if state["read_only"] else "no"),
+    ]
+    parts = state["torch_parts"]
+    if parts.get("torch") == "not installed":
+        lines.append("torch parts: torch is not installed")
+    else:
+        lines.append(f"torch parts active: {', '.join(parts['active']) or 'none'}")
+        lines += [f"torch part off: {part}: {why}" for part, why in parts["off"].items()]
+    unknown = state["unknown_variables"]
+    lines.append(
+        "unknown variables: "
+        + (
+            ", ".join(f"{v} (did you mean {c}?)" if c else v for v, c in unknown.items())
+            if unknown
+            else "none"
+        )
+    )
+    return lines
+
+
 @app.command()
-def doctor(tier: TierOpt = None) -> None:
-    """Check that every tier can be read, written in create mode and deleted from."""
+def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
+    """Say what is in force (enabled, torch parts, signing, verification, read-only, unknown
+    variables), then check that every tier can be read, written in create mode and deleted."""
     config = _config()
     specs = [_local_spec(config), *_tiers(config, tier)]
     codec = _codec(config)
-    out.print(
-        f"environment [bold]{env_id()}[/]: "
-        + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
-    )
-    from objcache.integrations.torch import features
-
-    for line in features.doctor_lines():  # docs/torch.md, "Feature detection"
-        out.print(line, soft_wrap=True, markup=False, highlight=False)
+    state = _in_force(config)
+    if not as_json:
+        out.print(
+            f"environment [bold]{env_id()}[/]: "
+            + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
+        )
+        for line in _in_force_lines(state):
+            _line(out, line)
     table = Table("tier", "result", "create ms", "read ms", "delete ms", "detail")
     failed = 0
 
@@ -222,8 +292,12 @@ def doctor(tier: TierOpt = None) -> None:
         return list(await asyncio.gather(*(check(s) for s in specs)))
 
     reasons: list[str] = []
+    tiers: list[dict[str, Any]] = []
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
+        tiers.append(
+            {"tier": spec.display, "ok": result.ok, "ms": result.steps, "error": result.error}
+        )
         if not result.ok:
             # errors name their tier already: the URL once per line
             detail = " ".join(result.error.removeprefix(f"{spec.display}: ").split())
@@ -238,6 +312,9 @@ def doctor(tier: TierOpt = None) -> None:
             *steps,
             text(result.error or ("read-only" if "create" not in result.steps else "")),
         )
+    if as_json:
+        _print_json({**state, "tiers": tiers})
+        raise typer.Exit(1 if failed else 0)
     out.print(table)
     for line in reasons:  # the table cell wraps and truncates: one whole line per failure
         _line(out, line)

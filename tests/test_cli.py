@@ -230,3 +230,52 @@ def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run: Run) -> None:
     if importlib.util.find_spec("timm") is None:  # the dev venv does not install it
         absent = run("demo", "--model", "timm:resnet18")
         assert absent.returncode != 0 and "timm is not installed" in absent.stderr
+
+
+def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
+    from objcache.signing import generate_key_file
+
+    public = generate_key_file(tmp_path / "ci.pem")
+    extra = {
+        "OBJCACHE_ENABLE": "0",
+        "OBJCACHE_TIER": f"file://{tmp_path}/typo",
+        "OBJCACHE_VERIFY_KEYS": public,
+        "OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "ci.pem"),
+    }
+    r = run("doctor", "--json", extra=extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = json.loads(r.stdout)
+    assert state["enabled"] is False
+    assert state["torch_parts"]["active"] == []
+    if state["torch_parts"].get("torch") != "not installed":
+        assert state["torch_parts"]["off"]["FX"] == "OBJCACHE_ENABLE=0"
+        assert state["torch_parts"]["off"]["Triton"] in (
+            "OBJCACHE_ENABLE=0",
+            "triton is not installed",
+        )
+    assert state["unknown_variables"] == {"OBJCACHE_TIER": "OBJCACHE_TIERS"}
+    assert state["signing"]["scheme"] == "ed25519"
+    [key_id] = state["signing"]["key_ids"]
+    assert key_id.startswith("ed25519:") and state["verification"]["key_ids"] == [key_id]
+    assert state["verification"]["unsigned_refused"] is True
+    assert state["read_only"] is False
+    assert public.removeprefix("ed25519:") not in r.stdout  # ids, never key material
+    assert [t["ok"] for t in state["tiers"]] == [True, True]
+    text = run("doctor", extra=extra)
+    assert "verification: unsigned entries refused; keys " + key_id in text.stdout
+    assert "unknown variables: OBJCACHE_TIER (did you mean OBJCACHE_TIERS?)" in text.stdout
+
+
+def test_doctor_is_honest_when_triton_is_off(run: Run) -> None:
+    r = run("doctor", "--json", extra={"OBJCACHE_ENABLE": "1"})
+    state = json.loads(r.stdout)
+    assert "Triton" not in state["torch_parts"]["active"]
+
+
+def test_a_misspelt_verify_variable_stops_every_command(run: Run) -> None:
+    r = run("doctor", extra={"OBJCACHE_VERIFY_KEY": "ed25519:AAAA"})
+    assert r.returncode == 2
+    assert r.stderr.startswith(
+        "objcache: error: OBJCACHE_VERIFY_KEY is not an objcache option; "
+        "did you mean OBJCACHE_VERIFY_KEYS?"
+    )
