@@ -454,6 +454,7 @@ def _copy(
     config: Config,
     *,
     read_only: bool = False,
+    as_json: bool = False,
 ) -> ops.CopyReport:
     """Copy this environment's entries (or all) and print the outcome; the caller decides
     what the outcome means for the exit code."""
@@ -475,6 +476,19 @@ def _copy(
             )
 
     report = _run(_closing([source, *targets], run()))
+    if as_json:
+        _print_json(
+            {
+                "command": what,
+                "copied": report.copied,
+                "bytes": report.bytes,
+                "existed": report.existed,
+                "refused": report.refused,
+                "failed": report.failed,
+                "errors": report.errors,
+            }
+        )
+        return report
     out.print(
         f"{what}: {report.copied} copied ({_size(report.bytes)}), {report.existed} already there, "
         f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
@@ -497,6 +511,7 @@ def push(
         list[Path] | None, typer.Option(help="Mega-Cache bundle file(s) to import first.")
     ] = None,
     all_envs: Annotated[bool, typer.Option("--all-envs", help="Push every environment.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
@@ -512,7 +527,13 @@ def push(
     src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
     targets = [_open(s, config) for s in specs]
     report = _copy(
-        src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only
+        src,
+        targets,
+        None if all_envs else env_id(),
+        "push",
+        config,
+        read_only=config.read_only,
+        as_json=as_json,
     )
     raise typer.Exit(1 if report.failed or report.refused else 0)
 
@@ -588,6 +609,7 @@ def gc(
     ] = None,
     dry_run: DryRun = False,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Delete whole environments, old entries, or down to a size."""
     if keep_env is None and older_than is None and max_bytes is None:
@@ -610,17 +632,31 @@ def gc(
         )
 
     plans = _run(plan_all())
+    total = sum(len(p.delete) for p in plans)
+    if as_json and (dry_run or not total):
+        _print_json(
+            [
+                {
+                    "tier": spec.display,
+                    "delete": [e.info.key for e in plan.delete],
+                    "delete_bytes": plan.delete_bytes,
+                    "keep_bytes": plan.keep_bytes,
+                    "deleted": 0,
+                }
+                for spec, plan in zip(specs, plans, strict=True)
+            ]
+        )
+        return
     for spec, plan in zip(specs, plans, strict=True):
         _line(
             out,
             f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
             f"{_size(plan.keep_bytes)} kept",
         )
-    total = sum(len(p.delete) for p in plans)
     if dry_run or not total:
-        for plan in plans:
+        for spec, plan in zip(specs, plans, strict=True):
             for e in plan.delete[:20]:
-                _line(out, f"  would delete {e.info.key}")
+                _line(out, f"  {spec.display}: would delete {e.info.key}")
         return
     if not yes and not typer.confirm("delete them?"):
         raise typer.Exit(1)
@@ -638,6 +674,20 @@ def gc(
             )
 
     deleted = _run(run())
+    if as_json:
+        _print_json(
+            [
+                {
+                    "tier": spec.display,
+                    "delete": [e.info.key for e in plan.delete],
+                    "delete_bytes": plan.delete_bytes,
+                    "keep_bytes": plan.keep_bytes,
+                    "deleted": n,
+                }
+                for spec, plan, n in zip(specs, plans, deleted, strict=True)
+            ]
+        )
+        return
     out.print(f"deleted {sum(deleted)} entries")
 
 
@@ -646,6 +696,7 @@ def verify(
     tier: TierOpt = None,
     all_envs: Annotated[bool, typer.Option("--all-envs")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete bad entries.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Check every entry's digest (and signature, when signing keys are set)."""
     config = _config()
@@ -670,6 +721,16 @@ def verify(
             )
 
     report = _run(_closing([backend], run()))
+    if as_json:
+        _print_json(
+            {
+                "tier": spec.display,
+                "checked": report.checked,
+                "bad": [{"key": k, "reason": r} for k, r in report.bad],
+                "deleted": report.deleted,
+            }
+        )
+        raise typer.Exit(1 if report.bad and not delete else 0)
     for key, reason in report.bad:
         out.print(Text.assemble(text(reason, "red"), " ", text(key)), soft_wrap=True)
     _line(
@@ -745,10 +806,18 @@ def mega_load(name: str) -> None:
 
 
 @mega_app.command("ls")
-def mega_ls() -> None:
+def mega_ls(as_json: JsonOpt = False) -> None:
     """List the bundles stored for this environment."""
     from objcache import mega
 
+    if as_json:
+        _print_json(
+            [
+                {"name": b.name, "size": b.size, "mtime": b.mtime, "tier": b.tier}
+                for b in mega.list_infos()
+            ]
+        )
+        return
     for line in mega.list_bundles():
         _line(out, line)
 

@@ -279,3 +279,24 @@ def test_a_misspelt_verify_variable_stops_every_command(run: Run) -> None:
         "objcache: error: OBJCACHE_VERIFY_KEY is not an objcache option; "
         "did you mean OBJCACHE_VERIFY_KEYS?"
     )
+
+
+def test_every_command_that_prints_a_result_takes_json(
+    run: Run, env: dict[str, str], tmp_path: Path
+) -> None:
+    populate(env)
+    store = f"file://{tmp_path}/store"
+    pushed = run("push", "--tier", f"file://{tmp_path}/other", "--json")
+    assert pushed.returncode == 0, pushed.stderr
+    push = json.loads(pushed.stdout)
+    assert push["command"] == "push" and push["copied"] >= 5 and push["failed"] == 0
+    verified = json.loads(run("verify", "--tier", store, "--json").stdout)
+    assert verified["tier"] == store and verified["checked"] >= 5 and verified["bad"] == []
+    planned = json.loads(run("gc", "--keep-env", "someotherenv", "--dry-run", "--json").stdout)
+    assert [p["tier"] for p in planned] == [store]
+    assert len(planned[0]["delete"]) >= 5 and planned[0]["deleted"] == 0
+    dry = run("gc", "--keep-env", "someotherenv", "--dry-run")
+    lines = [line for line in dry.stdout.splitlines() if "would delete" in line]
+    assert lines and all(line.startswith(f"  {store}: would delete v1/") for line in lines)
+    bundles = run("mega", "ls", "--json")
+    assert bundles.returncode == 0 and json.loads(bundles.stdout) == []
