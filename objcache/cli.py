@@ -30,6 +30,7 @@ from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.fingerprint import env_id, fingerprint
+from objcache.layout import KINDS
 from objcache.plaintext import text
 from objcache.registry import create_backend
 from objcache.urls import flag, parse_tier_list
@@ -413,13 +414,16 @@ def ls(
     wanted_env = None if all_envs else (env or env_id())
 
     async def collect() -> list[ops.Entry]:
-        return [
-            e
-            async for e in ops.entries(backend, env=wanted_env, kind=kind)
-            if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
-        ]
+        return [e async for e in ops.entries(backend, env=wanted_env, kind=kind)]
 
-    rows = _run(_closing([backend], collect()))
+    found = _run(_closing([backend], collect()))
+    if kind is not None and kind not in KINDS and not found:
+        raise UserError(_unknown_kind(kind))
+    rows = [
+        e
+        for e in found
+        if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
+    ]
     if as_json:
         _print_json(
             [
@@ -441,6 +445,19 @@ def ls(
         )
     out.print(table)
     out.print(f"{len(rows)} entries, {_size(sum(e.info.size for e in rows))}")
+
+
+def _unknown_kind(kind: str) -> str:
+    """One line for ``ls --kind`` of a kind objcache does not store and the tier does not
+    hold (a client's own kinds are listed when present)."""
+    import difflib
+
+    close = difflib.get_close_matches(kind, KINDS, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"--kind: unknown kind {kind!r}: the kinds objcache stores are {', '.join(KINDS)}, "
+        f"and no entry of this tier has it{hint}"
+    )
 
 
 # --- push / pull -------------------------------------------------------------------------

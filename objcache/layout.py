@@ -19,6 +19,22 @@ from urllib.parse import quote, unquote
 LAYOUT_VERSION = "v1"
 ENV_FILE = "ENV.json"
 
+#: Every kind objcache itself stores (docs/torch.md, "Keys"; docs/architecture.md). The
+#: modules that write them keep their own constants; tests/test_cli.py checks each is here.
+#: Client code may store kinds of its own (``client.put("blob", ...)``).
+KINDS: tuple[str, ...] = (
+    "aot-autograd",
+    "autotune",
+    "bundled-autotune",
+    "fx-graph",
+    "kernel",
+    "manifest",
+    "mega",
+    "pgo",
+    "run",
+    "triton",
+)
+
 _SAFE = "-_.:=+@~"
 #: Ends the folder segment holding a key's guarded candidates. ``encode_key`` always
 #: percent-encodes "!", so ``<encoded key>!`` can never be a single-value key segment.

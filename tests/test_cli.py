@@ -300,3 +300,31 @@ def test_every_command_that_prints_a_result_takes_json(
     assert lines and all(line.startswith(f"  {store}: would delete v1/") for line in lines)
     bundles = run("mega", "ls", "--json")
     assert bundles.returncode == 0 and json.loads(bundles.stdout) == []
+
+
+def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[str, str]) -> None:
+    populate(env)
+    typo = run("ls", "--kind", "fxgraph")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr.startswith(
+        "objcache: error: --kind: unknown kind 'fxgraph': "
+        "the kinds objcache stores are aot-autograd, "
+    ), typo.stderr
+    assert typo.stderr.rstrip().endswith("; did you mean 'fx-graph'?"), typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1 and "fx-graph, kernel" in typo.stderr
+    assert run("ls", "--kind", "fx-graph").stdout.count("key-") == 5
+    client = Client(Config.from_env(env))
+    client.put("blob", "mine", b"a client's own kind")
+    client.close()
+    own = run("ls", "--kind", "blob", "--json")
+    assert own.returncode == 0 and [e["key"] for e in json.loads(own.stdout)] == ["mine"]
+
+
+def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
+    from objcache import manifest, mega, summary
+    from objcache.integrations import triton
+    from objcache.integrations.torch import features, kernels
+    from objcache.layout import KINDS
+
+    written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
+    assert written | set(features.PART_OF_KIND) <= set(KINDS)
