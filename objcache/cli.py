@@ -416,12 +416,12 @@ def ls(
     async def collect() -> list[ops.Entry]:
         return [e async for e in ops.entries(backend, env=wanted_env, kind=kind)]
 
-    found = _run(_closing([backend], collect()))
-    if kind is not None and kind not in KINDS and not found:
+    listed = _run(_closing([backend], collect()))
+    if kind is not None and kind not in KINDS and not listed:
         raise UserError(_unknown_kind(kind))
     rows = [
         e
-        for e in found
+        for e in listed
         if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
     ]
     if as_json:
