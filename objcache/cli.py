@@ -45,7 +45,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 mega_app = typer.Typer(
-    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).", rich_markup_mode=None
+    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts): list and load; a "
+    "bundle is saved in the compiling process with objcache.mega.save(NAME).",
+    rich_markup_mode=None,
 )
 app.add_typer(mega_app, name="mega")
 
@@ -805,13 +807,20 @@ def report(
 # --- mega / demo -------------------------------------------------------------------------
 
 
-@mega_app.command("save")
-def mega_save(name: str) -> None:
-    """Save this process's Mega-Cache artifacts as bundle NAME (run after compiling)."""
-    from objcache import mega
+#: ``mega save`` from the command line: a bundle is torch's in-memory record of what the
+#: process compiled, so only that process can save it (docs/torch.md, "Mega-Cache bundles").
+MEGA_SAVE_IN_PROCESS = (
+    "mega save: a bundle holds what the compiling process recorded, so it is saved in that "
+    "process: call objcache.mega.save(NAME) after torch.compile (docs/torch.md, "
+    '"Mega-Cache bundles"); to seed a store from this machine\'s caches, run objcache push '
+    "(--inductor-dir DIR for a TORCHINDUCTOR_CACHE_DIR)"
+)
 
-    _write_targets(_config(), None, "mega save")
-    _line(out, mega.save(name))
+
+@mega_app.command("save", hidden=True)
+def mega_save(name: str) -> None:
+    """Refused: a bundle is saved in the process that compiled (objcache.mega.save)."""
+    raise UserError(MEGA_SAVE_IN_PROCESS)
 
 
 @mega_app.command("load")

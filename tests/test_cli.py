@@ -328,3 +328,15 @@ def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
 
     written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
     assert written | set(features.PART_OF_KIND) <= set(KINDS)
+
+
+def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> None:
+    r = run("mega", "save", "m")
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("objcache: error: mega save: ") and "objcache.mega.save(NAME)" in line
+    assert "nothing to save" not in line and "objcache push" in line
+    shown = run("mega", "--help")
+    assert shown.returncode == 0 and "objcache.mega.save(NAME)" in shown.stdout
+    assert not re.search(r"^\s+save\b", shown.stdout, re.MULTILINE), shown.stdout
+    assert re.search(r"^\s+load\b", shown.stdout, re.MULTILINE), shown.stdout
