@@ -194,6 +194,22 @@ async def copy(
     report = CopyReport()
     caps = caps or SizeCaps()
 
+    async def put(target: Backend, okey: str, data: bytes) -> bool:
+        """Whether ``okey`` was created in ``target`` (False: it was there already). A
+        refused write of an object the target already holds (a store that answers an
+        existing name with an error instead of "exists": a read-only replica, a write-once
+        bucket policy) is "already there", not a failure."""
+        try:
+            return await target.put(okey, data, PutMode.CREATE)
+        except (BackendError, OSError):
+            try:
+                present = await target.exists(okey)
+            except (BackendError, OSError):
+                present = False
+            if present:
+                return False
+            raise
+
     async def one(okey: str) -> int:
         cap = read_cap(caps, okey)
         try:
@@ -202,7 +218,7 @@ async def copy(
                 return 0
             if not is_env_file(okey):
                 await verify_entry(codec, data, okey, cap)
-            results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
+            results = await asyncio.gather(*(put(t, okey, data) for t in targets))
         except (EntryError, EntryTooLarge) as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")

@@ -340,3 +340,41 @@ def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> N
     assert shown.returncode == 0 and "objcache.mega.save(NAME)" in shown.stdout
     assert not re.search(r"^\s+save\b", shown.stdout, re.MULTILINE), shown.stdout
     assert re.search(r"^\s+load\b", shown.stdout, re.MULTILINE), shown.stdout
+
+
+def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> None:
+    """A store that answers a write of a name it holds with an error, not "exists" (a
+    read-only replica, a write-once bucket policy): what it holds is already there, and
+    only what it lacks and refused is a failure."""
+    import asyncio
+
+    from objcache import ops
+    from objcache.backends.base import PutMode
+    from objcache.codec import Codec
+    from objcache.errors import PermanentBackendError
+    from objcache.layout import Namespace
+    from tests.memory_backend import MemoryBackend
+
+    class WriteOnce(MemoryBackend):
+        refuse_all = False
+
+        async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+            if key in self.data or self.refuse_all:
+                raise PermanentBackendError("AccessDenied", tier=self.name)
+            return await super().put(key, data, mode)
+
+    codec, namespace = Codec(), Namespace("e" * 16)
+    keys = [namespace.object_key("fx-graph", f"k{i}") for i in range(3)]
+    source, target = MemoryBackend("mem://source"), WriteOnce("mem://target")
+    source.data = {k: codec.encode(k.encode(), k) for k in keys}
+    target.data = {k: source.data[k] for k in keys[:2]}
+
+    report = asyncio.run(ops.copy(source, [target], keys, codec))
+    assert (report.copied, report.existed, report.failed) == (1, 2, 0), report
+    assert set(target.data) == set(keys)
+
+    refusing = WriteOnce("mem://refusing")
+    refusing.refuse_all = True
+    refusing.data = {keys[0]: source.data[keys[0]]}
+    report = asyncio.run(ops.copy(source, [refusing], keys, codec))
+    assert (report.copied, report.existed, report.failed) == (0, 1, 2), report
