@@ -18,7 +18,7 @@ from objcache.client import Client
 from objcache.config import Config
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
-from tests.support.servers import FakeGCS, SeaweedS3
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 pytestmark = pytest.mark.servers
 
@@ -175,3 +175,17 @@ def test_process_with_a_hung_tier_exits_within_the_deadline(
     last_call = float(done.stdout.strip().splitlines()[-1])
     assert last_call - started <= 30, "the lookup itself ended"
     assert ended - last_call <= DEADLINE_MS / 1000 + SLACK_S, (ended - last_call, done.stderr)
+
+
+def test_rediss_against_a_plain_text_redis_says_tls_may_be_the_cause(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    url = redis_server.url.replace("redis://", "rediss://", 1)
+    done, _ = cli("doctor", env=base_env(tmp_path, url, OBJCACHE_TIMEOUT_MS="5000"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    [failed] = [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    assert failed.endswith(
+        "; this rediss:// tier connects with TLS: if the server speaks plain text, "
+        "use redis:// (or enable TLS on the server)"
+    ), failed
+    assert "connecting" in failed, failed
