@@ -478,8 +478,11 @@ def _copy(
     """Copy this environment's entries (or all) and print the outcome; the caller decides
     what the outcome means for the exit code."""
 
+    report = ops.CopyReport()
+    keys: list[str] = []
+
     async def run() -> ops.CopyReport:
-        keys = [e.info.key async for e in ops.entries(source, env=env)]
+        keys.extend([e.info.key async for e in ops.entries(source, env=env)])
         if env:
             keys.append(f"v1/{env}/ENV.json")
         bar, advance = _progress(len(keys), what)
@@ -492,9 +495,22 @@ def _copy(
                 advance,
                 read_only=read_only,
                 caps=config.max_entry_bytes,
+                report=report,
             )
 
-    report = _run(_closing([source, *targets], run()))
+    try:
+        _run(_closing([source, *targets], run()))
+    except KeyboardInterrupt:
+        # Ctrl-C (exit 130): each object is written whole or not at all, so what is there
+        # is complete and a second run copies the rest (docs/operations.md, "Exit codes").
+        if keys:
+            done = report.copied + report.existed
+            _line(
+                err, f"{what}: interrupted: {done:,} of {len(keys):,} copied; run again to finish"
+            )
+        else:
+            _line(err, f"{what}: interrupted while listing: nothing copied")
+        raise
     if as_json:
         _print_json(
             {

@@ -184,14 +184,17 @@ async def copy(
     *,
     read_only: bool = False,
     caps: SizeCaps | None = None,
+    report: CopyReport | None = None,
 ) -> CopyReport:
     """Copy entries, verifying each before writing it (a bad entry is never propagated).
 
     Each read is capped by its kind's size cap (``caps``, default :class:`SizeCaps`): an
     object over it is refused without being read whole (docs/security.md, "Bulk commands").
-    Refused before any call when the configuration or a target is read-only."""
+    Refused before any call when the configuration or a target is read-only. ``report``,
+    when given, is filled as entries are done, so a caller interrupted half-way can say
+    what was copied (every backend writes an object whole or not at all)."""
     refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
-    report = CopyReport()
+    report = report if report is not None else CopyReport()
     caps = caps or SizeCaps()
 
     async def put(target: Backend, okey: str, data: bytes) -> bool:

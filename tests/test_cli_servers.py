@@ -189,3 +189,56 @@ def test_rediss_against_a_plain_text_redis_says_tls_may_be_the_cause(
         "use redis:// (or enable TLS on the server)"
     ), failed
     assert "connecting" in failed, failed
+
+
+def test_ctrl_c_during_pull_says_what_was_copied_and_leaves_only_whole_entries(
+    redis_server: RedisServer, fault_proxy: MakeProxy, tmp_path: Path
+) -> None:
+    """SIGINT once pull has copied something and the rest hangs: exit 130, one line saying
+    how many of how many were copied, and every object in the local tier verifies."""
+    import signal
+
+    prefix = f"intr{uid()}"
+    direct = f"{redis_server.url}?prefix={prefix}"
+    seeding = base_env(tmp_path, direct, OBJCACHE_LOCAL_DIR=str(tmp_path / "ci"))
+    client = Client(Config.from_env(seeding))
+    for i in range(1000):
+        client.put("fx-graph", f"k{i}", os.urandom(2000))
+    client.close()
+    proxy = fault_proxy(redis_server.host, redis_server.port)
+    proxied = f"redis://{proxy.address[0]}:{proxy.address[1]}/0?prefix={prefix}"
+    fresh = tmp_path / "fresh"
+    env = base_env(tmp_path, proxied, OBJCACHE_LOCAL_DIR=str(fresh), OBJCACHE_TIMEOUT_MS="60000")
+    # each answer 40 ms late: 1,000 entries at most 64 at a time take 0.6 s or more, so the
+    # copy is still under way when the test sees its first entry and stops the store
+    proxy.delay_ms = 20
+    pull = subprocess.Popen(
+        [sys.executable, "-m", "objcache.cli", "pull"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() for p in fresh.rglob("k*")):  # the copy has started
+            assert pull.poll() is None and time.monotonic() < deadline, "pull ended first"
+            time.sleep(0.01)
+        proxy.blackhole()  # everything not yet answered now hangs: the copy cannot finish
+        pull.send_signal(signal.SIGINT)
+        stdout, stderr = pull.communicate(timeout=60)
+    finally:
+        if pull.poll() is None:
+            pull.kill()
+    assert pull.returncode == 130, stdout + stderr
+    line = r"^pull: interrupted: ([\d,]+) of ([\d,]+) copied; run again to finish$"
+    found = re.search(line, stderr, re.MULTILINE)
+    assert found, stderr
+    copied, total = (int(n.replace(",", "")) for n in found.groups())
+    assert 1 <= copied < total and total >= 1000, stderr
+    proxy.passthrough()
+    verified, _ = cli("verify", "--json", env={**env, "OBJCACHE_TIERS": ""})
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert '"bad": []' in verified.stdout
+    leftovers = [p for p in fresh.rglob("*") if p.is_file() and not p.name.startswith("k")]
+    assert all(p.name == "ENV.json" for p in leftovers), leftovers
