@@ -37,6 +37,7 @@ import pytest_asyncio
 from objcache.backends._records import RecordBackend
 from objcache.backends.base import Backend, ObjectInfo, PutMode
 from objcache.errors import InvalidKey
+from objcache.layout import Namespace
 from objcache.records import Change, Outcome, read_modify_write
 
 
@@ -45,6 +46,23 @@ async def listed(backend: Backend, prefix: str = "") -> dict[str, int]:
 
 
 INVALID_KEYS = ["", "../x", "a/../../x", "/abs", "a//b", "a/", "./a", "a/\x00b", "a\\b", "k" * 901]
+
+
+#: Byte lengths of the logical keys every backend must store (docs/architecture.md, "Long
+#: keys"): around the 255-byte path component of filesystems, S3's and GCS's 1,024-byte
+#: object names, and beyond.
+KEY_LENGTHS = (1, 255, 256, 1024, 4096)
+#: The tightest name limits among the built-in backends: a filesystem's path component,
+#: and S3's and GCS's object names (the tier's own prefix comes on top of an object key).
+MAX_COMPONENT_BYTES = 255
+MAX_OBJECT_KEY_BYTES = 512
+
+
+def logical_key(nbytes: int, script: str) -> str:
+    """A key of exactly ``nbytes`` UTF-8 bytes: ASCII, or CJK (3 bytes a character)."""
+    if script == "ascii":
+        return "k" * nbytes
+    return "\u9375" * (nbytes // 3) + "k" * (nbytes % 3)
 
 
 def _value(i: int) -> bytes:
@@ -183,6 +201,40 @@ class BackendContract:
             await backend.exists(key)
         with pytest.raises(InvalidKey):
             await backend.delete(key)
+        assert await listed(backend) == {}
+
+    @pytest.mark.parametrize("script", ["ascii", "cjk"])
+    @pytest.mark.parametrize("nbytes", KEY_LENGTHS)
+    async def test_keys_of_every_length_are_stored(
+        self, backend: Backend, nbytes: int, script: str
+    ) -> None:
+        """Every key the API accepts has a name this backend holds: its object key (and its
+        candidates folder) stays within every backend's name limits, and two keys that
+        share their first kilobytes still get names of their own."""
+        namespace = Namespace("e0f3")
+        key = logical_key(nbytes, script)
+        assert len(key.encode()) == nbytes
+        twin = key[:-1] + ("x" if key[-1] != "x" else "y")
+        names = {
+            namespace.object_key("fx-graph", key): b"one",
+            namespace.candidate_key("fx-graph", key, "ab" * 32): b"candidate",
+            namespace.object_key("fx-graph", twin): b"twin",
+        }
+        for name, data in names.items():
+            assert len(name.encode()) <= MAX_OBJECT_KEY_BYTES
+            assert all(len(part.encode()) <= MAX_COMPONENT_BYTES for part in name.split("/"))
+            assert await backend.put(name, data) is True
+        assert len(names) == 3
+        for name, data in names.items():
+            assert await backend.get(name) == data
+            assert await backend.exists(name) is True
+        assert await listed(backend) == {name: len(data) for name, data in names.items()}
+        prefix = namespace.object_prefix("fx-graph", key)
+        assert await listed(backend, prefix) == {
+            namespace.candidate_key("fx-graph", key, "ab" * 32): 9
+        }
+        for name in names:
+            assert await backend.delete(name) is True or not self.exact_delete
         assert await listed(backend) == {}
 
     async def test_concurrent_creates_have_one_winner(self, backend: Backend) -> None:

@@ -7,13 +7,15 @@ before decompression), so a planted huge object or a zstd bomb costs neither mem
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from objcache.errors import ConfigError
 
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
 
 #: Default cap of every kind: far above any FX graph, kernel or Mega-Cache bundle seen.
 DEFAULT_CAP = 1 << 30
@@ -50,10 +52,18 @@ class SizeCaps:
         return f"{self.default},{kinds}" if kinds else str(self.default)
 
 
+def parse_size(text: str, where: str) -> int:
+    """A byte count: digits with an optional binary suffix, any case (``10G``, ``512M``,
+    ``64k``, ``10 GiB``, ``1048576``). The one size parser of every size option, environment
+    variable, keyword and tier URL option alike (docs/configuration.md)."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if not match:
+        raise ConfigError(f"{where}: must be a byte count like 10G, 512M or 1048576, got {text!r}")
+    return int(match[1]) * _UNITS[match[2]]
+
+
 def _size(text: str, where: str) -> int:
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    mult = _UNITS.get(t[-1:], 1)
-    digits = t[:-1] if t[-1:] in _UNITS else t
-    if not digits.isdigit() or int(digits) == 0:
+    value = parse_size(text, where)
+    if value == 0:
         raise ConfigError(f"{where}: {text.strip()!r} is not a size (e.g. 512M, 64k, 1048576)")
-    return int(digits) * mult
+    return value

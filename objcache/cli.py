@@ -30,6 +30,7 @@ from objcache.codec import Codec
 from objcache.config import Config
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.fingerprint import env_id, fingerprint
+from objcache.layout import KINDS
 from objcache.plaintext import text
 from objcache.registry import create_backend
 from objcache.urls import flag, parse_tier_list
@@ -44,7 +45,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 mega_app = typer.Typer(
-    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts).", rich_markup_mode=None
+    help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts): list and load; a "
+    "bundle is saved in the compiling process with objcache.mega.save(NAME).",
+    rich_markup_mode=None,
 )
 app.add_typer(mega_app, name="mega")
 
@@ -189,20 +192,90 @@ async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
 # --- doctor ------------------------------------------------------------------------------
 
 
+def _in_force(config: Config) -> dict[str, Any]:
+    """What this process's configuration really puts in force (docs/operations.md)."""
+    from objcache.config import unknown_variables
+    from objcache.integrations.torch import autoload
+
+    environ = dict(os.environ)
+    state: dict[str, Any] = {
+        "enabled": autoload.enabled(environ),
+        "environment": {"id": env_id(), **fingerprint()},
+        **config.trust(),
+        "unknown_variables": unknown_variables(environ),
+    }
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        state["torch_parts"] = {"active": [], "off": {}, "torch": "not installed"}
+    else:
+        from objcache.integrations.torch import features
+
+        parts = features.in_force(environ)  # docs/torch.md, "Feature detection"
+        state["torch_parts"] = {
+            "active": [p.part for p in parts if p.active],
+            "off": {p.part: p.why for p in parts if not p.active},
+        }
+    return state
+
+
+def _in_force_lines(state: dict[str, Any]) -> list[str]:
+    signing, verification = state["signing"], state["verification"]
+    lines = [
+        "objcache: "
+        + (
+            "on in every process that imports torch"
+            if state["enabled"]
+            else "off in new processes (OBJCACHE_TIERS and OBJCACHE_ENABLE unset, or "
+            "OBJCACHE_ENABLE=0)"
+        ),
+        "signing: "
+        + (
+            f"{signing['scheme']} ({', '.join(signing['key_ids'])})"
+            if signing["key_ids"]
+            else "none: new entries are unsigned"
+        ),
+        "verification: "
+        + (
+            f"unsigned entries refused; keys {', '.join(verification['key_ids'])}"
+            if verification["unsigned_refused"]
+            else "none: unsigned entries are accepted (digest checked)"
+        ),
+        "read-only: " + ("yes: no remote writes" if state["read_only"] else "no"),
+    ]
+    parts = state["torch_parts"]
+    if parts.get("torch") == "not installed":
+        lines.append("torch parts: torch is not installed")
+    else:
+        lines.append(f"torch parts active: {', '.join(parts['active']) or 'none'}")
+        lines += [f"torch part off: {part}: {why}" for part, why in parts["off"].items()]
+    unknown = state["unknown_variables"]
+    lines.append(
+        "unknown variables: "
+        + (
+            ", ".join(f"{v} (did you mean {c}?)" if c else v for v, c in unknown.items())
+            if unknown
+            else "none"
+        )
+    )
+    return lines
+
+
 @app.command()
-def doctor(tier: TierOpt = None) -> None:
-    """Check that every tier can be read, written in create mode and deleted from."""
+def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
+    """Say what is in force (enabled, torch parts, signing, verification, read-only, unknown
+    variables), then check that every tier can be read, written in create mode and deleted."""
     config = _config()
     specs = [_local_spec(config), *_tiers(config, tier)]
     codec = _codec(config)
-    out.print(
-        f"environment [bold]{env_id()}[/]: "
-        + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
-    )
-    from objcache.integrations.torch import features
-
-    for line in features.doctor_lines():  # docs/torch.md, "Feature detection"
-        out.print(line, soft_wrap=True, markup=False, highlight=False)
+    state = _in_force(config)
+    if not as_json:
+        out.print(
+            f"environment [bold]{env_id()}[/]: "
+            + ", ".join(f"{k}={v}" for k, v in fingerprint().items())
+        )
+        for line in _in_force_lines(state):
+            _line(out, line)
     table = Table("tier", "result", "create ms", "read ms", "delete ms", "detail")
     failed = 0
 
@@ -222,8 +295,12 @@ def doctor(tier: TierOpt = None) -> None:
         return list(await asyncio.gather(*(check(s) for s in specs)))
 
     reasons: list[str] = []
+    tiers: list[dict[str, Any]] = []
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
+        tiers.append(
+            {"tier": spec.display, "ok": result.ok, "ms": result.steps, "error": result.error}
+        )
         if not result.ok:
             # errors name their tier already: the URL once per line
             detail = " ".join(result.error.removeprefix(f"{spec.display}: ").split())
@@ -238,6 +315,9 @@ def doctor(tier: TierOpt = None) -> None:
             *steps,
             text(result.error or ("read-only" if "create" not in result.steps else "")),
         )
+    if as_json:
+        _print_json({**state, "tiers": tiers})
+        raise typer.Exit(1 if failed else 0)
     out.print(table)
     for line in reasons:  # the table cell wraps and truncates: one whole line per failure
         _line(out, line)
@@ -336,13 +416,16 @@ def ls(
     wanted_env = None if all_envs else (env or env_id())
 
     async def collect() -> list[ops.Entry]:
-        return [
-            e
-            async for e in ops.entries(backend, env=wanted_env, kind=kind)
-            if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
-        ]
+        return [e async for e in ops.entries(backend, env=wanted_env, kind=kind)]
 
-    rows = _run(_closing([backend], collect()))
+    listed = _run(_closing([backend], collect()))
+    if kind is not None and kind not in KINDS and not listed:
+        raise UserError(_unknown_kind(kind))
+    rows = [
+        e
+        for e in listed
+        if e.info.size >= min_size and (older_than is None or e.age_days > older_than)
+    ]
     if as_json:
         _print_json(
             [
@@ -366,6 +449,19 @@ def ls(
     out.print(f"{len(rows)} entries, {_size(sum(e.info.size for e in rows))}")
 
 
+def _unknown_kind(kind: str) -> str:
+    """One line for ``ls --kind`` of a kind objcache does not store and the tier does not
+    hold (a client's own kinds are listed when present)."""
+    import difflib
+
+    close = difflib.get_close_matches(kind, KINDS, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"--kind: unknown kind {kind!r}: the kinds objcache stores are {', '.join(KINDS)}, "
+        f"and no entry of this tier has it{hint}"
+    )
+
+
 # --- push / pull -------------------------------------------------------------------------
 
 
@@ -377,12 +473,16 @@ def _copy(
     config: Config,
     *,
     read_only: bool = False,
+    as_json: bool = False,
 ) -> ops.CopyReport:
     """Copy this environment's entries (or all) and print the outcome; the caller decides
     what the outcome means for the exit code."""
 
+    report = ops.CopyReport()
+    keys: list[str] = []
+
     async def run() -> ops.CopyReport:
-        keys = [e.info.key async for e in ops.entries(source, env=env)]
+        keys.extend([e.info.key async for e in ops.entries(source, env=env)])
         if env:
             keys.append(f"v1/{env}/ENV.json")
         bar, advance = _progress(len(keys), what)
@@ -395,9 +495,35 @@ def _copy(
                 advance,
                 read_only=read_only,
                 caps=config.max_entry_bytes,
+                report=report,
             )
 
-    report = _run(_closing([source, *targets], run()))
+    try:
+        _run(_closing([source, *targets], run()))
+    except KeyboardInterrupt:
+        # Ctrl-C (exit 130): each object is written whole or not at all, so what is there
+        # is complete and a second run copies the rest (docs/operations.md, "Exit codes").
+        if keys:
+            done = report.copied + report.existed
+            _line(
+                err, f"{what}: interrupted: {done:,} of {len(keys):,} copied; run again to finish"
+            )
+        else:
+            _line(err, f"{what}: interrupted while listing: nothing copied")
+        raise
+    if as_json:
+        _print_json(
+            {
+                "command": what,
+                "copied": report.copied,
+                "bytes": report.bytes,
+                "existed": report.existed,
+                "refused": report.refused,
+                "failed": report.failed,
+                "errors": report.errors,
+            }
+        )
+        return report
     out.print(
         f"{what}: {report.copied} copied ({_size(report.bytes)}), {report.existed} already there, "
         f"{report.refused} refused (corrupt/unsigned), {report.failed} failed"
@@ -420,6 +546,7 @@ def push(
         list[Path] | None, typer.Option(help="Mega-Cache bundle file(s) to import first.")
     ] = None,
     all_envs: Annotated[bool, typer.Option("--all-envs", help="Push every environment.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Seed remote tiers from a machine's caches (the CI pre-seeding path)."""
     config = _config()
@@ -435,7 +562,13 @@ def push(
     src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
     targets = [_open(s, config) for s in specs]
     report = _copy(
-        src, targets, None if all_envs else env_id(), "push", config, read_only=config.read_only
+        src,
+        targets,
+        None if all_envs else env_id(),
+        "push",
+        config,
+        read_only=config.read_only,
+        as_json=as_json,
     )
     raise typer.Exit(1 if report.failed or report.refused else 0)
 
@@ -511,6 +644,7 @@ def gc(
     ] = None,
     dry_run: DryRun = False,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Delete whole environments, old entries, or down to a size."""
     if keep_env is None and older_than is None and max_bytes is None:
@@ -533,17 +667,31 @@ def gc(
         )
 
     plans = _run(plan_all())
+    total = sum(len(p.delete) for p in plans)
+    if as_json and (dry_run or not total):
+        _print_json(
+            [
+                {
+                    "tier": spec.display,
+                    "delete": [e.info.key for e in plan.delete],
+                    "delete_bytes": plan.delete_bytes,
+                    "keep_bytes": plan.keep_bytes,
+                    "deleted": 0,
+                }
+                for spec, plan in zip(specs, plans, strict=True)
+            ]
+        )
+        return
     for spec, plan in zip(specs, plans, strict=True):
         _line(
             out,
             f"{spec.display}: {len(plan.delete)} entries ({_size(plan.delete_bytes)}) to delete, "
             f"{_size(plan.keep_bytes)} kept",
         )
-    total = sum(len(p.delete) for p in plans)
     if dry_run or not total:
-        for plan in plans:
+        for spec, plan in zip(specs, plans, strict=True):
             for e in plan.delete[:20]:
-                _line(out, f"  would delete {e.info.key}")
+                _line(out, f"  {spec.display}: would delete {e.info.key}")
         return
     if not yes and not typer.confirm("delete them?"):
         raise typer.Exit(1)
@@ -561,6 +709,20 @@ def gc(
             )
 
     deleted = _run(run())
+    if as_json:
+        _print_json(
+            [
+                {
+                    "tier": spec.display,
+                    "delete": [e.info.key for e in plan.delete],
+                    "delete_bytes": plan.delete_bytes,
+                    "keep_bytes": plan.keep_bytes,
+                    "deleted": n,
+                }
+                for spec, plan, n in zip(specs, plans, deleted, strict=True)
+            ]
+        )
+        return
     out.print(f"deleted {sum(deleted)} entries")
 
 
@@ -569,6 +731,7 @@ def verify(
     tier: TierOpt = None,
     all_envs: Annotated[bool, typer.Option("--all-envs")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete bad entries.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Check every entry's digest (and signature, when signing keys are set)."""
     config = _config()
@@ -593,6 +756,16 @@ def verify(
             )
 
     report = _run(_closing([backend], run()))
+    if as_json:
+        _print_json(
+            {
+                "tier": spec.display,
+                "checked": report.checked,
+                "bad": [{"key": k, "reason": r} for k, r in report.bad],
+                "deleted": report.deleted,
+            }
+        )
+        raise typer.Exit(1 if report.bad and not delete else 0)
     for key, reason in report.bad:
         out.print(Text.assemble(text(reason, "red"), " ", text(key)), soft_wrap=True)
     _line(
@@ -650,13 +823,20 @@ def report(
 # --- mega / demo -------------------------------------------------------------------------
 
 
-@mega_app.command("save")
-def mega_save(name: str) -> None:
-    """Save this process's Mega-Cache artifacts as bundle NAME (run after compiling)."""
-    from objcache import mega
+#: ``mega save`` from the command line: a bundle is torch's in-memory record of what the
+#: process compiled, so only that process can save it (docs/torch.md, "Mega-Cache bundles").
+MEGA_SAVE_IN_PROCESS = (
+    "mega save: a bundle holds what the compiling process recorded, so it is saved in that "
+    "process: call objcache.mega.save(NAME) after torch.compile (docs/torch.md, "
+    '"Mega-Cache bundles"); to seed a store from this machine\'s caches, run objcache push '
+    "(--inductor-dir DIR for a TORCHINDUCTOR_CACHE_DIR)"
+)
 
-    _write_targets(_config(), None, "mega save")
-    _line(out, mega.save(name))
+
+@mega_app.command("save", hidden=True)
+def mega_save(name: str) -> None:
+    """Refused: a bundle is saved in the process that compiled (objcache.mega.save)."""
+    raise UserError(MEGA_SAVE_IN_PROCESS)
 
 
 @mega_app.command("load")
@@ -668,10 +848,18 @@ def mega_load(name: str) -> None:
 
 
 @mega_app.command("ls")
-def mega_ls() -> None:
+def mega_ls(as_json: JsonOpt = False) -> None:
     """List the bundles stored for this environment."""
     from objcache import mega
 
+    if as_json:
+        _print_json(
+            [
+                {"name": b.name, "size": b.size, "mtime": b.mtime, "tier": b.tier}
+                for b in mega.list_infos()
+            ]
+        )
+        return
     for line in mega.list_bundles():
         _line(out, line)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,17 +17,38 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import TierSpec
-from objcache.caps import SizeCaps
+from objcache.caps import SizeCaps, parse_size
 from objcache.codec import Codec
 from objcache.errors import ConfigError
-from objcache.keys import check_hmac_keys, parse_hmac_keys
+from objcache.keys import check_hmac_keys, hmac_key_id, parse_hmac_keys
 from objcache.logs import LEVELS
 from objcache.registry import SCHEMES
-from objcache.signing import is_pem, load_private_key, parse_verify_keys
+from objcache.signing import is_pem, key_id, load_private_key, parse_verify_keys
 from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+log = logging.getLogger("objcache")
+
+#: Fields that take a byte count: digits with an optional k/m/g/t suffix, from the
+#: environment or as a keyword string (one parser: :func:`objcache.caps.parse_size`).
+SIZE_FIELDS = ("local_max_bytes", "write_behind_max_bytes")
+
+#: ``OBJCACHE_*`` variables that are not options but that objcache's own tools, tests and
+#: benchmarks read: never reported as unknown.
+INTERNAL_VARIABLES = frozenset(
+    {
+        "OBJCACHE_PROGRESS",  # the CLI's progress bar without a terminal
+        "OBJCACHE_HYPOTHESIS_PROFILE",  # tests/support/hypothesis_profiles.py
+        "OBJCACHE_TEST_SITE_DIR",  # tests/torch_support.py
+        "OBJCACHE_REPORT_SAMPLE",  # tests/test_report.py
+        "OBJCACHE_BENCH_AWS",  # bench/fleet.py
+    }
+)
+
+#: Words of the options that decide what is trusted or written (docs/security.md): a
+#: variable near one of them that is no option is a configuration error, not a warning.
+SECURITY_WORDS = ("VERIF", "SIGN", "READ_ONLY", "READONLY")
 
 
 def user_cache_dir() -> Path:
@@ -75,7 +97,8 @@ class Config:
     )
     local_max_bytes: int = _opt(
         "OBJCACHE_LOCAL_MAX_BYTES",
-        "Evict least-recently-used local entries above this many bytes (0: no limit).",
+        "Evict least-recently-used local entries above this many bytes (0: no limit). A byte "
+        "count with an optional k/m/g/t (binary) suffix: `10G`, `512M`, `10GiB`, `1048576`.",
         default=10 << 30,
     )
     write_to: str = _opt(
@@ -150,7 +173,7 @@ class Config:
     write_behind_max_bytes: int = _opt(
         "OBJCACHE_WRITE_BEHIND_MAX_BYTES",
         "Bytes of pending remote writes kept in memory; beyond this writes are dropped "
-        "(counted, logged once).",
+        "(counted, logged once). A byte count with an optional k/m/g/t suffix (`512M`).",
         default=256 << 20,
     )
     compression_level: int = _opt(
@@ -233,6 +256,9 @@ class Config:
         for name in ("local_dir", "stats_file", "signing_key_file", "prometheus_textfile"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
+        for name in SIZE_FIELDS:
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, parse_size(getattr(self, name), name))
         for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
@@ -260,6 +286,7 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Read ``OBJCACHE_*`` variables; keyword overrides win. Errors name the variable."""
         environ = os.environ if environ is None else environ
+        check_variables(environ)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             var = f.metadata["env"]
@@ -302,6 +329,25 @@ class Config:
             verify_keys=verify,
         )
 
+    def trust(self) -> dict[str, Any]:
+        """What is signed and verified, and whether remote writes happen: schemes and key ids
+        only, never key material (``objcache doctor``; docs/security.md)."""
+        codec = self.codec()
+        signing: dict[str, Any] = {"scheme": "none", "key_ids": []}
+        if codec.signer is not None:
+            signing = {"scheme": "ed25519", "key_ids": [key_id(codec.signer.public_key())]}
+        elif self.signing_keys:
+            signing = {"scheme": "hmac", "key_ids": [hmac_key_id(self.signing_keys[0])]}
+        ids = [key_id(k) for k in codec.verify_keys]
+        if codec.signer is not None:
+            ids.append(key_id(codec.signer.public_key()))
+        ids += [hmac_key_id(k) for k in self.signing_keys]
+        verification = {
+            "key_ids": list(dict.fromkeys(ids)),
+            "unsigned_refused": codec.verifies,
+        }
+        return {"signing": signing, "verification": verification, "read_only": self.read_only}
+
     @property
     def enabled(self) -> bool:
         """Whether the zero-code path should activate: tiers configured or explicit enable."""
@@ -324,6 +370,58 @@ def _check_keywords(given: Mapping[str, Any]) -> None:
             raise ConfigError(f"Config: unknown option {name!r}{hint}")
 
 
+def option_variables() -> tuple[str, ...]:
+    """Every ``OBJCACHE_*`` variable that is an option."""
+    return tuple(f.metadata["env"] for f in dataclasses.fields(Config))
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``OBJCACHE_*`` variables set in ``environ`` that are no option -> the closest option
+    (None when none is close). objcache's internal variables are not reported."""
+    environ = os.environ if environ is None else environ
+    known = option_variables()
+    found: dict[str, str | None] = {}
+    for var in sorted(environ):
+        if var.startswith("OBJCACHE_") and var not in known and var not in INTERNAL_VARIABLES:
+            close = difflib.get_close_matches(var, known, n=1, cutoff=0.75)
+            found[var] = close[0] if close else None
+    return found
+
+
+def _security_related(var: str, close: str | None) -> bool:
+    """Whether ``var`` looks meant for an option that decides trust or writes."""
+    words = (var.removeprefix("OBJCACHE_"), (close or "").removeprefix("OBJCACHE_"))
+    return any(w in part for part in words if part for w in SECURITY_WORDS)
+
+
+_warned: set[str] = set()
+
+
+def check_variables(environ: Mapping[str, str]) -> None:
+    """An ``OBJCACHE_*`` variable that is no option: a one-line warning with the closest
+    option, once per process; a :class:`ConfigError` when it looks meant for a signing,
+    verification or read-only option, so a misspelt guarantee never silently runs without
+    it (docs/security.md, "Configuration that fails closed")."""
+    for var, close in unknown_variables(environ).items():
+        if _security_related(var, close):
+            name = f"{var} is not an objcache option; did you mean {close}?" if close else var
+            raise ConfigError(
+                f"{name} (refusing to run without the signing, verification or read-only "
+                "setting it looks meant for)"
+            )
+        if var in _warned:
+            continue
+        _warned.add(var)
+        if close:
+            log.warning(
+                "objcache: %s is not an objcache option and is ignored; did you mean %s?",
+                var,
+                close,
+            )
+        else:
+            log.warning("objcache: %s is not an objcache option and is ignored", var)
+
+
 def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
     kind = str(f.type)
     try:
@@ -333,6 +431,8 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
             return parse_hmac_keys(raw, var)
         if f.name == "max_entry_bytes":
             return SizeCaps.parse(raw, var)
+        if f.name in SIZE_FIELDS:
+            return parse_size(raw, var)
         if f.name == "verify_keys":
             parse_verify_keys(raw, var)
             return tuple(k.strip() for k in raw.split(",") if k.strip())
@@ -397,7 +497,36 @@ def reference_markdown() -> str:
         "`objcache.Config(tiers='s3://bucket/p', read_only=True)` or "
         "`objcache.Config.from_env(read_only=True)`.\n\n"
     )
-    return head + "\n".join(rows) + "\n\n" + _tier_options_markdown()
+    return head + "\n".join(rows) + "\n\n" + _sizes_and_keys_markdown() + _tier_options_markdown()
+
+
+def _sizes_and_keys_markdown() -> str:
+    """How sizes are written, and the key limits (from :mod:`objcache.layout`)."""
+    from objcache import layout
+    from objcache.backends.base import MAX_KEY_BYTES
+
+    return (
+        "## Sizes\n\n"
+        "Every size (`OBJCACHE_LOCAL_MAX_BYTES`, `OBJCACHE_WRITE_BEHIND_MAX_BYTES`, "
+        "`OBJCACHE_MAX_ENTRY_BYTES`, `?max_bytes=`), as a variable, a keyword string "
+        "(`Config(local_max_bytes='10G')`) or a tier URL option, is a byte count with an "
+        "optional binary suffix, any case, `B`/`iB` allowed: `10G` = `10GiB` = "
+        f"{10 << 30}, `512M`, `64k`, `1T`, or plain bytes.\n\n"
+        "## Keys\n\n"
+        "Any string is a key, of any length. A key is stored as one path segment, "
+        f"percent-encoded; when that would pass {layout.MAX_PLAIN_SEGMENT} bytes it is stored "
+        f"under a bounded name: its first {layout.MAPPED_HEAD} encoded bytes, "
+        f"`{layout.MAPPED_MARK}`, and the BLAKE2b-256 of the whole key (docs/architecture.md, "
+        '"Long keys"). So object keys stay far inside every backend\'s limits:\n\n'
+        "| Backend | Name limit |\n|---|---|\n"
+        "| disk, `file://` | 255-byte path component, `PATH_MAX` 4,096 bytes |\n"
+        "| `s3://` | 1,024-byte object name, the URL's prefix included |\n"
+        "| `gs://` | 1,024-byte object name, the URL's prefix included |\n"
+        "| `redis://` | 512 MB key (objcache keeps it bounded all the same) |\n\n"
+        f"A backend refuses an object key over {MAX_KEY_BYTES} bytes or with an empty, `.` or "
+        "`..` segment; a name a store refuses is an `invalid_key` miss that never counts "
+        "against the tier's breaker.\n\n"
+    )
 
 
 def _tier_options_markdown() -> str:

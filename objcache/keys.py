@@ -7,6 +7,7 @@ verification. Errors name the variable and never echo a key.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 from objcache.errors import ConfigError
@@ -34,3 +35,9 @@ def parse_hmac_keys(raw: str, where: str, sep: str = ",") -> tuple[bytes, ...]:
     if not keys:
         raise ConfigError(f"{where} is set but holds no key")
     return check_hmac_keys(keys, where)
+
+
+def hmac_key_id(key: bytes) -> str:
+    """A short name of an HMAC key for people (``objcache doctor``): ``hmac:<8 hex>``, a
+    hash that tells keys apart and reveals nothing of the key."""
+    return "hmac:" + hashlib.sha256(b"objcache key id\0" + key).hexdigest()[:8]

@@ -3,7 +3,11 @@
 The store's own prefix (the path of its URL) is prepended by the backend. ``<shard>`` is two
 hex chars of a hash of the key, spreading load over S3 partitions; user keys are
 percent-encoded so that any string (torch PGO keys contain job names) becomes one safe path
-segment.
+segment. A key whose encoded segment would be longer than :data:`MAX_PLAIN_SEGMENT` is
+stored under a bounded name instead: a readable head of the encoded key, ``~``, and the
+BLAKE2b-256 of the whole key (docs/architecture.md, "Long keys"), so every key the API
+accepts fits every backend's name limits (255-byte path components, 1,024-byte S3 and GCS
+object names) and no two keys share a name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,22 @@ from urllib.parse import quote, unquote
 LAYOUT_VERSION = "v1"
 ENV_FILE = "ENV.json"
 
+#: Every kind objcache itself stores (docs/torch.md, "Keys"; docs/architecture.md). The
+#: modules that write them keep their own constants; tests/test_cli.py checks each is here.
+#: Client code may store kinds of its own (``client.put("blob", ...)``).
+KINDS: tuple[str, ...] = (
+    "aot-autograd",
+    "autotune",
+    "bundled-autotune",
+    "fx-graph",
+    "kernel",
+    "manifest",
+    "mega",
+    "pgo",
+    "run",
+    "triton",
+)
+
 _SAFE = "-_.:=+@~"
 #: Ends the folder segment holding a key's guarded candidates. ``encode_key`` always
 #: percent-encodes "!", so ``<encoded key>!`` can never be a single-value key segment.
@@ -25,14 +45,42 @@ def shard(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=1).hexdigest()
 
 
+#: Longest encoded key stored under its own name. Longer ones are mapped (:func:`encode_key`)
+#: to names of 183 to 185 bytes: always longer than this, so a mapped name is never the name
+#: of a key stored as it is, and short enough that ``<name>!`` (a candidates folder) and a
+#: node lease's file name beside it stay inside a 255-byte path component.
+MAX_PLAIN_SEGMENT = 180
+#: Bytes of the encoded key kept at the head of a mapped name, for people reading listings.
+MAPPED_HEAD = 120
+#: Separates the head of a mapped name from the hex digest of the whole key.
+MAPPED_MARK = "~"
+
+
 def encode_key(key: str) -> str:
-    """One path segment that round-trips through :func:`decode_key`."""
+    """One bounded path segment naming ``key``: the key percent-encoded (round-trips through
+    :func:`decode_key`) or, when that is longer than :data:`MAX_PLAIN_SEGMENT` bytes, its
+    first :data:`MAPPED_HEAD` bytes, ``~`` and the BLAKE2b-256 of the whole key."""
     seg = quote(key, safe=_SAFE)
     # "." and ".." are not valid segments; quote() leaves them alone.
-    return seg if seg not in (".", "..") else seg.replace(".", "%2E")
+    if seg in (".", ".."):
+        return seg.replace(".", "%2E")
+    if len(seg) <= MAX_PLAIN_SEGMENT:
+        return seg
+    head = seg[:MAPPED_HEAD]
+    escape = head.rfind("%", MAPPED_HEAD - 2)
+    if escape != -1:  # never cut a %XX escape in two
+        head = head[:escape]
+    digest = hashlib.blake2b(key.encode(), digest_size=32).hexdigest()
+    return f"{head}{MAPPED_MARK}{digest}"
+
+
+def is_mapped(segment: str) -> bool:
+    """Whether ``segment`` is a mapped name (:func:`encode_key`) rather than a key's own."""
+    return len(segment) > MAX_PLAIN_SEGMENT
 
 
 def decode_key(segment: str) -> str:
+    """The key of a plain segment; for a mapped one, its readable head and digest."""
     return unquote(segment)
 
 

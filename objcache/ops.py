@@ -184,15 +184,34 @@ async def copy(
     *,
     read_only: bool = False,
     caps: SizeCaps | None = None,
+    report: CopyReport | None = None,
 ) -> CopyReport:
     """Copy entries, verifying each before writing it (a bad entry is never propagated).
 
     Each read is capped by its kind's size cap (``caps``, default :class:`SizeCaps`): an
     object over it is refused without being read whole (docs/security.md, "Bulk commands").
-    Refused before any call when the configuration or a target is read-only."""
+    Refused before any call when the configuration or a target is read-only. ``report``,
+    when given, is filled as entries are done, so a caller interrupted half-way can say
+    what was copied (every backend writes an object whole or not at all)."""
     refuse_read_only("copy", (t.spec for t in targets), read_only=read_only)
-    report = CopyReport()
+    report = report if report is not None else CopyReport()
     caps = caps or SizeCaps()
+
+    async def put(target: Backend, okey: str, data: bytes) -> bool:
+        """Whether ``okey`` was created in ``target`` (False: it was there already). A
+        refused write of an object the target already holds (a store that answers an
+        existing name with an error instead of "exists": a read-only replica, a write-once
+        bucket policy) is "already there", not a failure."""
+        try:
+            return await target.put(okey, data, PutMode.CREATE)
+        except (BackendError, OSError):
+            try:
+                present = await target.exists(okey)
+            except (BackendError, OSError):
+                present = False
+            if present:
+                return False
+            raise
 
     async def one(okey: str) -> int:
         cap = read_cap(caps, okey)
@@ -202,7 +221,7 @@ async def copy(
                 return 0
             if not is_env_file(okey):
                 await verify_entry(codec, data, okey, cap)
-            results = await asyncio.gather(*(t.put(okey, data, PutMode.CREATE) for t in targets))
+            results = await asyncio.gather(*(put(t, okey, data) for t in targets))
         except (EntryError, EntryTooLarge) as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")

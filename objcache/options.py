@@ -8,11 +8,11 @@ is close), give backends their typed values, and generate docs/configuration.md.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from objcache.caps import parse_size
 from objcache.errors import ConfigError
 
 Kind = Literal["bool", "int", "float", "str", "size"]
@@ -20,8 +20,6 @@ Value = bool | int | float | str | None
 
 _TRUE = ("", "1", "true", "yes")
 _FALSE = ("0", "false", "no")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
 
 
 @dataclass(frozen=True)
@@ -59,12 +57,7 @@ class Option:
                 raise ConfigError(f"{where}: option {self.name} must be > 0")
             return number
         if self.kind == "size":
-            match = _SIZE.fullmatch(low)
-            if not match:
-                raise ConfigError(
-                    f"{where}: {self.name} must be a byte count like 10G, got {raw!r}"
-                )
-            value = int(match[1]) * _UNITS[match[2]]
+            value = parse_size(raw, f"{where}: {self.name}")
         else:
             if not low.isdigit():
                 raise ConfigError(f"{where}: {self.name} must be a non-negative integer")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 from pathlib import Path
 
@@ -57,6 +58,12 @@ def public_line(key: Ed25519PublicKey) -> str:
     """The one-line form of a public key that ``OBJCACHE_VERIFY_KEYS`` takes."""
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return PUBLIC_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    """A short name of a public key for people (``objcache doctor``): ``ed25519:<8 hex>``."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:8]
 
 
 def parse_verify_keys(raw: str, where: str) -> tuple[Ed25519PublicKey, ...]:

@@ -230,3 +230,151 @@ def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run: Run) -> None:
     if importlib.util.find_spec("timm") is None:  # the dev venv does not install it
         absent = run("demo", "--model", "timm:resnet18")
         assert absent.returncode != 0 and "timm is not installed" in absent.stderr
+
+
+def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
+    from objcache.signing import generate_key_file
+
+    public = generate_key_file(tmp_path / "ci.pem")
+    extra = {
+        "OBJCACHE_ENABLE": "0",
+        "OBJCACHE_TIER": f"file://{tmp_path}/typo",
+        "OBJCACHE_VERIFY_KEYS": public,
+        "OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "ci.pem"),
+    }
+    r = run("doctor", "--json", extra=extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = json.loads(r.stdout)
+    assert state["enabled"] is False
+    assert state["torch_parts"]["active"] == []
+    if state["torch_parts"].get("torch") != "not installed":
+        assert state["torch_parts"]["off"]["FX"] == "OBJCACHE_ENABLE=0"
+        assert state["torch_parts"]["off"]["Triton"] in (
+            "OBJCACHE_ENABLE=0",
+            "triton is not installed",
+        )
+    assert state["unknown_variables"] == {"OBJCACHE_TIER": "OBJCACHE_TIERS"}
+    assert state["signing"]["scheme"] == "ed25519"
+    [key_id] = state["signing"]["key_ids"]
+    assert key_id.startswith("ed25519:") and state["verification"]["key_ids"] == [key_id]
+    assert state["verification"]["unsigned_refused"] is True
+    assert state["read_only"] is False
+    assert public.removeprefix("ed25519:") not in r.stdout  # ids, never key material
+    assert [t["ok"] for t in state["tiers"]] == [True, True]
+    text = run("doctor", extra=extra)
+    assert "verification: unsigned entries refused; keys " + key_id in text.stdout
+    assert "unknown variables: OBJCACHE_TIER (did you mean OBJCACHE_TIERS?)" in text.stdout
+
+
+def test_doctor_is_honest_when_triton_is_off(run: Run) -> None:
+    r = run("doctor", "--json", extra={"OBJCACHE_ENABLE": "1"})
+    state = json.loads(r.stdout)
+    assert "Triton" not in state["torch_parts"]["active"]
+
+
+def test_a_misspelt_verify_variable_stops_every_command(run: Run) -> None:
+    r = run("doctor", extra={"OBJCACHE_VERIFY_KEY": "ed25519:AAAA"})
+    assert r.returncode == 2
+    assert r.stderr.startswith(
+        "objcache: error: OBJCACHE_VERIFY_KEY is not an objcache option; "
+        "did you mean OBJCACHE_VERIFY_KEYS?"
+    )
+
+
+def test_every_command_that_prints_a_result_takes_json(
+    run: Run, env: dict[str, str], tmp_path: Path
+) -> None:
+    populate(env)
+    store = f"file://{tmp_path}/store"
+    pushed = run("push", "--tier", f"file://{tmp_path}/other", "--json")
+    assert pushed.returncode == 0, pushed.stderr
+    push = json.loads(pushed.stdout)
+    assert push["command"] == "push" and push["copied"] >= 5 and push["failed"] == 0
+    verified = json.loads(run("verify", "--tier", store, "--json").stdout)
+    assert verified["tier"] == store and verified["checked"] >= 5 and verified["bad"] == []
+    planned = json.loads(run("gc", "--keep-env", "someotherenv", "--dry-run", "--json").stdout)
+    assert [p["tier"] for p in planned] == [store]
+    assert len(planned[0]["delete"]) >= 5 and planned[0]["deleted"] == 0
+    dry = run("gc", "--keep-env", "someotherenv", "--dry-run")
+    lines = [line for line in dry.stdout.splitlines() if "would delete" in line]
+    assert lines and all(line.startswith(f"  {store}: would delete v1/") for line in lines)
+    bundles = run("mega", "ls", "--json")
+    assert bundles.returncode == 0 and json.loads(bundles.stdout) == []
+
+
+def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[str, str]) -> None:
+    populate(env)
+    typo = run("ls", "--kind", "fxgraph")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr.startswith(
+        "objcache: error: --kind: unknown kind 'fxgraph': "
+        "the kinds objcache stores are aot-autograd, "
+    ), typo.stderr
+    assert typo.stderr.rstrip().endswith("; did you mean 'fx-graph'?"), typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1 and "fx-graph, kernel" in typo.stderr
+    assert run("ls", "--kind", "fx-graph").stdout.count("key-") == 5
+    client = Client(Config.from_env(env))
+    client.put("blob", "mine", b"a client's own kind")
+    client.close()
+    own = run("ls", "--kind", "blob", "--json")
+    assert own.returncode == 0 and [e["key"] for e in json.loads(own.stdout)] == ["mine"]
+
+
+def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
+    from objcache import manifest, mega, summary
+    from objcache.integrations import triton
+    from objcache.integrations.torch import features, kernels
+    from objcache.layout import KINDS
+
+    written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
+    assert written | set(features.PART_OF_KIND) <= set(KINDS)
+
+
+def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> None:
+    r = run("mega", "save", "m")
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("objcache: error: mega save: ") and "objcache.mega.save(NAME)" in line
+    assert "nothing to save" not in line and "objcache push" in line
+    shown = run("mega", "--help")
+    assert shown.returncode == 0 and "objcache.mega.save(NAME)" in shown.stdout
+    assert not re.search(r"^\s+save\b", shown.stdout, re.MULTILINE), shown.stdout
+    assert re.search(r"^\s+load\b", shown.stdout, re.MULTILINE), shown.stdout
+
+
+def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> None:
+    """A store that answers a write of a name it holds with an error, not "exists" (a
+    read-only replica, a write-once bucket policy): what it holds is already there, and
+    only what it lacks and refused is a failure."""
+    import asyncio
+
+    from objcache import ops
+    from objcache.backends.base import PutMode
+    from objcache.codec import Codec
+    from objcache.errors import PermanentBackendError
+    from objcache.layout import Namespace
+    from tests.memory_backend import MemoryBackend
+
+    class WriteOnce(MemoryBackend):
+        refuse_all = False
+
+        async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+            if key in self.data or self.refuse_all:
+                raise PermanentBackendError("AccessDenied", tier=self.name)
+            return await super().put(key, data, mode)
+
+    codec, namespace = Codec(), Namespace("e" * 16)
+    keys = [namespace.object_key("fx-graph", f"k{i}") for i in range(3)]
+    source, target = MemoryBackend("mem://source"), WriteOnce("mem://target")
+    source.data = {k: codec.encode(k.encode(), k) for k in keys}
+    target.data = {k: source.data[k] for k in keys[:2]}
+
+    report = asyncio.run(ops.copy(source, [target], keys, codec))
+    assert (report.copied, report.existed, report.failed) == (1, 2, 0), report
+    assert set(target.data) == set(keys)
+
+    refusing = WriteOnce("mem://refusing")
+    refusing.refuse_all = True
+    refusing.data = {keys[0]: source.data[keys[0]]}
+    report = asyncio.run(ops.copy(source, [refusing], keys, codec))
+    assert (report.copied, report.existed, report.failed) == (0, 1, 2), report

@@ -18,7 +18,7 @@ from objcache.client import Client
 from objcache.config import Config
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
-from tests.support.servers import FakeGCS, SeaweedS3
+from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
 pytestmark = pytest.mark.servers
 
@@ -177,3 +177,71 @@ def test_process_with_a_hung_tier_exits_within_the_deadline(
     assert last_call - started <= 30, "the lookup itself ended"
     print(f"exit took {ended - last_call:.1f} s after the last call (deadline {DEADLINE_MS} ms)")
     assert ended - last_call < HUNG_BOUND_S, (ended - last_call, done.stderr)
+
+
+def test_rediss_against_a_plain_text_redis_says_tls_may_be_the_cause(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    url = redis_server.url.replace("redis://", "rediss://", 1)
+    done, _ = cli("doctor", env=base_env(tmp_path, url, OBJCACHE_TIMEOUT_MS="5000"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    [failed] = [line for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    assert failed.endswith(
+        "; this rediss:// tier connects with TLS: if the server speaks plain text, "
+        "use redis:// (or enable TLS on the server)"
+    ), failed
+    assert "connecting" in failed, failed
+
+
+def test_ctrl_c_during_pull_says_what_was_copied_and_leaves_only_whole_entries(
+    redis_server: RedisServer, fault_proxy: MakeProxy, tmp_path: Path
+) -> None:
+    """SIGINT once pull has copied something and the rest hangs: exit 130, one line saying
+    how many of how many were copied, and every object in the local tier verifies."""
+    import signal
+
+    prefix = f"intr{uid()}"
+    direct = f"{redis_server.url}?prefix={prefix}"
+    seeding = base_env(tmp_path, direct, OBJCACHE_LOCAL_DIR=str(tmp_path / "ci"))
+    client = Client(Config.from_env(seeding))
+    for i in range(200):
+        client.put("fx-graph", f"k{i}", os.urandom(2000))
+    client.put("fx-graph", "k-big", os.urandom(4 << 20))
+    client.close()
+    proxy = fault_proxy(redis_server.host, redis_server.port)
+    proxied = f"redis://{proxy.address[0]}:{proxy.address[1]}/0?prefix={prefix}"
+    fresh = tmp_path / "fresh"
+    env = base_env(tmp_path, proxied, OBJCACHE_LOCAL_DIR=str(fresh), OBJCACHE_TIMEOUT_MS="600000")
+    # 20 kB/s a connection: the 4 MiB entry alone takes over 3 minutes, so the copy is still
+    # under way however late the test sees its first entry and stops the store
+    proxy.bandwidth_bps = 20_000
+    pull = subprocess.Popen(
+        [sys.executable, "-m", "objcache.cli", "pull"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() for p in fresh.rglob("k*")):  # the copy has started
+            assert pull.poll() is None and time.monotonic() < deadline, "pull ended first"
+            time.sleep(0.01)
+        proxy.blackhole()  # everything not yet answered now hangs: the copy cannot finish
+        pull.send_signal(signal.SIGINT)
+        stdout, stderr = pull.communicate(timeout=60)
+    finally:
+        if pull.poll() is None:
+            pull.kill()
+    assert pull.returncode == 130, stdout + stderr
+    line = r"^pull: interrupted: ([\d,]+) of ([\d,]+) copied; run again to finish$"
+    found = re.search(line, stderr, re.MULTILINE)
+    assert found, stderr
+    copied, total = (int(n.replace(",", "")) for n in found.groups())
+    assert 1 <= copied < total and total >= 201, stderr
+    proxy.passthrough()
+    verified, _ = cli("verify", "--json", env={**env, "OBJCACHE_TIERS": ""})
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert '"bad": []' in verified.stdout
+    leftovers = [p for p in fresh.rglob("*") if p.is_file() and not p.name.startswith("k")]
+    assert all(p.name == "ENV.json" for p in leftovers), leftovers

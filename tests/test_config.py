@@ -410,3 +410,95 @@ def test_a_key_file_holds_one_key_per_line(tmp_path: Path) -> None:
     f.write_bytes(b"\n \n")
     with pytest.raises(ConfigError, match="holds no key"):
         Config.from_env({"OBJCACHE_SIGNING_KEY_FILE": str(f)})
+
+
+# --- sizes and misspelt variables (docs/configuration.md) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("10G", 10 << 30), ("512M", 512 << 20), ("64k", 64 << 10), ("10 GiB", 10 << 30), ("7", 7)],
+)
+def test_every_size_option_takes_suffixes_from_env_and_keywords(raw: str, expected: int) -> None:
+    env = {"OBJCACHE_LOCAL_MAX_BYTES": raw, "OBJCACHE_WRITE_BEHIND_MAX_BYTES": raw}
+    config = Config.from_env(env)
+    assert (config.local_max_bytes, config.write_behind_max_bytes) == (expected, expected)
+    keywords = Config(local_max_bytes=raw, write_behind_max_bytes=raw)  # type: ignore[arg-type]
+    assert (keywords.local_max_bytes, keywords.write_behind_max_bytes) == (expected, expected)
+    spec = parse_tier_list(f"disk:///x?max_bytes={raw.replace(' ', '')}")[0]
+    from objcache.options import lookup
+    from objcache.registry import SCHEMES
+
+    table = SCHEMES["disk"].options
+    assert table is not None
+    assert lookup(table, "max_bytes").parse(spec.options["max_bytes"], "disk") == expected
+
+
+@pytest.mark.parametrize("where", ["env", "keyword"])
+def test_a_bad_size_is_one_line_naming_the_option(where: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        if where == "env":
+            Config.from_env({"OBJCACHE_LOCAL_MAX_BYTES": "ten gigs"})
+        else:
+            Config(local_max_bytes="ten gigs")  # type: ignore[arg-type]
+    name = "OBJCACHE_LOCAL_MAX_BYTES" if where == "env" else "local_max_bytes"
+    assert (
+        str(exc.value) == f"{name}: must be a byte count like 10G, 512M or 1048576, got 'ten gigs'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("var", "meant"),
+    [
+        ("OBJCACHE_VERIFY_KEY", "OBJCACHE_VERIFY_KEYS"),
+        ("OBJCACHE_SIGNING_KEYS", "OBJCACHE_SIGNING_KEY"),
+        ("OBJCACHE_SIGNING_KEYFILE", "OBJCACHE_SIGNING_KEY_FILE"),
+        ("OBJCACHE_READONLY", "OBJCACHE_READ_ONLY"),
+    ],
+)
+def test_a_misspelt_security_variable_is_a_configuration_error(var: str, meant: str) -> None:
+    """A fleet that meant to verify (or not to write) never runs without it."""
+    with pytest.raises(
+        ConfigError, match=f"^{var} is not an objcache option; did you mean {meant}"
+    ):
+        Config.from_env({var: "ed25519:AAAA"})
+
+
+def test_a_misspelt_variable_is_one_warning_with_the_closest_option(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"OBJCACHE_TIER": "file:///x", "OBJCACHE_PREFECH": "0"}
+    with caplog.at_level("WARNING", logger="objcache"):
+        config = Config.from_env(env)
+        Config.from_env(env)  # at first use only
+    assert config.tiers == ()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "objcache: OBJCACHE_PREFECH is not an objcache option and is ignored; "
+        "did you mean OBJCACHE_PREFETCH?",
+        "objcache: OBJCACHE_TIER is not an objcache option and is ignored; "
+        "did you mean OBJCACHE_TIERS?",
+    ]
+
+
+def test_variables_objcache_itself_sets_are_not_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from objcache.config import INTERNAL_VARIABLES, unknown_variables
+
+    internal = dict.fromkeys(INTERNAL_VARIABLES, "1")
+    with caplog.at_level("WARNING", logger="objcache"):
+        Config.from_env(internal)
+    assert unknown_variables(internal) == {} and not caplog.records
+    # every OBJCACHE_ name the repository's code, tests and benchmarks read is known (this
+    # misspellings of this file and test_cli.py, and the demo's output tag, aside)
+    import re
+
+    from objcache.config import option_variables
+
+    used: set[str] = set()
+    for folder in ("objcache", "backends", "tests", "bench", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name not in ("test_config.py", "test_cli.py"):
+                used |= set(re.findall(r"OBJCACHE_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    assert used - set(option_variables()) - INTERNAL_VARIABLES == {"OBJCACHE_RESULT"}

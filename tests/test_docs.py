@@ -48,3 +48,19 @@ def test_linked_pages_exist() -> None:
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+\.md)\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_the_quickstart_prints_what_it_counts(tmp_path: Path) -> None:
+    """The quickstart's one put prints a count that says what it counts."""
+    page = (ROOT / "docs" / "quickstart.md").read_text()
+    [code] = [m.group(2) for m in BLOCK.finditer(page) if "client.put(" in m.group(2)]
+    env = {**os.environ, "HOME": str(tmp_path), "OBJCACHE_PREFETCH": "0"}
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.strip()
+    assert (
+        printed == "2 objects written to the store: the entry, and ENV.json (once per environment)"
+    )
+    assert f"It prints `{printed}`" in page

@@ -95,7 +95,6 @@ COMMANDS: list[tuple[str, Callable[[str], list[str]]]] = [
     ("gc", lambda url: ["gc", "--older-than", "0", "--yes"]),
     ("gc --tier", lambda url: ["gc", "--tier", url, "--keep-env", "other", "--yes"]),
     ("verify --delete", lambda url: ["verify", "--tier", url, "--delete"]),
-    ("mega save", lambda url: ["mega", "save", "bundle"]),
 ]
 
 

@@ -381,3 +381,33 @@ async def test_request_time_too_skewed_is_a_clock_error_that_leaves_the_breaker_
         client.close()
         client.bridge.stop()
         shim.close()
+
+
+async def test_a_name_the_store_refuses_is_an_invalid_key_that_leaves_the_breaker_closed(
+    seaweed_s3: S3Server, prefix: str, tmp_path: Path
+) -> None:
+    """SeaweedFS's KeyTooLongError (S3's InvalidObjectName) is the caller's input, not the
+    tier's health: ``invalid_key`` misses, and the next ordinary put still goes through."""
+    port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
+    shim = ThrottleShim(
+        port, status=400, body=s3_error("KeyTooLongError"), content_type="application/xml"
+    )
+    url = s3_url(seaweed_s3, prefix, endpoint_url=shim.url)
+    config = Config.from_env(
+        {}, tiers=url, local_dir=tmp_path / "local", prefetch=False, breaker_failures=3
+    )
+    client = Client(config)
+    try:
+        shim.throttle_next(10)
+        for i in range(10):  # far past the breaker's threshold
+            assert client.get("fx-graph", f"long-{i}") is None
+        remote = client.stats()["tiers"][1]
+        assert remote["misses"] == {"invalid_key": 10}, remote
+        assert remote["breaker_opened"] == 0 and remote["breaker"] == "closed"
+        client.put("fx-graph", "ordinary", b"v")
+        assert client.flush(10) == 0
+        assert client.stats()["tiers"][1]["puts"] >= 1  # the ordinary key reached the tier
+    finally:
+        client.close()
+        client.bridge.stop()
+        shim.close()

@@ -31,6 +31,7 @@ FOREIGN = {
     "503": "HTTP status",
     "429": "HTTP status",
     "OOM command not allowed": "Redis reply",
+    "Timeout connecting to server": "redis-py's TimeoutError",
     "WRONGPASS": "Redis reply",
     "NOAUTH": "Redis reply",
     "NOPERM": "Redis reply",

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -320,30 +321,68 @@ def test_hostile_keys_stay_inside_the_stores(tmp_path: Path) -> None:
             assert not path.is_symlink()
 
 
-def test_oversized_keys_are_misses_that_do_not_take_the_tier_down(tmp_path: Path) -> None:
-    client = Client(
-        Config.from_env(
-            {},
-            tiers=f"file://{tmp_path / 'store'}",
-            local_dir=tmp_path / "local",
-            prefetch=False,
-            timeout_ms=5000,
-            breaker_failures=3,
-            stats_file=tmp_path / "stats.json",
+def test_long_keys_are_stored_on_every_local_store_and_served_by_name(tmp_path: Path) -> None:
+    """A key of any length (ASCII or CJK, past the 255-byte component and 1,024-byte name
+    limits) is stored under a bounded name on disk and file://, a machine with a cold local
+    tier gets it back, and the breaker stays closed."""
+
+    def client(local: str) -> Client:
+        return Client(
+            Config.from_env(
+                {},
+                tiers=f"file://{tmp_path / 'store'}",
+                local_dir=tmp_path / local,
+                prefetch=False,
+                timeout_ms=5000,
+                breaker_failures=3,
+                stats_file=tmp_path / f"{local}.json",
+            )
         )
-    )
-    for i in range(6):  # more than the breaker threshold
-        key = f"{i}" + "k" * 5000
-        client.put(KIND, key, b"x")
-        assert client.get(KIND, key) is None
-    assert client.flush(10) == 0
-    client.put(KIND, "normal", b"n")
-    assert client.flush(10) == 0
-    tiers = client.stats()["tiers"]
+
+    keys = ["\u9375" * 30, *(f"{i}" + "k" * 5000 for i in range(4)), "\u9375" * 1400]
+    writer = client("writer")
+    for key in keys:
+        writer.put(KIND, key, key.encode())
+    assert writer.flush(10) == 0
+    tiers = writer.stats()["tiers"]
     assert [t["breaker"] for t in tiers] == ["closed", "closed"], tiers
-    assert tiers[1]["puts"] >= 1  # the normal key still reached the remote tier
-    assert client.get(KIND, "normal") == b"n"
-    close(client)
+    assert [t["put_errors"] for t in tiers] == [{}, {}], tiers
+    assert all(writer.get(KIND, key) == key.encode() for key in keys)
+    close(writer)
+    reader = client("reader")  # another machine: every key comes from the remote tier
+    assert [reader.get(KIND, key) for key in keys] == [key.encode() for key in keys]
+    assert reader.stats()["tiers"][1]["hits"] == len(keys)
+    close(reader)
+
+
+def test_an_entry_under_another_long_keys_name_is_refused(tmp_path: Path) -> None:
+    """Long keys sharing their readable head get names of their own, and each entry stays
+    bound to its name: one copied over another's is a ``corrupt`` miss, never served."""
+    config = Config.from_env(
+        {},
+        tiers=f"file://{tmp_path / 'store'}",
+        local_dir=tmp_path / "local",
+        prefetch=False,
+        stats_file=tmp_path / "stats.json",
+    )
+    first, second = "k" * 4000 + "1", "k" * 4000 + "2"
+    writer = Client(config)
+    writer.put(KIND, first, b"first")
+    writer.put(KIND, second, b"second")
+    assert writer.flush(10) == 0
+    name = {k: writer.cache.namespace.object_key(KIND, k) for k in (first, second)}
+    close(writer)
+    assert name[first] != name[second]
+    heads = {n.rsplit("/", 1)[1].split("~")[0] for n in name.values()}
+    assert heads == {"k" * 120}  # the same readable head, told apart by the digest
+    store = tmp_path / "store"
+    (store / name[second]).write_bytes((store / name[first]).read_bytes())
+    shutil.rmtree(tmp_path / "local")
+    reader = Client(config)
+    assert reader.get(KIND, second) is None
+    assert reader.get(KIND, first) == b"first"
+    assert reader.stats()["tiers"][1]["misses"].get("corrupt") == 1
+    close(reader)
 
 
 # --- secrets ---------------------------------------------------------------------------

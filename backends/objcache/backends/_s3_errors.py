@@ -14,7 +14,13 @@ from typing import Any
 import aiohttp
 from botocore import exceptions as bce
 
-from objcache.errors import BackendError, ClockSkew, PermanentBackendError, TransientBackendError
+from objcache.errors import (
+    BackendError,
+    ClockSkew,
+    InvalidKey,
+    PermanentBackendError,
+    TransientBackendError,
+)
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -103,6 +109,11 @@ def _client_error(exc: bce.ClientError, op: str, bucket: str, tier: str) -> Back
             f"{op}: this machine's clock differs from the server's by more than S3 allows "
             "(RequestTimeTooSkewed): synchronise it (chrony, systemd-timesyncd, NTP)",
             tier=tier,
+        )
+    if code in ("KeyTooLongError", "InvalidObjectName"):
+        # The name, not the tier: an invalid_key that leaves the breaker closed.
+        return InvalidKey(
+            f"{op}: the store refuses this object name ({code}: {message})", tier=tier
         )
     if code == "InvalidAccessKeyId":
         return PermanentBackendError(

@@ -195,7 +195,15 @@ def classify(exc: BaseException, op: str, tier: str) -> BackendError:
         return PermanentBackendError(f"{op}: {text}", tier=tier)
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError)):
         # includes BusyLoadingError, "max number of clients", resets, socket timeouts
-        return TransientBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
+        hint = ""
+        if tier.startswith("rediss://") and "connecting" in text.lower():
+            # a plain-text server never answers the TLS handshake: redis-py says only
+            # "Timeout connecting to server" (docs/troubleshooting.md, "Tier errors")
+            hint = (
+                "; this rediss:// tier connects with TLS: if the server speaks plain text, "
+                "use redis:// (or enable TLS on the server)"
+            )
+        return TransientBackendError(f"{op}: {type(exc).__name__}: {exc}{hint}", tier=tier)
     return PermanentBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
 
 

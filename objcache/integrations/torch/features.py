@@ -253,8 +253,39 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
     return states
 
 
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _falsy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("0", "false", "no", "off")
+
+
+def in_force(environ: dict[str, str] | None = None) -> list[PartState]:
+    """:func:`report` with objcache's own switches applied: with the zero-code path off
+    (``OBJCACHE_ENABLE=0``, or neither it nor ``OBJCACHE_TIERS`` set) no part is on in a new
+    process, and Triton's part needs ``OBJCACHE_TRITON`` (imports torch)."""
+    from objcache.integrations.torch.autoload import enabled
+
+    env = dict(os.environ) if environ is None else environ
+    states = report(env)
+    if not enabled(env):
+        flag = env.get("OBJCACHE_ENABLE")
+        why = (
+            f"OBJCACHE_ENABLE={flag}"
+            if _falsy(flag)
+            else "neither OBJCACHE_TIERS nor OBJCACHE_ENABLE is set (only objcache.install() "
+            "in code turns it on)"
+        )
+        return [PartState(s.part, False, why) if s.active else s for s in states]
+    if not _truthy(env.get("OBJCACHE_TRITON")):
+        states = [
+            PartState(s.part, False, "OBJCACHE_TRITON is not set")
+            if s.part == "Triton" and s.active
+            else s
+            for s in states
+        ]
+    return states
 
 
 def doctor_lines(environ: dict[str, str] | None = None) -> list[str]:
@@ -263,7 +294,7 @@ def doctor_lines(environ: dict[str, str] | None = None) -> list[str]:
 
     if importlib.util.find_spec("torch") is None:
         return ["torch parts: torch is not installed"]
-    states = report(environ)
+    states = in_force(environ)
     active = [s.part for s in states if s.active]
     lines = [f"torch parts active: {', '.join(active) or 'none'}"]
     lines += [f"torch part off: {s.part}: {s.why}" for s in states if not s.active]
