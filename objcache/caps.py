@@ -18,7 +18,11 @@ _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 #: Default cap of every kind: far above any FX graph, kernel or Mega-Cache bundle seen.
 DEFAULT_CAP = 1 << 30
 #: Kinds whose entries are small by construction get a tighter default.
-DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType({"manifest": 64 << 20, "pgo": 64 << 20})
+#: A precompile entry holds Dynamo's bytecode, guards and the compiled graphs' code, not
+#: their kernels (docs/torch.md, "Precompile entries").
+DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType(
+    {"manifest": 64 << 20, "pgo": 64 << 20, "precompile": 256 << 20}
+)
 
 
 @dataclass(frozen=True)
