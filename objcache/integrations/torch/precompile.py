@@ -276,6 +276,23 @@ def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[Bas
     return serialize_guards
 
 
+def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: Any) -> Any:
+    """torch 2.13: a recompile of a function whose served entry installed Dynamo's builtins
+    dict into the module's globals asserts that the name "already exists in scope" and the
+    error reaches the user's code (later releases disown the binding instead). The very same
+    object already bound is accepted, with a hook that never deletes the shared binding."""
+
+    def create(scope: dict[str, Any], name: str, val: Any) -> Any:
+        if name in scope and scope[name] is val:
+            counters["shared_globals"] += 1
+            manager.count += 1
+            return hook_cls({name: val}, name)
+        return original(scope, name, val)
+
+    create.__objcache__ = True  # type: ignore[attr-defined]
+    return staticmethod(create)
+
+
 # --- save ----------------------------------------------------------------------------------------
 
 
@@ -431,6 +448,14 @@ def apply(package_module: Any) -> None:
                 "serialize_guards",
                 _wrap_serialize_guards(checker.serialize_guards, exc_module.PackageError),
             )
+            utils = importlib.import_module("torch._dynamo.utils")
+            hook_cls = getattr(utils, "CleanupHook", None)
+            if hook_cls is not None and not hasattr(hook_cls, "disown"):
+                _patch(
+                    hook_cls,
+                    "create",
+                    _wrap_cleanup_create(hook_cls.create, hook_cls, utils.CleanupManager),
+                )
         except BaseException:
             uninstall()
             raise
