@@ -206,3 +206,79 @@ def test_the_entry_is_keyed_by_environment_and_source(pc: World) -> None:
     assert pc.entry.parts[1] == env_id()
     # torch's own store (``dynamo/<key>/entry``, read unverified) is not written
     assert not list((pc.base / "a" / "inductor" / "dynamo").glob("*/entry"))
+
+
+TRAIN_SCRIPT = """\
+import copy, json, sys
+import torch
+import objcache
+
+objcache.install()
+from torch import nn
+from objcache.integrations.torch import precompile
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2.0
+
+
+torch.manual_seed(0)
+net = Net()
+x = torch.randn(3, 8)
+ref_net = copy.deepcopy(net)
+ref = ref_net(x).sum()
+ref.backward()
+loss = torch.compile(net)(x).sum()
+if sys.argv[1] == "save-before-backward":
+    # what the background saver does when compiles pause for 2 s before the first backward
+    precompile.save()
+loss.backward()  # the backward graph is compiled here (lazily), its backend recorded
+from torch._dynamo.utils import counters
+
+grads = [torch.allclose(p.grad, r.grad) for p, r in zip(net.parameters(), ref_net.parameters())]
+print("RESULT " + json.dumps({
+    "graphs": int(counters["stats"]["unique_graphs"]),
+    "match": bool(torch.allclose(loss, ref)) and all(grads),
+    "precompile": dict(precompile.counters),
+}), flush=True)
+"""
+
+
+def test_a_save_before_the_lazy_backward_still_carries_the_training_backend(
+    tmp_path: Path,
+) -> None:
+    """A training step's backward is compiled at the first ``backward()``, after the frame's
+    package is recorded; a save in between must not store (then or later) an entry whose
+    code torch marked bypassed for the missing backend: B must skip Dynamo."""
+    store = tmp_path / "store"
+
+    def train(machine: str, mode: str) -> Any:
+        path = tmp_path / machine
+        e = ts.compile_env(path, f"file://{store}")
+        e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_SIGNING_KEY=KEY, OBJCACHE_PREFETCH="0")
+        script = path / "train.py"
+        script.write_text(TRAIN_SCRIPT)
+        out = subprocess.run(
+            [sys.executable, str(script), mode],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-4000:]
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+        return json.loads(line[len("RESULT ") :]), out.stderr
+
+    a, a_err = train("a", "save-before-backward")
+    assert a["match"] and a["graphs"] == 1
+    assert len(entry_files(store)) == 1
+    b, _ = train("b", "plain")
+    assert b["match"]  # loss and gradients as eager's
+    assert b["graphs"] == 0  # Dynamo traced nothing, backward included
+    assert b["precompile"].get("hits") == 1 and b["precompile"].get("installed") == 1
+    assert "Backend not found" not in a_err  # torch's log of a backend left out

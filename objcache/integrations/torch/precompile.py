@@ -39,6 +39,7 @@ user's code.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -85,6 +86,8 @@ _served: dict[int, Any] = {}
 _keys: dict[str, str] = {}
 #: torch keys whose entry changed since it was last saved.
 _dirty: set[str] = set()
+#: torch keys saved before their backend was recorded: saved at exit if nothing marks them.
+_waiting: set[str] = set()
 #: objcache key -> digest of the bytes last stored or loaded (no put of the same bytes).
 _stored: dict[str, str] = {}
 _changed = threading.Condition(_lock)
@@ -319,7 +322,7 @@ def _settle() -> None:
             if left > 0:
                 _changed.wait(left)
                 continue
-        save()
+        save(final=False)
 
 
 def _wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -351,10 +354,14 @@ def _wrap_record_artifact(original: Callable[..., None]) -> Any:
     return classmethod(record_artifact)
 
 
-def save() -> int:
-    """Store every changed entry now (never raises); returns how many were put."""
+def save(final: bool = True) -> int:
+    """Store every changed entry now (never raises); returns how many were put.
+
+    Only the background saver passes ``final=False``: an entry whose backend is not recorded
+    yet then waits for it (:func:`_complete_entry`).
+    """
     try:
-        return _save()
+        return _save(final)
     except Exception as exc:
         _failed("save", exc)
         return 0
@@ -363,25 +370,57 @@ def save() -> int:
 _save_lock = threading.Lock()
 
 
-def _save() -> int:
+def _save(final: bool) -> int:
     with _save_lock:
-        return _save_locked()
+        return _save_locked(final)
 
 
-def _save_locked() -> int:
+def _complete_entry(torch_key: str, final: bool) -> Any | None:
+    """torch's ``PrecompileCacheEntry`` of one function, or None while a backend is missing.
+
+    A training step compiles its backward lazily, at the first ``backward()``: its backend is
+    recorded (``record_artifact``) seconds after the frame's package. torch's
+    ``PrecompileCacheEntry.from_cache_entry`` marks a code whose backend is missing
+    ``bypassed`` *in place*, on the very objects the live package and ``PrecompileContext``
+    hold, so a save in between would store, then and on every later save, an entry a new
+    machine traces and compiles again. Such an entry waits (counted) for its backend, which
+    marks it again; at exit (``final``) it is saved as torch would save it (the incomplete
+    codes bypassed, on copies), unless no code at all is complete (nothing would be served).
+    """
+    from torch._dynamo.package import PrecompileCacheEntry
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    dynamo = PrecompileContext._dynamo_cache_entries.get(torch_key)
+    if dynamo is None:
+        return None
+    backends = PrecompileContext._backend_artifacts_by_key
+    waiting = [c for c in dynamo.codes if any(b not in backends for b in c.backend_ids)]
+    if waiting and (not final or len(waiting) == len(dynamo.codes)):
+        counters["waiting_for_backend" if not final else "unsaved:no_backend"] += 1
+        if not final:
+            with _lock:
+                _waiting.add(torch_key)
+        return None
+    # torch marks the copies, never the live package's codes
+    copy = dataclasses.replace(dynamo, codes=[dataclasses.replace(c) for c in dynamo.codes])
+    return PrecompileCacheEntry.from_cache_entry(copy, backends)
+
+
+def _save_locked(final: bool) -> int:
     with _lock:
+        if final:
+            _dirty.update(_waiting)
+        _waiting.difference_update(_dirty)
         dirty = {k: _keys[k] for k in _dirty if k in _keys}
         _dirty.clear()
     if not dirty:
         return 0
     from torch._dynamo import convert_frame
-    from torch._dynamo.precompile_context import PrecompileContext
 
     blobs: dict[str, bytes] = {}
     with getattr(convert_frame, "compile_lock", contextlib.nullcontext()):
-        entries, _ = PrecompileContext.create_cache_entries()
         for torch_key, key in dirty.items():
-            entry = entries.get(torch_key)
+            entry = _complete_entry(torch_key, final)
             if entry is not None:
                 blobs[key] = pickle.dumps(entry)
     client = _client()
@@ -431,6 +470,9 @@ def apply(package_module: Any) -> None:
         exc_module = importlib.import_module("torch._dynamo.exc")
         cache = package_module.DynamoCache
         package_cls = package_module.CompilePackage
+        for attr in ("_dynamo_cache_entries", "_backend_artifacts_by_key"):  # read by save()
+            if not isinstance(getattr(context.PrecompileContext, attr, None), dict):
+                raise AttributeError(f"torch has no dict PrecompileContext.{attr}")
         try:
             _patch(cache, "load", _load)
             _patch(cache, "record_package", _wrap_record_package(cache.record_package))
@@ -490,6 +532,7 @@ def uninstall() -> None:
         _patched.clear()
         _served.clear()
         _dirty.clear()
+        _waiting.clear()
 
 
 def installed() -> bool:
