@@ -406,8 +406,14 @@ def _apply_precompile(module: Any) -> None:
     """
     if not precompile.wanted() or features.off("precompile") is not None:
         return
+    # it patches both modules: applied once the later of the two has run (torch 2.15's
+    # guards module imports the package module half-way through its own body)
+    package = sys.modules.get("torch._dynamo.package")
+    guards = sys.modules.get("torch._dynamo.guards")
+    if not hasattr(package, "DynamoCache") or not hasattr(guards, "CheckFunctionManager"):
+        return
     try:
-        precompile.apply(module)
+        precompile.apply(package)
     except BaseException:
         _undo_flag("torch._dynamo.config", "caching_precompile")
         raise

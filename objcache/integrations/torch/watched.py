@@ -31,6 +31,7 @@ WATCHED: dict[str, Part] = {
     "torch._inductor.codecache": "fx_candidates",
     "torch._functorch._aot_autograd.autograd_cache": "aot_candidates",
     "torch._dynamo.package": "precompile",
+    "torch._dynamo.guards": "precompile",
 }
 
 _stop_listeners: list[Callable[[], None]] = []
