@@ -20,7 +20,11 @@ _SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
 #: Default cap of every kind: far above any FX graph, kernel or Mega-Cache bundle seen.
 DEFAULT_CAP = 1 << 30
 #: Kinds whose entries are small by construction get a tighter default.
-DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType({"manifest": 64 << 20, "pgo": 64 << 20})
+#: A precompile entry holds Dynamo's bytecode, guards and the compiled graphs' code, not
+#: their kernels (docs/torch.md, "Precompile entries").
+DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType(
+    {"manifest": 64 << 20, "pgo": 64 << 20, "precompile": 256 << 20}
+)
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,15 @@ class Config:
         "(one LIST per tier, then concurrent GETs). 0: torch's one value per key.",
         default=True,
     )
+    precompile: bool = _opt(
+        "OBJCACHE_PRECOMPILE",
+        "Turn on torch's caching precompile and carry its entries (Dynamo's bytecode, guards "
+        "and compiled graphs per torch.compile'd function) through objcache, signed and keyed "
+        "by the function's source: a new machine skips Dynamo's tracing. Opt-in: torch calls "
+        "the feature experimental and it changes how guards are built (docs/torch.md, "
+        '"Precompile entries").',
+        default=False,
+    )
     stats_file: Path | None = _opt(
         "OBJCACHE_STATS_FILE",
         "Where a process leaves its stats at exit for `objcache stats` "

@@ -36,11 +36,18 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "bundled autotune",
         "kernels",
         "Mega-Cache",
+        "precompile",
         "guarded candidates",
         "Triton",
     ]
     for part in features.TORCH_PARTS:
-        assert states[part].active, f"{part}: {states[part].why}"
+        if part != "precompile":
+            assert states[part].active, f"{part}: {states[part].why}"
+    # opt-in: off unless OBJCACHE_PRECOMPILE says so, on with it where torch has the hooks
+    assert not states["precompile"].active
+    assert states["precompile"].why == "opt-in: OBJCACHE_PRECOMPILE=1 turns it on"
+    opted = {s.part: s for s in features.report(environ={"OBJCACHE_PRECOMPILE": "1"})}
+    assert opted["precompile"].active, opted["precompile"].why
 
 
 def test_doctor_says_why_a_part_is_switched_off_by_the_environment() -> None:
@@ -154,7 +161,7 @@ def test_a_moved_hook_keeps_its_part_off_and_the_others_on(
     if part != "kernels":
         assert getattr(cpp_builder.CppBuilder.build, "__objcache__", False)
 
-    states = {s.part: s for s in features.report(environ={})}
+    states = {s.part: s for s in features.report(environ={"OBJCACHE_PRECOMPILE": "1"})}
     assert not states[part].active and name in states[part].why
     assert [p for p in features.TORCH_PARTS if not states[p].active] == [part]
 

@@ -94,6 +94,24 @@ PARTS: dict[str, tuple[Hook, ...]] = {
     "Mega-Cache": _hooks(
         "function", "torch.compiler", "save_cache_artifacts", "load_cache_artifacts"
     ),
+    "precompile": (
+        *_hooks("flag", "torch._dynamo.config", "caching_precompile"),
+        *_hooks(
+            "method",
+            "torch._dynamo.package",
+            "DynamoCache.load",
+            "DynamoCache.record_package",
+            "CompilePackage.initialize",
+            "CompilePackage.install",
+            "CompilePackage.source_id_from_fn",
+            "InMemoryDynamoStore.load_cache_entry",
+        ),
+        *_hooks("class", "torch._dynamo.package", "PrecompileCacheEntry", "_DynamoCacheEntry"),
+        *_hooks("method", "torch._dynamo.package", "PrecompileCacheEntry.from_cache_entry"),
+        *_hooks("method", "torch._dynamo.precompile_context", "PrecompileContext.record_artifact"),
+        *_hooks("method", "torch._dynamo.guards", "CheckFunctionManager.serialize_guards"),
+        *_hooks("class", "torch._dynamo.exc", "PackageError"),
+    ),
     "guarded candidates": (
         *_hooks(
             "method",
@@ -223,8 +241,12 @@ _ENV_OFF: dict[str, tuple[str, ...]] = {
     "PGO": ("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO",),
     "autotune": ("TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE",),
     "bundled autotune": ("TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",),
+    "precompile": ("TORCH_CACHING_PRECOMPILE",),
     "guarded candidates": ("OBJCACHE_GUARDED_CANDIDATES",),
 }
+
+#: Parts that stay off unless this environment variable is true (docs/torch.md).
+_OPT_IN: dict[str, str] = {"precompile": "OBJCACHE_PRECOMPILE"}
 
 
 def report(environ: dict[str, str] | None = None) -> list[PartState]:
@@ -244,6 +266,10 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
         gone = missing(part)
         if gone:
             states.append(PartState(part, False, f"missing {', '.join(gone)}"))
+            continue
+        opt_in = _OPT_IN.get(part)
+        if opt_in is not None and not _truthy(env.get(opt_in)):
+            states.append(PartState(part, False, f"opt-in: {opt_in}=1 turns it on"))
             continue
         off_by = [v for v in _ENV_OFF.get(part, ()) if _falsy(env.get(v))]
         if off_by:

@@ -38,6 +38,7 @@ from objcache.integrations.torch import (
     candidates,
     features,
     pgo_join,
+    precompile,
     serde,
     time_saved,
     watched,
@@ -87,6 +88,8 @@ FLAGS: tuple[tuple[str, str, str], ...] = (
         "automatic_dynamic_remote_pgo",
         "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO",
     ),
+    # only with OBJCACHE_PRECOMPILE=1 (:func:`_set_flags`)
+    ("torch._dynamo.config", "caching_precompile", "TORCH_CACHING_PRECOMPILE"),
 )
 #: Environment variables that set torch.compiler.config.job_id (PGO needs a job id).
 JOB_ID_ENV = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
@@ -280,6 +283,10 @@ def _set_flags(module: Any) -> None:
             continue
         if features.off(features.PART_OF_FLAG[attr]) is not None:
             continue
+        if attr == "caching_precompile":
+            if precompile.wanted() and getattr(module, attr, None) is False:
+                _set_config(module, attr, True)
+            continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
             continue
         _set_config(module, attr, True)
@@ -390,6 +397,34 @@ def _apply_autograd_cache(module: Any) -> None:
     time_saved.apply(module)
 
 
+def _apply_precompile(module: Any) -> None:
+    """Carry torch's precompile entries through objcache (only with OBJCACHE_PRECOMPILE=1).
+
+    On any failure the ``caching_precompile`` flag objcache set is put back: torch's own
+    store reads unverified pickles under a key naming only the function's qualname and
+    line (docs/torch.md, "Precompile entries").
+    """
+    if not precompile.wanted() or features.off("precompile") is not None:
+        return
+    # it patches both modules: applied once the later of the two has run (torch 2.15's
+    # guards module imports the package module half-way through its own body)
+    package = sys.modules.get("torch._dynamo.package")
+    guards = sys.modules.get("torch._dynamo.guards")
+    if not hasattr(package, "DynamoCache") or not hasattr(guards, "CheckFunctionManager"):
+        return
+    try:
+        precompile.apply(package)
+    except BaseException:
+        _undo_flag("torch._dynamo.config", "caching_precompile")
+        raise
+
+
+def _undo_flag(mod_name: str, attr: str) -> None:
+    for saved in ((mod_name, f"config:{attr}"), (mod_name, attr)):
+        if saved in _saved and (mod := sys.modules.get(mod_name)) is not None:
+            _restore(mod, saved[1], _saved.pop(saved))
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "flags": _apply_flags,
@@ -398,6 +433,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "kernels": _apply_kernels,
     "fx_candidates": _apply_codecache,
     "aot_candidates": _apply_autograd_cache,
+    "precompile": _apply_precompile,
 }
 
 
@@ -415,9 +451,7 @@ def _undo_flags_of_parts_off() -> None:
     """
     for mod_name, attr, _env in FLAGS:
         if features.missing(features.PART_OF_FLAG[attr]):
-            for saved in ((mod_name, f"config:{attr}"), (mod_name, attr)):
-                if saved in _saved and (mod := sys.modules.get(mod_name)) is not None:
-                    _restore(mod, saved[1], _saved.pop(saved))
+            _undo_flag(mod_name, attr)
 
 
 _config_checked: list[bool] = []
@@ -545,6 +579,7 @@ def uninstall() -> None:
             kernels.uninstall()
         candidates.uninstall()
         time_saved.uninstall()
+        precompile.uninstall()
         _installed_parts.clear()
         _flags_waiting.clear()
         _config_checked.clear()
@@ -568,4 +603,5 @@ def stats() -> dict[str, Any]:
         "time_saved_s": time_saved.snapshot(),
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
+        "precompile": dict(precompile.counters),
     }

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Literal
 
 #: What a part of the install does (:mod:`.hooks` maps each to the function applying it).
-Part = Literal["flags", "remote_caches", "autotune", "kernels", "fx_candidates", "aot_candidates"]
+Part = Literal[
+    "flags", "remote_caches", "autotune", "kernels", "fx_candidates", "aot_candidates", "precompile"
+]
 
 #: torch module -> the part of the install applied once it is imported, in install order.
 WATCHED: dict[str, Part] = {
@@ -28,6 +30,8 @@ WATCHED: dict[str, Part] = {
     "torch._inductor.cpp_builder": "kernels",
     "torch._inductor.codecache": "fx_candidates",
     "torch._functorch._aot_autograd.autograd_cache": "aot_candidates",
+    "torch._dynamo.package": "precompile",
+    "torch._dynamo.guards": "precompile",
 }
 
 _stop_listeners: list[Callable[[], None]] = []

@@ -1,0 +1,539 @@
+"""Precompile entries: Dynamo's own work, carried through objcache (docs/torch.md,
+"Precompile entries").
+
+torch's caching precompile (``torch._dynamo.config.caching_precompile``) saves, per
+``torch.compile``'d function, a package of Dynamo's output: the transformed bytecode, its
+serialized guards and the compiled backends. A process that loads it skips Dynamo's tracing,
+fake-tensor propagation and the FX/AOT lookups. torch keeps it in
+``<TORCHINDUCTOR_CACHE_DIR>/dynamo/<sha256(qualname, first line)>/entry``, a pickle read
+unverified, keyed so that another script's ``Net.forward`` on the same line is served.
+
+With ``OBJCACHE_PRECOMPILE=1`` this part turns caching precompile on and replaces that
+store, on torch's ``DynamoCache`` object, by objcache:
+
+* **load** (``DynamoCache.load(fn)``, called when ``torch.compile()`` wraps ``fn``): the
+  entry is looked up as kind ``precompile`` through the client (local tier, then the remote
+  tiers within the client's deadline). Its key binds torch's key to the job, the function's
+  module name, a digest of its code object and of its module's source; the namespace adds
+  the environment (torch release, CPU ISA; docs/architecture.md, "Environments"). The codec
+  verifies the signature and key binding before the bytes are unpickled
+  (docs/security.md). torch's own local directory is never read.
+* **install**: ``CompilePackage.initialize`` / ``install`` of a served entry are guarded: a
+  rejection (another torch release, a changed inlined source, anything torch raises) puts
+  the package back to a fresh one, counted, and the compile goes on as if there was no
+  entry. torch itself catches only ``RuntimeError`` there and then fails re-initializing.
+* **save**: ``DynamoCache.record_package`` (after each frame compile) and
+  ``PrecompileContext.record_artifact`` (a backend, the backward included) mark entries to
+  save; a background thread saves them once compiles have settled for :data:`SETTLE_S`, and
+  again at exit, before the client flushes. Unchanged entries are not put again. Nobody
+  needs to call ``torch.compiler.save_cache_artifacts()``.
+* **guards**: with caching precompile on, torch raises a ``TypeError`` out of the user's
+  compile when a guard names a class defined in a local scope (``serialize_guards``); the
+  wrapper turns every failure there into torch's ``PackageError``, which makes torch bypass
+  the package and compile normally.
+
+Every failure is a counted miss, logged once; nothing raised here reaches torch or the
+user's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import types
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from objcache.metrics import FailureLog
+
+log = logging.getLogger("objcache.torch")
+
+#: objcache kind of a precompile entry.
+KIND = "precompile"
+#: Seconds without a new frame compile or backend before the entries are saved.
+SETTLE_S = 2.0
+#: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
+PACKAGE = "torch._dynamo.package"
+CONTEXT = "torch._dynamo.precompile_context"
+GUARDS = "torch._dynamo.guards"
+
+counters: Counter[str] = Counter()
+_failed = FailureLog(
+    log,
+    "torch",
+    counters,
+    "errors:",
+    "objcache: precompile %s failed; torch goes on without a precompile entry there: %r",
+)
+
+_TRUE = ("1", "true", "yes", "on")
+
+_lock = threading.RLock()
+#: What :func:`apply` patched: (object, attribute, previous value found in its __dict__).
+_patched: list[tuple[Any, str, Any]] = []
+#: Dynamo entries handed to torch by :func:`_load`, by id, until torch initializes them.
+_served: dict[int, Any] = {}
+#: torch key -> objcache key of every function compiled with a package here.
+_keys: dict[str, str] = {}
+#: torch keys whose entry changed since it was last saved.
+_dirty: set[str] = set()
+#: torch keys saved before their backend was recorded: saved at exit if nothing marks them.
+_waiting: set[str] = set()
+#: objcache key -> digest of the bytes last stored or loaded (no put of the same bytes).
+_stored: dict[str, str] = {}
+_changed = threading.Condition(_lock)
+_last_change = 0.0
+_saver: threading.Thread | None = None
+_pid = 0
+
+
+def wanted(environ: Any = None) -> bool:
+    """Whether ``OBJCACHE_PRECOMPILE`` opts in (the part is off by default)."""
+    env = os.environ if environ is None else environ
+    return str(env.get("OBJCACHE_PRECOMPILE", "")).strip().lower() in _TRUE
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+def _const_digest(value: Any, h: Any) -> None:
+    if isinstance(value, types.CodeType):
+        _code_digest(value, h)
+    elif isinstance(value, (tuple, list)):
+        h.update(b"(")
+        for item in value:
+            _const_digest(item, h)
+        h.update(b")")
+    elif isinstance(value, frozenset):  # iteration order follows the process's str hash seed
+        h.update(b"{" + "\0".join(sorted(repr(v) for v in value)).encode() + b"}")
+    else:
+        h.update(f"{type(value).__name__}:{value!r}\0".encode())
+
+
+def _code_digest(code: types.CodeType, h: Any) -> None:
+    """Everything a code object does, not where its file lives (paths differ by machine)."""
+    h.update(code.co_code)
+    for attr in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
+        h.update(("\0".join(getattr(code, attr)) + "\1").encode())
+    for attr in ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags"):
+        h.update(f"{getattr(code, attr)}\0".encode())
+    h.update(f"{code.co_name}\0{code.co_firstlineno}\0".encode())
+    for const in code.co_consts:
+        _const_digest(const, h)
+
+
+def _module_source(name: str) -> bytes:
+    module = sys.modules.get(name)
+    if module is None:
+        return b""
+    try:
+        return inspect.getsource(module).encode()
+    except (OSError, TypeError):
+        return b""  # no source file (exec'd code): the code digest alone
+
+
+def entry_key(fn: Any, job: str) -> tuple[str, str]:
+    """``(torch's key, objcache key)`` of the function ``torch.compile`` wraps.
+
+    torch's key is ``sha256(qualname, first line)``; the objcache key adds the job, the
+    module name (torch installs the entry's globals into ``sys.modules[that name]``), the
+    code object (bytecode, names, constants, nested code) and the module's source text, so
+    an edit anywhere in the file, or another script, is another key.
+    """
+    from torch._dynamo.eval_frame import innermost_fn
+    from torch._dynamo.package import CompilePackage
+
+    inner = innermost_fn(fn)
+    torch_key = str(CompilePackage.source_id_from_fn(fn))
+    h = hashlib.sha256(b"objcache-precompile-v1\0")
+    for part in (torch_key, job, inner.__module__, inner.__qualname__):
+        h.update(f"{part}\0".encode())
+    _code_digest(inner.__code__, h)
+    h.update(hashlib.sha256(_module_source(inner.__module__)).digest())
+    return torch_key, h.hexdigest()
+
+
+def _client() -> Any:
+    import objcache
+
+    return objcache.get_client()
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+def _load(fn: Any) -> Any | None:
+    """``DynamoCache.load``: the verified entry of ``fn`` from objcache, or None (a miss)."""
+    counters["lookups"] += 1
+    try:
+        client = _client()
+        torch_key, key = entry_key(fn, client.job)
+        with _lock:
+            _keys[torch_key] = key
+        payload = client.get(KIND, key)
+    except Exception as exc:
+        _failed("lookup", exc)
+        return None
+    if payload is None:
+        counters["misses"] += 1
+        return None
+    try:
+        entry = _unpack(payload, torch_key)
+    except Exception as exc:
+        counters["rejected:unreadable"] += 1
+        _failed("read", exc)
+        return None
+    with _lock:
+        _served[id(entry.dynamo)] = entry.dynamo
+        _stored[key] = hashlib.sha256(payload).hexdigest()
+    counters["hits"] += 1
+    return entry
+
+
+def _unpack(payload: bytes, torch_key: str) -> Any:
+    """Unpickle a verified entry and record its backends, through torch's own store API."""
+    from torch._dynamo.package import InMemoryDynamoStore, PrecompileCacheEntry, _DynamoCacheEntry
+
+    entry = pickle.loads(payload)  # verified by the codec first (docs/security.md)
+    if not isinstance(entry, PrecompileCacheEntry) or not isinstance(
+        entry.dynamo, _DynamoCacheEntry
+    ):
+        raise TypeError(f"not a precompile entry: {type(entry).__name__}")
+    store = InMemoryDynamoStore()
+    store.packages[torch_key] = entry
+    return store.load_cache_entry(torch_key)
+
+
+def _reset(package: Any, fn: Any, initialize: Callable[..., None], why: str, exc: Any) -> None:
+    """Put a package whose served entry torch rejected back to a fresh one (counted)."""
+    counters[f"rejected:{why}"] += 1
+    log.info("objcache: precompile entry rejected at %s (compiling normally): %r", why, exc)
+    with contextlib.suppress(Exception):
+        package.uninstall()
+    type(package).__init__(package, None)
+    initialize(package, fn, None, ignore_inlined_sources=False)
+    package.__dict__["_objcache_fresh"] = True
+
+
+def _wrap_initialize(original: Callable[..., None]) -> Callable[..., None]:
+    def initialize(
+        self: Any, fn: Any, dynamo: Any = None, ignore_inlined_sources: bool = False
+    ) -> None:
+        with _lock:
+            ours = dynamo is not None and _served.pop(id(dynamo), None) is dynamo
+        if not ours:
+            original(self, fn, dynamo, ignore_inlined_sources)
+            return
+        try:
+            original(self, fn, dynamo, ignore_inlined_sources)
+            self.__dict__["_objcache_served"] = fn
+        except Exception as exc:
+            _reset(self, fn, original, "initialize", exc)
+
+    initialize.__objcache__ = True  # type: ignore[attr-defined]
+    initialize.__wrapped__ = original  # type: ignore[attr-defined]
+    return initialize
+
+
+def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]) -> Any:
+    def install(self: Any, backends: Any) -> None:
+        if self.__dict__.pop("_objcache_fresh", False):
+            return  # a rejected entry: the fresh package has nothing to install
+        fn = self.__dict__.pop("_objcache_served", None)
+        if fn is None:
+            original(self, backends)
+            return
+        try:
+            original(self, backends)
+            counters["installed"] += 1
+        except Exception as exc:
+            _reset(self, fn, initialize, "install", exc)
+            self.__dict__.pop("_objcache_fresh", None)
+
+    install.__objcache__ = True  # type: ignore[attr-defined]
+    install.__wrapped__ = original  # type: ignore[attr-defined]
+    return install
+
+
+def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[BaseException]) -> Any:
+    def serialize_guards(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except package_error:
+            raise
+        except Exception as exc:
+            counters["guards_unsaveable"] += 1
+            raise package_error(f"objcache: guards cannot be saved: {exc!r}") from exc
+
+    serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
+    serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
+    return serialize_guards
+
+
+def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: Any) -> Any:
+    """torch 2.13: a recompile of a function whose served entry installed Dynamo's builtins
+    dict into the module's globals asserts that the name "already exists in scope" and the
+    error reaches the user's code (later releases disown the binding instead). The very same
+    object already bound is accepted, with a hook that never deletes the shared binding."""
+
+    def create(scope: dict[str, Any], name: str, val: Any) -> Any:
+        if name in scope and scope[name] is val:
+            counters["shared_globals"] += 1
+            manager.count += 1
+            return hook_cls({name: val}, name)
+        return original(scope, name, val)
+
+    create.__objcache__ = True  # type: ignore[attr-defined]
+    return staticmethod(create)
+
+
+# --- save ----------------------------------------------------------------------------------------
+
+
+def _mark(torch_key: str | None = None) -> None:
+    global _last_change, _saver
+    with _lock:
+        if torch_key is not None:
+            _dirty.add(torch_key)
+        else:
+            _dirty.update(_keys)
+        _last_change = time.monotonic()
+        if _saver is None or not _saver.is_alive() or _pid != os.getpid():
+            _saver = threading.Thread(target=_settle, name="objcache-precompile", daemon=True)
+            _saver.start()
+        _changed.notify_all()
+
+
+def _settle() -> None:
+    while True:
+        with _lock:
+            while not _dirty:
+                _changed.wait()
+            left = _last_change + SETTLE_S - time.monotonic()
+            if left > 0:
+                _changed.wait(left)
+                continue
+        save(final=False)
+
+
+def _wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    def record_package(package: Any) -> None:
+        try:
+            original(package)
+            fn = package._innermost_fn
+            torch_key, key = entry_key(fn, _client().job)
+            with _lock:
+                _keys[torch_key] = key
+            _mark(torch_key)
+        except Exception as exc:
+            _failed("record", exc)
+
+    record_package.__objcache__ = True  # type: ignore[attr-defined]
+    return record_package
+
+
+def _wrap_record_artifact(original: Callable[..., None]) -> Any:
+    def record_artifact(cls: Any, artifact: Any) -> None:
+        original(artifact)
+        try:
+            if _keys:
+                _mark()
+        except Exception as exc:
+            _failed("record", exc)
+
+    record_artifact.__objcache__ = True  # type: ignore[attr-defined]
+    return classmethod(record_artifact)
+
+
+def save(final: bool = True) -> int:
+    """Store every changed entry now (never raises); returns how many were put.
+
+    Only the background saver passes ``final=False``: an entry whose backend is not recorded
+    yet then waits for it (:func:`_complete_entry`).
+    """
+    try:
+        return _save(final)
+    except Exception as exc:
+        _failed("save", exc)
+        return 0
+
+
+_save_lock = threading.Lock()
+
+
+def _save(final: bool) -> int:
+    with _save_lock:
+        return _save_locked(final)
+
+
+def _complete_entry(torch_key: str, final: bool) -> Any | None:
+    """torch's ``PrecompileCacheEntry`` of one function, or None while a backend is missing.
+
+    A training step compiles its backward lazily, at the first ``backward()``: its backend is
+    recorded (``record_artifact``) seconds after the frame's package. torch's
+    ``PrecompileCacheEntry.from_cache_entry`` marks a code whose backend is missing
+    ``bypassed`` *in place*, on the very objects the live package and ``PrecompileContext``
+    hold, so a save in between would store, then and on every later save, an entry a new
+    machine traces and compiles again. Such an entry waits (counted) for its backend, which
+    marks it again; at exit (``final``) it is saved as torch would save it (the incomplete
+    codes bypassed, on copies), unless no code at all is complete (nothing would be served).
+    """
+    from torch._dynamo.package import PrecompileCacheEntry
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    dynamo = PrecompileContext._dynamo_cache_entries.get(torch_key)
+    if dynamo is None:
+        return None
+    backends = PrecompileContext._backend_artifacts_by_key
+    waiting = [c for c in dynamo.codes if any(b not in backends for b in c.backend_ids)]
+    if waiting and (not final or len(waiting) == len(dynamo.codes)):
+        counters["waiting_for_backend" if not final else "unsaved:no_backend"] += 1
+        if not final:
+            with _lock:
+                _waiting.add(torch_key)
+        return None
+    # torch marks the copies, never the live package's codes
+    copy = dataclasses.replace(dynamo, codes=[dataclasses.replace(c) for c in dynamo.codes])
+    return PrecompileCacheEntry.from_cache_entry(copy, backends)
+
+
+def _save_locked(final: bool) -> int:
+    with _lock:
+        if final:
+            _dirty.update(_waiting)
+        _waiting.difference_update(_dirty)
+        dirty = {k: _keys[k] for k in _dirty if k in _keys}
+        _dirty.clear()
+    if not dirty:
+        return 0
+    from torch._dynamo import convert_frame
+
+    blobs: dict[str, bytes] = {}
+    with getattr(convert_frame, "compile_lock", contextlib.nullcontext()):
+        for torch_key, key in dirty.items():
+            entry = _complete_entry(torch_key, final)
+            if entry is not None:
+                blobs[key] = pickle.dumps(entry)
+    client = _client()
+    cap = client.cache.caps.for_kind(KIND)
+    put = 0
+    for key, blob in blobs.items():
+        digest = hashlib.sha256(blob).hexdigest()
+        if _stored.get(key) == digest:
+            continue
+        if len(blob) > cap:
+            counters["too_large"] += 1
+            continue
+        client.put(KIND, key, blob)
+        _stored[key] = digest
+        counters["puts"] += 1
+        put += 1
+    return put
+
+
+def _save_at_exit() -> None:
+    if _pid == os.getpid():
+        save()
+
+
+# --- the part ------------------------------------------------------------------------------------
+
+
+def _patch(obj: Any, attr: str, value: Any) -> None:
+    _patched.append((obj, attr, obj.__dict__.get(attr, _ABSENT)))
+    setattr(obj, attr, value)
+
+
+_ABSENT = object()
+
+
+def apply(package_module: Any) -> None:
+    """Route torch's ``DynamoCache`` through objcache (idempotent; raises on a failure, after
+    putting back what it changed)."""
+    global _pid
+    import importlib
+
+    with _lock:
+        if _patched:
+            return
+        context = importlib.import_module(CONTEXT)
+        guards = importlib.import_module(GUARDS)
+        exc_module = importlib.import_module("torch._dynamo.exc")
+        cache = package_module.DynamoCache
+        package_cls = package_module.CompilePackage
+        for attr in ("_dynamo_cache_entries", "_backend_artifacts_by_key"):  # read by save()
+            if not isinstance(getattr(context.PrecompileContext, attr, None), dict):
+                raise AttributeError(f"torch has no dict PrecompileContext.{attr}")
+        try:
+            _patch(cache, "load", _load)
+            _patch(cache, "record_package", _wrap_record_package(cache.record_package))
+            initialize = package_cls.initialize
+            _patch(package_cls, "initialize", _wrap_initialize(initialize))
+            _patch(package_cls, "install", _wrap_install(package_cls.install, initialize))
+            _patch(
+                context.PrecompileContext,
+                "record_artifact",
+                _wrap_record_artifact(context.PrecompileContext.record_artifact),
+            )
+            checker = guards.CheckFunctionManager
+            _patch(
+                checker,
+                "serialize_guards",
+                _wrap_serialize_guards(checker.serialize_guards, exc_module.PackageError),
+            )
+            utils = importlib.import_module("torch._dynamo.utils")
+            hook_cls = getattr(utils, "CleanupHook", None)
+            if hook_cls is not None and not hasattr(hook_cls, "disown"):
+                _patch(
+                    hook_cls,
+                    "create",
+                    _wrap_cleanup_create(hook_cls.create, hook_cls, utils.CleanupManager),
+                )
+        except BaseException:
+            uninstall()
+            raise
+        _pid = os.getpid()
+        _register_exit_save()
+
+
+def _register_exit_save() -> None:
+    """Save at exit before the client closes: ``objcache.client`` registered its close
+    first, and ``threading._register_atexit`` hooks run in reverse order."""
+    import atexit
+
+    import objcache.client  # noqa: F401 - its exit hook first, so it runs after this one
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):
+            register(_save_at_exit)
+            return
+    atexit.register(_save_at_exit)
+
+
+def uninstall() -> None:
+    """Put back everything :func:`apply` patched."""
+    with _lock:
+        for obj, attr, value in reversed(_patched):
+            with contextlib.suppress(Exception):
+                if value is _ABSENT:
+                    delattr(obj, attr)
+                else:
+                    setattr(obj, attr, value)
+        _patched.clear()
+        _served.clear()
+        _dirty.clear()
+        _waiting.clear()
+
+
+def installed() -> bool:
+    return bool(_patched)

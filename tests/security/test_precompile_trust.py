@@ -1,0 +1,84 @@
+"""Precompile entries hold bytecode: never unpickled unverified, bad ones are counted misses
+(docs/torch.md, "Precompile entries"; docs/security.md)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+KEY = "precompile-trust-signing-key-of-at-least-32-bytes"
+
+
+def compiled_function(x: Any) -> Any:
+    return x + 1
+
+
+def _client(store: Path, local: Path, environ: dict[str, str]) -> Any:
+    from objcache.client import Client
+    from objcache.config import Config
+
+    cfg = Config.from_env(environ, tiers=f"file://{store}", local_dir=local, prefetch=False)
+    return Client(cfg)
+
+
+def test_an_unsigned_entry_is_refused_where_keys_are_configured(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    unsigned = _client(store, tmp_path / "w", {})
+    try:
+        unsigned.put("precompile", "k", pickle.dumps({"bytecode": b"x"}))
+        assert unsigned.flush() == 0
+    finally:
+        unsigned.close()
+    keyed = _client(store, tmp_path / "r", {"OBJCACHE_SIGNING_KEY": KEY})
+    try:
+        assert keyed.get("precompile", "k") is None
+    finally:
+        keyed.close()
+
+
+class _Stub:
+    job = "trust"
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def get(self, kind: str, key: str) -> bytes:
+        assert kind == "precompile"
+        return self.payload
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x00not a pickle", pickle.dumps({"not": "an entry"}), pickle.dumps(None)[:-1]],
+    ids=["corrupt", "foreign", "truncated"],
+)
+def test_a_bad_payload_is_a_counted_miss(monkeypatch: pytest.MonkeyPatch, payload: bytes) -> None:
+    from objcache.integrations.torch import precompile
+
+    monkeypatch.setattr(precompile, "_client", lambda: _Stub(payload))
+    before = precompile.counters["rejected:unreadable"]
+    assert precompile._load(compiled_function) is None
+    assert precompile.counters["rejected:unreadable"] == before + 1
+
+
+def test_the_key_follows_the_source_not_only_the_qualname() -> None:
+    from objcache.integrations.torch import precompile
+
+    def f(x: Any) -> Any:
+        return x + 1
+
+    g_source = "def f(x):\n    return x + 2\n"
+    scope: dict[str, Any] = {}
+    exec(compile("\n" * (f.__code__.co_firstlineno - 1) + g_source, __file__, "exec"), scope)
+    g = scope["f"]
+    g.__qualname__ = f.__qualname__
+    torch_f, key_f = precompile.entry_key(f, "job")
+    torch_g, key_g = precompile.entry_key(g, "job")
+    assert torch_f == torch_g  # torch's own key: qualname and first line only
+    assert key_f != key_g
+    assert precompile.entry_key(f, "other-job")[1] != key_f
