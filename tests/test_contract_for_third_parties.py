@@ -78,7 +78,8 @@ def run_suite(tmp_path: Path, module: str, cls: str) -> tuple[int, int]:
 def test_a_backend_that_keeps_the_contract_passes_it(tmp_path: Path) -> None:
     (tmp_path / "dict_store.py").write_text(DICT_BACKEND)
     passed, failed = run_suite(tmp_path, "dict_store", "DictBackend")
-    assert (passed, failed) == (29, 0)
+    # every test of the contract that is not about records (the dict store keeps none)
+    assert failed == 0 and passed >= 39, (passed, failed)
 
 
 def test_a_backend_that_breaks_the_contract_fails_it(tmp_path: Path) -> None:
