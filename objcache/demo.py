@@ -208,7 +208,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     inputs = [make_input(args.model, int(b)) for b in args.batches.split(",") if b] or [x]
     refs = [_step(copy.deepcopy(model), xi) for xi in inputs]
     _stage("compile")
-    compiled = torch.compile(model)
+    # --eager: the same first step without torch.compile (what compiling has to beat)
+    compiled = model if args.eager else torch.compile(model)
     # "first step": the first step at each batch size, where every compile happens
     t0 = time.perf_counter()
     steps = [_step(compiled, xi) for xi in inputs]
@@ -290,6 +291,9 @@ def worker_parser() -> argparse.ArgumentParser:
         choices=("off", "install", "auto"),
         default="install",
         help="off: torch only; install: objcache.install(); auto: the zero-code path decides",
+    )
+    p.add_argument(
+        "--eager", action="store_true", help="run the step without torch.compile (a baseline)"
     )
     p.add_argument("--mega-save", default="")
     p.add_argument("--mega-load", default="")
