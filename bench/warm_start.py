@@ -177,6 +177,14 @@ class Scenario:
     def median_wall(self) -> float:
         return statistics.median(j.wall_s for j in self.jobs)
 
+    def paired_ratio(self, base: Scenario) -> float:
+        """Median over rounds of this row's first step over the baseline's in the same round
+        (rounds are interleaved, so a slow spell of the shared machine hits both)."""
+        pairs = zip(self.jobs, base.jobs, strict=False)
+        return statistics.median(
+            float(a.result["first_step_s"]) / float(b.result["first_step_s"]) for a, b in pairs
+        )
+
     def median_builds(self) -> str:
         """g++ runs that built something (a PATH shim counts them, objcache or not)."""
         return f"{statistics.median(int(j.result['gxx_builds']) for j in self.jobs):g}"
@@ -541,25 +549,30 @@ def render(
         "and objcache setup. g++ builds are counted by a PATH shim. The ratio is against "
         "torch alone on its own warm local cache (objcache off), never against a cold start.",
         "",
-        "| scenario | first step (s) | process (s) | first step vs torch warm-local | g++ builds |",
-        "|---|---:|---:|---:|---:|",
+        "*paired* is the median over rounds of the row's first step over the baseline's in "
+        "the same round (the targets are checked on it).",
+        "",
+        "| scenario | first step (s) | process (s) | first step vs torch warm-local "
+        "| paired | g++ builds |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for sc in scenarios:
         step = sc.median("first_step_s")
         lines.append(
             f"| {sc.name} | {step:.2f} | {sc.median_wall():.1f} | {step / base_step:.2f}x "
-            f"| {sc.median_builds()} |"
+            f"| {sc.paired_ratio(base):.2f}x | {sc.median_builds()} |"
         )
     lines.append("")
     for sc in scenarios:
         target = _target(sc.name)
         if target is not None:
             ratio = sc.median("first_step_s") / base_step
+            paired = sc.paired_ratio(base)
             wall = sc.median_wall() / base_wall
-            verdict = "meets" if ratio <= target else "misses"
+            verdict = "meets" if paired <= target else "misses"
             lines.append(
-                f"- {sc.name}: {ratio:.2f}x torch warm-local on the first step, {wall:.2f}x "
-                f"on the whole process ({verdict} the {target}x target)."
+                f"- {sc.name}: {ratio:.2f}x torch warm-local on the first step ({paired:.2f}x "
+                f"paired), {wall:.2f}x on the whole process ({verdict} the {target}x target)."
             )
     lines += ["", f"<!-- /bench:{section} -->"]
     return "\n".join(lines)
@@ -575,9 +588,9 @@ def _target(name: str) -> float | None:
 
 
 def ratios(scenarios: list[Scenario]) -> dict[str, float]:
-    """Each scenario's median first step over the baseline's (what ``make compat`` prints)."""
-    base = next(s for s in scenarios if s.name == BASELINE).median("first_step_s")
-    return {sc.name: sc.median("first_step_s") / base for sc in scenarios}
+    """Each scenario's paired first-step ratio to the baseline (what ``make compat`` prints)."""
+    base = next(s for s in scenarios if s.name == BASELINE)
+    return {sc.name: sc.paired_ratio(base) for sc in scenarios}
 
 
 def _cpu() -> str:
