@@ -164,9 +164,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     refs = [_step(copy.deepcopy(model), xi) for xi in inputs]
     _stage("compile")
     # "first step": torch.compile() (where a precompile entry is loaded, docs/torch.md) and
-    # the first step at each batch size, where every compile happens
+    # the first step at each batch size, where every compile happens; --eager: the same
+    # first step without torch.compile (what compiling has to beat)
     t0 = time.perf_counter()
-    compiled = torch.compile(model)
+    compiled = model if args.eager else torch.compile(model)
     steps = [_step(compiled, xi) for xi in inputs]
     result["first_step_s"] = time.perf_counter() - t0
     _stage("check")
@@ -246,6 +247,9 @@ def worker_parser() -> argparse.ArgumentParser:
         choices=("off", "install", "auto"),
         default="install",
         help="off: torch only; install: objcache.install(); auto: the zero-code path decides",
+    )
+    p.add_argument(
+        "--eager", action="store_true", help="run the step without torch.compile (a baseline)"
     )
     p.add_argument("--mega-save", default="")
     p.add_argument("--mega-load", default="")

@@ -71,6 +71,15 @@ step tests "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs \
     tests/test_mega_recipe.py tests/test_torch_guarded.py tests/test_torch_compile.py \
     ${COMPAT_PYTEST_ARGS:-}
 step demo "$venv/bin/python" -m objcache.cli demo
+# A new machine against torch's own warm local cache (model block, one run each): the ratio
+# of docs/torch.md's release matrix. About two cold compiles and two warm runs more;
+# COMPAT_BENCH=0 skips it.
+if [[ ${COMPAT_BENCH:-1} != 0 ]]; then
+    step warm-start bash -c 'set -o pipefail; "$0" bench/warm_start.py --runs 1 --model block \
+        --only "new machine (file)" --out "$1/benchmarks.md" --section compat | tee "$1/warm.log"' \
+        "$venv/bin/python" "$work"
+    grep '^ratio vs' "$work/warm.log" | sed 's/^/warm-start\t/' | tee -a "$summary"
+fi
 rm -rf "$work"
 
 echo "== summary ($summary)"

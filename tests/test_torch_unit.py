@@ -375,6 +375,55 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
     assert after_warm.get("fetched", 0) == after_cold.get("fetched", 0) + 1
 
 
+def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_where_built(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch dlopens every ISA probe library in a child Python unless it has seen that
+    library load (2.14+: a ``.load_ok`` marker beside it). A probe objcache brings to a new
+    machine carries the verdict torch reached where it was built; no verdict, the child runs."""
+    from torch._inductor import cpu_vec_isa
+
+    from objcache.integrations.torch import kernels
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    if not isa or not hasattr(cpu_vec_isa.VecISA, "_probe_load"):
+        pytest.skip("no vector ISA probe on this machine or torch")
+    children: list[str] = []
+    fail_children = False
+    real_run = subprocess.run
+
+    def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(cmd, list) and any("LoadLibrary" in str(c) for c in cmd):
+            children.append(str(cmd[-1]))
+            if fail_children:
+                raise subprocess.CalledProcessError(1, cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_vec_isa.subprocess, "run", run)
+    passes = 'extern "C" int objcache_probe_ok() { return 1; }\n'
+    refused = 'extern "C" int objcache_probe_refused() { return 2; }\n'
+    assert isa.check_build(passes)  # built here, the child dlopened it
+    fail_children = True
+    assert not isa.check_build(refused)  # built here, the child failed
+    fail_children = False
+    assert len(children) == 2
+    kernels.wait_stored(60)
+    before = kernels.counters()
+
+    inductor = _new_machine(store, monkeypatch, "b")
+    assert isa.check_build(passes)
+    assert len(children) == 2  # the library came from objcache with its verdict: no child
+    after = kernels.counters()
+    assert after.get("fetched", 0) == before.get("fetched", 0) + 1
+    assert after.get("probes_skipped", 0) == before.get("probes_skipped", 0) + 1
+    if any(p.name.endswith(".so.load_ok") for p in (store / "inductor").rglob("*")):
+        # this torch keeps a marker: it is where torch itself would have left it
+        assert [p.name for p in inductor.rglob("*.so.load_ok")]
+    assert isa.check_build(refused)  # fetched, but its probe never passed: the child runs
+    assert len(children) == 3
+    assert kernels.counters().get("builds", 0) == before.get("builds", 0)
+
+
 # --- bundles ------------------------------------------------------------------------------------
 
 

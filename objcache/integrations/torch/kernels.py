@@ -25,6 +25,20 @@ whether any kernel needs compiling (``CppCodeCache.load_async``). objcache defer
 header is built (or fetched) only when a kernel that includes it actually has to be
 compiled. When every kernel comes from the cache, the header is never built at all.
 Preprocessing runs (``g++ -E``, used by torch to hash the header) are not cached.
+
+**The vector-ISA probe's verdict travels with its binary.** Before choosing kernel flags,
+torch builds small probe libraries (``VecISA.check_build``) and dlopens each in a child
+Python (``VecISA._probe_load``); from 2.14 on it leaves a ``<probe>.so.load_ok`` marker
+beside the library when the child succeeded and skips the child whenever the marker is there
+(2.13 runs the child every time). A machine whose probe binaries came from objcache has no
+marker, so each probe spawns a child — about a second in all on the first compile, the whole
+gap between a new machine and torch's own warm cache on 2.14/2.15. So the verdict is
+carried as torch leaves it: when torch's own probe of a library succeeds, objcache stores a
+small record under the library's content key plus ``.load_ok``; when torch probes a library
+objcache placed in this process and that record is in the store, the child is skipped and
+torch writes its marker itself. A missing, unreadable or unverifiable record is a miss: the
+child runs, exactly as without objcache (docs/torch.md, "CPU kernels and the deferred
+precompiled header").
 """
 
 from __future__ import annotations
@@ -69,6 +83,11 @@ _originals: dict[str, Any] = {}
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_pid = 0
 _inflight: set[concurrent.futures.Future[None]] = set()
+#: Suffix of the record saying torch's dlopen probe of a binary succeeded (its marker's name).
+LOAD_OK = ".load_ok"
+#: Outputs of this process: target path -> (content key, whether objcache placed it).
+_outputs: dict[str, tuple[str, bool]] = {}
+_outputs_lock = threading.Lock()
 
 
 def count(name: str, n: int = 1) -> None:
@@ -292,6 +311,11 @@ def _put_now(p: Plan) -> None:
 
 def store(p: Plan) -> None:
     """Store the freshly built output of ``p`` without holding up the compile."""
+    _submit(lambda: _put_now(p))
+
+
+def _submit(task: Callable[[], None]) -> None:
+    """Run ``task`` (a put that never raises) in the background; inline at shutdown."""
     global _executor, _executor_pid
     try:
         if _executor is None or _executor_pid != os.getpid():
@@ -299,11 +323,11 @@ def store(p: Plan) -> None:
                 max_workers=2, thread_name_prefix="objcache-kernel-put"
             )
             _executor_pid = os.getpid()
-        future = _executor.submit(_put_now, p)
+        future = _executor.submit(task)
         _inflight.add(future)
         future.add_done_callback(_inflight.discard)
     except Exception:
-        _put_now(p)  # interpreter shutting down: store inline
+        task()  # interpreter shutting down: store inline
 
 
 def wait_stored(timeout: float | None = None) -> None:
@@ -314,6 +338,15 @@ def wait_stored(timeout: float | None = None) -> None:
 
 
 # --- the hook -------------------------------------------------------------------------------
+
+
+def _note_output(p: Plan, placed: bool) -> None:
+    """Remember where ``p``'s output is and whether objcache placed it (for the ISA probe)."""
+    with _outputs_lock:
+        _outputs.pop(p.target, None)
+        _outputs[p.target] = (p.key, placed)
+        while len(_outputs) > MAX_RECORDED:
+            del _outputs[next(iter(_outputs))]
 
 
 def _build(builder: Any, original: Callable[[Any], None]) -> None:
@@ -333,11 +366,53 @@ def _build(builder: Any, original: Callable[[Any], None]) -> None:
         count("pch_deferred")
         return
     if fetch(p):
+        _note_output(p, placed=True)
         return
     _ensure_precompiled_header(builder)
     original(builder)
     count("builds")
+    _note_output(p, placed=False)
     store(p)
+
+
+# --- the vector-ISA probe ---------------------------------------------------------------------
+
+
+def _probe_verdict_stored(key: str) -> bool:
+    """Whether the store says torch's dlopen probe of the binary ``key`` succeeded."""
+    try:
+        return objcache.get_client().get(KIND, key + LOAD_OK) is not None
+    except Exception as exc:
+        _warn_once("probe verdict fetch", exc)
+        return False
+
+
+def _store_probe_verdict(key: str) -> None:
+    def put() -> None:
+        try:
+            objcache.get_client().put(KIND, key + LOAD_OK, b"load_ok\n")
+            count("probe_verdicts_stored")
+        except Exception as exc:
+            _warn_once("probe verdict store", exc)
+
+    _submit(put)
+
+
+def _probe_load(isa: Any, output_path: Any, original: Callable[[Any, Any], bool]) -> bool:
+    """``VecISA._probe_load``: skip the dlopen child for a probe binary objcache placed here
+    whose probe succeeded where it was built (module docstring); record a success."""
+    try:
+        with _outputs_lock:
+            known = _outputs.get(str(output_path))
+    except Exception:
+        known = None
+    if known is not None and known[1] and _probe_verdict_stored(known[0]):
+        count("probes_skipped")
+        return True
+    ok = original(isa, output_path)
+    if ok and known is not None:
+        _store_probe_verdict(known[0])
+    return bool(ok)
 
 
 def _ensure_precompiled_header(builder: Any) -> None:
@@ -415,8 +490,25 @@ def apply(cpp_builder: Any) -> bool:
     _originals["__init__"] = original_init
     cls.build = build
     cls.__init__ = __init__
+    _apply_probe(sys.modules.get("torch._inductor.cpu_vec_isa"))
     _register_exit_hook()
     return True
+
+
+def _apply_probe(cpu_vec_isa: Any) -> None:
+    """Hook ``VecISA._probe_load`` where this torch has it (an optional part of the hook)."""
+    cls = getattr(cpu_vec_isa, "VecISA", None)
+    original = getattr(cls, "_probe_load", None)
+    if not callable(original) or getattr(original, "__objcache__", False):
+        return
+
+    def probe_load(self: Any, output_path: Any) -> bool:
+        return _probe_load(self, output_path, original)
+
+    probe_load.__objcache__ = True  # type: ignore[attr-defined]
+    probe_load.__wrapped__ = original  # type: ignore[attr-defined]
+    _originals["_probe_load"] = original
+    cls._probe_load = probe_load  # type: ignore[union-attr]
 
 
 def _register_exit_hook() -> None:
@@ -446,6 +538,11 @@ def uninstall() -> None:
         cls.build = _originals.pop("build")
     if "__init__" in _originals:
         cls.__init__ = _originals.pop("__init__")
+    if "_probe_load" in _originals:
+        vec_isa: Any = sys.modules["torch._inductor.cpu_vec_isa"].VecISA
+        vec_isa._probe_load = _originals.pop("_probe_load")
+    with _outputs_lock:
+        _outputs.clear()
     with _pch_lock:
         _pending_pch.clear()
 
