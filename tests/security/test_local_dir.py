@@ -36,6 +36,7 @@ from objcache.nodelease import Claim, NodeLeases
 from objcache.policy import CircuitBreaker, RetryPolicy
 from objcache.tier import Tier
 from objcache.tiered import TieredCache
+from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
@@ -254,6 +255,53 @@ def test_an_entry_file_others_can_write_is_not_served(
         monkeypatch.setattr(_fs._openat2, "usable", False)
     with pytest.raises(PermanentBackendError, match="writable by"):
         store.read(KEY)
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "walk"])
+async def test_a_record_file_others_can_write_is_not_read_for_an_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, openat2: bool
+) -> None:
+    """A record update reads the local entry too (read-modify-write): a file someone else
+    could have written there is refused as it is for a lookup, before its bytes reach the
+    change (which unpickles a PGO profile)."""
+    root = tmp_path / "local"
+    store = FsStore(str(root), fsync=False, touch_on_read=False)
+    store.write(KEY, CODEC.encode(b"mine", KEY), PutMode.CREATE)
+    (root / KEY).chmod(0o620)
+    if not openat2:
+        monkeypatch.setattr(_fs._openat2, "usable", False)
+    with pytest.raises(PermanentBackendError, match="writable by"):
+        store.read_versioned(KEY)
+    seen: list[bytes | None] = []
+
+    def change(current: bytes | None) -> bytes | None:
+        seen.append(current)
+        return b"new"
+
+    tier = Tier(
+        DiskBackend(parse_tier_url(f"disk://{root}")),
+        RetryPolicy(timeout_s=30, retries=0),
+        CircuitBreaker(5, 60),
+    )
+    assert await tier.update_record(KEY, change) == "error"
+    assert seen == []
+
+
+async def test_a_refused_folder_does_not_stop_eviction(tmp_path: Path) -> None:
+    """The least recently used entry sits in a folder an older objcache left group-writable:
+    it is passed over (never touched), and the rest of the tier is still evicted."""
+    root = tmp_path / "local"
+    backend = DiskBackend(parse_tier_url(f"disk://{root}?max_bytes=3000"))
+    await backend.put("a/old", b"x" * 1000)
+    await backend.wait_idle()
+    (root / "a").chmod(0o775)
+    for i in range(4):
+        await backend.put(f"b/k{i}", b"x" * 1000)
+        await backend.wait_idle()
+    entries = [p for p in root.rglob("*") if p.is_file() and LEASE_PREFIX not in p.name]
+    assert (root / "a" / "old").exists()
+    assert sum(p.stat().st_size for p in entries if ".objcache-" not in str(p)) <= 4000
+    await backend.close()
 
 
 # --- a second local user (root only) ------------------------------------------------------

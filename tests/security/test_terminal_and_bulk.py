@@ -406,6 +406,10 @@ def test_verify_reads_and_checks_with_the_kinds_cap(tmp_path: Path) -> None:
     report = asyncio.run(ops.verify(DeadlineBackend(source, 10), Codec(), caps=CAPS))
     assert report.checked == 2 and report.bad == [(big, "too_large")]
     assert source.whole_reads == []
+    # Over this caller's caps is not corrupt: --delete leaves it to a machine with larger caps.
+    kept = asyncio.run(ops.verify(DeadlineBackend(source, 10), Codec(), caps=CAPS, delete=True))
+    assert kept.bad == [(big, "too_large")] and kept.deleted == 0
+    assert asyncio.run(source.exists(big))
 
 
 def test_pull_applies_the_configured_caps(run: Run, tmp_path: Path) -> None:

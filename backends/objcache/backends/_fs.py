@@ -165,7 +165,10 @@ def stat_version(st: os.stat_result) -> str:
 def _lock_until(fd: int, deadline: float) -> bool:
     """Take the exclusive flock of ``fd``, polling (never blocking) until ``deadline``
     (``time.monotonic()``): whoever can open the lock file, even read-only, can hold it
-    (docs/security.md, "Records"). False when it is still busy then."""
+    (docs/security.md, "Records"), and never longer than :data:`LOCK_WAIT_S` (a record
+    deadline of 0 means none): it holds a worker thread meanwhile. False when it is still
+    busy then."""
+    deadline = min(deadline, time.monotonic() + LOCK_WAIT_S)
     pause = 0.001
     while True:
         try:
@@ -262,6 +265,7 @@ class FsStore:
         self.hardlinks: bool | None = None
         #: A store shared by a group (``file://...?shared=group``): folders 0770, files 0640.
         self.group = group
+        self._euid = os.geteuid()
         self.dir_mode = 0o770 if group else 0o700
         self.file_mode = 0o640 if group else 0o600
         #: (st_dev, st_ino) of the root once it passed :meth:`_check_root`.
@@ -282,12 +286,23 @@ class FsStore:
         by its group). Whoever can write a folder can plant entries and swap folders in it
         (docs/security.md, "Local filesystem")."""
         mode = stat.S_IMODE(st.st_mode)
-        if not self.group and st.st_uid != os.geteuid():
+        if not self.group and st.st_uid != self._euid:
             return f"is owned by another user (uid {st.st_uid})"
         if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not self.group):
             who = "others" if mode & stat.S_IWOTH else "its group"
             return f"is writable by {who} (mode {mode:o})"
         return None
+
+    def _check_entry(self, key: str, st: os.stat_result) -> None:
+        """Refuse an entry file :meth:`_distrust` refuses, whatever the folders above it:
+        the one-call open (openat2) checks none of them. Every read of an entry's bytes,
+        records included, goes through here."""
+        why = self._distrust(st)
+        if why is not None:
+            raise PermanentBackendError(
+                f"{self.path(key)} {why}; refusing the entry (see docs/security.md, "
+                '"Local filesystem")'
+            )
 
     def _check_root(self, fd: int) -> None:
         """Refuse a root that :meth:`_distrust` refuses."""
@@ -388,12 +403,7 @@ class FsStore:
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
             # Whatever the folders above it: the one-call read (openat2) checks none of them.
-            why = self._distrust(st)
-            if why is not None:
-                raise PermanentBackendError(
-                    f"{self.path(key)} {why}; refusing the entry (see docs/security.md, "
-                    '"Local filesystem")'
-                )
+            self._check_entry(key, st)
             check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
             return self._read_open(fd, st)
         finally:
@@ -576,6 +586,7 @@ class FsStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
+            self._check_entry(key, st)
             if max_bytes and st.st_size > max_bytes:
                 return Versioned(b"", stat_version(st), too_large=True)
             data = self._read_open(fd, st)
@@ -594,6 +605,7 @@ class FsStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
                 return None
+            self._check_entry(key, st)
             if expected.startswith(_STAT_VERSION) or (max_bytes and st.st_size > max_bytes):
                 return stat_version(st)
             return content_version(_read_all(fd, st.st_size))

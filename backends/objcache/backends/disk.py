@@ -28,6 +28,7 @@ from typing import ClassVar
 from objcache.backends._fs import FsBackend, FsStore, check_key, os_error
 from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode, TierSpec
+from objcache.errors import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,17 @@ def _scan(store: FsStore, seen: dict[str, float]) -> tuple[dict[str, int], dict[
 
 
 def _evict(store: FsStore, sizes: dict[str, int], used: dict[str, float], excess: int) -> list[str]:
-    """Delete least recently used entries until ``excess`` bytes are gone."""
+    """Delete least recently used entries until ``excess`` bytes are gone. An entry the
+    store refuses to touch (in a folder another user could write, docs/security.md) is
+    passed over, so one such folder never stops eviction of the rest."""
     removed: list[str] = []
     for key in sorted(sizes, key=lambda k: used.get(k, 0.0)):
         if excess <= 0:
             break
-        store.delete(key)  # already gone counts as freed
+        try:
+            store.delete(key)  # already gone counts as freed
+        except BackendError:
+            continue
         removed.append(key)
         excess -= sizes[key]
     return removed
