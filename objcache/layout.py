@@ -27,10 +27,12 @@ KINDS: tuple[str, ...] = (
     "autotune",
     "bundled-autotune",
     "fx-graph",
+    "isa-probe",
     "kernel",
     "manifest",
     "mega",
     "pgo",
+    "precompile",
     "run",
     "triton",
 )

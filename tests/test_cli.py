@@ -311,7 +311,9 @@ def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[
         "the kinds objcache stores are aot-autograd, "
     ), typo.stderr
     assert typo.stderr.rstrip().endswith("; did you mean 'fx-graph'?"), typo.stderr
-    assert len(typo.stderr.strip().splitlines()) == 1 and "fx-graph, kernel" in typo.stderr
+    assert (
+        len(typo.stderr.strip().splitlines()) == 1 and "fx-graph, isa-probe, kernel" in typo.stderr
+    )
     assert run("ls", "--kind", "fx-graph").stdout.count("key-") == 5
     client = Client(Config.from_env(env))
     client.put("blob", "mine", b"a client's own kind")
@@ -323,10 +325,11 @@ def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[
 def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
     from objcache import manifest, mega, summary
     from objcache.integrations import triton
-    from objcache.integrations.torch import features, kernels
+    from objcache.integrations.torch import features, kernels, precompile
     from objcache.layout import KINDS
 
     written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
+    written |= {kernels.VERDICT_KIND, precompile.KIND}
     assert written | set(features.PART_OF_KIND) <= set(KINDS)
 
 

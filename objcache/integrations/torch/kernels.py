@@ -65,6 +65,9 @@ from objcache.metrics import log_once
 log = logging.getLogger("objcache.torch")
 
 KIND = "kernel"
+#: The kind of a probe binary's dlopen verdict: its own, so that ``kernel`` lookups count
+#: kernels (a store holding only a Mega-Cache bundle has the binaries but no verdicts).
+VERDICT_KIND = "isa-probe"
 KEY_VERSION = "k1"
 #: How many builders are remembered for Mega-Cache bundles.
 MAX_RECORDED = 20_000
@@ -381,7 +384,7 @@ def _build(builder: Any, original: Callable[[Any], None]) -> None:
 def _probe_verdict_stored(key: str) -> bool:
     """Whether the store says torch's dlopen probe of the binary ``key`` succeeded."""
     try:
-        return objcache.get_client().get(KIND, key + LOAD_OK) is not None
+        return objcache.get_client().get(VERDICT_KIND, key + LOAD_OK) is not None
     except Exception as exc:
         _warn_once("probe verdict fetch", exc)
         return False
@@ -390,7 +393,7 @@ def _probe_verdict_stored(key: str) -> bool:
 def _store_probe_verdict(key: str) -> None:
     def put() -> None:
         try:
-            objcache.get_client().put(KIND, key + LOAD_OK, b"load_ok\n")
+            objcache.get_client().put(VERDICT_KIND, key + LOAD_OK, b"load_ok\n")
             count("probe_verdicts_stored")
         except Exception as exc:
             _warn_once("probe verdict store", exc)
