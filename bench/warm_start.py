@@ -160,6 +160,9 @@ BASELINE = "torch alone, warm-local"
 TARGET_NEW_MACHINE = 1.05
 TARGET_FAR = 1.15
 TARGET_BUNDLE = 1.3
+#: ... and a new machine that also gets Dynamo's work (precompile entries), near and far.
+TARGET_PRECOMPILE = 0.6
+TARGET_PRECOMPILE_FAR = 0.7
 BUNDLE_WITH_INSTALL = "objcache bundle with install(): load then compile"
 BUNDLE_RECIPE = "objcache bundle, recipe only: load then compile"
 
@@ -188,6 +191,10 @@ class Scenario:
     def median_builds(self) -> str:
         """g++ runs that built something (a PATH shim counts them, objcache or not)."""
         return f"{statistics.median(int(j.result['gxx_builds']) for j in self.jobs):g}"
+
+    def median_graphs(self) -> str:
+        """Graphs Dynamo traced in the process (0 where a precompile entry carried them)."""
+        return f"{statistics.median(int(j.result.get('graphs', 0)) for j in self.jobs):g}"
 
 
 class Bench:
@@ -350,20 +357,50 @@ def precompile_label(remote: str, rtt_ms: float = 0) -> str:
     return f"objcache, new machine with precompile entries ({remote}{far})"
 
 
-def precompile_scenarios(bench: Bench, remote: str, url: str) -> list[Scenario]:
-    """The rows "objcache, new machine with precompile entries (<remote>)": none yet.
+def precompile_scenarios(
+    bench: Bench, remote: str, url: str, wanted: Callable[[str], bool]
+) -> list[Scenario]:
+    """The rows "objcache, new machine with precompile entries (<remote>)": Dynamo's own work
+    carried by objcache (torch's caching precompile, docs/torch.md "Precompile entries").
 
-    This is where Dynamo's own work carried by objcache is measured (torch's caching
-    precompile, ``torch._dynamo.package.DynamoCache``). When objcache stores precompile
-    entries, return one :class:`Scenario` per store here, built like the "new machine"
-    rows of :func:`prepare_and_define` (a fresh machine, ``["--objcache", "install"]``,
-    ``{"_TIERS": url}``) plus whatever turns the entries on (e.g.
-    ``OBJCACHE_PRECOMPILE=1`` in the env dict), named :func:`precompile_label`. The cold
-    objcache run that fills ``url`` runs before this is called. A second row through
-    :func:`behind_proxy` covers the far store. :func:`render` prints their ratio against
-    the baseline like every other row (add their target to :func:`_target`).
+    One unmeasured run with ``OBJCACHE_PRECOMPILE=1`` on a fresh machine (its graphs and
+    kernels come from the store the cold run filled) writes the job's precompile entries;
+    every measured run is then a fresh machine with the same opt-in, near and (through
+    :func:`behind_proxy`) a region away. No rows where the running torch has no caching
+    precompile (the part is feature-detected, docs/torch.md).
     """
-    return []
+    labels = [precompile_label(remote), precompile_label(remote, bench.rtt_ms)]
+    if not any(wanted(label) for label in labels) or not precompile_supported():
+        return []
+    on = {"OBJCACHE_PRECOMPILE": "1"}
+    print(f"preparing: one objcache run writing precompile entries into {remote}", flush=True)
+    job = bench.run(bench.fresh(f"precompile-save-{remote}"), ["--objcache", "install"], on, url)
+    saved = job.result.get("integration", {}).get("precompile", {})
+    print(f"preparing: precompile entries written: {saved}", flush=True)
+    stores = [(labels[0], url)]
+    far = behind_proxy(url, bench.rtt_ms) if bench.rtt_ms > 0 else None
+    if far:
+        stores.append((labels[1], far))
+    return [
+        Scenario(
+            label,
+            lambda i, u=store_url: (
+                bench.fresh(f"precompile-{remote}"),
+                ["--objcache", "install"],
+                {"_TIERS": u, **on},
+            ),
+        )
+        for label, store_url in stores
+        if wanted(label)
+    ]
+
+
+def precompile_supported() -> bool:
+    """Whether the torch this bench runs has caching precompile (as objcache detects it)."""
+    from objcache.integrations.torch import features
+
+    failed = features.load(("precompile",))
+    return not failed and not features.missing("precompile")
 
 
 def prepare_and_define(bench: Bench, wanted: Callable[[str], bool]) -> list[Scenario]:
@@ -396,7 +433,8 @@ def prepare_and_define(bench: Bench, wanted: Callable[[str], bool]) -> list[Scen
         if far:
             stores.append((new_machine_label(name, bench.rtt_ms), far, f"far-{name}"))
         bundles = first_remote and url.startswith("file://")
-        rows = [label for label, _, _ in stores] + [precompile_label(name)]
+        rows = [label for label, _, _ in stores]
+        rows += [precompile_label(name), precompile_label(name, bench.rtt_ms)]
         if first_remote:
             rows.append("objcache, warm-local")
         if bundles:
@@ -429,7 +467,7 @@ def prepare_and_define(bench: Bench, wanted: Callable[[str], bool]) -> list[Scen
                     ),
                 )
             )
-        scenarios += precompile_scenarios(bench, name, url)
+        scenarios += precompile_scenarios(bench, name, url, wanted)
         if name == "redis":
             scenarios += torch_redis_scenarios(bench, url, wanted)
         if bundles and (wanted(BUNDLE_WITH_INSTALL) or wanted(BUNDLE_RECIPE)):
@@ -546,21 +584,22 @@ def render(
         "fresh process; a fresh machine is a fresh set of local dirs (objcache local tier, "
         "`TORCHINDUCTOR_CACHE_DIR`, `TMPDIR`), only the store is shared. *First step* is "
         "compile + step inside the process; *process* adds interpreter start, `import torch` "
-        "and objcache setup. g++ builds are counted by a PATH shim. The ratio is against "
+        "and objcache setup. g++ builds are counted by a PATH shim; *graphs traced* are the "
+        "graphs Dynamo traced (`unique_graphs`). The ratio is against "
         "torch alone on its own warm local cache (objcache off), never against a cold start.",
         "",
         "*paired* is the median over rounds of the row's first step over the baseline's in "
         "the same round (the targets are checked on it).",
         "",
         "| scenario | first step (s) | process (s) | first step vs torch warm-local "
-        "| paired | g++ builds |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| paired | g++ builds | graphs traced |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for sc in scenarios:
         step = sc.median("first_step_s")
         lines.append(
             f"| {sc.name} | {step:.2f} | {sc.median_wall():.1f} | {step / base_step:.2f}x "
-            f"| {sc.paired_ratio(base):.2f}x | {sc.median_builds()} |"
+            f"| {sc.paired_ratio(base):.2f}x | {sc.median_builds()} | {sc.median_graphs()} |"
         )
     lines.append("")
     for sc in scenarios:
@@ -580,7 +619,9 @@ def render(
 
 def _target(name: str) -> float | None:
     """The first-step ratio target of a row against the baseline (None: no target)."""
-    if name.startswith("objcache, new machine") and "precompile" not in name:
+    if name.startswith("objcache, new machine with precompile entries"):
+        return TARGET_PRECOMPILE_FAR if "RTT" in name else TARGET_PRECOMPILE
+    if name.startswith("objcache, new machine"):
         return TARGET_FAR if "RTT" in name else TARGET_NEW_MACHINE
     if name.startswith("objcache bundle"):
         return TARGET_BUNDLE

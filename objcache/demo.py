@@ -37,9 +37,13 @@ from typing import Any
 RESULT_TAG = "OBJCACHE_RESULT "
 STAGE_TAG = "objcache-demo: stage "
 MODELS = ("tiny", "block")
-#: Models from a model library: ``torchvision:<name>`` or ``timm:<name>`` (not installed by
-#: objcache; no weights are downloaded: every model is built with random weights).
-LIBRARIES = ("torchvision", "timm")
+#: Models from a model library: ``torchvision:<name>``, ``timm:<name>`` or
+#: ``transformers:<model type>`` (not installed by objcache; no weights are downloaded: every
+#: model is built with random weights, a transformers model from a small config of its type).
+LIBRARIES = ("torchvision", "timm", "transformers")
+#: Sequence length and vocabulary of the transformers models' input (token ids).
+TEXT_LENGTH = 32
+TEXT_VOCAB = 1000
 #: Image side of the library models' input (small: a CPU compile, not accuracy, is measured).
 IMAGE_SIDE = 64
 
@@ -50,7 +54,8 @@ def model_name(value: str) -> str:
     if value in MODELS or (sep and library in LIBRARIES and name):
         return value
     raise argparse.ArgumentTypeError(
-        f"unknown model {value!r}: use {', '.join(MODELS)}, torchvision:<name> or timm:<name>"
+        f"unknown model {value!r}: use {', '.join(MODELS)}, torchvision:<name>, timm:<name> "
+        "or transformers:<model type>"
     )
 
 
@@ -62,6 +67,9 @@ def make_input(name: str, batch: int | None = None) -> Any:
     import torch
 
     generator = torch.Generator().manual_seed(1 if batch is None else 1000 + batch)
+    if name.startswith("transformers:"):  # a batch of token-id sequences
+        size = (2 if batch is None else batch, TEXT_LENGTH)
+        return torch.randint(0, TEXT_VOCAB, size, generator=generator)
     if ":" in name:  # a library model: a batch of small images
         size = (2 if batch is None else batch, 3, IMAGE_SIDE, IMAGE_SIDE)
         return torch.randn(size, generator=generator)
@@ -81,9 +89,11 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
     """
     import torch
 
-    from objcache.demo_models import Block, Salted, Tiny
+    from objcache.demo_models import Block, Salted, TextLogits, Tiny
 
     torch.manual_seed(0)
+    if name.startswith("transformers:"):
+        return TextLogits(_text_model(name.partition(":")[2]), salt), make_input(name)
     if ":" in name:
         return Salted(_library_model(name), salt), make_input(name)
     if name == "tiny":
@@ -112,6 +122,35 @@ def _library_model(name: str) -> Any:
     if "vit" in model or "deit" in model:
         kwargs["img_size"] = IMAGE_SIDE  # vision transformers take their image size
     return timm.create_model(model, **kwargs)
+
+
+#: A small config for any transformers model type: the first of each group its config has.
+_SMALL_TEXT = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 256,
+    "vocab_size": TEXT_VOCAB,
+    "max_position_embeddings": 128,
+    "num_labels": 10,
+}
+
+
+def _text_model(model_type: str) -> Any:
+    """A transformers sequence classifier of ``model_type`` from a small config, random
+    weights, dropout off (a training step compared with eager must be deterministic)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model(model_type)
+    for attr, value in _SMALL_TEXT.items():
+        setattr(config, attr, value)
+    for attr in list(vars(config)):
+        dropout = "dropout" in attr or attr.endswith("_pdrop")
+        if dropout and isinstance(getattr(config, attr), float):
+            setattr(config, attr, 0.0)
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0
+    return AutoModelForSequenceClassification.from_config(config)
 
 
 def _stage(name: str) -> None:

@@ -26,6 +26,18 @@ class Salted(nn.Module):
         return self.inner(x) * self.salt
 
 
+class TextLogits(nn.Module):
+    """A transformers classifier's logits times the demo's constant (token ids in)."""
+
+    def __init__(self, inner: nn.Module, salt: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.salt = salt
+
+    def forward(self, x: Any) -> Any:
+        return self.inner(input_ids=x).logits * self.salt
+
+
 class Tiny(nn.Module):
     def __init__(self, salt: float) -> None:
         super().__init__()

@@ -728,13 +728,20 @@ def test_seed_imports_inductor_dirs_and_mega_cache_files_under_the_hook_keys(
 
 
 def test_demo_models_are_built_in_or_from_a_library() -> None:
-    """``--model`` takes tiny, block, torchvision:<name> or timm:<name>; anything else is a
+    """``--model`` takes tiny, block, torchvision:<name>, timm:<name> or
+    transformers:<model type>; anything else is a
     one-line usage error, before torch is imported."""
     import argparse
 
     from objcache.demo import model_name
 
-    for ok in ("tiny", "block", "torchvision:resnet18", "timm:vit_tiny_patch16_224"):
+    for ok in (
+        "tiny",
+        "block",
+        "torchvision:resnet18",
+        "timm:vit_tiny_patch16_224",
+        "transformers:bert",
+    ):
         assert model_name(ok) == ok
     for bad in ("resnet18", "torchvision:", "hub:resnet18", ":x", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown model"):
