@@ -68,8 +68,8 @@ def make_input(name: str, batch: int | None = None) -> Any:
 
     generator = torch.Generator().manual_seed(1 if batch is None else 1000 + batch)
     if name.startswith("transformers:"):  # a batch of token-id sequences
-        size = (2 if batch is None else batch, TEXT_LENGTH)
-        return torch.randint(0, TEXT_VOCAB, size, generator=generator)
+        ids = (2 if batch is None else batch, TEXT_LENGTH)
+        return torch.randint(0, TEXT_VOCAB, ids, generator=generator)
     if ":" in name:  # a library model: a batch of small images
         size = (2 if batch is None else batch, 3, IMAGE_SIDE, IMAGE_SIDE)
         return torch.randn(size, generator=generator)
@@ -139,9 +139,11 @@ _SMALL_TEXT = {
 def _text_model(model_type: str) -> Any:
     """A transformers sequence classifier of ``model_type`` from a small config, random
     weights, dropout off (a training step compared with eager must be deterministic)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    import importlib
 
-    config = AutoConfig.for_model(model_type)
+    # imported by name: typed or not, installed or not, it is the user's library
+    transformers: Any = importlib.import_module("transformers")
+    config = transformers.AutoConfig.for_model(model_type)
     for attr, value in _SMALL_TEXT.items():
         setattr(config, attr, value)
     for attr in list(vars(config)):
@@ -150,7 +152,7 @@ def _text_model(model_type: str) -> Any:
             setattr(config, attr, 0.0)
     if getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
-    return AutoModelForSequenceClassification.from_config(config)
+    return transformers.AutoModelForSequenceClassification.from_config(config)
 
 
 def _stage(name: str) -> None:
