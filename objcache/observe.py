@@ -58,7 +58,7 @@ class RunObserver:
         try:
             body = summary.build(
                 self.cache.stats_dict(), job=job, run=self.run_id, started=self.started,
-                ended=time.time(), time_saved=_time_saved(),
+                ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
             )  # fmt: skip
             return await self.cache.put_remote(
                 summary.KIND, f"{job}/{self.run_id}", summary.encode(body)

@@ -130,6 +130,11 @@ class TieredCache:
         self._causes_logged: set[tuple[str, str]] = set()
 
     @property
+    def env_fields(self) -> dict[str, str]:
+        """The fingerprint fields of this cache's environment (empty when not given)."""
+        return dict(self._env_fields or {})
+
+    @property
     def tiers(self) -> list[Tier]:
         return ([self.local] if self.local else []) + self.remotes
 
