@@ -386,12 +386,12 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
             "[bold red]COLD[/]" if row.cold else "",
         )
     console.print(table)
-    for env_id, env in sorted(report.environments().items()):
-        rate = f"{env['hits']}/{env['lookups']}"
+    for env_id, e in sorted(report.environments().items()):
+        rate = f"{e['hits']}/{e['lookups']}"
         console.print(
             text(
-                f"{_env(env_id, env['fields'], full=True)}: {env['runs']} runs on "
-                f"{env['hosts']} hosts, hits {rate}; top miss cause {_top(env['top_miss_cause'])}"
+                f"{_env(env_id, e['fields'], full=True)}: {e['runs']} runs on "
+                f"{e['hosts']} hosts, hits {rate}; top miss cause {_top(e['top_miss_cause'])}"
             ),
             soft_wrap=True,
         )
