@@ -800,7 +800,9 @@ def report(
         since_s = fleet.parse_duration(since) if since else None
     except ValueError as exc:
         raise UserError(f"--since: {exc}") from None
-    backend = create_backend(_tiers(config, tier)[0])
+    # the summaries location, where one is configured (docs/operations.md, "Fleet report")
+    source = config.summaries_url if tier is None else None
+    backend = create_backend(source or _tiers(config, tier)[0])
     bar, advance = _progress(0, "report")
 
     async def run() -> fleet.Report:
