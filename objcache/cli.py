@@ -395,7 +395,7 @@ def ls(
     spec = _tiers(config, tier)[0]
     backend = _open(spec, config)
     if envs:
-        found = _run(_closing([backend], ops.environments(backend)))
+        found = _run(_closing([backend], ops.environments(backend, _codec(config))))
         if as_json:
             _print_json(found)
             return
@@ -785,11 +785,14 @@ def report(
     since: Annotated[
         str | None, typer.Option(help="Only runs started this long ago or later (24h, 7d).")
     ] = None,
-    env: Annotated[str | None, typer.Option(help="Environment id (default: this one).")] = None,
+    env: Annotated[
+        str | None, typer.Option(help="Only this environment id (default: every one).")
+    ] = None,
     tier: TierOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """One row per run of a job across hosts: hits per kind, bytes, lookup time, misses."""
+    """One row per run of a job across hosts and environments: hits per kind, bytes, lookup
+    time, misses and the top miss cause."""
     from objcache import report as fleet
 
     config = _config()
@@ -797,7 +800,9 @@ def report(
         since_s = fleet.parse_duration(since) if since else None
     except ValueError as exc:
         raise UserError(f"--since: {exc}") from None
-    backend = create_backend(_tiers(config, tier)[0])
+    # the summaries location, where one is configured (docs/operations.md, "Fleet report")
+    source = config.summaries_url if tier is None else None
+    backend = create_backend(source or _tiers(config, tier)[0])
     bar, advance = _progress(0, "report")
 
     async def run() -> fleet.Report:
@@ -805,7 +810,7 @@ def report(
             return await fleet.collect(
                 backend,
                 _codec(config),
-                env=env or env_id(),
+                env=env or None,
                 job=job,
                 since_s=since_s,
                 progress=advance,

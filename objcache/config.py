@@ -222,8 +222,19 @@ class Config:
         "OBJCACHE_RUN_SUMMARY",
         "At exit, write this run's summary (host, rank, hits and misses per kind and tier, "
         "bytes, lookup time) to the remote tiers for `objcache report --job`. Read-only "
-        "configurations write none. See docs/operations.md.",
+        "configurations write none, unless OBJCACHE_SUMMARIES_URL is set. See "
+        "docs/operations.md.",
         default=True,
+    )
+    summaries_url: TierSpec | None = _opt(
+        "OBJCACHE_SUMMARIES_URL",
+        "A tier URL that receives run summaries and nothing else, at exit (never read by "
+        "lookups; it needs only create access). Set, each run's summary goes there instead "
+        "of the remote tiers, under OBJCACHE_READ_ONLY too: a read-only fleet still reports, "
+        "and its tiers still get no entry, record or manifest. `objcache report` reads it "
+        "when no --tier is given. Unset: no separate location (read-only runs write no "
+        "summary). See docs/operations.md.",
+        default=None,
     )
     prometheus_textfile: Path | None = _opt(
         "OBJCACHE_PROMETHEUS_TEXTFILE",
@@ -259,6 +270,9 @@ class Config:
     def __post_init__(self) -> None:
         if isinstance(self.tiers, str):
             object.__setattr__(self, "tiers", tuple(parse_tier_list(self.tiers, "tiers")))
+        if isinstance(self.summaries_url, str):
+            spec = _one_tier(self.summaries_url, "summaries_url")
+            object.__setattr__(self, "summaries_url", spec)
         if isinstance(self.max_entry_bytes, str):
             caps = SizeCaps.parse(self.max_entry_bytes, "max_entry_bytes")
             object.__setattr__(self, "max_entry_bytes", caps)
@@ -436,6 +450,8 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
     try:
         if f.name == "tiers":
             return tuple(parse_tier_list(raw, var))
+        if f.name == "summaries_url":
+            return _one_tier(raw, var)
         if f.name == "signing_keys":
             return parse_hmac_keys(raw, var)
         if f.name == "max_entry_bytes":
@@ -465,6 +481,14 @@ def _parse(f: dataclasses.Field[Any], raw: str, var: str) -> Any:
         raise
     except ValueError as exc:
         raise ConfigError(f"{var}={raw!r}: {exc}") from None
+
+
+def _one_tier(raw: str, var: str) -> TierSpec | None:
+    """One tier URL (empty: None)."""
+    specs = parse_tier_list(raw, var)
+    if len(specs) > 1:
+        raise ConfigError(f"{var}: one tier URL, not {len(specs)}")
+    return specs[0] if specs else None
 
 
 def _read_key_file(path: Path) -> bytes:

@@ -13,10 +13,18 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("objcache")
+
+#: The per-tier outcomes of the lookup running in this context, as ``(tier, outcome)`` pairs:
+#: set by the read path only while the ``objcache`` logger wants lookups logged (DEBUG) or
+#: miss causes (INFO), so a lookup costs nothing more otherwise (docs/troubleshooting.md).
+LOOKUP_TRAIL: ContextVar[list[tuple[str, str]] | None] = ContextVar(
+    "objcache_lookup_trail", default=None
+)
 
 #: Upper bounds (ms) of the latency histogram buckets; the last bucket is open-ended.
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -81,6 +89,9 @@ class TierStats:
         if counts is None:
             counts = self.kinds[kind] = Counter()
         counts[outcome] += 1
+        trail = LOOKUP_TRAIL.get()
+        if trail is not None:
+            trail.append((self.name, outcome))
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -14,8 +14,11 @@ import time
 from typing import Any
 
 from objcache import summary
+from objcache.backends.base import PutMode
 from objcache.bridge import Bridge
 from objcache.config import Config
+from objcache.registry import create_backend
+from objcache.tier import Tier
 from objcache.tiered import TieredCache
 
 log = logging.getLogger("objcache")
@@ -52,20 +55,49 @@ class RunObserver:
         return bool(data["cache"]["gets"]) or any(t["puts"] for t in data["tiers"])
 
     async def write_summary(self, job: str) -> bool:
-        """Queue this run's summary for the remote tiers (on the loop, before the flush)."""
-        if not self.config.run_summary or self.cache.read_only or not self.used():
+        """Queue this run's summary for the remote tiers (on the loop, before the flush), or
+        write it to ``OBJCACHE_SUMMARIES_URL`` when that is set (docs/architecture.md, "Run
+        summaries"): the only write a read-only configuration makes."""
+        separate = self.config.summaries_url is not None
+        if not self.config.run_summary or not self.used():
+            return False
+        if self.cache.read_only and not separate:
             return False
         try:
             body = summary.build(
                 self.cache.stats_dict(), job=job, run=self.run_id, started=self.started,
-                ended=time.time(), time_saved=_time_saved(),
+                ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
             )  # fmt: skip
+            if separate:
+                return await self._write_separately(job, summary.encode(body))
             return await self.cache.put_remote(
                 summary.KIND, f"{job}/{self.run_id}", summary.encode(body)
             )
         except Exception:
             log.debug("objcache: writing the run summary failed", exc_info=True)
             return False
+
+    async def _write_separately(self, job: str, payload: bytes) -> bool:
+        """The summary, encoded like any entry, to the summaries location in CREATE mode,
+        under the tier deadline and retries; a failure is logged once, never raised."""
+        spec = self.config.summaries_url
+        assert spec is not None
+        okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
+        entry = self.cache.codec.encode(payload, okey)
+        tier = Tier.from_backend(
+            create_backend(spec),
+            timeout_ms=self.config.timeout_ms,
+            retries=self.config.retries,
+            breaker_failures=self.config.breaker_failures,
+            breaker_cooldown_s=self.config.breaker_cooldown_s,
+        )
+        try:
+            return await tier.put(okey, entry, PutMode.CREATE)
+        finally:
+            try:
+                await tier.backend.close()
+            except Exception:
+                log.debug("closing %s failed", tier.name, exc_info=True)
 
     def close(self) -> None:
         """Stop the periodic metrics and write them one last time (bounded)."""

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from objcache import summary
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
 from objcache.caps import SizeCaps
 from objcache.codec import MAX_PAYLOAD, Codec
@@ -105,12 +106,16 @@ async def entries(
         yield Entry(info, e_env, e_kind, e_key)
 
 
-async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
+async def environments(backend: Backend, codec: Codec | None = None) -> dict[str, dict[str, Any]]:
     """env id -> {"fields": ENV.json content or {}, "entries": n, "bytes": n}.
 
     ``ENV.json`` is read capped (:data:`ENV_FILE_MAX_BYTES`); one that is too big, not JSON
-    or not an object gives ``{"error": ...}`` fields, never an exception."""
+    or not an object gives ``{"error": ...}`` fields, never an exception. An environment
+    without one (its processes only looked up, or wrote only run summaries) is described by
+    its newest run summary's fields, read and verified with ``codec`` as ``objcache report``
+    reads it (docs/architecture.md, "Run summaries")."""
     envs: dict[str, dict[str, Any]] = {}
+    summaries: dict[str, tuple[float, str]] = {}
     async for info in backend.list(f"{LAYOUT_VERSION}/"):
         parts = info.key.split("/")
         if len(parts) < 3:
@@ -120,6 +125,8 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
             continue
         env["entries"] += 1
         env["bytes"] += info.size
+        if parts[2] == summary.KIND and info.mtime >= summaries.get(parts[1], (-1.0, ""))[0]:
+            summaries[parts[1]] = (info.mtime, info.key)
     for env_id, env in envs.items():
         try:
             okey = f"{LAYOUT_VERSION}/{env_id}/{ENV_FILE}"
@@ -137,7 +144,21 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
                 fields = None
             ok = isinstance(fields, dict)
             env["fields"] = fields if ok else {"error": "unreadable ENV.json"}
+        elif codec is not None and env_id in summaries:
+            env["fields"] = await _summary_env(backend, codec, summaries[env_id][1])
     return envs
+
+
+async def _summary_env(backend: Backend, codec: Codec, okey: str) -> dict[str, Any]:
+    """The environment fields a run summary carries ({} when it cannot be used)."""
+    try:
+        data = await backend.get_capped(okey, 2 * summary.MAX_BYTES)
+        if data is None:
+            return {}
+        return dict(summary.parse(codec.decode(data, okey, summary.MAX_BYTES))["env"])
+    except Exception:  # too large, refused, invalid, unreadable: described as unknown
+        log.debug("cannot read the environment of run summary %s", okey, exc_info=True)
+        return {}
 
 
 def _moved(item: Any, result: Any) -> int:

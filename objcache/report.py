@@ -1,8 +1,11 @@
-"""``objcache report --job NAME``: one row per run of a job, across hosts, from the run
-summaries in a store (docs/operations.md, "Fleet report").
+"""``objcache report --job NAME``: one row per run of a job, across hosts and environments,
+from the run summaries in a store (docs/operations.md, "Fleet report").
 
-It reads two listings (the job's run summaries and its run manifests, issued at once) and
-then GETs every summary, 64 at a time. A run manifest without a summary is a run of an older
+With ``--env``, it reads two listings (the job's run summaries and its run manifests in that
+environment, issued at once); without, one listing of the whole store finds them in every
+environment. Then it GETs every summary, 64 at a time.  Each row names its environment (id,
+torch, CPU ISA, GPU from the summary), so a machine that ran another torch or another CPU
+shows up as exactly that. A run manifest without a summary is a run of an older
 objcache and is listed as such. A summary that cannot be decoded or validated (corrupt,
 unsigned, hostile) is skipped and counted by reason, never an error.
 """
@@ -52,6 +55,10 @@ class Row:
     run: str
     started: float
     has_summary: bool = True
+    #: The environment id the run's objects are stored under.
+    env: str = ""
+    #: That environment's fingerprint fields as the summary records them (empty: not recorded).
+    env_fields: dict[str, str] = field(default_factory=dict)
     host: str | None = None
     rank: int | None = None
     local_rank: int | None = None
@@ -63,6 +70,20 @@ class Row:
     misses: Counter[str] = field(default_factory=Counter)
     #: Compile time the run's hits saved, per kind, in torch's figures (empty: not recorded).
     time_saved_s: dict[str, float] = field(default_factory=dict)
+    #: Why the run's lookups missed, by count: the column "top miss cause". Filled from the
+    #: summary's per-reason miss counts (``absent``, ``corrupt``, ...); a finer source, such
+    #: as the key components that differ from the nearest written entry, sets it instead.
+    miss_causes: Counter[str] | None = None
+
+    @property
+    def causes(self) -> Counter[str]:
+        return self.misses if self.miss_causes is None else self.miss_causes
+
+    @property
+    def top_miss_cause(self) -> tuple[str, int] | None:
+        """The most frequent miss cause and its count (None: the run missed nothing)."""
+        ranked = sorted(self.causes.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ranked[0] if ranked and ranked[0][1] else None
 
     @property
     def saved_s(self) -> float:
@@ -82,7 +103,7 @@ class Row:
         return self.lookups > 0 and self.hits < COLD_BELOW * self.lookups
 
     def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"run": self.run, "started": self.started}
+        body: dict[str, Any] = {"run": self.run, "started": self.started, "env": self.env}
         if not self.has_summary:
             return {**body, "summary": False}
         return {
@@ -103,10 +124,12 @@ class Row:
             "time_saved_s": round(self.saved_s, 6),
             "time_saved_by_kind": dict(self.time_saved_s),
             "misses": dict(self.misses),
+            "env_fields": dict(self.env_fields),
+            "top_miss_cause": _cause(self.top_miss_cause),
         }
 
     @classmethod
-    def from_summary(cls, body: dict[str, Any]) -> Row:
+    def from_summary(cls, body: dict[str, Any], env: str = "") -> Row:
         remote = [t for t in body["tiers"].values() if t["remote"]] or list(body["tiers"].values())
         misses: Counter[str] = Counter()
         for tier in remote:
@@ -125,13 +148,20 @@ class Row:
             lookup_s=body["lookup_s"],
             misses=misses,
             time_saved_s=dict(body.get("time_saved_s", {})),
+            env=env,
+            env_fields=dict(body.get("env", {})),
         )
+
+
+def _cause(top: tuple[str, int] | None) -> dict[str, Any] | None:
+    return None if top is None else {"cause": top[0], "misses": top[1]}
 
 
 @dataclass
 class Report:
     job: str
-    env: str
+    #: The environment asked for (None: every environment of the job).
+    env: str | None
     rows: list[Row] = field(default_factory=list)
     #: Summaries that were listed but could not be used, by reason.
     skipped: Counter[str] = field(default_factory=Counter)
@@ -167,27 +197,58 @@ class Report:
             "skipped_reasons": dict(self.skipped),
         }
 
+    def environments(self) -> dict[str, dict[str, Any]]:
+        """env id -> its fields (from its runs' summaries), runs, hosts, hits, lookups and
+        top miss cause: one line per environment the job ran in."""
+        envs: dict[str, dict[str, Any]] = {}
+        causes: dict[str, Counter[str]] = {}
+        for row in self.rows:
+            env = envs.setdefault(
+                row.env, {"fields": {}, "runs": 0, "hosts": set(), "hits": 0, "lookups": 0}
+            )
+            env["runs"] += 1
+            if not row.has_summary:
+                continue
+            env["fields"] = env["fields"] or dict(row.env_fields)
+            env["hosts"].add(row.host)
+            env["hits"] += row.hits
+            env["lookups"] += row.lookups
+            causes.setdefault(row.env, Counter()).update(row.causes)
+        for env_id, env in envs.items():
+            env["hosts"] = len(env["hosts"])
+            ranked = sorted(causes.get(env_id, Counter()).items(), key=lambda kv: (-kv[1], kv[0]))
+            env["top_miss_cause"] = _cause(ranked[0] if ranked and ranked[0][1] else None)
+        return envs
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "job": self.job,
             "env": self.env,
+            "envs": self.environments(),
             "runs": [r.as_dict() for r in self.rows],
             "total": self.total(),
         }
 
 
-async def _run_ids(backend: Backend, env: str, kind: str, job: str, since: float) -> dict[str, str]:
-    """Run id -> object key of the runs of ``job`` listed under ``kind`` that started at or
-    after ``since`` (the start time is in the name: no GET for runs out of range)."""
-    found: dict[str, str] = {}
-    async for info in backend.list(f"{LAYOUT_VERSION}/{env}/{kind}/"):
+#: A run: (environment id, run id).
+RunKey = tuple[str, str]
+
+
+async def _run_ids(
+    backend: Backend, prefix: str, kinds: tuple[str, ...], job: str, since: float
+) -> dict[str, dict[RunKey, str]]:
+    """Per kind of ``kinds``: (env, run id) -> object key of the runs of ``job`` listed
+    under ``prefix`` that started at or after ``since`` (the start time is in the name: no
+    GET for runs out of range)."""
+    found: dict[str, dict[RunKey, str]] = {kind: {} for kind in kinds}
+    async for info in backend.list(prefix):
         parsed = parse_object_key(info.key)
-        if parsed is None or not parsed[2].startswith(f"{job}/"):
+        if parsed is None or parsed[1] not in found or not parsed[2].startswith(f"{job}/"):
             continue
         run_id = parsed[2][len(job) + 1 :]
         started = summary.run_started(run_id)
         if started is not None and started >= since:
-            found[run_id] = info.key
+            found[parsed[1]][(parsed[0], run_id)] = info.key
     return found
 
 
@@ -195,26 +256,33 @@ async def collect(
     backend: Backend,
     codec: Codec,
     *,
-    env: str,
+    env: str | None = None,
     job: str,
     since_s: float | None = None,
     progress: Progress | None = None,
     total: Progress | None = None,
 ) -> Report:
-    """The report of ``job`` in ``env``: two LISTs at once, then one GET per summary."""
+    """The report of ``job`` in ``env``, or in every environment when ``env`` is None:
+    two LISTs at once (one of the whole store without ``env``), then one GET per summary."""
     since = time.time() - since_s if since_s is not None else 0.0
-    ids, manifest_ids = await asyncio.gather(
-        _run_ids(backend, env, summary.KIND, job, since),
-        _run_ids(backend, env, "manifest", job, since),
-    )
+    if env is None:
+        both = await _run_ids(backend, f"{LAYOUT_VERSION}/", (summary.KIND, "manifest"), job, since)
+        ids, manifest_ids = both[summary.KIND], both["manifest"]
+    else:
+        runs, manifests = await asyncio.gather(
+            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/run/", (summary.KIND,), job, since),
+            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/manifest/", ("manifest",), job, since),
+        )
+        ids, manifest_ids = runs[summary.KIND], manifests["manifest"]
     if total is not None:
         total(len(ids))
     report = Report(job, env)
 
-    async def read(run_id: str) -> Row | str:
+    async def read(run: RunKey) -> Row | str:
+        run_env, run_id = run
         try:
             # a summary is small: never read a planted huge object whole (docs/security.md)
-            data = await backend.get_capped(ids[run_id], READ_CAP)
+            data = await backend.get_capped(ids[run], READ_CAP)
         except Exception:
             return "unreadable"
         if data is None:
@@ -222,23 +290,24 @@ async def collect(
         try:
             # decoded with the summary's own cap: a zstd frame claiming more is refused
             # before decompression (docs/security.md, "What the CLI prints")
-            body = summary.parse(codec.decode(data, ids[run_id], summary.MAX_BYTES))
+            body = summary.parse(codec.decode(data, ids[run], summary.MAX_BYTES))
         except EntryError as exc:
             return exc.reason
         except summary.SummaryError:
             return "invalid"
         if body["job"] != job or body["run"] != run_id:
             return "misplaced"
-        return Row.from_summary(body)
+        return Row.from_summary(body, run_env)
 
     for result in await _bounded(sorted(ids), read, progress):
         if isinstance(result, Row):
             report.rows.append(result)
         else:
             report.skipped[result] += 1
-    for run_id in manifest_ids.keys() - ids.keys():
-        report.rows.append(Row(run_id, summary.run_started(run_id) or 0.0, has_summary=False))
-    report.rows.sort(key=lambda r: (r.started, r.run))
+    for run_env, run_id in manifest_ids.keys() - ids.keys():
+        started = summary.run_started(run_id) or 0.0
+        report.rows.append(Row(run_id, started, has_summary=False, env=run_env))
+    report.rows.sort(key=lambda r: (r.started, r.run, r.env))
     return report
 
 
@@ -255,6 +324,21 @@ def _misses(misses: dict[str, int]) -> str:
     return ", ".join(f"{r}={n}" for r, n in sorted(misses.items())) or "-"
 
 
+def _env(env: str, fields: dict[str, str], full: bool = False) -> str:
+    """An environment as a person tells them apart: id, torch, CPU ISA (and GPU)."""
+    torch, isa = fields.get("torch", "?"), fields.get("cpu_isa", "?")
+    if not full:
+        return f"{env[:8] or '?'} torch {torch} {isa}"
+    return f"env {env or '?'}: torch {torch}, cpu_isa {isa}, gpu {fields.get('gpu', '?')}"
+
+
+def _top(top: tuple[str, int] | dict[str, Any] | None) -> str:
+    if top is None:
+        return "-"
+    cause, n = (top["cause"], top["misses"]) if isinstance(top, dict) else top
+    return f"{cause} ({n})"
+
+
 def render(report: Report, console: Console, size: Callable[[float], str]) -> None:
     """The report as a rich table, then the fleet total and what was skipped; ``size``
     formats byte counts (the CLI's).
@@ -265,6 +349,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
     table = Table(
         "started (UTC)",
         "host",
+        "env (torch, ISA)",
         "rank",
         "hits/lookups per kind",
         "in",
@@ -272,18 +357,24 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
         "lookup s",
         "saved s",
         "misses by reason",
+        "top miss cause",
         "",
-        title=text(f"job {report.job} · env {report.env}"),
+        title=text(
+            f"job {report.job} · "
+            + (f"env {report.env}" if report.env else "every environment (--env to narrow)")
+        ),
     )
     for row in report.rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row.started))
         if not row.has_summary:
-            table.add_row(started, "-", "-", "no summary (older objcache)", *["-"] * 5, "")
+            env = text(_env(row.env, {}))
+            table.add_row(started, "-", env, "-", "no summary (older objcache)", *["-"] * 6, "")
             continue
         rank = "-" if row.rank is None else str(row.rank)
         table.add_row(
             started,
             text(row.host or "-"),
+            text(_env(row.env, row.env_fields)),
             rank,
             text(_kinds(row.kinds)),
             size(row.bytes_in),
@@ -291,9 +382,19 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
             f"{row.lookup_s:.3f}",
             f"{row.saved_s:.1f}" if row.time_saved_s else "-",
             text(_misses(row.misses)),
+            text(_top(row.top_miss_cause)),
             "[bold red]COLD[/]" if row.cold else "",
         )
     console.print(table)
+    for env_id, e in sorted(report.environments().items()):
+        rate = f"{e['hits']}/{e['lookups']}"
+        console.print(
+            text(
+                f"{_env(env_id, e['fields'], full=True)}: {e['runs']} runs on "
+                f"{e['hosts']} hosts, hits {rate}; top miss cause {_top(e['top_miss_cause'])}"
+            ),
+            soft_wrap=True,
+        )
     t = report.total()
     rate = "-" if t["hit_rate"] is None else f"{100 * t['hit_rate']:.1f}%"
     console.print(

@@ -74,10 +74,13 @@ def build(
     environ: Mapping[str, str] | None = None,
     host: str | None = None,
     time_saved: Mapping[str, float] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
-    (:mod:`objcache.integrations.torch.time_saved`)."""
+    (:mod:`objcache.integrations.torch.time_saved`); ``env`` the environment's fingerprint
+    fields (torch, cpu_isa, gpu, ...), so a store holding only summaries of an environment
+    still describes it (``objcache ls --envs``, ``objcache report``)."""
     cache = stats.get("cache", {})
     rank, local_rank = ranks(environ)
     kinds = {
@@ -113,6 +116,7 @@ def build(
         "lookup_s": round(float(cache.get("lookup_ms_total", 0.0)) / 1000, 6),
         "write_behind_dropped": int(cache.get("write_behind_dropped", 0)),
         "time_saved_s": {k: round(float(v), 6) for k, v in (time_saved or {}).items()},
+        "env": {str(k): str(v) for k, v in (env or {}).items()},
     }
 
 
@@ -140,6 +144,13 @@ def _seconds(value: Any, what: str) -> float:
     if not ok or not math.isfinite(value) or not 0 <= value <= 1e11:
         raise SummaryError(f"{what}: not a time in seconds")
     return float(value)
+
+
+def _field(value: Any, what: str) -> str:
+    """An environment field's value: a short string, possibly empty."""
+    if not isinstance(value, str) or len(value) > MAX_STR:
+        raise SummaryError(f"{what}: not a short string")
+    return value
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -206,4 +217,6 @@ def parse(data: bytes) -> dict[str, Any]:
             kind: _seconds(s, f"time_saved_s.{kind}")
             for kind, s in _mapping(body.get("time_saved_s", {}), "time_saved_s").items()
         },
+        # absent in summaries of objcache versions before it was recorded
+        "env": {k: _field(v, f"env.{k}") for k, v in _mapping(body.get("env", {}), "env").items()},
     }

@@ -25,8 +25,9 @@ from objcache.caps import SizeCaps
 from objcache.codec import MAX_PAYLOAD, Codec
 from objcache.errors import EntryError
 from objcache.layout import Namespace, parse_object_key
-from objcache.metrics import CacheStats, log_once
+from objcache.metrics import LOOKUP_TRAIL, CacheStats, log_once
 from objcache.nodelease import Claim, Lease, NodeLeases
+from objcache.plaintext import plain
 from objcache.records import Change
 from objcache.singleflight import SingleFlight
 from objcache.tier import Tier
@@ -47,6 +48,14 @@ CANDIDATE_FETCHES = 8
 #: Tier name :meth:`TieredCache.get_object` reports, without ``wait``, for a key another
 #: process of the node is fetching.
 LEASED_ELSEWHERE = "~leased-elsewhere"
+#: Miss reasons that mean a tier held an entry and the decoder refused it (metrics.py).
+REFUSALS = frozenset({"corrupt", "version", "unsigned", "bad_signature", "too_large"})
+
+
+def miss_cause(trail: Sequence[tuple[str, str]]) -> str:
+    """The cause of a lookup that missed, from its per-tier outcomes: the first reason that
+    says more than ``absent`` (a refused entry, a timeout, an error), else ``absent``."""
+    return next((o for _, o in trail if o not in ("hit", "absent")), "absent")
 
 
 def _let_go(lease: Lease, stored: bool) -> None:
@@ -117,6 +126,13 @@ class TieredCache:
         #: arrives after the shared fetch ended but before the entry is on disk is served
         #: from here instead of issuing a second remote GET.
         self._landing: dict[str, bytes] = {}
+        #: (kind, cause) pairs already logged at INFO: one line per miss cause per run.
+        self._causes_logged: set[tuple[str, str]] = set()
+
+    @property
+    def env_fields(self) -> dict[str, str]:
+        """The fingerprint fields of this cache's environment (empty when not given)."""
+        return dict(self._env_fields or {})
 
     @property
     def tiers(self) -> list[Tier]:
@@ -128,13 +144,66 @@ class TieredCache:
         """The verified payload stored under (kind, key), or None."""
         self.stats.gets[kind] += 1
         started = time.perf_counter()
-        payload, tier = await self.get_object(self.namespace.object_key(kind, key))
-        self.stats.lookup.observe((time.perf_counter() - started) * 1000)
+        okey = self.namespace.object_key(kind, key)
+        trail = self._trail()
+        token = LOOKUP_TRAIL.set(trail)
+        try:
+            payload, tier = await self.get_object(okey)
+        finally:
+            LOOKUP_TRAIL.reset(token)
+        ms = (time.perf_counter() - started) * 1000
+        self.stats.lookup.observe(ms)
         if payload is not None:
             self.stats.hits[kind] += 1
             self.stats.served_by[tier] += 1
             self.stats.lookups_served_by[tier] += 1
+        if trail is not None:
+            self.log_lookup(kind, okey, tier, None if payload is None else len(payload), ms, trail)
         return payload
+
+    # --- lookup logging (docs/troubleshooting.md, "Logs") ------------------------------------
+
+    @staticmethod
+    def _trail() -> list[tuple[str, str]] | None:
+        """A list to collect a lookup's per-tier outcomes in, when they will be logged."""
+        return [] if log.isEnabledFor(logging.INFO) else None
+
+    def log_lookup(
+        self,
+        kind: str,
+        okey: str,
+        tier: str,
+        size: int | None,
+        ms: float,
+        trail: Sequence[tuple[str, str]],
+        how: str = "",
+    ) -> None:
+        """One DEBUG line per lookup (``size`` None: a miss), and one INFO line the first time
+        a (kind, cause) misses in this process. Keys and tier names can come from a store's
+        listings: they are escaped (objcache/plaintext.py)."""
+        tiers = ",".join(f"{plain(name)}={outcome}" for name, outcome in trail) or "-"
+        extra = f" via={how}" if how else ""
+        if size is not None:
+            where = "local" if self.local is not None and tier == self.local.name else "remote"
+            log.debug(
+                "lookup kind=%s outcome=%s-hit tier=%s size=%d ms=%.3f tiers=%s key=%s%s",
+                plain(kind), where, plain(tier), size, ms, tiers, plain(okey), extra,
+            )  # fmt: skip
+            return
+        cause = miss_cause(trail)
+        refused = any(outcome in REFUSALS for _, outcome in trail)
+        log.debug(
+            "lookup kind=%s outcome=%s cause=%s tier=- size=0 ms=%.3f tiers=%s key=%s%s",
+            plain(kind), "refused" if refused else "miss", cause, ms, tiers, plain(okey), extra,
+        )  # fmt: skip
+        if not trail or (kind, cause) in self._causes_logged:
+            return  # a lookup that joined another's fetch: that one logs the cause
+        self._causes_logged.add((kind, cause))
+        log.info(
+            "%s lookups miss: %s (first at %s; tiers %s); further %s misses of this cause are "
+            "counted in `objcache stats`, not logged (DEBUG logs every lookup)",
+            plain(kind), cause, plain(okey), tiers, plain(kind),
+        )  # fmt: skip
 
     async def get_object(
         self, okey: str, *, wait: bool = True, absent_locally: bool = False
@@ -193,6 +262,9 @@ class TieredCache:
         self.recorded.add(okey)
         if self._local_store is not None:
             self._local_store.note_hit(okey, size)
+        if log.isEnabledFor(logging.DEBUG):
+            name = self.local.name
+            self.log_lookup(kind, okey, name, size, ms, [(name, "hit")], "fast")
 
     def fetching(self, okey: str) -> bool:
         return self._flight.pending(okey)
@@ -437,6 +509,28 @@ class TieredCache:
         """
         self.stats.gets[kind] += 1
         started = time.perf_counter()
+        trail = self._trail()
+        token = LOOKUP_TRAIL.set(trail)
+        try:
+            candidates = await self._get_candidates(kind, key, limit, concurrency, include_single)
+        finally:
+            LOOKUP_TRAIL.reset(token)
+        if candidates:
+            self.stats.hits[kind] += 1
+            nearest = next((c for c in candidates if c.local), candidates[0])
+            self.stats.lookups_served_by[nearest.tier] += 1
+        ms = (time.perf_counter() - started) * 1000
+        self.stats.lookup.observe(ms)
+        if trail is not None:
+            size = sum(len(c.payload) for c in candidates) if candidates else None
+            where = nearest.tier if candidates else ""
+            okey = self.namespace.object_prefix(kind, key)
+            self.log_lookup(kind, okey, where, size, ms, trail, f"{len(candidates)}-candidates")
+        return candidates
+
+    async def _get_candidates(
+        self, kind: str, key: str, limit: int, concurrency: int, include_single: bool
+    ) -> list[Candidate]:
         prefix = self.namespace.object_prefix(kind, key)
         tiers = [t for t in self.tiers if t.readable and not t.breaker_open()]
         # The key's single value too (seeded entries, writers with candidates off), fetched
@@ -479,11 +573,6 @@ class TieredCache:
                 # get_object already wrote a remote hit through to the local tier.
                 self.stats.served_by[tier_name] += 1
                 candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
-        if candidates:
-            self.stats.hits[kind] += 1
-            nearest = next((c for c in candidates if c.local), candidates[0])
-            self.stats.lookups_served_by[nearest.tier] += 1
-        self.stats.lookup.observe((time.perf_counter() - started) * 1000)
         return candidates
 
     async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:

@@ -502,3 +502,12 @@ def test_variables_objcache_itself_sets_are_not_reported(
             if path.name not in ("test_config.py", "test_cli.py"):
                 used |= set(re.findall(r"OBJCACHE_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     assert used - set(option_variables()) - INTERNAL_VARIABLES == {"OBJCACHE_RESULT"}
+
+
+def test_summaries_url_is_one_tier_url_or_unset() -> None:
+    assert Config.from_env({}).summaries_url is None
+    assert Config.from_env({"OBJCACHE_SUMMARIES_URL": ""}).summaries_url is None
+    spec = Config.from_env({"OBJCACHE_SUMMARIES_URL": "file:///tmp/summaries"}).summaries_url
+    assert spec is not None and spec.scheme == "file"
+    with pytest.raises(ConfigError, match="OBJCACHE_SUMMARIES_URL: one tier URL"):
+        Config.from_env({"OBJCACHE_SUMMARIES_URL": "file:///a,file:///b"})

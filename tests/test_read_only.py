@@ -9,6 +9,7 @@ read-only show that the same commands do write through the same proxy.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -228,3 +229,51 @@ def test_mistyped_tier_option_is_refused_before_any_request(store: Store, typo: 
     name = typo.split("=")[0]
     assert r.stderr.count("\n") == 1 and f"unknown option {name!r}; did you mean" in r.stderr
     assert store.proxy.http_requests == []
+
+
+# --- a read-only fleet still reports: run summaries to a separate location -------------------
+
+LOOKUPS = """
+import objcache
+client = objcache.get_client()
+print(sum(client.get("fx-graph", key) is not None for key in ("key-0", "key-1", "nosuch")))
+"""
+
+
+def test_read_only_run_writes_its_summary_only_to_the_summaries_location_at_exit(
+    store: Store, tmp_path: Path
+) -> None:
+    """``OBJCACHE_READ_ONLY=1`` with ``OBJCACHE_SUMMARIES_URL``: the process looks up and
+    exits; its tiers get zero write requests, the summaries location exactly one object (the
+    run summary, written at exit), and ``objcache report`` finds the run there."""
+    summaries = tmp_path / "summaries"
+    extra = {"OBJCACHE_READ_ONLY": "1", "OBJCACHE_SUMMARIES_URL": f"file://{summaries}"}
+    env = {**store.env, **extra, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", LOOKUPS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2"]
+    assert store.proxy.count_requests("GET") >= 1, "the tiers were read"
+    assert writes(store.proxy) == []
+    written = [p for p in summaries.rglob("*") if p.is_file()]
+    assert len(written) == 1 and "/run/" in str(written[0]), written
+
+    r = store.run("report", "--job", "rojob", "--json", **extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = json.loads(r.stdout)["runs"]
+    assert [(run["hits"], run["lookups"]) for run in runs] == [(2, 3)]
+    assert runs[0]["env_fields"]["torch"]  # the environment travels with the summary
+    assert writes(store.proxy) == []
+
+    # Without a summaries location, read-only keeps its promise: nothing is written.
+    control = subprocess.run(
+        [sys.executable, "-c", LOOKUPS],
+        env={**env, "OBJCACHE_SUMMARIES_URL": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert control.returncode == 0, control.stderr
+    assert writes(store.proxy) == []
+    assert len([p for p in summaries.rglob("*") if p.is_file()]) == 1

@@ -22,6 +22,7 @@ from objcache.backends.base import PutMode
 from objcache.client import Client, build_cache
 from objcache.codec import Codec
 from objcache.config import Config
+from objcache.fingerprint import fingerprint
 from objcache.manifest import write_run
 from objcache.registry import create_backend
 from objcache.urls import parse_tier_list
@@ -96,6 +97,10 @@ def test_summary_round_trips_with_rank_bytes_and_lookup_time() -> None:
         summary.encode(good_summary(tiers={"t": {"remote": "yes"}})),
         summary.encode(good_summary(tiers={"t": {"remote": True, "kinds": {"k": {"hit": -1}}}})),
         b"[" * 100_000 + b"]" * 100_000,
+        summary.encode(good_summary(env={"torch": 7})),
+        summary.encode(good_summary(env={"torch": "t" * 10_000})),
+        summary.encode(good_summary(env={f"f{i}": "" for i in range(100)})),
+        summary.encode(good_summary(env=["torch"])),
     ],
 )
 def test_hostile_summaries_are_refused(hostile: bytes) -> None:
@@ -292,3 +297,78 @@ def test_report_of_one_cold_and_two_warm_processes(seaweed_s3: SeaweedS3, tmp_pa
     (tmp_path / "report.txt").write_text(table.output)
     if os.environ.get("OBJCACHE_REPORT_SAMPLE"):
         Path(os.environ["OBJCACHE_REPORT_SAMPLE"]).write_text(table.output)
+
+
+# --- every environment of a job -------------------------------------------------------------
+
+
+@pytest.fixture
+def two_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, str]:
+    """A run in this environment that writes an entry, then one whose torch and CPU ISA
+    differ (faked through the fingerprint, as a second machine would report them) that only
+    looks up: its environment holds nothing but its run summary. ``(store url, env, other)``."""
+    writer = Client(file_config(tmp_path, "a"))
+    assert writer.get("fx-graph", "k") is None
+    writer.put("fx-graph", "k", b"v" * 500)
+    writer.close()
+    real = fingerprint()
+    monkeypatch.setattr(
+        "objcache.client.fingerprint", lambda: {**real, "torch": "9.9.9", "cpu_isa": "avx2"}
+    )
+    reader = Client(file_config(tmp_path, "b"))
+    assert reader.get("fx-graph", "k") is None  # another environment: a miss
+    assert reader.get("fx-graph", "k2") is None
+    reader.close()
+    env, other = writer.cache.namespace.env, reader.cache.namespace.env
+    assert env != other
+    return f"file://{tmp_path / 'store'}", env, other
+
+
+def test_report_covers_every_environment_of_a_job_and_env_narrows(
+    two_envs: tuple[str, str, str], tmp_path: Path
+) -> None:
+    url, env, other = two_envs
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["report", "--job", "train", "--json", "--tier", url])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["env"] is None
+    assert sorted(r["env"] for r in data["runs"]) == sorted([env, other])
+    theirs = next(r for r in data["runs"] if r["env"] == other)
+    assert (theirs["env_fields"]["torch"], theirs["env_fields"]["cpu_isa"]) == ("9.9.9", "avx2")
+    assert theirs["top_miss_cause"] == {"cause": "absent", "misses": 2}
+    assert data["envs"][other]["fields"]["cpu_isa"] == "avx2"
+    assert data["envs"][env]["fields"]["torch"] == fingerprint()["torch"]
+    assert (data["envs"][other]["runs"], data["envs"][other]["lookups"]) == (1, 2)
+
+    narrowed = runner.invoke(
+        cli.app, ["report", "--job", "train", "--env", other, "--json", "--tier", url]
+    )
+    assert narrowed.exit_code == 0, narrowed.output
+    assert [r["env"] for r in json.loads(narrowed.output)["runs"]] == [other]
+
+    table = runner.invoke(
+        cli.app, ["report", "--job", "train", "--tier", url], env={"COLUMNS": "220"}
+    )
+    assert table.exit_code == 0, table.output
+    assert f"{other[:8]} torch 9.9.9 avx2" in table.output
+    assert f"env {other}: torch 9.9.9, cpu_isa avx2" in table.output
+    assert "top miss cause" in table.output and "absent (2)" in table.output
+    if os.environ.get("OBJCACHE_REPORT_SAMPLE"):
+        Path(os.environ["OBJCACHE_REPORT_SAMPLE"]).write_text(table.output)
+
+
+def test_ls_envs_describes_an_environment_holding_only_run_summaries(
+    two_envs: tuple[str, str, str],
+) -> None:
+    url, _, other = two_envs
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["ls", "--envs", "--json", "--tier", url])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert found[other]["fields"]["torch"] == "9.9.9"
+    assert found[other]["fields"]["cpu_isa"] == "avx2"
+    assert found[other]["fields"]["gpu"] == fingerprint()["gpu"]
+    table = runner.invoke(cli.app, ["ls", "--envs", "--tier", url], env={"COLUMNS": "200"})
+    row = next(line for line in table.output.splitlines() if other in line)
+    assert "9.9.9" in row and "avx2" in row and "?" not in row
