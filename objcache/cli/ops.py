@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
-from objcache.caps import SizeCaps
-from objcache.codec import MAX_PAYLOAD, Codec
+from objcache.config.urls import flag
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import MAX_PAYLOAD, Codec
+from objcache.entry.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
 from objcache.errors import BackendError, EntryError, EntryTooLarge, InvalidKey, ReadOnlyRefused
-from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
-from objcache.urls import flag
 
 log = logging.getLogger("objcache")
 Progress = Callable[[int], None]

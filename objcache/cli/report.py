@@ -20,14 +20,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from objcache import summary
 from objcache.backends.base import Backend
-from objcache.codec import Codec
+from objcache.cli.ops import Progress, _bounded
+from objcache.cli.plaintext import text
+from objcache.entry.codec import Codec
+from objcache.entry.layout import LAYOUT_VERSION, parse_object_key
 from objcache.errors import EntryError
 from objcache.integrations.torch import time_saved
-from objcache.layout import LAYOUT_VERSION, parse_object_key
-from objcache.ops import Progress, _bounded
-from objcache.plaintext import text
+from objcache.observe import run_summary as summary
 
 #: A run whose lookups hit less often than this started cold.
 COLD_BELOW = 0.5
@@ -260,7 +260,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
     formats byte counts (the CLI's).
 
     Hosts, kinds and reasons come from summaries anyone with write access to the store can
-    put there: every cell and line carrying them is a :func:`~objcache.plaintext.text`,
+    put there: every cell and line carrying them is a :func:`~objcache.cli.plaintext.text`,
     never markup, control characters escaped (docs/security.md, "What the CLI prints")."""
     table = Table(
         "started (UTC)",

@@ -5,8 +5,8 @@ third-party backend runs the same tests by subclassing :class:`BackendContract` 
 ``fsspec.tests.abstract`` is used), naming the class ``Test...`` so pytest collects it::
 
     from objcache.backends.base import Backend
-    from objcache.backend_contract import BackendContract
-    from objcache.urls import parse_tier_url
+    from objcache.testing.backend_contract import BackendContract
+    from objcache.config.urls import parse_tier_url
 
     class TestMyStore(BackendContract):
         exact_delete = False  # only if delete() cannot tell whether the key existed
@@ -34,11 +34,11 @@ from typing import ClassVar
 import pytest
 import pytest_asyncio
 
-from objcache.backends._records import RecordBackend
 from objcache.backends.base import Backend, ObjectInfo, PutMode
+from objcache.backends.records_contract import RecordBackend
+from objcache.core.records import Change, Outcome, read_modify_write
+from objcache.entry.layout import Namespace
 from objcache.errors import InvalidKey
-from objcache.layout import Namespace
-from objcache.records import Change, Outcome, read_modify_write
 
 
 async def listed(backend: Backend, prefix: str = "") -> dict[str, int]:

@@ -41,7 +41,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
 from objcache.backends._opts import opt_bool
-from objcache.backends._records import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
 from objcache.backends._shared import to_daemon_thread
 from objcache.backends.base import (
     Backend,
@@ -51,6 +50,7 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
 from objcache.errors import (
     BackendError,
     ConfigError,
@@ -65,7 +65,7 @@ T = TypeVar("T")
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
 TMP_PREFIX = RESERVED + "tmp-"
-#: Lease files of cross-process single-flight (objcache/nodelease.py), beside the entry.
+#: Lease files of cross-process single-flight (objcache/core/nodelease.py), beside the entry.
 LEASE_PREFIX = RESERVED + "lease-"
 #: Lock files of record writes, beside the record; kept (removing one could let two
 #: writers hold "the" lock on different files).
@@ -556,7 +556,7 @@ class FsStore:
         if stat.S_ISDIR(st.st_mode):
             raise PermanentBackendError(f"{name!r} is a folder of longer keys")
 
-    # --- node leases (objcache/nodelease.py) ---------------------------------------------
+    # --- node leases (objcache/core/nodelease.py) ---------------------------------------------
 
     def open_lease(self, key: str) -> tuple[int, str, int]:
         """``(folder fd, name, file fd)`` of the lease file of ``key``, beside the entry:

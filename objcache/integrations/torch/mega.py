@@ -190,7 +190,7 @@ def _call(client: Any, factory: Any, timeout: float | None = None) -> Any:
 
 
 def _pointer_key(client: Any, name: str) -> str:
-    from objcache.layout import Namespace
+    from objcache.entry.layout import Namespace
 
     return str(Namespace(POINTER_ENV).object_key(KIND, name))
 
@@ -255,7 +255,7 @@ def collect(name: str) -> Collected:
     import torch
     from torch.compiler._cache import CacheArtifactManager
 
-    from objcache.fingerprint import fingerprint
+    from objcache.config.fingerprint import fingerprint
     from objcache.integrations.torch import artifact_kernels, kernels
 
     result = torch.compiler.save_cache_artifacts()
@@ -337,7 +337,7 @@ def save(name: str) -> str:
 
 def fetch(name: str) -> Bundle:
     """The verified bundle ``name`` of this environment; :class:`BundleError` otherwise."""
-    from objcache.fingerprint import differences, fingerprint
+    from objcache.config.fingerprint import differences, fingerprint
 
     name = _check_name(name)
     client = objcache.get_client()
@@ -421,7 +421,7 @@ def list_infos() -> list[BundleInfo]:
     prefix = cache.namespace.kind_prefix(KIND)
 
     async def scan() -> list[BundleInfo]:
-        from objcache.layout import parse_object_key
+        from objcache.entry.layout import parse_object_key
 
         found: dict[str, BundleInfo] = {}
 
