@@ -534,7 +534,7 @@ def test_loading_a_bundle_of_another_environment_lists_what_differs(
 
     async def write() -> None:
         await mega._write_overwrite(client.cache, other_env.object_key("mega", "nightly"), blob)
-        await mega._write_overwrite(client.cache, mega._pointer_key(client, "nightly"), pointer)
+        await mega._write_overwrite(client.cache, mega._pointer_key("nightly"), pointer)
 
     mega._call(client, write)
     with pytest.raises(mega.BundleError) as info:

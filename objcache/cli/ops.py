@@ -141,11 +141,11 @@ async def environments(backend: Backend) -> dict[str, dict[str, Any]]:
 
 
 def _moved(item: Any, result: Any) -> int:
-    """The bytes an ``fn`` of :func:`_bounded` moved: its result when that is a count."""
+    """The bytes an ``fn`` of :func:`bounded` moved: its result when that is a count."""
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
-async def _bounded(
+async def bounded(
     items: list[Any],
     fn: Callable[[Any], Any],
     progress: Progress | None,
@@ -237,7 +237,7 @@ async def copy(
             report.existed += 1
         return len(data)
 
-    await _bounded(keys, one, progress)
+    await bounded(keys, one, progress)
     return report
 
 
@@ -298,7 +298,7 @@ async def verify(
                 report.deleted += 1
         return len(data) if data is not None else 0
 
-    await _bounded(found, one, progress)
+    await bounded(found, one, progress)
     return report
 
 
@@ -352,7 +352,7 @@ async def run_gc(
         except BackendError:
             return False
 
-    deleted = await _bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
+    deleted = await bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
     return sum(deleted)
 
 

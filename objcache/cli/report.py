@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from objcache.backends.base import Backend
-from objcache.cli.ops import Progress, _bounded
+from objcache.cli.ops import Progress, bounded
 from objcache.cli.plaintext import text
 from objcache.entry.codec import Codec
 from objcache.entry.layout import LAYOUT_VERSION, parse_object_key
@@ -231,7 +231,7 @@ async def collect(
             return "misplaced"
         return Row.from_summary(body)
 
-    for result in await _bounded(sorted(ids), read, progress):
+    for result in await bounded(sorted(ids), read, progress):
         if isinstance(result, Row):
             report.rows.append(result)
         else:

@@ -90,7 +90,7 @@ def bundle_items(data: bytes) -> Iterator[tuple[str, str, bytes]]:
 def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = ()) -> int:
     """Put the importable artifacts into objcache's local tier; returns how many."""
     from objcache.client import get_client
-    from objcache.integrations.torch.mega import _put_local
+    from objcache.integrations.torch.mega import put_local
 
     items: list[tuple[str, str, bytes]] = []
     if inductor_dir is not None:
@@ -101,7 +101,7 @@ def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = 
 
     async def put_all() -> None:
         for kind, key, payload in items:
-            await _put_local(client.cache, kind, key, payload)
+            await put_local(client.cache, kind, key, payload)
 
     timeout: Any = client.config.flush_timeout_s + 60
     client.bridge.call(put_all, timeout)
