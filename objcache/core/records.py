@@ -2,7 +2,7 @@
 
 Immutable entries are created once; a record (a PGO profile, a pointer) is read, changed and
 written back only if nobody wrote it in between (the backend's compare-and-set, see
-``backends/_records.py``). On a conflict the change is applied again to the new value, with
+``backends/records_contract.py``). On a conflict the change is applied again to the new value, with
 jittered backoff, until the deadline; then the write is dropped and counted. Never a hang.
 See docs/architecture.md, "Records".
 

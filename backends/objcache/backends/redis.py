@@ -328,7 +328,7 @@ class RedisBackend(Backend):
             raise self._error(exc, "put") from exc
         return bool(done)
 
-    # --- records (backends/_records.py) -------------------------------------------------
+    # --- records (backends/records_contract.py) -------------------------------------------------
 
     async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         """With ``max_bytes``: one script that answers an oversized value with its length

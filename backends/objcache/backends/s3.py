@@ -373,7 +373,7 @@ class S3Backend(Backend):
             raise await self._fail(client.boto, exc, "put") from exc
         return True
 
-    # --- records (backends/_records.py): If-Match on the ETag, If-None-Match: * ---------
+    # --- records (backends/records_contract.py): If-Match on the ETag, If-None-Match: * ---------
 
     async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         """With ``max_bytes``: one ranged GET of the first ``max_bytes + 1`` bytes, whose
