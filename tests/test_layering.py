@@ -34,8 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("objcache.core",)),
     ("client", ("objcache.client", "objcache.bridge", "objcache.outputs")),
     ("integrations", ("objcache.integrations",)),
-    ("cli", ("objcache.cli", "objcache.testing")),
-    ("api", ("objcache", "objcache.mega", "objcache.backend_contract")),
+    ("cli, testing", ("objcache.cli", "objcache.testing")),
+    ("public API", ("objcache", "objcache.mega", "objcache.backend_contract")),
 )
 
 
@@ -256,3 +256,47 @@ def test_the_checks_catch_a_planted_violation(tree_with: Path) -> None:
         )
     finally:
         ROOT = saved
+
+
+def _docstring_only(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
+
+
+def _section(markdown: str, title: str) -> str:
+    return markdown.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_module_table_in_docs_lists_every_module_and_only_those() -> None:
+    """docs/architecture.md, "Modules, top to bottom": a row per module of the tree (a
+    package's ``__init__`` too, unless it holds only its docstring), no row for a file that
+    is not there."""
+    section = _section((ROOT / "docs/architecture.md").read_text(), "Modules, top to bottom")
+    listed = [
+        cell.strip("`")
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for cell in [line.split("|")[1].strip()]
+    ]
+    tree = {
+        str(path.relative_to(ROOT))
+        for path in modules().values()
+        if not (path.name == "__init__.py" and _docstring_only(path))
+    }
+    assert sorted(set(listed) - tree) == [], (
+        "rows for files that do not exist (or only a docstring)"
+    )
+    assert sorted(tree - set(listed)) == [], "modules missing from the table"
+    assert len(listed) == len(set(listed)), "a module listed twice"
+
+
+def test_the_layer_table_in_docs_is_the_order_this_test_checks() -> None:
+    section = _section((ROOT / "docs/architecture.md").read_text(), "Layers")
+    rows = [
+        line.split("|") for line in section.splitlines() if line.startswith("| ") and "`" in line
+    ]
+    assert [r[2].strip() for r in rows] == [name for name, _ in LAYERS]
+    for row in rows:
+        for path in row[3].split("`")[1::2]:
+            if "/" in path:
+                assert (ROOT / path).exists(), path
