@@ -47,7 +47,7 @@ fuzz: venv
 # One sitting of at most MUTATION_BUDGET_S (30 min): first the mutants no test detected yet
 # run again against today's tests, then the mutants not run yet; results are kept in
 # mutants/, so the next sitting goes on from there (FRESH=1 starts over).
-# MODULES="objcache.codec objcache.backends.disk" limits a sitting to those modules (by name:
+# MODULES="objcache.entry.codec objcache.backends.disk" limits a sitting to those modules (by name:
 # mutmut runs every named mutant again, so globs would re-run the modules' killed ones too).
 MODULES ?=
 MUTATION_BUDGET_S ?= 1800
@@ -75,7 +75,7 @@ compat:
 	PY=$(PY) bash scripts/compat.sh $(TORCH) $(or $(COMPAT_VENV),/tmp/compat-$(TORCH))
 
 docs: venv
-	$(BIN)/python -m objcache.docgen > docs/configuration.md
+	$(BIN)/python -m objcache.cli.docgen > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants

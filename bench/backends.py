@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support: the test servers
 
+from objcache.backends import create_backend
 from objcache.backends.base import Backend, PutMode
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
+from objcache.config.urls import parse_tier_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 

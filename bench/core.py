@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import write_section
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.entry.codec import Codec
 
 ENTRY = 100 * 1024
 
@@ -104,7 +104,7 @@ def bench_store_read(n: int) -> dict[str, float]:
 def bench_verify(n: int) -> dict[str, float]:
     """p50 µs of ``Codec.verify`` (digest bound to the key, then the signature) per scheme,
     on one 100 KB entry: what an entry costs when it enters the machine from a remote tier."""
-    from objcache.signing import Ed25519PrivateKey
+    from objcache.entry.signing import Ed25519PrivateKey
 
     okey = "v1/0123456789abcdef/fx-graph/00/key"
     codecs = {

@@ -6,8 +6,9 @@
     through a FaultProxy adding ``--rtt-ms``; ``--rounds`` rounds, interleaved, medians.
 (a) warm start at 50 ms added RTT, with and without the start-up prefetch: at the cache level
     (a fresh Client replays the key set of a compile, 200 entries of realistic sizes looked up
-    one after another as torch does) and at the torch level (``objcache.demo``'s worker: a
-    real torch.compile and training step in fresh subprocess "machines").
+    one after another as torch does) and at the torch level (the worker of
+    ``objcache.integrations.torch.demo``: a real torch.compile and training step in fresh
+    subprocess "machines").
 (c) 8 ranks on one node (real redis-server on 127.0.0.1): 8 processes start at once on a
     fresh shared local dir and look up 300 entries of 60 KB; remote GETs per entry counted
     by Redis (``INFO commandstats``, manifest reads included), with and without prefetch,
@@ -43,13 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _chart
 from bench._report import write_section
+from objcache.backends import create_backend
 from objcache.backends.base import PutMode, TierSpec
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.fingerprint import env_id
-from objcache.layout import Namespace
-from objcache.registry import create_backend
+from objcache.config.fingerprint import env_id
+from objcache.config.settings import Config
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
 from tests.cloud_support import s3_url, server_profile
 from tests.support.node_worker import KIND as NODE_KIND
 from tests.support.node_worker import payload_for, results, start_ranks
@@ -241,7 +242,7 @@ def startup_costs(aws: str) -> dict[str, float]:
     """What every CLI run pays before copying: objcache's env fingerprint (from its
     per-machine cache, and without it: ``import torch``), and the CLIs' own start."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    fp = "from objcache.fingerprint import env_id; env_id()"
+    fp = "from objcache.config.fingerprint import env_id; env_id()"
     return {
         "objcache_fingerprint_cached": timed([sys.executable, "-c", fp], env),
         "objcache_fingerprint_uncached": timed(
@@ -329,12 +330,13 @@ TORCH_RUNS = ("no_prefetch", "prefetch", "warm_local")
 def bench_torch_warm(
     server: SeaweedS3, rtt_ms: float, work: Path, rounds: int
 ) -> dict[str, Any] | None:
-    """(a) at the torch level: a real compile (``objcache.demo``'s worker, model ``tiny``)
+    """(a) at the torch level: a real compile (the worker of
+    ``objcache.integrations.torch.demo``, model ``tiny``)
     seeds the store; then, ``rounds`` times, through a proxy adding ``rtt_ms``: a fresh
     machine (fresh objcache, Inductor and temp dirs) without prefetch, another with it, and
     the seeding machine again (warm-local: everything already on its disks)."""
     try:
-        from objcache import demo
+        from objcache.integrations.torch import demo
     except ImportError:
         return None
     bucket, job = "bench-torch", f"torchwarm-{random.randrange(1 << 30):08x}"
@@ -631,7 +633,8 @@ def report(
         t = torch_warm
         lines += [
             f"**(a) Warm start at the torch level, {t['rtt_ms']:.0f} ms added RTT.** "
-            "`objcache.demo`'s worker (model `tiny`, one training step, `objcache.install()`) "
+            "`objcache.integrations.torch.demo`'s worker (model `tiny`, one training step, "
+            "`objcache.install()`) "
             "in subprocesses: a cold run seeds the bucket (no proxy); then, through the proxy, "
             "a fresh machine (fresh objcache local dir, `TORCHINDUCTOR_CACHE_DIR` and temp "
             "dir) without prefetch, another with it, and the seeding machine again "

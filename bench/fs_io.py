@@ -31,7 +31,7 @@ import aiofiles.os
 
 from objcache.backends.base import PutMode
 from objcache.backends.disk import DiskBackend
-from objcache.urls import parse_tier_url
+from objcache.config.urls import parse_tier_url
 
 Op = Callable[[int], Awaitable[object]]
 SIZES = {"1KB": 1 << 10, "100KB": 100 << 10, "1MB": 1 << 20}

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 from bench._report import write_section
-from objcache import summary
+from objcache.backends import create_backend
 from objcache.backends.base import PutMode
-from objcache.codec import Codec
-from objcache.layout import Namespace
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_list
+from objcache.config.urls import parse_tier_list
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
+from objcache.observe import run_summary as summary
 from tests.cloud_support import s3_url
 from tests.support.servers import SeaweedS3
 

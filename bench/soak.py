@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._report import write_section
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.entry.codec import Codec
 from objcache.errors import BackendError, EntryError
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy

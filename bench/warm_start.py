@@ -3,10 +3,11 @@
     python bench/warm_start.py [--runs 3] [--model block|tiny|torchvision:NAME|timm:NAME]
         [--remote file|redis|NAME=URL]...
 
-Every run is a fresh process running the shared workload (``python -m objcache.demo --worker``:
-compile, one forward+backward step, compare with eager). A "fresh machine" is a fresh set of
-local dirs: objcache local tier, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and
-``TMPDIR`` (where Inductor keeps precompiled headers); only the remote store is shared.
+Every run is a fresh process running the shared workload
+(``python -m objcache.integrations.torch.demo --worker``: compile, one forward+backward step,
+compare with eager). A "fresh machine" is a fresh set of local dirs: objcache local tier,
+``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``TMPDIR`` (where Inductor keeps
+precompiled headers); only the remote store is shared.
 
 Scenarios (medians of ``--runs`` runs each, interleaved round by round to spread noise). The
 baseline of every ratio is torch's own warm local cache, never a cold start:
@@ -70,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
-from objcache.demo import Job, machine_env, model_name, run_job  # noqa: E402
+from objcache.integrations.torch.demo import Job, machine_env, model_name, run_job  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
 

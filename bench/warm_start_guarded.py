@@ -84,7 +84,7 @@ def compiles(base: Path, lengths: list[int]) -> list[dict[str, Any]]:
 
 async def _lookup_cost(url: str, rounds: int, sizes: tuple[int, ...]) -> dict[str, float]:
     from objcache.client import build_cache
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     with tempfile.TemporaryDirectory() as tmp:
         config = Config(tiers=url, local_dir=Path(tmp), prefetch=False)

@@ -23,7 +23,7 @@ if _os.path.isdir(_os.path.join(_BACKENDS_ROOT, "backends")):
 
 if TYPE_CHECKING:
     from objcache.client import Client
-    from objcache.config import Config
+    from objcache.config.settings import Config
     from objcache.errors import ConfigError, ObjcacheError
 
 __version__ = "0.1.0"
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Config": "objcache.config",
+    "Config": "objcache.config.settings",
     "ConfigError": "objcache.errors",
     "ObjcacheError": "objcache.errors",
 }

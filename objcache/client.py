@@ -20,21 +20,21 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from objcache import logs
+from objcache.backends import create_backend
 from objcache.backends._fs import FsBackend
 from objcache.backends.base import TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
-from objcache.config import Config, user_cache_dir
-from objcache.fingerprint import env_id, fingerprint
-from objcache.layout import Namespace
-from objcache.manifest import default_job_name, prefetch, record_run
-from objcache.nodelease import NodeLeases
-from objcache.observe import RunObserver
-from objcache.publish import publish
-from objcache.records import Change
-from objcache.registry import create_backend
-from objcache.tier import Tier
-from objcache.tiered import Candidate, TieredCache
+from objcache.config import logs
+from objcache.config.fingerprint import env_id, fingerprint
+from objcache.config.settings import Config, user_cache_dir
+from objcache.core.manifest import default_job_name, prefetch, record_run
+from objcache.core.nodelease import NodeLeases
+from objcache.core.records import Change
+from objcache.core.tier import Tier
+from objcache.core.tiered import Candidate, TieredCache
+from objcache.entry.layout import Namespace
+from objcache.observe.publish import publish
+from objcache.outputs import RunObserver
 
 log = logging.getLogger("objcache")
 T = TypeVar("T")

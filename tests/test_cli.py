@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from objcache.client import Client
-from objcache.config import Config
+from objcache.config.settings import Config
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -100,7 +100,7 @@ def test_boolean_flags_look_and_parse_like_flags() -> None:
     import typer.main
     from typer.testing import CliRunner
 
-    from objcache import cli
+    from objcache.cli import main as cli
 
     runner = CliRunner()
     root = typer.main.get_group(cli.app)
@@ -233,7 +233,7 @@ def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run: Run) -> None:
 
 
 def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
-    from objcache.signing import generate_key_file
+    from objcache.entry.signing import generate_key_file
 
     public = generate_key_file(tmp_path / "ci.pem")
     extra = {
@@ -323,10 +323,11 @@ def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[
 
 
 def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
-    from objcache import manifest, mega, summary
+    from objcache.core import manifest
+    from objcache.entry.layout import KINDS
     from objcache.integrations import triton
-    from objcache.integrations.torch import features, kernels, precompile
-    from objcache.layout import KINDS
+    from objcache.integrations.torch import features, kernels, mega, precompile
+    from objcache.observe import run_summary as summary
 
     written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
     written |= {kernels.VERDICT_KIND, precompile.KIND}
@@ -337,10 +338,13 @@ def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> N
     r = run("mega", "save", "m")
     assert r.returncode == 2, r.stdout + r.stderr
     [line] = r.stderr.strip().splitlines()
-    assert line.startswith("objcache: error: mega save: ") and "objcache.mega.save(NAME)" in line
+    assert (
+        line.startswith("objcache: error: mega save: ")
+        and "objcache.integrations.torch.mega.save(NAME)" in line
+    )
     assert "nothing to save" not in line and "objcache push" in line
     shown = run("mega", "--help")
-    assert shown.returncode == 0 and "objcache.mega.save(NAME)" in shown.stdout
+    assert shown.returncode == 0 and "objcache.integrations.torch.mega.save(NAME)" in shown.stdout
     assert not re.search(r"^\s+save\b", shown.stdout, re.MULTILINE), shown.stdout
     assert re.search(r"^\s+load\b", shown.stdout, re.MULTILINE), shown.stdout
 
@@ -351,11 +355,11 @@ def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> N
     only what it lacks and refused is a failure."""
     import asyncio
 
-    from objcache import ops
     from objcache.backends.base import PutMode
-    from objcache.codec import Codec
+    from objcache.cli import ops
+    from objcache.entry.codec import Codec
+    from objcache.entry.layout import Namespace
     from objcache.errors import PermanentBackendError
-    from objcache.layout import Namespace
     from tests.memory_backend import MemoryBackend
 
     class WriteOnce(MemoryBackend):

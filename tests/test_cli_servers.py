@@ -17,7 +17,7 @@ import pytest
 
 from objcache.backends._fs import RESERVED
 from objcache.client import Client
-from objcache.config import Config
+from objcache.config.settings import Config
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
@@ -107,7 +107,7 @@ def hung(
 TIMED_CLI = """
 import sys, time
 import aioboto3, google.cloud.storage, torch
-import objcache.cli
+import objcache.cli.main
 from objcache.integrations.torch import features
 features.load()  # the torch modules doctor reports on
 sys.argv = ["objcache", *sys.argv[1:]]
@@ -157,7 +157,7 @@ def test_commands_on_a_hung_tier_end_within_the_deadline(
 EXIT_SCRIPT = """
 import sys, time
 from objcache.client import Client
-from objcache.config import Config
+from objcache.config.settings import Config
 client = Client(Config.from_env())
 assert client.get("fx-graph", "absent") is None
 print(time.monotonic(), flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from objcache.client import Client, build_cache, sync_deadline_s
-from objcache.config import Config
+from objcache.config.settings import Config
 from tests.support.proxy import FaultProxy
 from tests.support.servers import RedisServer
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objcache import codec as codec_module
-from objcache.codec import (
+from objcache.entry import codec as codec_module
+from objcache.entry.codec import (
     CODEC_ZSTD,
     HEADER_SIZE,
     MAC_SIZE,
@@ -22,6 +22,7 @@ from objcache.codec import (
     VERSION,
     Codec,
 )
+from objcache.entry.signing import Ed25519PrivateKey
 from objcache.errors import (
     BadSignature,
     CorruptEntry,
@@ -30,7 +31,6 @@ from objcache.errors import (
     UnsignedEntry,
     UnsupportedVersion,
 )
-from objcache.signing import Ed25519PrivateKey
 from tests.support.hypothesis_profiles import examples
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"

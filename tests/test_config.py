@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from objcache.config import Config, reference_markdown, user_cache_dir
+from objcache.config.settings import Config, reference_markdown, user_cache_dir
+from objcache.config.urls import flag, parse_tier_list, parse_tier_url, redact
+from objcache.entry.signing import generate_key_file
 from objcache.errors import ConfigError
-from objcache.signing import generate_key_file
-from objcache.urls import flag, parse_tier_list, parse_tier_url, redact
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = "k-new-0123456789abcdef0123456789abcdef"
@@ -94,7 +94,7 @@ def test_unknown_config_keywords_are_refused() -> None:
 
 def test_tier_flags_parse_as_they_are_checked() -> None:
     """What validation accepts as true is true for the tier too (read_only=yes is read-only)."""
-    from objcache.urls import flag
+    from objcache.config.urls import flag
 
     for raw in ("1", "true", "yes", "", "TRUE"):
         assert flag(parse_tier_url(f"file:///c?read_only={raw}"), "read_only"), raw
@@ -167,7 +167,7 @@ def test_boolean_tier_options(query: str, expected: bool) -> None:
 
 
 def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    from objcache import registry
+    from objcache.config import registry
 
     plugin = registry.Scheme("myco", "myco_cache:Backend", "", registry._anything, None)
     monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": plugin})
@@ -426,8 +426,8 @@ def test_every_size_option_takes_suffixes_from_env_and_keywords(raw: str, expect
     keywords = Config(local_max_bytes=raw, write_behind_max_bytes=raw)  # type: ignore[arg-type]
     assert (keywords.local_max_bytes, keywords.write_behind_max_bytes) == (expected, expected)
     spec = parse_tier_list(f"disk:///x?max_bytes={raw.replace(' ', '')}")[0]
-    from objcache.options import lookup
-    from objcache.registry import SCHEMES
+    from objcache.config.options import lookup
+    from objcache.config.registry import SCHEMES
 
     table = SCHEMES["disk"].options
     assert table is not None
@@ -484,7 +484,7 @@ def test_a_misspelt_variable_is_one_warning_with_the_closest_option(
 def test_variables_objcache_itself_sets_are_not_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from objcache.config import INTERNAL_VARIABLES, unknown_variables
+    from objcache.config.settings import INTERNAL_VARIABLES, unknown_variables
 
     internal = dict.fromkeys(INTERNAL_VARIABLES, "1")
     with caplog.at_level("WARNING", logger="objcache"):
@@ -494,7 +494,7 @@ def test_variables_objcache_itself_sets_are_not_reported(
     # misspellings of this file and test_cli.py, and the demo's output tag, aside)
     import re
 
-    from objcache.config import option_variables
+    from objcache.config.settings import option_variables
 
     used: set[str] = set()
     for folder in ("objcache", "backends", "tests", "bench", "scripts"):

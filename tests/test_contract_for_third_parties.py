@@ -51,7 +51,7 @@ class DictBackend(Backend):
 '''
 
 SUITE = """
-from objcache.backend_contract import BackendContract
+from objcache.testing.backend_contract import BackendContract
 from {module} import {cls}
 
 

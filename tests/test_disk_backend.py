@@ -21,8 +21,8 @@ from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
 from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode
 from objcache.backends.disk import DiskBackend
+from objcache.config.urls import parse_tier_url
 from objcache.errors import BackendError, ConfigError, InvalidKey, TransientBackendError
-from objcache.urls import parse_tier_url
 
 
 def make(root: Path, query: str = "") -> DiskBackend:

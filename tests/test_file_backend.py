@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
-from objcache.backends import _fs
+from objcache.backends import _fs, create_backend
 from objcache.backends._fs import RESERVED, FsBackend
 from objcache.backends.base import ObjectInfo, PutMode
+from objcache.config.urls import parse_tier_url
 from objcache.errors import InvalidKey, PermanentBackendError, TransientBackendError
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
 from tests.support.waiting import until
 
 SCHEMES = pytest.mark.parametrize("scheme", ["file", "disk"])

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from objcache import fingerprint as fp
+from objcache.config import fingerprint as fp
 from tests.isa import lower_isa
 
 pytest.importorskip("torch")
 
 PROBE = (
     "import json, sys\n"
-    "from objcache.fingerprint import env_id, fingerprint\n"
+    "from objcache.config.fingerprint import env_id, fingerprint\n"
     "print(json.dumps({'env': env_id(), 'fields': fingerprint(),"
     " 'imported_torch': 'torch' in sys.modules}))\n"
 )

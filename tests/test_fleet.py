@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from objcache import cli
+from objcache.cli import main as cli
 from objcache.client import Client, build_cache
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.manifest import Manifest, compact, list_manifests, read_job, write_run
-from objcache.tiered import TieredCache
+from objcache.config.settings import Config
+from objcache.core.manifest import Manifest, compact, list_manifests, read_job, write_run
+from objcache.core.tiered import TieredCache
+from objcache.entry.codec import Codec
 from tests.cloud_support import s3_url
 from tests.conftest import BucketServer
 from tests.support.proxy import FaultProxy

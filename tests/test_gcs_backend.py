@@ -23,10 +23,10 @@ from google.auth import exceptions as gauth
 from objcache.backends._gcs_errors import classify
 from objcache.backends.base import PutMode
 from objcache.backends.gcs import SHARED, GCSBackend
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier
-from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS

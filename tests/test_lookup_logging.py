@@ -11,8 +11,8 @@ import pytest
 
 from objcache.backends.base import PutMode
 from objcache.client import Client, build_cache
-from objcache.config import Config
-from objcache.tiered import TieredCache
+from objcache.config.settings import Config
+from objcache.core.tiered import TieredCache
 
 LINE = re.compile(
     r"lookup kind=(?P<kind>\S+) outcome=(?P<outcome>\S+) (?:cause=(?P<cause>\S+) )?"

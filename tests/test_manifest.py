@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from objcache import manifest
-from objcache.manifest import Manifest, ManifestError, default_job_name
-from objcache.tier import Tier, TierFlags
-from objcache.tiered import TieredCache
+from objcache.core import manifest
+from objcache.core.manifest import Manifest, ManifestError, default_job_name
+from objcache.core.tier import Tier, TierFlags
+from objcache.core.tiered import TieredCache
 from tests.memory_backend import MemoryBackend
 from tests.support.waiting import until
 from tests.test_nodelease import rank

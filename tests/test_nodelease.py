@@ -1,4 +1,4 @@
-"""Lease files of cross-process single-flight (objcache/nodelease.py), on a real filesystem.
+"""Lease files of cross-process single-flight (objcache/core/nodelease.py), on a real filesystem.
 
 Other holders are separate open file descriptions (flock locks conflict between them even in
 one process) or real subprocesses, so the kernel's lock semantics are what is tested.
@@ -24,9 +24,7 @@ import pytest
 from objcache.backends._fs import FsStore
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk import DiskBackend
-from objcache.codec import Codec
-from objcache.layout import Namespace
-from objcache.nodelease import (
+from objcache.core.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,
     RECORD_BYTES,
@@ -35,10 +33,12 @@ from objcache.nodelease import (
     lease_path,
     poll_pause,
 )
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.singleflight import SingleFlight
-from objcache.tier import Tier
-from objcache.tiered import LEASED_ELSEWHERE, TieredCache
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.singleflight import SingleFlight
+from objcache.core.tier import Tier
+from objcache.core.tiered import LEASED_ELSEWHERE, TieredCache
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
 from tests.memory_backend import MemoryBackend
 from tests.support.flock import blocked_on
 from tests.support.node_worker import REPO
@@ -198,7 +198,7 @@ async def test_a_record_that_cannot_be_written_leaves_no_lease_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk: the claim goes unleased and no empty lease file is left behind."""
-    monkeypatch.setattr("objcache.nodelease._write_record", _no_space)
+    monkeypatch.setattr("objcache.core.nodelease._write_record", _no_space)
     claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
     assert (claim, lease) == (Claim.UNLEASED, None)
     assert not exists(lease_path(str(tmp_path), KEY))
@@ -218,7 +218,7 @@ async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     watch = os.open(first.path, os.O_RDONLY)
     try:
         with monkeypatch.context() as m:
-            m.setattr("objcache.nodelease._write_record", _no_space)
+            m.setattr("objcache.core.nodelease._write_record", _no_space)
             await first.release("hit")
         assert os.fstat(watch).st_nlink == 0
     finally:
@@ -272,10 +272,11 @@ async def test_a_waiter_never_waits_past_its_budget(tmp_path: Path, held: int) -
 async def test_a_waiter_sees_the_release(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: float
 ) -> None:
-    monkeypatch.setattr(f"objcache.nodelease.{setting}", value)
+    monkeypatch.setattr(f"objcache.core.nodelease.{setting}", value)
     polls: list[float] = []
     monkeypatch.setattr(
-        "objcache.nodelease.poll_pause", lambda waited: polls.append(waited) or poll_pause(waited)
+        "objcache.core.nodelease.poll_pause",
+        lambda waited: polls.append(waited) or poll_pause(waited),
     )
     before = lease_wait_threads()
     leases = NodeLeases(str(tmp_path), hold_s=60)
@@ -299,7 +300,7 @@ def lease_wait_threads() -> int:
 
 WAITS_ON_A_HUNG_HOLDER = """
 import asyncio, fcntl, os, sys
-from objcache.nodelease import Claim, NodeLeases, lease_path
+from objcache.core.nodelease import Claim, NodeLeases, lease_path
 root, key = sys.argv[1], sys.argv[2]
 path = lease_path(root, key)
 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -324,7 +325,7 @@ def test_a_thread_blocked_on_a_hung_holder_never_holds_up_exit(tmp_path: Path) -
 
 HOLDER = """
 import asyncio, sys, time
-from objcache.nodelease import NodeLeases
+from objcache.core.nodelease import NodeLeases
 async def main():
     claim, lease = await NodeLeases(sys.argv[1], hold_s=60).claim(sys.argv[2])
     print(claim.value, flush=True)

@@ -15,7 +15,7 @@ import pytest
 pgo = pytest.importorskip("torch._dynamo.pgo")
 
 from objcache.client import build_cache  # noqa: E402
-from objcache.config import Config  # noqa: E402
+from objcache.config.settings import Config  # noqa: E402
 from objcache.integrations.torch import pgo_join  # noqa: E402
 from tests.support.servers import CONTRACT_SERVERS  # noqa: E402
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from objcache.core.policy import CircuitBreaker, RetryPolicy, call_with_policy
 from objcache.errors import PermanentBackendError, TransientBackendError
-from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
 
 
 class Clock:
@@ -117,7 +117,7 @@ async def test_backoff_grows_from_the_initial_wait() -> None:
     calls: list[float] = []
     quick = RetryPolicy(timeout_s=30, retries=3, backoff_initial_s=0.001, backoff_max_s=10)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr("objcache.policy.asyncio.sleep", sleep)
+        m.setattr("objcache.core.policy.asyncio.sleep", sleep)
         with pytest.raises(TransientBackendError):
             await call_with_policy(lambda: always_transient(calls), quick)
     assert len(calls) == 4 and len(asked) == 3

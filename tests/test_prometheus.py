@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from objcache.client import Client
-from objcache.config import Config
-from objcache.prometheus import TextfileExporter
+from objcache.config.settings import Config
+from objcache.observe.prometheus import TextfileExporter
 from tests.support.waiting import wait_until
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from objcache.client import Client, build_cache
-from objcache.config import Config
-from objcache.manifest import COMPACT_AFTER, write_run
+from objcache.config.settings import Config
+from objcache.core.manifest import COMPACT_AFTER, write_run
 from tests.cloud_support import s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import SeaweedS3
@@ -199,7 +199,7 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
     )
     try:
         assert [t.writable for t in cache.remotes] == [False, True]
-        from objcache.manifest import prefetch, record_run
+        from objcache.core.manifest import prefetch, record_run
 
         # Fetches the far entry (back-fill, write-through) and compacts the job's runs.
         result = await prefetch(cache, "job")

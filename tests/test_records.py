@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 from objcache.client import Client, build_cache
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.layout import Namespace
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.records import Change
-from objcache.tier import Tier
-from objcache.tiered import TieredCache
+from objcache.config.settings import Config
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.records import Change
+from objcache.core.tier import Tier
+from objcache.core.tiered import TieredCache
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
 from tests.memory_backend import MemoryBackend
 
 KIND = "pgo"

@@ -23,10 +23,10 @@ from objcache.backends.redis import (
     connection_url,
     glob_escape,
 )
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
 from objcache.errors import EntryTooLarge, PermanentBackendError, TransientBackendError
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier
-from objcache.urls import parse_tier_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import RedisServer
 

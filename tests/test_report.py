@@ -17,15 +17,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from objcache import cli, report, summary
+from objcache.backends import create_backend
 from objcache.backends.base import PutMode
+from objcache.cli import main as cli
+from objcache.cli import report
 from objcache.client import Client, build_cache
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.fingerprint import fingerprint
-from objcache.manifest import write_run
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_list
+from objcache.config.fingerprint import fingerprint
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_list
+from objcache.core.manifest import write_run
+from objcache.entry.codec import Codec
+from objcache.observe import run_summary as summary
 from tests.cloud_support import s3_url
 from tests.support.servers import SeaweedS3
 

@@ -21,10 +21,10 @@ from botocore.exceptions import ClientError
 from objcache.backends._s3_errors import classify
 from objcache.backends.base import PutMode
 from objcache.backends.s3 import CLIENTS, S3Backend
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier
-from objcache.urls import parse_tier_url
 from tests.cloud_support import aws_profile, s3_url, session_bucket
 from tests.support.proxy import FaultProxy
 from tests.support.servers import S3Server, SeaweedS3

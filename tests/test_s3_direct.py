@@ -31,9 +31,9 @@ from objcache.backends._s3_direct import (
 from objcache.backends.base import PutMode
 from objcache.backends.s3 import CLIENTS, S3Backend
 from objcache.client import Client
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_url
 from objcache.errors import ClockSkew, PermanentBackendError
-from objcache.urls import parse_tier_url
 from tests.cloud_support import s3_url
 from tests.faults._shim import ThrottleShim
 from tests.support.servers import S3Server

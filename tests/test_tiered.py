@@ -20,11 +20,17 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from objcache.backends._fs import QUARANTINE_DIR
-from objcache.backends._records import Versioned
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk import DiskBackend
-from objcache.caps import SizeCaps
-from objcache.codec import Codec
+from objcache.backends.records_contract import Versioned
+from objcache.config.urls import parse_tier_url
+from objcache.core.nodelease import Claim, NodeLeases, lease_path
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier, TierFlags
+from objcache.core.tiered import OFFLOAD_BYTES, PRIORITY_GRACE_S, TieredCache, candidate_digest
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
 from objcache.errors import (
     ClockSkew,
     EntryTooLarge,
@@ -32,13 +38,7 @@ from objcache.errors import (
     PermanentBackendError,
     TransientBackendError,
 )
-from objcache.layout import Namespace
-from objcache.metrics import FailureLog
-from objcache.nodelease import Claim, NodeLeases, lease_path
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier, TierFlags
-from objcache.tiered import OFFLOAD_BYTES, PRIORITY_GRACE_S, TieredCache, candidate_digest
-from objcache.urls import parse_tier_url
+from objcache.observe.metrics import FailureLog
 from tests.memory_backend import MemoryBackend
 from tests.support.flock import blocked_on
 from tests.support.waiting import until

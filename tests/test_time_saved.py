@@ -62,8 +62,8 @@ def test_fx_hits_inside_aot_hits_are_not_counted_twice() -> None:
 
 
 def test_summaries_carry_it_and_old_or_hostile_ones_are_handled() -> None:
-    from objcache import summary
-    from objcache.report import Row
+    from objcache.cli.report import Row
+    from objcache.observe import run_summary as summary
 
     body = summary.build(
         {"cache": {"gets": {"fx-graph": 2}, "hits": {"fx-graph": 2}}, "tiers": []},

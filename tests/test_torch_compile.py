@@ -97,7 +97,7 @@ class World:
 
 
 def hits(result: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    from objcache.demo import objcache_hits
+    from objcache.integrations.torch.demo import objcache_hits
 
     return objcache_hits(result)
 
@@ -159,9 +159,9 @@ def test_written_through_entries_serve_the_next_run_with_every_tier_down(world: 
 
 def test_entries_are_not_served_to_another_cpu_isa(world: World) -> None:
     from objcache.client import Client
-    from objcache.config import Config
-    from objcache.fingerprint import env_id, fingerprint
-    from objcache.layout import decode_key
+    from objcache.config.fingerprint import env_id, fingerprint
+    from objcache.config.settings import Config
+    from objcache.entry.layout import decode_key
 
     _ = world.cold
     env_a = env_id()
@@ -190,7 +190,7 @@ def test_entries_are_not_served_to_another_cpu_isa(world: World) -> None:
     code = (
         "import json, sys, torch, objcache\n"
         "from objcache.client import get_client\n"
-        "from objcache.fingerprint import env_id, fingerprint\n"
+        "from objcache.config.fingerprint import env_id, fingerprint\n"
         "keys = json.loads(sys.argv[1]); c = get_client()\n"
         "print(json.dumps({'isa': fingerprint()['cpu_isa'], 'env': env_id(),\n"
         "  'served': [k for kind, ks in keys.items() for k in ks if c.get_candidates(kind, k)]}))\n"

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from objcache.backends.base import ObjectInfo
-from objcache.caps import SizeCaps
-from objcache.codec import Codec
-from objcache.layout import Namespace, parse_object_key
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier, TierFlags
-from objcache.tiered import TieredCache, candidate_digest
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier, TierFlags
+from objcache.core.tiered import TieredCache, candidate_digest
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace, parse_object_key
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")

@@ -154,7 +154,7 @@ def test_a_tampered_entry_is_refused_and_the_compile_goes_on(pc: World) -> None:
 
 def _client(store: Path, local: Path) -> Any:
     from objcache.client import Client
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     cfg = Config.from_env(
         {"OBJCACHE_SIGNING_KEY": KEY}, tiers=f"file://{store}", local_dir=local, prefetch=False
@@ -164,7 +164,7 @@ def _client(store: Path, local: Path) -> Any:
 
 def test_an_entry_torch_rejects_is_a_counted_miss(pc: World) -> None:
     """Signed and keyed right, but built by another torch release (torch's own check)."""
-    from objcache.layout import decode_key
+    from objcache.entry.layout import decode_key
 
     store = pc.store_copy("store-foreign")
     path = store / pc.entry
@@ -187,7 +187,7 @@ def test_an_entry_torch_rejects_is_a_counted_miss(pc: World) -> None:
 
 
 def test_an_entry_is_not_served_to_another_cpu_isa(pc: World) -> None:
-    from objcache.fingerprint import fingerprint
+    from objcache.config.fingerprint import fingerprint
 
     _ = pc.cold
     other = lower_isa(fingerprint()["cpu_isa"])
@@ -200,7 +200,7 @@ def test_an_entry_is_not_served_to_another_cpu_isa(pc: World) -> None:
 
 def test_the_entry_is_keyed_by_environment_and_source(pc: World) -> None:
     """A's one entry sits under this environment's namespace (torch release, ISA, ...)."""
-    from objcache.fingerprint import env_id
+    from objcache.config.fingerprint import env_id
 
     _ = pc.cold
     assert pc.entry.parts[1] == env_id()

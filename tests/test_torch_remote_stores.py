@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from objcache import ops
+from objcache.backends import create_backend
 from objcache.backends.base import TierSpec
-from objcache.codec import Codec
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
+from objcache.cli import ops
+from objcache.config.urls import parse_tier_url
+from objcache.entry.codec import Codec
 from tests import torch_support as ts
 from tests.cloud_support import s3_url
 from tests.test_torch_compile import World, hits

@@ -428,7 +428,7 @@ def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_whe
 
 
 def test_bundle_bytes_are_verified_before_anything_else() -> None:
-    from objcache import mega
+    from objcache.integrations.torch import mega
 
     fp = {"torch": "2.13", "cpu_isa": "avx2"}
     bundle = mega.Bundle("b", fp, b"torch-bytes", [("k1-x.so", b"\x7fELF")])
@@ -451,7 +451,7 @@ def test_bundle_bytes_are_verified_before_anything_else() -> None:
 
 
 def test_a_bad_kernel_part_is_skipped_and_named_never_loaded() -> None:
-    from objcache import mega
+    from objcache.integrations.torch import mega
 
     fp = {"torch": "2.13", "cpu_isa": "avx2"}
     kernels = [("k1-a.so", b"\x7fELF-a"), ("k1-b.so", b"\x7fELF-b"), ("k1-c.so", b"\x7fELF-c")]
@@ -473,10 +473,9 @@ def test_a_bad_kernel_part_is_skipped_and_named_never_loaded() -> None:
 def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from objcache import mega
     from objcache.client import get_client
-    from objcache.fingerprint import fingerprint
-    from objcache.integrations.torch import kernels
+    from objcache.config.fingerprint import fingerprint
+    from objcache.integrations.torch import kernels, mega
 
     client = get_client()
     good, bad = ("k1-good.so", b"\x7fELF-good"), ("k1-bad.so", b"\x7fELF-bad")
@@ -493,8 +492,8 @@ def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
 
 
 def test_mega_ls_shows_what_each_bundle_holds(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from objcache import mega
-    from objcache.fingerprint import fingerprint
+    from objcache.config.fingerprint import fingerprint
+    from objcache.integrations.torch import mega
 
     def fake(name: str, kernels: list[tuple[str, bytes]], missing: int = 0) -> mega.Collected:
         artifacts = {"inductor": 4, "aot_autograd": 2, "pgo": 2}
@@ -521,10 +520,10 @@ def test_mega_ls_shows_what_each_bundle_holds(store: Path, monkeypatch: pytest.M
 def test_loading_a_bundle_of_another_environment_lists_what_differs(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from objcache import mega
     from objcache.client import get_client
-    from objcache.fingerprint import fingerprint
-    from objcache.layout import Namespace
+    from objcache.config.fingerprint import fingerprint
+    from objcache.entry.layout import Namespace
+    from objcache.integrations.torch import mega
 
     client = get_client()
     ours = fingerprint()
@@ -535,7 +534,7 @@ def test_loading_a_bundle_of_another_environment_lists_what_differs(
 
     async def write() -> None:
         await mega._write_overwrite(client.cache, other_env.object_key("mega", "nightly"), blob)
-        await mega._write_overwrite(client.cache, mega._pointer_key(client, "nightly"), pointer)
+        await mega._write_overwrite(client.cache, mega._pointer_key("nightly"), pointer)
 
     mega._call(client, write)
     with pytest.raises(mega.BundleError) as info:
@@ -553,9 +552,9 @@ def test_a_corrupt_bundle_is_refused_before_torch_sees_it(
 ) -> None:
     from torch.compiler._cache import CacheArtifactManager
 
-    from objcache import mega
     from objcache.client import get_client
-    from objcache.fingerprint import fingerprint
+    from objcache.config.fingerprint import fingerprint
+    from objcache.integrations.torch import mega
 
     client = get_client()
     blob = bytearray(mega.Bundle("bad", dict(fingerprint()), b"torch artifacts").to_bytes())
@@ -666,7 +665,7 @@ def test_a_process_that_exits_right_after_writing_still_uploads(tmp_path: Path) 
 def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from objcache import demo
+    from objcache.integrations.torch import demo
 
     machines: list[str] = []
 
@@ -733,7 +732,7 @@ def test_demo_models_are_built_in_or_from_a_library() -> None:
     one-line usage error, before torch is imported."""
     import argparse
 
-    from objcache.demo import model_name
+    from objcache.integrations.torch.demo import model_name
 
     for ok in (
         "tiny",

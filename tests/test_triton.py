@@ -32,9 +32,9 @@ from triton.runtime.cache import (  # noqa: E402
 import objcache.client  # noqa: E402
 from objcache.bridge import BridgeTimeout  # noqa: E402
 from objcache.client import Client  # noqa: E402
-from objcache.config import Config  # noqa: E402
+from objcache.config.settings import Config  # noqa: E402
 from objcache.integrations import triton as ot  # noqa: E402
-from objcache.metrics import log_once  # noqa: E402
+from objcache.observe.metrics import log_once  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SUPPORT = REPO / "tests" / "triton_support.py"

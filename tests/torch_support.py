@@ -1,10 +1,11 @@
 """Helpers for the torch integration tests: compile subprocesses, fault tiers, a g++ counter.
 
 Compiles run in subprocesses through :func:`run_compile`, which starts the shared workload
-(``objcache.demo --worker``) via :func:`bootstrap`. The bootstrap can register the ``fault://``
-test scheme (a tier that errors or hangs) and load ``objcache-autoload.pth`` from a site dir,
-exactly as site.py would for an installed package. ``g++`` calls are counted by a shim put
-first on ``PATH``: the count is independent of objcache's own counters.
+(``objcache.integrations.torch.demo --worker``) via :func:`bootstrap`. The bootstrap can
+register the ``fault://`` test scheme (a tier that errors or hangs) and load
+``objcache-autoload.pth`` from a site dir, exactly as site.py would for an installed
+package. ``g++`` calls are counted by a shim put first on ``PATH``: the count is independent
+of objcache's own counters.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class FaultBackend(Backend):
 
 
 def register_fault_backend() -> None:
-    from objcache import registry
+    from objcache.config import registry
 
     registry.register("fault", "tests.torch_support:FaultBackend")
 
@@ -84,7 +85,7 @@ def bootstrap(argv: Sequence[str]) -> int:
         import site
 
         site.addsitedir(site_dir)  # processes objcache-autoload.pth like an installed package
-    from objcache.demo import worker_main
+    from objcache.integrations.torch.demo import worker_main
 
     return worker_main(list(argv))
 
@@ -141,7 +142,7 @@ def is_isa_probe(build: str) -> bool:
 
 def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a fresh simulated machine under ``root`` using ``tiers``."""
-    from objcache.demo import machine_env
+    from objcache.integrations.torch.demo import machine_env
 
     env = machine_env(str(root), base)
     env.update(
@@ -161,7 +162,7 @@ def run_compile(
     env: Mapping[str, str], args: Sequence[str] = (), *, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Run the workload in a subprocess; returns its result dict (asserts it ran)."""
-    from objcache.demo import run_job
+    from objcache.integrations.torch.demo import run_job
 
     command = [sys.executable, "-c", BOOTSTRAP.format(root=str(ROOT))]
     job = run_job(["--model", "tiny", *args], env, command=command, timeout=timeout)

@@ -52,11 +52,11 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from objcache.metrics import log_once
+from objcache.observe.metrics import log_once
 
 if TYPE_CHECKING:
     from objcache.client import Client
-    from objcache.tiered import TieredCache
+    from objcache.core.tiered import TieredCache
 
 log = logging.getLogger("objcache")
 T = TypeVar("T")

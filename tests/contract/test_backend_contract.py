@@ -1,4 +1,4 @@
-"""The backend contract (:mod:`objcache.backend_contract`), run against every
+"""The backend contract (:mod:`objcache.testing.backend_contract`), run against every
 objcache backend: the local ones on a temporary folder, the others on each test server of
 ``tests.support.servers.CONTRACT_SERVERS`` (a new backend's server joins that list, and the
 contract runs on it with no change here).
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from objcache.backend_contract import BackendContract
+from objcache.backends import create_backend
 from objcache.backends.base import Backend
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
+from objcache.config.urls import parse_tier_url
+from objcache.testing.backend_contract import BackendContract
 from tests.support.servers import CONTRACT_SERVERS, FakeGCS, MotoS3, RedisServer, SeaweedS3
 
 
@@ -57,10 +57,10 @@ for _server_cls in CONTRACT_SERVERS:
 def test_every_builtin_backend_supports_records() -> None:
     """Records (PGO profiles) must work on every built-in tier, so no built-in backend may
     skip the record tests of the contract."""
-    from objcache.backends._records import RecordBackend
     from objcache.backends.disk import DiskBackend
     from objcache.backends.file import FileBackend
     from objcache.backends.gcs import GCSBackend
+    from objcache.backends.records_contract import RecordBackend
     from objcache.backends.redis import RedisBackend
     from objcache.backends.s3 import S3Backend
 

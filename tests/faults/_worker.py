@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.client import Client, get_client
-from objcache.config import Config
+from objcache.config.settings import Config
 from tests.support.waiting import wait_until
 
 KIND = "blob"

@@ -17,12 +17,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from objcache.backends import create_backend
 from objcache.backends.base import Backend, PutMode
 from objcache.bridge import Bridge
 from objcache.client import Client
-from objcache.config import Config
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3

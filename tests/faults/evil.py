@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from objcache.codec import Codec
+from objcache.entry.codec import Codec
 
 ATTACKER_KEY = b"attacker-key-not-the-victims-0123456789"
 

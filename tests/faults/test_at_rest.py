@@ -13,8 +13,8 @@ import pytest
 
 from objcache.backends._fs import QUARANTINE_DIR
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.entry.codec import Codec
 from tests.faults.conftest import Store, raw
 
 KIND = "blob"

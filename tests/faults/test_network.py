@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from objcache.client import Client
-from objcache.codec import Codec
+from objcache.entry.codec import Codec
 from objcache.errors import EntryError
 from tests.faults._shim import GCS_429, S3_SLOWDOWN, ThrottleShim
 from tests.faults.conftest import (

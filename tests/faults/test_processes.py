@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
+from objcache.backends import create_backend
 from objcache.backends._fs import TMP_PREFIX
 from objcache.backends.base import Backend
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.fingerprint import fingerprint
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_url
+from objcache.config.fingerprint import fingerprint
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_url
+from objcache.entry.codec import Codec
 from tests.faults._worker import KIND, check_value, make_value
 from tests.faults.conftest import Store, raw
 from tests.support.waiting import wait_until

@@ -12,11 +12,11 @@ import contextlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from objcache.codec import HEADER_SIZE, MAGIC, Codec
+from objcache.config.registry import SCHEMES
+from objcache.config.urls import parse_tier_list, parse_tier_url
+from objcache.core.manifest import Manifest, ManifestError
+from objcache.entry.codec import HEADER_SIZE, MAGIC, Codec
 from objcache.errors import ConfigError, EntryError
-from objcache.manifest import Manifest, ManifestError
-from objcache.registry import SCHEMES
-from objcache.urls import parse_tier_list, parse_tier_url
 
 OKEY = "v1/0123456789abcdef/fx-graph/00/key"
 CODECS = (Codec(), Codec(signing_keys=(b"fuzz-key".ljust(32, b"."),)))

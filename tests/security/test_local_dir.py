@@ -3,7 +3,7 @@
 Another user of the machine, or a member of this user's group when the user runs with umask
 002, must neither plant an entry that this user's lookups serve nor make the cache create
 or write anything outside its own folders (docs/security.md, "Local filesystem"). Node
-leases (objcache/nodelease.py) go through the store's own folder walk, so they keep the
+leases (objcache/core/nodelease.py) go through the store's own folder walk, so they keep the
 same promises as every other operation of the store.
 
 The tests marked ``ROOT_ONLY`` run a second local user: a forked child process that
@@ -28,15 +28,15 @@ from objcache.backends import _fs
 from objcache.backends._fs import LEASE_PREFIX, FsStore
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk import DiskBackend
-from objcache.codec import Codec
+from objcache.config.urls import parse_tier_url
+from objcache.core.manifest import Manifest, ManifestError, prefetch
+from objcache.core.nodelease import Claim, NodeLeases
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
+from objcache.core.tiered import TieredCache
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace, parse_object_key, shard
 from objcache.errors import PermanentBackendError
-from objcache.layout import Namespace, parse_object_key, shard
-from objcache.manifest import Manifest, ManifestError, prefetch
-from objcache.nodelease import Claim, NodeLeases
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.tier import Tier
-from objcache.tiered import TieredCache
-from objcache.urls import parse_tier_url
 from tests.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")

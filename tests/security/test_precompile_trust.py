@@ -20,7 +20,7 @@ def compiled_function(x: Any) -> Any:
 
 def _client(store: Path, local: Path, environ: dict[str, str]) -> Any:
     from objcache.client import Client
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     cfg = Config.from_env(environ, tiers=f"file://{store}", local_dir=local, prefetch=False)
     return Client(cfg)

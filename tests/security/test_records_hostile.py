@@ -25,18 +25,17 @@ from typing import Any
 
 import pytest
 
-from objcache.backends import _fs
-from objcache.backends._records import Versioned
+from objcache.backends import _fs, create_backend
 from objcache.backends.base import Backend, PutMode
-from objcache.caps import SizeCaps
-from objcache.codec import Codec
-from objcache.layout import Namespace
-from objcache.policy import CircuitBreaker, RetryPolicy
-from objcache.records import Change, Outcome, read_modify_write
-from objcache.registry import create_backend
-from objcache.tier import Tier
-from objcache.tiered import TieredCache
-from objcache.urls import parse_tier_url
+from objcache.backends.records_contract import Versioned
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.records import Change, Outcome, read_modify_write
+from objcache.core.tier import Tier
+from objcache.core.tiered import TieredCache
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import Codec
+from objcache.entry.layout import Namespace
 from tests.cloud_support import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
@@ -89,7 +88,7 @@ SCENARIO = textwrap.dedent(
     from pathlib import Path
 
     import objcache
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     holder_code, local, store = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     config = Config(

@@ -18,16 +18,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from objcache import codec as codec_module
-from objcache.backends import _fs
+from objcache.backends import _fs, create_backend
 from objcache.backends.base import PutMode
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_url
+from objcache.entry import codec as codec_module
+from objcache.entry.codec import Codec
+from objcache.entry.signing import Ed25519PrivateKey
 from objcache.errors import BadSignature, ConfigError, UnsignedEntry
-from objcache.registry import create_backend
-from objcache.signing import Ed25519PrivateKey
-from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.security.test_stores_and_keys import commandstats, redis_write_calls

@@ -29,14 +29,14 @@ from typing import Any
 import pytest
 import redis
 
+from objcache.backends import create_backend
 from objcache.backends.base import Backend, PutMode
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_url
+from objcache.entry.codec import Codec
+from objcache.entry.signing import Ed25519PrivateKey, public_line
 from objcache.errors import ConfigError, InvalidKey
-from objcache.registry import create_backend
-from objcache.signing import Ed25519PrivateKey, public_line
-from objcache.urls import parse_tier_url
 from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.faults.evil import foreign_signed_entry, malicious_pickle, unsigned_entry
@@ -807,7 +807,7 @@ def assert_hidden(text: str, where: str) -> None:
 def test_hostile_urls_never_leak_into_errors_reprs_or_logs(
     redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from objcache.urls import redact
+    from objcache.config.urls import redact
 
     caplog.set_level(logging.DEBUG, logger="objcache")
     for url in _hostile_urls(redis_server.port):

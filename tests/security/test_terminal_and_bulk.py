@@ -25,18 +25,19 @@ from typing import Any
 
 import pytest
 
-from objcache import ops, summary
+from objcache.backends import create_backend
 from objcache.backends.base import Backend, ObjectInfo, PutMode
-from objcache.caps import SizeCaps
+from objcache.cli import ops
 from objcache.client import Client
-from objcache.codec import Codec
-from objcache.config import Config
-from objcache.deadline import DeadlineBackend
-from objcache.layout import MAX_PLAIN_SEGMENT, Namespace, encode_key
-from objcache.plaintext import plain
-from objcache.prometheus import TextfileExporter
-from objcache.registry import create_backend
-from objcache.urls import parse_tier_list
+from objcache.config.settings import Config
+from objcache.config.urls import parse_tier_list
+from objcache.core.deadline import DeadlineBackend
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import Codec
+from objcache.entry.layout import MAX_PLAIN_SEGMENT, Namespace, encode_key
+from objcache.observe import run_summary as summary
+from objcache.observe.plaintext import plain
+from objcache.observe.prometheus import TextfileExporter
 
 Run = Callable[..., subprocess.CompletedProcess[bytes]]
 
@@ -256,7 +257,7 @@ def test_a_markup_or_control_name_in_an_error_is_one_plain_line(run: Run, tmp_pa
 def test_a_summary_bomb_is_refused_before_decompression(tmp_path: Path) -> None:
     """A few KiB stored, 64 MiB once decompressed: refused as ``too_large`` by the codec's
     cap check, which runs before zstd sees a byte (a summary is at most MAX_BYTES)."""
-    from objcache import report
+    from objcache.cli import report
 
     store = tmp_path / "store"
     store.mkdir(mode=0o700)
@@ -416,7 +417,7 @@ def test_pull_applies_the_configured_caps(run: Run, tmp_path: Path) -> None:
     """Through the CLI: OBJCACHE_MAX_ENTRY_BYTES reaches pull's reads."""
     store = tmp_path / "store"
     store.mkdir(mode=0o700)
-    from objcache.fingerprint import env_id
+    from objcache.config.fingerprint import env_id
 
     ns = Namespace(env_id())
     big, small = ns.object_key("pgo", "big"), ns.object_key("pgo", "small")

@@ -71,7 +71,7 @@ def results(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(argv[0])
     from objcache.client import Client
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     go = Path(spec["go_file"])
     Path(f"{go}.ready-{os.getpid()}").touch()

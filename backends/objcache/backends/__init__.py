@@ -1,1 +1,36 @@
-"""Storage backends."""
+"""Storage backends, one module per store (``disk``, ``file``, ``redis``, ``s3``, ``gcs``) over
+the storage contract in ``base`` (the ``Backend`` class) and ``records_contract`` (versioned
+records), and :func:`create_backend`, which builds the backend a tier URL names. This layer
+sits above ``objcache.config`` (whose scheme and option tables describe each backend) and may
+import it, ``objcache.entry`` and ``objcache.errors``; it sits below ``objcache.observe`` and
+the core (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import importlib
+
+from objcache.backends.base import Backend
+from objcache.config import registry
+from objcache.config.urls import TierSpec
+from objcache.errors import ConfigError
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class serving ``name``; a missing optional dependency is a one-line error."""
+    entry = registry.scheme(name)
+    if entry is None:
+        raise ConfigError(f"unknown scheme {name!r}")
+    module_name, _, attr = entry.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f"; install it with: pip install 'objcache[{entry.extra}]'" if entry.extra else ""
+        raise ConfigError(f"{name}:// needs a missing package ({exc.name}){hint}") from None
+    cls = getattr(module, attr)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"{entry.target} is not an objcache Backend")
+    return cls
+
+
+def create_backend(spec: TierSpec) -> Backend:
+    return backend_class(spec.scheme)(spec)

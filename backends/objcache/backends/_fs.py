@@ -41,7 +41,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
 from objcache.backends._opts import opt_bool
-from objcache.backends._records import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
 from objcache.backends._shared import to_daemon_thread
 from objcache.backends.base import (
     Backend,
@@ -51,6 +50,7 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
 from objcache.errors import (
     BackendError,
     ConfigError,
@@ -65,7 +65,7 @@ T = TypeVar("T")
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
 TMP_PREFIX = RESERVED + "tmp-"
-#: Lease files of cross-process single-flight (objcache/nodelease.py), beside the entry.
+#: Lease files of cross-process single-flight (objcache/core/nodelease.py), beside the entry.
 LEASE_PREFIX = RESERVED + "lease-"
 #: Lock files of record writes, beside the record; kept (removing one could let two
 #: writers hold "the" lock on different files).
@@ -395,19 +395,33 @@ class FsStore:
     # --- single-entry operations ------------------------------------------------------
 
     def read(self, key: str, max_bytes: int = 0) -> bytes | None:
+        opened = self._open_checked(key)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
+            return self._read_open(fd, st)
+        finally:
+            os.close(fd)
+
+    def _open_checked(self, key: str) -> tuple[int, os.stat_result] | None:
+        """The entry ``key`` opened for reading, with its fstat; None when absent or not a
+        complete entry (not a regular file, or a placeholder). The caller closes the fd."""
         fd = self._open_entry(key)
         if fd is None:
             return None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
+                os.close(fd)
                 return None
             # Whatever the folders above it: the one-call read (openat2) checks none of them.
             self._check_entry(key, st)
-            check_size(st.st_size, max_bytes)  # before reading a byte (docs/security.md)
-            return self._read_open(fd, st)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd, st
 
     def _read_open(self, fd: int, st: os.stat_result) -> bytes:
         data = _read_all(fd, st.st_size)
@@ -556,7 +570,7 @@ class FsStore:
         if stat.S_ISDIR(st.st_mode):
             raise PermanentBackendError(f"{name!r} is a folder of longer keys")
 
-    # --- node leases (objcache/nodelease.py) ---------------------------------------------
+    # --- node leases (objcache/core/nodelease.py) ---------------------------------------------
 
     def open_lease(self, key: str) -> tuple[int, str, int]:
         """``(folder fd, name, file fd)`` of the lease file of ``key``, beside the entry:
@@ -574,19 +588,16 @@ class FsStore:
             os.close(directory)
             raise
 
-    # --- records (conditional writes, see backends/_records.py) --------------------------
+    # --- records (conditional writes, see backends/records_contract.py) --------------------------
 
     def read_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         """The entry and its version, or None; an entry over a non-zero ``max_bytes`` is
         not read (its size comes from fstat): its version only, ``too_large``."""
-        fd = self._open_entry(key)
-        if fd is None:
+        opened = self._open_checked(key)
+        if opened is None:
             return None
+        fd, st = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
-                return None
-            self._check_entry(key, st)
             if max_bytes and st.st_size > max_bytes:
                 return Versioned(b"", stat_version(st), too_large=True)
             data = self._read_open(fd, st)
@@ -598,14 +609,11 @@ class FsStore:
         """The version ``key`` has now, read no further than needed to compare it with
         ``expected``: a digest version was read within ``max_bytes``, so an entry over it
         now is another version, and is not read."""
-        fd = self._open_entry(key)
-        if fd is None:
+        opened = self._open_checked(key)
+        if opened is None:
             return None
+        fd, st = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or _is_placeholder(st):
-                return None
-            self._check_entry(key, st)
             if expected.startswith(_STAT_VERSION) or (max_bytes and st.st_size > max_bytes):
                 return stat_version(st)
             return content_version(_read_all(fd, st.st_size))

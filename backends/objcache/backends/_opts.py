@@ -1,16 +1,14 @@
 """Typed values of a tier URL's query options, from the scheme's table in
-:mod:`objcache.registry` (name, type, default, minimum): one place per option."""
+:mod:`objcache.config.registry` (name, type, default, minimum): one place per option."""
 
 from __future__ import annotations
 
-from objcache.backends.base import TierSpec
-from objcache.options import Option, Value, lookup
-
-MiB = 1 << 20
+from objcache.config.options import Option, Value, lookup
+from objcache.config.urls import TierSpec
 
 
 def _value(spec: TierSpec, name: str) -> Value:
-    from objcache import registry
+    from objcache.config import registry
 
     for table in registry.option_tables(spec.scheme) or ():
         try:
@@ -18,7 +16,7 @@ def _value(spec: TierSpec, name: str) -> Value:
         except KeyError:
             continue
         return option.parse(spec.options.get(name), spec.display)
-    raise KeyError(f"{spec.scheme}:// has no option {name!r} in objcache.registry")
+    raise KeyError(f"{spec.scheme}:// has no option {name!r} in objcache.config.registry")
 
 
 def opt_str(spec: TierSpec, name: str) -> str | None:

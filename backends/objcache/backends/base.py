@@ -1,13 +1,13 @@
 """The storage backend contract.
 
 A backend moves opaque bytes under string keys. It has no policy: no retries, no deadlines,
-no circuit breaking, no codec. Those live in :mod:`objcache.tier`. Errors are typed:
+no circuit breaking, no codec. Those live in :mod:`objcache.core.tier`. Errors are typed:
 
 * a missing key is a value (``None`` / ``False``), never an exception;
 * :class:`~objcache.errors.TransientBackendError` for throttling, 5xx, resets, timeouts;
 * :class:`~objcache.errors.PermanentBackendError` for everything else.
 
-Keys are ``/``-separated object names produced by :mod:`objcache.layout`; a backend prepends
+Keys are ``/``-separated object names produced by :mod:`objcache.entry.layout`; a backend prepends
 its own prefix (the path of its URL).
 """
 
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+# TierSpec and MAX_KEY_BYTES live with the URLs and the object keys; a backend imports them
+# from here, with the rest of the contract.
+from objcache.config.urls import TierSpec as TierSpec
+from objcache.entry.layout import MAX_KEY_BYTES as MAX_KEY_BYTES
 from objcache.errors import EntryTooLarge, InvalidKey
-
-#: Longest key any backend accepts (S3 allows 1024 bytes including the prefix).
-MAX_KEY_BYTES = 900
 
 
 class PutMode(enum.Enum):
@@ -42,30 +43,6 @@ class ObjectInfo:
     size: int
     #: Last modification, seconds since the epoch.
     mtime: float
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """A parsed tier URL: ``scheme://location/prefix?option=value``."""
-
-    url: str
-    scheme: str
-    #: bucket, host:port, or "" for file:// and disk
-    location: str
-    #: object-name prefix inside the bucket, or the directory for file:// and disk
-    path: str
-    options: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def display(self) -> str:
-        """The URL with any password or secret query value removed: safe to log."""
-        from objcache.urls import redact
-
-        return redact(self.url)
-
-    def __repr__(self) -> str:
-        # The URL and location may hold a password (redis://:pw@host): never show them.
-        return f"TierSpec({self.display!r})"
 
 
 def check_size(size: int, max_bytes: int) -> None:
@@ -140,7 +117,7 @@ class Backend(abc.ABC):
 class LocalStore(Protocol):
     """What the local tier offers beyond :class:`Backend` (``disk://`` does).
 
-    :class:`~objcache.tiered.TieredCache` uses these when its local tier's backend has them;
+    :class:`~objcache.core.tiered.TieredCache` uses these when its local tier's backend has them;
     with any other backend the local tier is an ordinary one (no fast path, no quarantine).
     """
 

@@ -13,7 +13,7 @@ whose HTTP pool is sized to match so that no thread waits for a connection. Both
 created on first use, never in ``__init__``; after a fork the child makes its own.
 
 * **No hidden retries**: every call passes ``retry=None`` (the library's default retries
-  for up to 120 s, far past any tier deadline); :mod:`objcache.policy` retries transient
+  for up to 120 s, far past any tier deadline); :mod:`objcache.core.policy` retries transient
   errors inside the deadline. Socket timeouts are explicit.
 * **CREATE** is ``if_generation_match=0``; 412 means another writer won. Entries up to
   ``resumable_threshold`` (8 MiB, google-cloud-storage's own multipart limit) go in one
@@ -28,7 +28,7 @@ created on first use, never in ``__init__``; after a fork the child makes its ow
 * google-cloud-storage 3.x's bucket-metadata lookups for tracing (a background
   ``buckets.get`` per bucket and after every 404) are switched off.
 * Checksums are left off (``checksum=None``): every entry carries its own BLAKE2b digest,
-  checked by :mod:`objcache.codec` on every read.
+  checked by :mod:`objcache.entry.codec` on every read.
 * Credentials: Application Default Credentials only; anonymous credentials only when an
   emulator endpoint is configured (``endpoint=`` or ``STORAGE_EMULATOR_HOST``).
 """
@@ -50,7 +50,6 @@ from objcache.backends._gcs_errors import (
     missing_bucket,
 )
 from objcache.backends._opts import opt_float, opt_int, opt_str
-from objcache.backends._records import Versioned
 from objcache.backends._shared import DaemonThreadPool
 from objcache.backends.base import (
     Backend,
@@ -60,6 +59,7 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.records_contract import Versioned
 from objcache.errors import ConfigError, TransientBackendError
 
 T = TypeVar("T")

@@ -43,7 +43,6 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from objcache.backends._opts import opt_float, opt_int, opt_str
-from objcache.backends._records import Versioned
 from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import (
     Backend,
@@ -53,16 +52,17 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.records_contract import Versioned
+from objcache.config.options import TIER_OPTIONS
+from objcache.config.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 from objcache.errors import (
     BackendError,
     EntryTooLarge,
     PermanentBackendError,
     TransientBackendError,
 )
-from objcache.options import TIER_OPTIONS
-from objcache.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 
-#: Query options objcache reads; the rest (checked against objcache.registry) go to redis-py.
+#: Query options objcache reads; the rest (checked against objcache.config.registry) go to redis-py.
 OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *REDIS_OPTIONS)) - REDIS_DRIVER_OPTIONS
 #: put_if_version: KEYS[1] = name; ARGV = data, expected version ("" = must be absent), TTL
 #: s. A version is the value's SHA-1, or "len:<n>" for a value too large to read (its
@@ -328,7 +328,7 @@ class RedisBackend(Backend):
             raise self._error(exc, "put") from exc
         return bool(done)
 
-    # --- records (backends/_records.py) -------------------------------------------------
+    # --- records (backends/records_contract.py) -------------------------------------------------
 
     async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         """With ``max_bytes``: one script that answers an oversized value with its length

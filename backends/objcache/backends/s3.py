@@ -16,7 +16,7 @@ URL options (all optional)::
   (:mod:`objcache.backends._s3_direct`): signed here, sent over aiohttp, at about a quarter
   of the CPU. botocore still resolves the endpoint and credentials and makes every other
   call; ``direct=0`` sends everything through it.
-* **No hidden retries**: botocore makes one attempt; :mod:`objcache.policy` retries
+* **No hidden retries**: botocore makes one attempt; :mod:`objcache.core.policy` retries
   transient errors inside the tier deadline. Errors are classified in
   :mod:`objcache.backends._s3_errors`.
 * **CREATE** sends ``If-None-Match: *`` (on PutObject, and on CompleteMultipartUpload for
@@ -51,8 +51,7 @@ from aiobotocore.config import AioConfig
 from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
-from objcache.backends._opts import MiB, opt_bool, opt_float, opt_int, opt_str
-from objcache.backends._records import Versioned
+from objcache.backends._opts import opt_bool, opt_float, opt_int, opt_str
 from objcache.backends._s3_direct import DirectS3, Reroute, Route
 from objcache.backends._s3_errors import (
     classify,
@@ -71,10 +70,10 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.records_contract import Versioned
 from objcache.errors import BackendError, ConfigError, TransientBackendError
 
-#: S3 refuses multipart parts below 5 MiB (except the last) and uploads above 10,000 parts.
-MIN_PART_SIZE = 5 * MiB
+#: S3 refuses uploads above 10,000 parts (the part size minimum: registry.MIN_PART_SIZE).
 MAX_PARTS = 10_000
 
 
@@ -108,10 +107,10 @@ async def _open_client(key: ClientKey) -> S3Client:
         connect_timeout=key.connect_timeout,
         read_timeout=key.read_timeout,
         max_pool_connections=key.max_pool_connections,
-        # One attempt: objcache.policy retries transient errors within the tier deadline.
+        # One attempt: objcache.core.policy retries transient errors within the tier deadline.
         retries={"total_max_attempts": 1, "mode": "standard"},
         s3={"addressing_style": key.addressing_style},
-        # Entries carry their own BLAKE2b digest (objcache.codec); skip per-request CRCs.
+        # Entries carry their own BLAKE2b digest (objcache.entry.codec); skip per-request CRCs.
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
@@ -374,7 +373,7 @@ class S3Backend(Backend):
             raise await self._fail(client.boto, exc, "put") from exc
         return True
 
-    # --- records (backends/_records.py): If-Match on the ETag, If-None-Match: * ---------
+    # --- records (backends/records_contract.py): If-Match on the ETag, If-None-Match: * ---------
 
     async def get_versioned(self, key: str, max_bytes: int = 0) -> Versioned | None:
         """With ``max_bytes``: one ranged GET of the first ``max_bytes + 1`` bytes, whose

@@ -45,7 +45,7 @@ from objcache.integrations.torch import (
     writethrough,
 )
 from objcache.integrations.torch.watched import WATCHED, Part
-from objcache.metrics import FailureLog
+from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
 
@@ -462,7 +462,7 @@ def _config_ok() -> bool:
     keeps every part off, logged once: torch then runs without objcache, never unverified
     (docs/security.md)."""
     if not _config_checked:
-        from objcache.config import Config
+        from objcache.config.settings import Config
         from objcache.errors import ConfigError
 
         try:
@@ -542,7 +542,7 @@ def start_client() -> None:
     """Build the process-wide client now, so its prefetch overlaps tracing (never raises).
 
     Building it does no I/O on this thread: the client starts its event loop and submits the
-    job's prefetch (:mod:`objcache.manifest`) in the background.
+    job's prefetch (:mod:`objcache.core.manifest`) in the background.
     """
     try:
         objcache.get_client()

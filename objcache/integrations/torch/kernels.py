@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import objcache
-from objcache.metrics import log_once
+from objcache.observe.metrics import log_once
 
 log = logging.getLogger("objcache.torch")
 

@@ -19,7 +19,7 @@ import pickle
 from collections import Counter
 from typing import Any
 
-from objcache.records import Change
+from objcache.core.records import Change
 
 log = logging.getLogger("objcache")
 

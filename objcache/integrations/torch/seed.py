@@ -57,11 +57,11 @@ def scan_inductor_dir(root: Path) -> Iterator[tuple[str, str, bytes]]:
 
 def bundle_items(data: bytes) -> Iterator[tuple[str, str, bytes]]:
     """``(kind, key, payload)`` of a Mega-Cache file (torch's bytes or an objcache bundle)."""
-    from objcache import mega
+    from objcache.integrations.torch import mega
 
     torch_bytes = data
     if data[:4] == mega.MAGIC:
-        from objcache.fingerprint import differences, fingerprint
+        from objcache.config.fingerprint import differences, fingerprint
 
         bundle = mega.Bundle.from_bytes(data)
         diff = differences(dict(fingerprint()), bundle.fingerprint)
@@ -90,7 +90,7 @@ def bundle_items(data: bytes) -> Iterator[tuple[str, str, bytes]]:
 def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = ()) -> int:
     """Put the importable artifacts into objcache's local tier; returns how many."""
     from objcache.client import get_client
-    from objcache.mega import _put_local
+    from objcache.integrations.torch.mega import put_local
 
     items: list[tuple[str, str, bytes]] = []
     if inductor_dir is not None:
@@ -101,7 +101,7 @@ def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = 
 
     async def put_all() -> None:
         for kind, key, payload in items:
-            await _put_local(client.cache, kind, key, payload)
+            await put_local(client.cache, kind, key, payload)
 
     timeout: Any = client.config.flush_timeout_s + 60
     client.bridge.call(put_all, timeout)

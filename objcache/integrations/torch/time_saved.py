@@ -12,7 +12,8 @@ is part of the AOTAutograd figure. :func:`total_s` therefore counts the AOTAutog
 autotune figures, and the FX figures only of a run that had no AOTAutograd hit (a cache
 configuration with AOTAutograd caching off): close to, and never above, what torch reports.
 
-Run summaries carry the figures (:mod:`objcache.summary`); ``objcache report`` shows them.
+Run summaries carry the figures (:mod:`objcache.observe.run_summary`); ``objcache report``
+shows them.
 """
 
 from __future__ import annotations

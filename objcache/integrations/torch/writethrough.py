@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.metrics import FailureLog
+from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
 

@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
-from objcache.caps import SizeCaps
-from objcache.codec import MAX_PAYLOAD, Codec
+from objcache.core.nodelease import Claim, Lease, NodeLeases
+from objcache.core.records import Change
+from objcache.core.singleflight import SingleFlight
+from objcache.core.tier import Tier
+from objcache.core.writebehind import WriteBehind
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import MAX_PAYLOAD, Codec
+from objcache.entry.layout import Namespace, parse_object_key
 from objcache.errors import EntryError
-from objcache.layout import Namespace, parse_object_key
-from objcache.metrics import LOOKUP_TRAIL, CacheStats, log_once
-from objcache.nodelease import Claim, Lease, NodeLeases
-from objcache.plaintext import plain
-from objcache.records import Change
-from objcache.singleflight import SingleFlight
-from objcache.tier import Tier
-from objcache.writebehind import WriteBehind
+from objcache.observe.metrics import LOOKUP_TRAIL, CacheStats, log_once
+from objcache.observe.plaintext import plain
 
 log = logging.getLogger("objcache")
 
@@ -180,7 +180,7 @@ class TieredCache:
     ) -> None:
         """One DEBUG line per lookup (``size`` None: a miss), and one INFO line the first time
         a (kind, cause) misses in this process. Keys and tier names can come from a store's
-        listings: they are escaped (objcache/plaintext.py)."""
+        listings: they are escaped (objcache/observe/plaintext.py)."""
         tiers = ",".join(f"{plain(name)}={outcome}" for name, outcome in trail) or "-"
         extra = f" via={how}" if how else ""
         if size is not None:
@@ -698,7 +698,7 @@ class TieredCache:
     def _entry_change(self, kind: str, okey: str, change: Change, signature: bool) -> Change:
         """``change`` on stored entries: decode within the kind's cap (a refused entry
         counts as unreadable and is treated as absent), apply, encode. Runs in a worker
-        thread (objcache/records.py)."""
+        thread (objcache/core/records.py)."""
         cap = self.cap(okey)
 
         def on_entry(entry: bytes | None) -> bytes | None:

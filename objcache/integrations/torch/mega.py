@@ -189,8 +189,8 @@ def _call(client: Any, factory: Any, timeout: float | None = None) -> Any:
     return client.bridge.call(factory, t + 5)
 
 
-def _pointer_key(client: Any, name: str) -> str:
-    from objcache.layout import Namespace
+def _pointer_key(name: str) -> str:
+    from objcache.entry.layout import Namespace
 
     return str(Namespace(POINTER_ENV).object_key(KIND, name))
 
@@ -209,7 +209,7 @@ async def _write_overwrite(cache: Any, okey: str, payload: bytes) -> tuple[int, 
     return sum(1 for ok in done if ok), len(targets)
 
 
-async def _put_local(cache: Any, kind: str, key: str, payload: bytes) -> None:
+async def put_local(cache: Any, kind: str, key: str, payload: bytes) -> None:
     from objcache.backends.base import PutMode
 
     if cache.local is None:
@@ -255,7 +255,7 @@ def collect(name: str) -> Collected:
     import torch
     from torch.compiler._cache import CacheArtifactManager
 
-    from objcache.fingerprint import fingerprint
+    from objcache.config.fingerprint import fingerprint
     from objcache.integrations.torch import artifact_kernels, kernels
 
     result = torch.compiler.save_cache_artifacts()
@@ -318,7 +318,7 @@ def save(name: str) -> str:
 
     async def write() -> tuple[int, int]:
         written = await _write_overwrite(client.cache, okey, payload)
-        await _write_overwrite(client.cache, _pointer_key(client, bundle.name), pointer)
+        await _write_overwrite(client.cache, _pointer_key(bundle.name), pointer)
         return written
 
     try:
@@ -337,14 +337,14 @@ def save(name: str) -> str:
 
 def fetch(name: str) -> Bundle:
     """The verified bundle ``name`` of this environment; :class:`BundleError` otherwise."""
-    from objcache.fingerprint import differences, fingerprint
+    from objcache.config.fingerprint import differences, fingerprint
 
     name = _check_name(name)
     client = objcache.get_client()
     payload = client.get(KIND, name)
     mine = dict(fingerprint())
     if payload is None:
-        raw = _call(client, lambda: client.cache.get_object(_pointer_key(client, name)))[0]
+        raw = _call(client, lambda: client.cache.get_object(_pointer_key(name)))[0]
         pointer: dict[str, Any] = {}
         if raw is not None:
             try:
@@ -391,7 +391,7 @@ def load(name: str) -> str:
 
         async def put_all() -> None:
             for key, data in bundle.kernels:
-                await _put_local(client.cache, kernels.KIND, key, data)
+                await put_local(client.cache, kernels.KIND, key, data)
 
         _call(client, put_all)
         kernels.install()
@@ -421,7 +421,7 @@ def list_infos() -> list[BundleInfo]:
     prefix = cache.namespace.kind_prefix(KIND)
 
     async def scan() -> list[BundleInfo]:
-        from objcache.layout import parse_object_key
+        from objcache.entry.layout import parse_object_key
 
         found: dict[str, BundleInfo] = {}
 
@@ -440,9 +440,7 @@ def list_infos() -> list[BundleInfo]:
         for tier in cache.tiers:
             await one(tier)
         infos = sorted(found.values(), key=lambda b: b.name)
-        pointers = await asyncio.gather(
-            *(cache.get_object(_pointer_key(client, b.name)) for b in infos)
-        )
+        pointers = await asyncio.gather(*(cache.get_object(_pointer_key(b.name)) for b in infos))
         return [
             dataclasses.replace(b, contents=_recorded_contents(raw, cache.namespace.env))
             for b, (raw, _) in zip(infos, pointers, strict=True)

@@ -18,6 +18,8 @@ from urllib.parse import quote, unquote
 
 LAYOUT_VERSION = "v1"
 ENV_FILE = "ENV.json"
+#: Longest key any backend accepts (S3 allows 1024 bytes including the prefix).
+MAX_KEY_BYTES = 900
 
 #: Every kind objcache itself stores (docs/torch.md, "Keys"; docs/architecture.md). The
 #: modules that write them keep their own constants; tests/test_cli.py checks each is here.

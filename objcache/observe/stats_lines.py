@@ -1,6 +1,6 @@
 """The lines `objcache stats` starts with: whose stats, and did the run start warm?
 
-Pure functions of a stats file's content (see :meth:`objcache.tiered.TieredCache.stats_dict`
+Pure functions of a stats file's content (see :meth:`objcache.core.tiered.TieredCache.stats_dict`
 and ``objcache.client``, which stamps it), so they are tested without a process.
 """
 

@@ -13,8 +13,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from objcache.backends._records import RecordBackend
 from objcache.backends.base import Backend, LocalStore, PutMode
+from objcache.backends.records_contract import RecordBackend
+from objcache.config.urls import flag
+from objcache.core.policy import CircuitBreaker, RetryPolicy, call_with_policy
+from objcache.core.records import Change, read_modify_write
 from objcache.errors import (
     BackendError,
     ClockSkew,
@@ -22,10 +25,7 @@ from objcache.errors import (
     InvalidKey,
     PermanentBackendError,
 )
-from objcache.metrics import TierStats, log_once
-from objcache.policy import CircuitBreaker, RetryPolicy, call_with_policy
-from objcache.records import Change, read_modify_write
-from objcache.urls import flag
+from objcache.observe.metrics import TierStats, log_once
 
 T = TypeVar("T")
 

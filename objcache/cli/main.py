@@ -24,16 +24,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from objcache import ops
+from objcache.backends import create_backend
 from objcache.backends.base import Backend, TierSpec
-from objcache.codec import Codec
-from objcache.config import Config
+from objcache.cli import ops
+from objcache.config.fingerprint import env_id, fingerprint
+from objcache.config.settings import Config
+from objcache.config.urls import flag, parse_tier_list
+from objcache.entry.codec import Codec
+from objcache.entry.layout import KINDS
 from objcache.errors import ConfigError, ObjcacheError
-from objcache.fingerprint import env_id, fingerprint
-from objcache.layout import KINDS
-from objcache.plaintext import text
-from objcache.registry import create_backend
-from objcache.urls import flag, parse_tier_list
+from objcache.observe.plaintext import text
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -46,7 +46,7 @@ app = typer.Typer(
 )
 mega_app = typer.Typer(
     help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts): list and load; a "
-    "bundle is saved in the compiling process with objcache.mega.save(NAME).",
+    "bundle is saved in the compiling process with objcache.integrations.torch.mega.save(NAME).",
     rich_markup_mode=None,
 )
 app.add_typer(mega_app, name="mega")
@@ -92,7 +92,7 @@ class UserError(Exception):
 
 
 def _config() -> Config:
-    from objcache import logs
+    from objcache.config import logs
 
     config = Config.from_env()
     logs.configure(config.log_level)
@@ -129,7 +129,7 @@ def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSp
 def _open(spec: TierSpec, config: Config) -> Backend:
     """The backend of ``spec`` with every call (each listing page too) bounded by the tier's
     deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself."""
-    from objcache.deadline import DeadlineBackend
+    from objcache.core.deadline import DeadlineBackend
 
     timeout_ms = int(spec.options.get("timeout_ms") or config.timeout_ms)
     return DeadlineBackend(create_backend(spec), timeout_ms / 1000)
@@ -149,7 +149,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 def _progress(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
     """A bar of objects done, bytes moved and their rate; the callback takes one object's
-    bytes (see :mod:`objcache.ops`)."""
+    bytes (see :mod:`objcache.cli.ops`)."""
     bar = Progress(
         TextColumn(f"[bold]{what}"),
         BarColumn(),
@@ -194,7 +194,7 @@ async def _closing(backends: list[Backend], coro: Awaitable[T]) -> T:
 
 def _in_force(config: Config) -> dict[str, Any]:
     """What this process's configuration really puts in force (docs/operations.md)."""
-    from objcache.config import unknown_variables
+    from objcache.config.settings import unknown_variables
     from objcache.integrations.torch import autoload
 
     environ = dict(os.environ)
@@ -345,7 +345,7 @@ def stats(
     if as_json:
         _print_json(data)
         return
-    from objcache.stats_summary import latency_cell, stamp_line, summary_lines
+    from objcache.observe.stats_lines import latency_cell, stamp_line, summary_lines
 
     for line in [stamp_line(data), *summary_lines(data)]:
         out.print(line, markup=False, highlight=False)
@@ -596,8 +596,8 @@ def pull(
 
 def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> None:
     if job:
-        from objcache import manifest
         from objcache.client import build_cache
+        from objcache.core import manifest
 
         cache = build_cache(config if not tier else Config.from_env(tiers=tier))
 
@@ -793,7 +793,7 @@ def report(
 ) -> None:
     """One row per run of a job across hosts and environments: hits per kind, bytes, lookup
     time, misses and the top miss cause."""
-    from objcache import report as fleet
+    from objcache.cli import report as fleet
 
     config = _config()
     try:
@@ -832,7 +832,7 @@ def report(
 #: process compiled, so only that process can save it (docs/torch.md, "Mega-Cache bundles").
 MEGA_SAVE_IN_PROCESS = (
     "mega save: a bundle holds what the compiling process recorded, so it is saved in that "
-    "process: call objcache.mega.save(NAME) after torch.compile (docs/torch.md, "
+    "process: call objcache.integrations.torch.mega.save(NAME) after torch.compile (docs/torch.md, "
     '"Mega-Cache bundles"); to seed a store from this machine\'s caches, run objcache push '
     "(--inductor-dir DIR for a TORCHINDUCTOR_CACHE_DIR)"
 )
@@ -847,7 +847,7 @@ def mega_save(name: str) -> None:
 @mega_app.command("load")
 def mega_load(name: str) -> None:
     """Load bundle NAME into torch's caches (refused when the environment differs)."""
-    from objcache import mega
+    from objcache.integrations.torch import mega
 
     _line(out, mega.load(name))
 
@@ -855,7 +855,7 @@ def mega_load(name: str) -> None:
 @mega_app.command("ls")
 def mega_ls(as_json: JsonOpt = False) -> None:
     """List the bundles stored for this environment."""
-    from objcache import mega
+    from objcache.integrations.torch import mega
 
     if as_json:
         _print_json(
@@ -873,7 +873,7 @@ def mega_ls(as_json: JsonOpt = False) -> None:
 def keygen(path: Path) -> None:
     """Write a new Ed25519 private key to PATH (mode 0600) for writers (CI), and print its
     public key, for OBJCACHE_VERIFY_KEYS on the fleet, as one line on stdout."""
-    from objcache.signing import generate_key_file
+    from objcache.entry.signing import generate_key_file
 
     try:
         public = generate_key_file(path)
@@ -900,8 +900,8 @@ def demo(
     import argparse
     import importlib.util
 
-    from objcache.demo import main as demo_main
-    from objcache.demo import model_name
+    from objcache.integrations.torch.demo import main as demo_main
+    from objcache.integrations.torch.demo import model_name
 
     try:
         model_name(model)

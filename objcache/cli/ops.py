@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objcache import summary
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
-from objcache.caps import SizeCaps
-from objcache.codec import MAX_PAYLOAD, Codec
+from objcache.config.urls import flag
+from objcache.entry.caps import SizeCaps
+from objcache.entry.codec import MAX_PAYLOAD, Codec
+from objcache.entry.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
 from objcache.errors import BackendError, EntryError, EntryTooLarge, InvalidKey, ReadOnlyRefused
-from objcache.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
-from objcache.urls import flag
+from objcache.observe import run_summary as summary
 
 log = logging.getLogger("objcache")
 Progress = Callable[[int], None]
@@ -162,11 +162,11 @@ async def _summary_env(backend: Backend, codec: Codec, okey: str) -> dict[str, A
 
 
 def _moved(item: Any, result: Any) -> int:
-    """The bytes an ``fn`` of :func:`_bounded` moved: its result when that is a count."""
+    """The bytes an ``fn`` of :func:`bounded` moved: its result when that is a count."""
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
-async def _bounded(
+async def bounded(
     items: list[Any],
     fn: Callable[[Any], Any],
     progress: Progress | None,
@@ -258,7 +258,7 @@ async def copy(
             report.existed += 1
         return len(data)
 
-    await _bounded(keys, one, progress)
+    await bounded(keys, one, progress)
     return report
 
 
@@ -319,7 +319,7 @@ async def verify(
                 report.deleted += 1
         return len(data) if data is not None else 0
 
-    await _bounded(found, one, progress)
+    await bounded(found, one, progress)
     return report
 
 
@@ -373,7 +373,7 @@ async def run_gc(
         except BackendError:
             return False
 
-    deleted = await _bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
+    deleted = await bounded(plan.delete, one, progress, lambda e, gone: e.info.size if gone else 0)
     return sum(deleted)
 
 

@@ -144,7 +144,7 @@ def torch_inputs_key() -> str | None:
 
 
 def _cache_path(key: str) -> Path:
-    from objcache.config import user_cache_dir
+    from objcache.config.settings import user_cache_dir
 
     return user_cache_dir() / "fingerprint" / f"{key}.json"
 

@@ -9,18 +9,18 @@ option table as ``options``, else only the tier options are checked for it.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from urllib.parse import SplitResult
 
-from objcache.backends.base import Backend, TierSpec
+from objcache.config.options import TIER_OPTIONS, Option, OptionTable
 from objcache.errors import ConfigError
-from objcache.options import TIER_OPTIONS, Option, OptionTable
 
 MiB = 1 << 20
+#: S3 refuses multipart parts below 5 MiB (except the last).
+MIN_PART_SIZE = 5 * MiB
 
 #: ``(parts, where) -> (location, path)``: checks a URL's host/bucket/path for one scheme.
 LocationCheck = Callable[[SplitResult, str], tuple[str, str]]
@@ -128,7 +128,7 @@ S3_OPTIONS: OptionTable = (
     Option("max_pool_connections", "int", 64, "HTTP connections per process.", 1),
     Option("direct", "bool", True, "Send GET/PUT/HEAD/DELETE without botocore's overhead."),
     Option("multipart_threshold", "int", 16 * MiB, "Entries from this size upload in parts.", 1),
-    Option("part_size", "int", 8 * MiB, "Bytes per multipart part (>= 5 MiB).", 5 * MiB),
+    Option("part_size", "int", 8 * MiB, "Bytes per multipart part (>= 5 MiB).", MIN_PART_SIZE),
     Option("part_concurrency", "int", 8, "Parts of one entry uploaded at once.", 1),
 )
 GCS_OPTIONS: OptionTable = (
@@ -159,7 +159,6 @@ class Scheme:
     options: OptionTable | None
 
 
-_REDIS = "objcache.backends.redis:RedisBackend"
 SCHEMES: dict[str, Scheme] = {
     s.name: s
     for s in (
@@ -199,10 +198,6 @@ def scheme(name: str) -> Scheme | None:
     return SCHEMES.get(name) or _entry_points().get(name)
 
 
-def known_schemes() -> tuple[str, ...]:
-    return tuple(sorted(set(SCHEMES) | set(_entry_points())))
-
-
 def option_tables(name: str) -> tuple[OptionTable, ...] | None:
     """The option tables a ``name://`` URL is checked against (None: the backend's own
     options are unknown, only the tier options are)."""
@@ -210,24 +205,3 @@ def option_tables(name: str) -> tuple[OptionTable, ...] | None:
     if entry is None or entry.options is None:
         return None
     return (entry.options, TIER_OPTIONS)
-
-
-def backend_class(name: str) -> type[Backend]:
-    """The class serving ``name``; a missing optional dependency is a one-line error."""
-    entry = scheme(name)
-    if entry is None:
-        raise ConfigError(f"unknown scheme {name!r}")
-    module_name, _, attr = entry.target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = f"; install it with: pip install 'objcache[{entry.extra}]'" if entry.extra else ""
-        raise ConfigError(f"{name}:// needs a missing package ({exc.name}){hint}") from None
-    cls = getattr(module, attr)
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise ConfigError(f"{entry.target} is not an objcache Backend")
-    return cls
-
-
-def create_backend(spec: TierSpec) -> Backend:
-    return backend_class(spec.scheme)(spec)

@@ -13,13 +13,13 @@ import sys
 import time
 from typing import Any
 
-from objcache import summary
+from objcache.backends import create_backend
 from objcache.backends.base import PutMode
 from objcache.bridge import Bridge
-from objcache.config import Config
-from objcache.registry import create_backend
-from objcache.tier import Tier
-from objcache.tiered import TieredCache
+from objcache.config.settings import Config
+from objcache.core.tier import Tier
+from objcache.core.tiered import TieredCache
+from objcache.observe import run_summary as summary
 
 log = logging.getLogger("objcache")
 
@@ -36,7 +36,7 @@ class RunObserver:
         self._periodic: concurrent.futures.Future[None] | None = None
         if config.prometheus_textfile is not None:
             try:
-                from objcache.prometheus import TextfileExporter
+                from objcache.observe.prometheus import TextfileExporter
             except ImportError:
                 log.warning(
                     "objcache: OBJCACHE_PROMETHEUS_TEXTFILE is set but prometheus_client is "

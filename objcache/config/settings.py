@@ -2,7 +2,7 @@
 
 Every field carries its environment variable and help text in its metadata; the
 configuration reference in ``docs/configuration.md`` is generated from them
-(``python -m objcache.docgen``) and a test keeps it current.
+(``python -m objcache.cli.docgen``) and a test keeps it current.
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from objcache.backends.base import TierSpec
-from objcache.caps import SizeCaps, parse_size
-from objcache.codec import Codec
+from objcache.config.logs import LEVELS
+from objcache.config.registry import SCHEMES
+from objcache.config.urls import TierSpec, parse_tier_list
+from objcache.entry.caps import SizeCaps, parse_size
+from objcache.entry.codec import Codec
+from objcache.entry.hmac_keys import check_hmac_keys, hmac_key_id, parse_hmac_keys
+from objcache.entry.signing import is_pem, key_id, load_private_key, parse_verify_keys
 from objcache.errors import ConfigError
-from objcache.keys import check_hmac_keys, hmac_key_id, parse_hmac_keys
-from objcache.logs import LEVELS
-from objcache.registry import SCHEMES
-from objcache.signing import is_pem, key_id, load_private_key, parse_verify_keys
-from objcache.urls import parse_tier_list
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 log = logging.getLogger("objcache")
 
 #: Fields that take a byte count: digits with an optional k/m/g/t suffix, from the
-#: environment or as a keyword string (one parser: :func:`objcache.caps.parse_size`).
+#: environment or as a keyword string (one parser: :func:`objcache.entry.caps.parse_size`).
 SIZE_FIELDS = ("local_max_bytes", "write_behind_max_bytes")
 
 #: ``OBJCACHE_*`` variables that are not options but that objcache's own tools, tests and
@@ -534,9 +533,8 @@ def reference_markdown() -> str:
 
 
 def _sizes_and_keys_markdown() -> str:
-    """How sizes are written, and the key limits (from :mod:`objcache.layout`)."""
-    from objcache import layout
-    from objcache.backends.base import MAX_KEY_BYTES
+    """How sizes are written, and the key limits (from :mod:`objcache.entry.layout`)."""
+    from objcache.entry import layout
 
     return (
         "## Sizes\n\n"
@@ -556,15 +554,16 @@ def _sizes_and_keys_markdown() -> str:
         "| `s3://` | 1,024-byte object name, the URL's prefix included |\n"
         "| `gs://` | 1,024-byte object name, the URL's prefix included |\n"
         "| `redis://` | 512 MB key (objcache keeps it bounded all the same) |\n\n"
-        f"A backend refuses an object key over {MAX_KEY_BYTES} bytes or with an empty, `.` or "
+        f"A backend refuses an object key over {layout.MAX_KEY_BYTES} bytes or with an empty, "
+        "`.` or "
         "`..` segment; a name a store refuses is an `invalid_key` miss that never counts "
         "against the tier's breaker.\n\n"
     )
 
 
 def _tier_options_markdown() -> str:
-    """The query options of tier URLs, from the tables in :mod:`objcache.registry`."""
-    from objcache import options, registry
+    """The query options of tier URLs, from the tables in :mod:`objcache.config.registry`."""
+    from objcache.config import options, registry
 
     by_table: dict[int, list[str]] = {}
     for name, entry in registry.SCHEMES.items():

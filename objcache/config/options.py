@@ -1,6 +1,6 @@
 """Tier URL query options as data: name, type, default and help of each, checked by name.
 
-A table per backend lives in :mod:`objcache.registry`; the same tables validate tier URLs
+A table per backend lives in :mod:`objcache.config.registry`; the same tables validate tier URLs
 (an unknown or mistyped option is a one-line error naming it, with a "did you mean" when one
 is close), give backends their typed values, and generate docs/configuration.md.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from objcache.caps import parse_size
+from objcache.entry.caps import parse_size
 from objcache.errors import ConfigError
 
 Kind = Literal["bool", "int", "float", "str", "size"]
@@ -79,7 +79,7 @@ class Option:
 
 OptionTable = tuple[Option, ...]
 
-#: Options every tier understands; policy, read by :mod:`objcache.tier`, not by backends.
+#: Options every tier understands; policy, read by :mod:`objcache.core.tier`, not by backends.
 TIER_OPTIONS: OptionTable = (
     Option(
         "read_only", "bool", False, "Never write to this tier (puts, back-fill, manifests, CLI)."

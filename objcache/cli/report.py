@@ -23,14 +23,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from objcache import summary
 from objcache.backends.base import Backend
-from objcache.codec import Codec
+from objcache.cli.ops import Progress, bounded
+from objcache.entry.codec import Codec
+from objcache.entry.layout import LAYOUT_VERSION, parse_object_key
 from objcache.errors import EntryError
 from objcache.integrations.torch import time_saved
-from objcache.layout import LAYOUT_VERSION, parse_object_key
-from objcache.ops import Progress, _bounded
-from objcache.plaintext import text
+from objcache.observe import run_summary as summary
+from objcache.observe.plaintext import text
 
 #: A run whose lookups hit less often than this started cold.
 COLD_BELOW = 0.5
@@ -299,7 +299,7 @@ async def collect(
             return "misplaced"
         return Row.from_summary(body, run_env)
 
-    for result in await _bounded(sorted(ids), read, progress):
+    for result in await bounded(sorted(ids), read, progress):
         if isinstance(result, Row):
             report.rows.append(result)
         else:
@@ -344,7 +344,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
     formats byte counts (the CLI's).
 
     Hosts, kinds and reasons come from summaries anyone with write access to the store can
-    put there: every cell and line carrying them is a :func:`~objcache.plaintext.text`,
+    put there: every cell and line carrying them is a :func:`~objcache.observe.plaintext.text`,
     never markup, control characters escaped (docs/security.md, "What the CLI prints")."""
     table = Table(
         "started (UTC)",

@@ -3,24 +3,47 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from objcache import registry
-from objcache.backends.base import TierSpec
+from objcache.config import registry
+from objcache.config.options import TIER_OPTIONS, lookup
+from objcache.config.options import check as check_options
 from objcache.errors import ConfigError
-from objcache.options import TIER_OPTIONS, lookup
-from objcache.options import check as check_options
 
 _SECRET_QUERY = re.compile(r"(?i)(password|secret|token|key|credential|signature)")
 #: Schemes whose URL user name is an ACL user, not a secret: shown by :func:`redact`.
 _USER_SCHEMES = ("redis", "rediss", "unix")
 
 
+@dataclass(frozen=True)
+class TierSpec:
+    """A parsed tier URL: ``scheme://location/prefix?option=value``."""
+
+    url: str
+    scheme: str
+    #: bucket, host:port, or "" for file:// and disk
+    location: str
+    #: object-name prefix inside the bucket, or the directory for file:// and disk
+    path: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        """The URL with any password or secret query value removed: safe to log."""
+        return redact(self.url)
+
+    def __repr__(self) -> str:
+        # The URL and location may hold a password (redis://:pw@host): never show them.
+        return f"TierSpec({self.display!r})"
+
+
 def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
     """Parse one tier URL. ``where`` names it in errors, e.g. ``OBJCACHE_TIERS[1]``.
 
     The scheme, its location and every query option are checked against
-    :mod:`objcache.registry`: an unknown option is an error naming it."""
+    :mod:`objcache.config.registry`: an unknown option is an error naming it."""
     url = url.strip()
     if "://" not in url:
         raise ConfigError(f"{where}: {redact(url)!r} is not a URL (expected scheme://...)")

@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 
 import zstandard
 
+from objcache.entry.hmac_keys import MIN_HMAC_KEY_BYTES, short_key_message
+from objcache.entry.signing import SIGNATURE_SIZE, Ed25519PrivateKey, Ed25519PublicKey
+from objcache.entry.signing import verifies as ed25519_verifies
 from objcache.errors import (
     BadSignature,
     CorruptEntry,
@@ -39,9 +42,6 @@ from objcache.errors import (
     UnsignedEntry,
     UnsupportedVersion,
 )
-from objcache.keys import MIN_HMAC_KEY_BYTES, short_key_message
-from objcache.signing import SIGNATURE_SIZE, Ed25519PrivateKey, Ed25519PublicKey
-from objcache.signing import verifies as ed25519_verifies
 
 MAGIC = b"OBJC"
 VERSION = 2

@@ -14,7 +14,8 @@ from remote tiers, kernel g++ builds, and whether outputs and gradients match ea
 model bakes a per-demo constant into its graph, so each demo's cold run really is cold.
 
 The same module is the workload of the tests and of ``bench/warm_start.py``:
-``python -m objcache.demo --worker ...`` runs one compile and prints one JSON result line.
+``python -m objcache.integrations.torch.demo --worker ...`` runs one compile and prints one
+JSON result line.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def make_input(name: str, batch: int | None = None) -> Any:
 
 def build_model(name: str, salt: float) -> tuple[Any, Any]:
     """``(module, input)``: ``tiny`` is a 2-layer MLP; ``block`` a 4-layer MLP + attention
-    (:mod:`objcache.demo_models`, at module level as torch's caching precompile needs).
+    (:mod:`objcache.integrations.torch.demo_models`, at module level as torch's caching
+    precompile needs).
 
     The ``forward`` methods close over nothing (no captured locals, no ``super()``): torch's
     PGO names a frame by its code *and* a hash of its closure cells, and on Python < 3.12 that
@@ -89,7 +91,7 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
     """
     import torch
 
-    from objcache.demo_models import Block, Salted, TextLogits, Tiny
+    from objcache.integrations.torch.demo_models import Block, Salted, TextLogits, Tiny
 
     torch.manual_seed(0)
     if name.startswith("transformers:"):
@@ -195,7 +197,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         with open(args.torch_mega_load, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
     if args.mega_load:
-        from objcache import mega
+        from objcache.integrations.torch import mega
 
         result["mega_load"] = mega.load(args.mega_load)
     result["setup_s"] = time.perf_counter() - setup_started
@@ -237,7 +239,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
             with open(args.torch_mega_save, "wb") as f:
                 f.write(saved[0])
     if args.mega_save:
-        from objcache import mega
+        from objcache.integrations.torch import mega
 
         result["mega_save"] = mega.save(args.mega_save)
     _report_objcache(result)
@@ -274,7 +276,7 @@ def _kernels_hooked() -> bool:
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m objcache.demo --worker")
+    p = argparse.ArgumentParser(prog="python -m objcache.integrations.torch.demo --worker")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--model", type=model_name, default="tiny")
     p.add_argument("--salt", type=float, default=1.0)
@@ -338,7 +340,11 @@ def run_job(
     timeout: float = 900.0,
 ) -> Job:
     """Run a worker in a subprocess and parse its result line."""
-    cmd = [*(command or [sys.executable, "-m", "objcache.demo"]), "--worker", *args]
+    cmd = [
+        *(command or [sys.executable, "-m", "objcache.integrations.torch.demo"]),
+        "--worker",
+        *args,
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(
         cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -491,7 +497,7 @@ def _demo(model: str, keep: bool, timeout: float) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from objcache.config import Config
+    from objcache.config.settings import Config
 
     console = Console()
     config = Config.from_env()

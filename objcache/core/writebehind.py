@@ -12,7 +12,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from objcache.metrics import CacheStats
+from objcache.observe.metrics import CacheStats
 
 log = logging.getLogger("objcache")
 

@@ -1,5 +1,5 @@
-"""Deadlines for code that calls a backend without a :class:`~objcache.tier.Tier` (the
-maintenance commands of :mod:`objcache.ops`, manifest listing): every call, and every page of
+"""Deadlines for code that calls a backend without a :class:`~objcache.core.tier.Tier` (the
+maintenance commands of :mod:`objcache.cli.ops`, manifest listing): every call, and every page of
 a listing, ends within the tier's deadline or fails as a transient error, so a black-holed
 endpoint costs one deadline and not the SDK's read timeout (see docs/architecture.md)."""
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from objcache.backends.base import PutMode
-from objcache.deadline import bounded_pages
+from objcache.core.deadline import bounded_pages
+from objcache.core.tier import Tier
+from objcache.core.tiered import LEASED_ELSEWHERE, TieredCache
+from objcache.entry.layout import parse_object_key
 from objcache.errors import EntryError
-from objcache.layout import parse_object_key
-from objcache.tier import Tier
-from objcache.tiered import LEASED_ELSEWHERE, TieredCache
 
 KIND = "manifest"
 FORMAT = 1

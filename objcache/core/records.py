@@ -2,7 +2,7 @@
 
 Immutable entries are created once; a record (a PGO profile, a pointer) is read, changed and
 written back only if nobody wrote it in between (the backend's compare-and-set, see
-``backends/_records.py``). On a conflict the change is applied again to the new value, with
+``backends/records_contract.py``). On a conflict the change is applied again to the new value, with
 jittered backoff, until the deadline; then the write is dropped and counted. Never a hang.
 See docs/architecture.md, "Records".
 
@@ -20,8 +20,8 @@ import random
 import time
 from collections.abc import Callable
 
-from objcache.backends._records import RECORD_DEADLINE, RECORD_MAX_BYTES, RecordBackend
 from objcache.backends._shared import to_daemon_thread
+from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, RecordBackend
 
 #: ``change(current)``: the new value for the current one (None: absent or unreadable), or
 #: None when there is nothing to write. Must be pure: it may run once per attempt.

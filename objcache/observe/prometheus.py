@@ -4,7 +4,7 @@ collector (docs/operations.md, "Prometheus").
 With ``OBJCACHE_PROMETHEUS_TEXTFILE`` set, the client renders a snapshot of its stats every
 ``OBJCACHE_PROMETHEUS_INTERVAL_S`` and at exit, through ``prometheus_client`` with a registry
 of its own (nothing is added to the default registry an application may serve), and writes
-it atomically with :func:`objcache.publish.publish`: a random temporary name beside the
+it atomically with :func:`objcache.observe.publish.publish`: a random temporary name beside the
 target, created ``O_EXCL | O_NOFOLLOW``, then a rename, so a symlink planted in the shared
 textfile folder is never followed (docs/security.md, "Files in shared folders"). Rendering
 and writing happen off the event loop; a failure is logged once and never raises: metrics
@@ -30,7 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from objcache.backends._shared import to_daemon_thread
-from objcache.publish import publish
+from objcache.observe.publish import publish
 
 log = logging.getLogger("objcache")
 

@@ -1,0 +1,8 @@
+"""The documented name of :mod:`objcache.integrations.torch.mega` (docs/torch.md, "Mega-Cache
+bundles"): ``objcache.mega.save(name)`` / ``load(name)`` / ``list_bundles()``."""
+
+import sys
+
+from objcache.integrations.torch import mega
+
+sys.modules[__name__] = mega
