@@ -1,7 +1,10 @@
 """A tier: one backend plus its policy (deadline, retries, breaker, flags) and stats.
 
 This is the only place that turns backend errors into misses. Nothing here raises: every
-outcome is a value and a counter, and each distinct failure is logged once.
+outcome is a value and a counter, and each distinct failure is logged once. A tier counts its
+own outcomes, those the caller decides too (hit, refused, missed); a maintenance command's tier
+(:meth:`Tier.for_command`) raises instead, for the command to report (docs/architecture.md,
+"Policies").
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class TierFlags:
 
 
 class Failed(Exception):
-    """Internal: the call failed for ``reason`` (already counted and logged)."""
+    """:meth:`Tier.call` failed for ``reason`` (already counted and logged)."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
