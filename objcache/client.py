@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from objcache.backends import create_backend
 from objcache.backends._fs import FsBackend
-from objcache.backends.base import TierSpec
+from objcache.backends.base import ObjectInfo, PutMode, TierSpec
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import logs
 from objcache.config.fingerprint import env_id, fingerprint
@@ -31,7 +31,7 @@ from objcache.core.manifest import default_job_name, prefetch, record_run
 from objcache.core.nodelease import NodeLeases
 from objcache.core.records import Change
 from objcache.core.tier import Tier
-from objcache.core.tiered import Candidate, TieredCache
+from objcache.core.tiered import Candidate, Remote, TieredCache, Written
 from objcache.entry.layout import Namespace
 from objcache.observe.publish import publish
 from objcache.outputs import RunObserver
@@ -131,6 +131,69 @@ class Client:
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
+
+    @property
+    def env(self) -> str:
+        """This environment's id (the namespace entries are stored under)."""
+        return self.cache.namespace.env
+
+    def object_key(self, kind: str, key: str) -> str:
+        """The object key of (kind, key) in this environment."""
+        return self.cache.namespace.object_key(kind, key)
+
+    def get_object(self, okey: str) -> bytes | None:
+        """The verified payload under a full object key (another namespace's, too), or None."""
+        missed: tuple[bytes | None, str] = (None, "")
+        return self._run(lambda: self.cache.get_object(okey), missed)[0]
+
+    def get_many(
+        self,
+        kind: str,
+        keys: list[str],
+        *,
+        follow: Callable[[str, bytes], list[str]] | None = None,
+    ) -> dict[str, bytes]:
+        """The payloads of those ``keys`` that exist, fetched concurrently in one call.
+
+        ``follow(key, payload)`` names keys to fetch once ``key`` is found (a second round
+        in the same call, which then gets twice the deadline). Unlike :meth:`get`, a missed
+        deadline raises :class:`BridgeTimeout`: a batch's caller counts its own failures.
+        """
+        scale = 2.0 if follow is not None else 1.0
+        return self.bridge.call(
+            lambda: self.cache.get_many(kind, keys, follow), self.call_timeout_s * scale
+        )
+
+    def put_many(self, kind: str, items: dict[str, bytes]) -> None:
+        """:meth:`put` of every item, concurrently in one call; raises like :meth:`get_many`."""
+        self.bridge.call(lambda: self.cache.put_many(kind, items), self.call_timeout_s)
+
+    def write(
+        self,
+        okey: str,
+        payload: bytes,
+        *,
+        mode: PutMode = PutMode.CREATE,
+        remote: Remote = Remote.BEHIND,
+        local: bool = True,
+    ) -> Written:
+        """:meth:`TieredCache.write`, within OBJCACHE_FLUSH_TIMEOUT_S (a direct write waits
+        for every remote tier); a missed deadline raises :class:`BridgeTimeout`."""
+        return self.bridge.call(
+            lambda: self.cache.write(okey, payload, mode=mode, remote=remote, local=local),
+            self.config.flush_timeout_s + 5,
+        )
+
+    def listing(self, kind: str) -> list[tuple[str, ObjectInfo]]:
+        """``(tier name, object)`` of every object of ``kind`` in this environment, tier by
+        tier in order (a tier that cannot list is skipped, counted); raises like
+        :meth:`write`."""
+        return self.bridge.call(lambda: self.cache.listing(kind), self.config.flush_timeout_s + 5)
+
+    def leave_out_of_manifest(self, kind: str, key: str) -> None:
+        """Keep (kind, key) out of this run's prefetch manifest (objcache/manifest.py)."""
+        okey = self.cache.namespace.object_key(kind, key)
+        self.bridge.loop.call_soon_threadsafe(self.cache.recorded.discard, okey)
 
     def get_record(self, kind: str, key: str) -> bytes | None:
         """A record's value (nearest remote tier first; see TieredCache.get_record)."""

@@ -481,9 +481,9 @@ def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
     good, bad = ("k1-good.so", b"\x7fELF-good"), ("k1-bad.so", b"\x7fELF-bad")
     data = mega.Bundle("part", dict(fingerprint()), b"", [good, bad]).to_bytes()
     at = data.index(b"\x7fELF-bad")
-    okey = client.cache.namespace.object_key("mega", "part")
+    okey = client.object_key("mega", "part")
     blob = data[:at] + b"X" + data[at + 1 :]
-    mega._call(client, lambda: mega._write_overwrite(client.cache, okey, blob))
+    mega.write_overwrite(client, okey, blob)
     line = mega.load("part")
     assert "\n" not in line
     assert "1 kernels" in line and "skipped kernel k1-bad.so (digest mismatch)" in line
@@ -532,11 +532,8 @@ def test_loading_a_bundle_of_another_environment_lists_what_differs(
     blob = mega.Bundle("nightly", theirs, b"x").to_bytes()
     pointer = json.dumps({"env": other_env.env, "fingerprint": theirs}).encode()
 
-    async def write() -> None:
-        await mega._write_overwrite(client.cache, other_env.object_key("mega", "nightly"), blob)
-        await mega._write_overwrite(client.cache, mega._pointer_key("nightly"), pointer)
-
-    mega._call(client, write)
+    mega.write_overwrite(client, other_env.object_key("mega", "nightly"), blob)
+    mega.write_overwrite(client, mega.pointer_key("nightly"), pointer)
     with pytest.raises(mega.BundleError) as info:
         mega.load("nightly")
     message = str(info.value)
@@ -559,8 +556,8 @@ def test_a_corrupt_bundle_is_refused_before_torch_sees_it(
     client = get_client()
     blob = bytearray(mega.Bundle("bad", dict(fingerprint()), b"torch artifacts").to_bytes())
     blob[-3] ^= 0xFF  # inside the torch part: the entry codec is fine, the bundle digest is not
-    okey = client.cache.namespace.object_key("mega", "bad")
-    mega._call(client, lambda: mega._write_overwrite(client.cache, okey, bytes(blob)))
+    okey = client.object_key("mega", "bad")
+    mega.write_overwrite(client, okey, bytes(blob))
 
     def never(*_: Any) -> None:
         raise AssertionError("torch saw the bundle")

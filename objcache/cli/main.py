@@ -128,11 +128,11 @@ def _write_targets(config: Config, tier: str | None, action: str) -> list[TierSp
 
 def _open(spec: TierSpec, config: Config) -> Backend:
     """The backend of ``spec`` with every call (each listing page too) bounded by the tier's
-    deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself."""
-    from objcache.core.deadline import DeadlineBackend
+    deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself: a
+    command's tier, no retries, no breaker (docs/architecture.md, "Policies")."""
+    from objcache.core.tier import Tier
 
-    timeout_ms = int(spec.options.get("timeout_ms") or config.timeout_ms)
-    return DeadlineBackend(create_backend(spec), timeout_ms / 1000)
+    return Tier.for_command(create_backend(spec), timeout_ms=config.timeout_ms).bounded()
 
 
 def _warn(message: str) -> None:

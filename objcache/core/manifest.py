@@ -23,10 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objcache.backends.base import PutMode
-from objcache.core.deadline import bounded_pages
-from objcache.core.tier import Tier
-from objcache.core.tiered import LEASED_ELSEWHERE, TieredCache
+from objcache.core.tiered import LEASED_ELSEWHERE, Remote, TieredCache
 from objcache.entry.layout import parse_object_key
 from objcache.errors import EntryError
 
@@ -95,21 +92,12 @@ def _merged_name(job: str, keys: Iterable[str]) -> str:
 async def list_manifests(cache: TieredCache, job: str) -> list[str]:
     """Names of the job's manifests, from the first remote tier that can list them."""
     prefix = cache.namespace.kind_prefix(KIND)
-
-    async def collect(tier: Tier) -> list[str]:
-        names: list[str] = []
-        pages = bounded_pages(tier.backend.list(prefix), tier.policy.timeout_s, "list", tier.name)
-        async for info in pages:  # each page within the tier's deadline
-            parsed = parse_object_key(info.key)
-            if parsed and parsed[2].startswith(f"{job}/"):
-                names.append(parsed[2])
-        return names
-
     for tier in [t for t in cache.remotes if t.readable and not t.breaker_open()]:
-        try:
-            return await collect(tier)
-        except Exception:  # an unlistable tier: try the next one
+        infos = await tier.list(prefix)  # within the tier's deadline
+        if infos is None:  # an unlistable tier (counted): try the next one
             continue
+        parsed = [parse_object_key(info.key) for info in infos]
+        return [p[2] for p in parsed if p and p[2].startswith(f"{job}/")]
     return []
 
 
@@ -149,15 +137,12 @@ async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str
         return False
     name = _merged_name(job, keys)
     okey = cache.namespace.object_key(KIND, name)
-    entry = cache.codec.encode(Manifest(job, frozenset(keys), time.time()).to_bytes(), okey)
+    payload = Manifest(job, frozenset(keys), time.time()).to_bytes()
     # Written directly, not through write-behind: a failed or refused put (error, breaker,
     # max_size) is not "left pending", so only each tier's own answer proves it is stored.
-    targets = [t for t in cache.remotes if t.writable]
-    stored = await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
-    if not targets or not all(stored):
+    written = await cache.write(okey, payload, remote=Remote.DIRECT)
+    if not written.everywhere:
         return False  # the merged manifest is not safely stored everywhere: keep the runs
-    if cache.local is not None:
-        await cache.local.put(okey, entry, PutMode.OVERWRITE)
     for run in runs:
         okey = cache.namespace.object_key(KIND, run)
         await asyncio.gather(*(t.delete(okey) for t in cache.tiers if t.writable))

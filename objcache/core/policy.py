@@ -84,11 +84,27 @@ class CircuitBreaker:
         return False
 
 
+class NoBreaker(CircuitBreaker):
+    """A breaker that never opens: every call is tried (maintenance commands)."""
+
+    def __init__(self) -> None:
+        super().__init__(failures=0, cooldown_s=0.0)
+
+    def allow(self) -> bool:
+        return True
+
+    def failure(self) -> bool:
+        return False
+
+
 async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
     """Run ``fn`` with retries of transient errors, all within ``policy.timeout_s``.
 
     Raises ``TimeoutError`` when the deadline passes, or the last error.
     """
+    timeout = policy.timeout_s if policy.timeout_s > 0 else None
+    if policy.retries <= 0:  # one attempt: no retry machinery per call (listing pages)
+        return await asyncio.wait_for(fn(), timeout)
 
     async def attempts() -> T:
         retrying = AsyncRetrying(
@@ -104,4 +120,4 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
                 return await fn()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    return await asyncio.wait_for(attempts(), policy.timeout_s if policy.timeout_s > 0 else None)
+    return await asyncio.wait_for(attempts(), timeout)

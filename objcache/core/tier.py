@@ -1,29 +1,35 @@
 """A tier: one backend plus its policy (deadline, retries, breaker, flags) and stats.
 
 This is the only place that turns backend errors into misses. Nothing here raises: every
-outcome is a value and a counter, and each distinct failure is logged once.
+outcome is a value and a counter, and each distinct failure is logged once. A tier counts its
+own outcomes, those the caller decides too (hit, refused, missed); a maintenance command's tier
+(:meth:`Tier.for_command`) raises instead, for the command to report (docs/architecture.md,
+"Policies").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from objcache.backends.base import Backend, LocalStore, PutMode
+from objcache.backends.base import Backend, LocalStore, ObjectInfo, PutMode, TierSpec
 from objcache.backends.records_contract import RecordBackend
 from objcache.config.urls import flag
-from objcache.core.policy import CircuitBreaker, RetryPolicy, call_with_policy
+from objcache.core.policy import CircuitBreaker, NoBreaker, RetryPolicy, call_with_policy
 from objcache.core.records import Change, read_modify_write
 from objcache.errors import (
     BackendError,
     ClockSkew,
+    EntryError,
     EntryTooLarge,
     InvalidKey,
     PermanentBackendError,
+    TransientBackendError,
 )
 from objcache.observe.metrics import TierStats, log_once
 
@@ -32,6 +38,12 @@ T = TypeVar("T")
 #: Share of the tier deadline a record update may spend on conflicts before it is dropped
 #: (the rest is left for the last attempt's answer, so a storm never trips the breaker).
 RECORD_BUDGET = 0.9
+
+
+def deadline_s(spec: TierSpec, default_ms: int) -> float:
+    """A tier's deadline in seconds: its ``?timeout_ms=``, else ``default_ms``
+    (OBJCACHE_TIMEOUT_MS). The one place ``timeout_ms`` is read."""
+    return int(spec.options.get("timeout_ms") or default_ms) / 1000
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,7 @@ class TierFlags:
 
 
 class Failed(Exception):
-    """Internal: the call failed for ``reason`` (already counted and logged)."""
+    """:meth:`Tier.call` failed for ``reason`` (already counted and logged)."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -79,7 +91,7 @@ class Tier:
         """Build a tier; per-tier URL options override the global defaults."""
         opts = backend.spec.options
         policy = RetryPolicy(
-            timeout_s=int(opts.get("timeout_ms", timeout_ms)) / 1000,
+            timeout_s=deadline_s(backend.spec, timeout_ms),
             retries=int(opts.get("retries", retries)),
         )
         flags = TierFlags(
@@ -89,6 +101,13 @@ class Tier:
             home=flag(backend.spec, "home"),
         )
         return cls(backend, policy, CircuitBreaker(breaker_failures, breaker_cooldown_s), flags)
+
+    @classmethod
+    def for_command(cls, backend: Backend, *, timeout_ms: int) -> Tier:
+        """A maintenance command's tier (objcache/cli.py): the tier's deadline, no retries
+        (a command reports the first error), no breaker (every call is tried)."""
+        policy = RetryPolicy(timeout_s=deadline_s(backend.spec, timeout_ms), retries=0)
+        return cls(backend, policy, NoBreaker())
 
     @property
     def name(self) -> str:
@@ -104,7 +123,9 @@ class Tier:
 
     # --- calls -------------------------------------------------------------------------
 
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn`` under the tier's policy and breaker; raises :class:`Failed` (counted
+        against the breaker where the tier is at fault, logged once) on any failure."""
         if not self.breaker.allow():
             raise Failed("breaker")
         try:
@@ -158,22 +179,63 @@ class Tier:
         started = time.perf_counter()
         backend = self.backend
         try:
-            data = await self._call(
+            data = await self.call(
                 "get",
                 lambda: backend.get_capped(key, max_bytes) if max_bytes else backend.get(key),
             )
         except Failed as f:
-            self.stats.misses[f.reason] += 1
-            self.stats.note(key, f.reason)
+            self.missed(key, f.reason)
             return None, f.reason
         finally:
             self.stats.get_latency.observe((time.perf_counter() - started) * 1000)
         if data is None:
-            self.stats.misses["absent"] += 1
-            self.stats.note(key, "absent")
+            self.missed(key, "absent")
             return None, "absent"
         self.stats.bytes_read += len(data)
         return data, ""
+
+    async def list(self, prefix: str) -> list[ObjectInfo] | None:
+        """Every object under ``prefix``, the whole listing under the tier's policy (a retry
+        lists again from the start); None, counted as a ``list`` miss, when it could not."""
+
+        async def collect() -> list[ObjectInfo]:
+            return [info async for info in self.backend.list(prefix)]
+
+        try:
+            return await self.call("list", collect)
+        except Exception:
+            self.stats.misses["list"] += 1
+            return None
+
+    # --- outcomes decided by the caller, counted here ------------------------------------
+    # TieredCache verifies what get() returned and looks at the local tier outside it (the
+    # fast path, node leases); it tells the tier the outcome and the tier counts it.
+
+    def hit(self, key: str) -> None:
+        """A verified entry of this tier served ``key``."""
+        self.stats.hits += 1
+        self.stats.note(key, "hit")
+
+    def missed(self, key: str, reason: str) -> None:
+        """A miss of ``key`` for ``reason`` (``absent``, ``breaker`` for a tier skipped while
+        its breaker is open, or a failure reason)."""
+        self.stats.misses[reason] += 1
+        self.stats.note(key, reason)
+
+    def refused(self, key: str, exc: EntryError) -> None:
+        """An entry of this tier failed verification: a miss with its reason, logged once."""
+        self.missed(key, exc.reason)
+        log_once.warn(self.name, exc.reason, f"{self.name}: refused entry {key}: {exc}")
+
+    def read_outside(self, nbytes: int, ms: float | None = None) -> None:
+        """Bytes of this tier read without :meth:`get` (the local fast path, a lease's look)."""
+        self.stats.bytes_read += nbytes
+        if ms is not None:
+            self.stats.get_latency.observe(ms)
+
+    def put_skipped(self, reason: str) -> None:
+        """A write this tier was not asked for (its breaker is open): counted, not silent."""
+        self.stats.put_errors[reason] += 1
 
     async def put(
         self,
@@ -202,7 +264,7 @@ class Tier:
             raise TypeError(f"{self.name}: put(then=...) needs a local store")
         started = time.perf_counter()
         try:
-            written = await self._call("put", call)
+            written = await self.call("put", call)
         except Failed as f:
             self.stats.put_errors[f.reason] += 1
             return False
@@ -218,18 +280,35 @@ class Tier:
     async def exists(self, key: str) -> bool | None:
         """None when the tier could not answer."""
         try:
-            return await self._call("exists", lambda: self.backend.exists(key))
+            return await self.call("exists", lambda: self.backend.exists(key))
         except Failed:
             return None
 
     async def delete(self, key: str) -> bool | None:
         try:
-            return await self._call("delete", lambda: self.backend.delete(key))
+            return await self.call("delete", lambda: self.backend.delete(key))
         except Failed:
             return None
 
     def breaker_open(self) -> bool:
         return self.breaker.state == "open"
+
+    # --- maintenance commands ------------------------------------------------------------
+
+    async def run(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn`` under the tier's policy, raising what the backend raised (a command reports
+        it); a missed deadline is a :class:`TransientBackendError`."""
+        try:
+            return await call_with_policy(fn, self.policy)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TransientBackendError(
+                f"{op}: no answer within {self.policy.timeout_s * 1000:.0f} ms", tier=self.name
+            ) from None
+
+    def bounded(self) -> Backend:
+        """The backend with every call, and every page of a listing, under :meth:`run`: what
+        the maintenance commands use (build the tier with :meth:`for_command`)."""
+        return _Bounded(self)
 
     async def update_record(self, key: str, change: Change, max_bytes: int = 0) -> str:
         """Read-modify-write of the record ``key`` within the deadline: the outcome
@@ -243,8 +322,7 @@ class Tier:
         budget = self.policy.timeout_s * RECORD_BUDGET if self.policy.timeout_s > 0 else 3600.0
 
         def too_large() -> None:
-            self.stats.misses["too_large"] += 1
-            self.stats.note(key, "too_large")
+            self.missed(key, "too_large")
             log_once.warn(
                 self.name,
                 "record-too_large",
@@ -252,7 +330,7 @@ class Tier:
             )
 
         try:
-            outcome, conflicts = await self._call(
+            outcome, conflicts = await self.call(
                 "record",
                 lambda: read_modify_write(
                     backend,
@@ -269,3 +347,43 @@ class Tier:
         self.stats.records[outcome.value] += 1
         self.stats.record_conflicts += conflicts
         return outcome.value
+
+
+class _Bounded(Backend):
+    """See :meth:`Tier.bounded`: a black-holed endpoint costs a command one deadline, not
+    the SDK's read timeout (docs/architecture.md, "Policies")."""
+
+    def __init__(self, tier: Tier) -> None:
+        super().__init__(tier.backend.spec)
+        self.tier = tier
+        self.inner = tier.backend
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.tier.run("get", lambda: self.inner.get(key))
+
+    async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        # the inner backend's own capped read: refused before the body is read
+        return await self.tier.run("get", lambda: self.inner.get_capped(key, max_bytes))
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        return await self.tier.run("put", lambda: self.inner.put(key, data, mode))
+
+    async def exists(self, key: str) -> bool:
+        return await self.tier.run("exists", lambda: self.inner.exists(key))
+
+    async def delete(self, key: str) -> bool:
+        return await self.tier.run("delete", lambda: self.inner.delete(key))
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        pages = aiter(self.inner.list(prefix))
+        while True:
+            try:
+                item = await self.tier.run("list", lambda: anext(pages))
+            except StopAsyncIteration:
+                return
+            yield item
+
+    async def close(self) -> None:
+        # A client stuck on a dead connection must not hold the command past its deadline.
+        with contextlib.suppress(TransientBackendError):
+            await self.tier.run("close", self.inner.close)

@@ -11,16 +11,17 @@ back-filled; a refused entry is a counted miss and, in the local tier, quarantin
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from objcache.backends.base import LocalStore, PutMode
+from objcache.backends.base import LocalStore, ObjectInfo, PutMode
 from objcache.core.nodelease import Claim, Lease, NodeLeases
 from objcache.core.records import Change
 from objcache.core.singleflight import SingleFlight
@@ -66,6 +67,40 @@ def _let_go(lease: Lease, stored: bool) -> None:
 def candidate_digest(payload: bytes) -> str:
     """Content address of a guarded candidate (BLAKE2b-128 of the payload, hex)."""
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+class Remote(enum.Enum):
+    """How :meth:`TieredCache.write` writes the remote tiers."""
+
+    #: Queued for the write targets, written in the background (:meth:`TieredCache.flush`).
+    BEHIND = "behind"
+    #: Written to every writable remote tier before the call returns; each answer counted.
+    DIRECT = "direct"
+    #: Not written remotely (the local tier only).
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :meth:`TieredCache.write` wrote where."""
+
+    okey: str
+    #: The local tier stored the entry.
+    local: bool
+    #: How remote tiers were written: NONE when none was (asked for, read-only, or none
+    #: writable).
+    remote: Remote
+    #: BEHIND: queued for write-behind (False: over its byte budget, dropped and counted).
+    queued: bool = False
+    #: DIRECT: remote tiers that stored it (an existing object under CREATE counts), of
+    #: those asked.
+    stored: int = 0
+    asked: int = 0
+
+    @property
+    def everywhere(self) -> bool:
+        """DIRECT: at least one remote tier was asked and every one stored it."""
+        return self.asked > 0 and self.stored == self.asked
 
 
 @dataclass(frozen=True)
@@ -228,6 +263,28 @@ class TieredCache:
             self.recorded.add(okey)
         return result
 
+    async def get_many(
+        self,
+        kind: str,
+        keys: list[str],
+        follow: Callable[[str, bytes], list[str]] | None = None,
+    ) -> dict[str, bytes]:
+        """:meth:`get` of every key at once: the payloads found. ``follow(key, payload)``
+        names further keys to fetch once ``key`` is found (one more round)."""
+        payloads = await asyncio.gather(*(self.get(kind, k) for k in keys))
+        found = {k: p for k, p in zip(keys, payloads, strict=True) if p is not None}
+        if follow is not None:
+            more = [m for k, p in list(found.items()) for m in follow(k, p)]
+            more = [m for m in dict.fromkeys(more) if m not in found]
+            payloads = await asyncio.gather(*(self.get(kind, k) for k in more))
+            found.update({k: p for k, p in zip(more, payloads, strict=True) if p is not None})
+        return found
+
+    async def listing(self, kind: str) -> list[tuple[str, ObjectInfo]]:
+        """``(tier name, object)`` of every object of ``kind``, tier by tier in order."""
+        prefix = self.namespace.kind_prefix(kind)
+        return [(t.name, info) for t in self.tiers for info in await t.list(prefix) or ()]
+
     def read_local_sync(self, kind: str, key: str) -> tuple[bytes, str, int] | None:
         """The local-hit fast path, run in the *caller's* thread: ``(payload, okey, size)``.
 
@@ -254,10 +311,8 @@ class TieredCache:
         self.stats.hits[kind] += 1
         self.stats.served_by[self.local.name] += 1
         self.stats.lookups_served_by[self.local.name] += 1
-        self.local.stats.hits += 1
-        self.local.stats.note(okey, "hit")
-        self.local.stats.bytes_read += size
-        self.local.stats.get_latency.observe(ms)
+        self.local.hit(okey)
+        self.local.read_outside(size, ms)
         self.stats.lookup.observe(ms)
         self.recorded.add(okey)
         if self._local_store is not None:
@@ -328,8 +383,7 @@ class TieredCache:
             if not t.readable:
                 continue
             if t.breaker_open():  # skipped: still a miss of this tier, with its reason
-                t.stats.misses["breaker"] += 1
-                t.stats.note(okey, "breaker")
+                t.missed(okey, "breaker")
                 reasons.append("breaker")
                 continue
             tiers.append(t)
@@ -377,8 +431,7 @@ class TieredCache:
         payload = await self._verify(tier, okey, entry)
         if payload is None:
             return None, "refused"
-        tier.stats.hits += 1
-        tier.stats.note(okey, "hit")
+        tier.hit(okey)
         return (entry, payload), ""
 
     def cap(self, okey: str) -> int:
@@ -397,9 +450,7 @@ class TieredCache:
                 return await asyncio.to_thread(decode, entry, okey, cap)
             return decode(entry, okey, cap)
         except EntryError as exc:
-            tier.stats.misses[exc.reason] += 1
-            tier.stats.note(okey, exc.reason)
-            log_once.warn(tier.name, exc.reason, f"{tier.name}: refused entry {okey}: {exc}")
+            tier.refused(okey, exc)
             if tier is self.local and self._local_store is not None:
                 await self._local_store.quarantine(okey)
             return None
@@ -428,8 +479,7 @@ class TieredCache:
         if claim is not Claim.LOCAL:
             self.stats.node_leases[claim.value] += 1
             if not absent_locally:  # the look before the lease missed
-                self.local.stats.misses["absent"] += 1
-                self.local.stats.note(okey, "absent")
+                self.local.missed(okey, "absent")
         if lease is not None and lease.took_over:
             self.stats.node_leases["took_over"] += 1
         if entry is not None:
@@ -446,11 +496,10 @@ class TieredCache:
         """A local entry read outside the tier (``read_sync``): verified and accounted as
         :meth:`_read_local` accounts it."""
         assert self.local is not None and self._local_store is not None
-        self.local.stats.bytes_read += len(entry)
+        self.local.read_outside(len(entry))
         payload = await self._verify(self.local, okey, entry)
         if payload is not None:
-            self.local.stats.hits += 1
-            self.local.stats.note(okey, "hit")
+            self.local.hit(okey)
             self._local_store.note_hit(okey, len(entry))
         return payload
 
@@ -462,8 +511,7 @@ class TieredCache:
             return None
         payload = await self._verify(self.local, okey, entry)
         if payload is not None:
-            self.local.stats.hits += 1  # served_by is counted per lookup, in get()
-            self.local.stats.note(okey, "hit")
+            self.local.hit(okey)  # served_by is counted per lookup, in get()
         return payload
 
     def _remote_readable(self) -> bool:
@@ -537,12 +585,12 @@ class TieredCache:
         # alongside the listings: no extra round trip on the critical path.
         single_okey = self.namespace.object_key(kind, key)
         single = asyncio.ensure_future(self.get_object(single_okey)) if include_single else None
-        listings = await asyncio.gather(*(self._list_tier(t, prefix) for t in tiers))
+        listings = await asyncio.gather(*(t.list(prefix) for t in tiers))
         where: dict[str, tuple[int, float]] = {}
         for i, infos in enumerate(listings):
-            for okey, mtime in infos:
-                if okey not in where:
-                    where[okey] = (i, mtime)
+            for info in infos or ():
+                if info.key not in where:
+                    where[info.key] = (i, info.mtime)
         ordered = sorted(
             where.items(),
             key=lambda kv: (tiers[kv[1][0]] is not self.local, -kv[1][1], kv[1][0], kv[0]),
@@ -558,8 +606,7 @@ class TieredCache:
                 payload = await self._verify(tier, okey, entry)
                 if payload is None:
                     return None
-                tier.stats.hits += 1
-                tier.stats.note(okey, "hit")
+                tier.hit(okey)
                 self.stats.served_by[tier.name] += 1
                 local = tier is self.local
                 return Candidate(okey, payload, entry, tier.name, local, mtime)
@@ -574,16 +621,6 @@ class TieredCache:
                 self.stats.served_by[tier_name] += 1
                 candidates.append(Candidate(single_okey, payload, b"", tier_name, True, 0.0))
         return candidates
-
-    async def _list_tier(self, tier: Tier, prefix: str) -> list[tuple[str, float]]:
-        async def collect() -> list[tuple[str, float]]:
-            return [(info.key, info.mtime) async for info in tier.backend.list(prefix)]
-
-        try:
-            return await tier._call("list", collect)
-        except Exception:
-            tier.stats.misses["list"] += 1
-            return []
 
     async def adopt_candidate(self, candidate: Candidate) -> None:
         """A candidate the caller used: keep it in the local tier and in the run's manifest."""
@@ -606,31 +643,75 @@ class TieredCache:
     async def put(self, kind: str, key: str, payload: bytes) -> None:
         await self.put_object(self.namespace.object_key(kind, key), payload)
 
+    async def put_many(self, kind: str, items: dict[str, bytes]) -> None:
+        """:meth:`put` of every item at once."""
+        await asyncio.gather(*(self.put(kind, k, p) for k, p in items.items()))
+
     async def put_object(self, okey: str, payload: bytes) -> None:
         """Store locally now and remotely in the background. Never raises for tier errors."""
-        if len(payload) >= OFFLOAD_BYTES:
-            entry = await asyncio.to_thread(self.codec.encode, payload, okey)
-        else:
-            entry = self.codec.encode(payload, okey)
-        await self.put_entry(okey, entry)
+        await self._put(okey, payload, encoded=False)
 
     async def put_entry(self, okey: str, entry: bytes) -> None:
         """Store already-encoded bytes (push/pull paths move entries without re-encoding)."""
+        await self._put(okey, entry, encoded=True)
+
+    async def _put(self, okey: str, data: bytes, *, encoded: bool) -> None:
+        """A lookup's write: in the run's manifest, with the environment file."""
         self.recorded.add(okey)
-        if self.local is not None:
-            await self.local.put(okey, entry, PutMode.OVERWRITE)
-        if not self.read_only and any(t.writable for t in self.remotes):
+        if self._remote_writable():
             self._ensure_env_file()
-            self._writes.submit(okey, entry)
+        await self.write(okey, data, encoded=encoded)
 
     async def put_remote(self, kind: str, key: str, payload: bytes) -> bool:
         """Queue ``payload`` for the remote write targets only (write-behind, CREATE mode):
         bookkeeping objects such as run summaries, which no lookup of this machine reads.
         Returns whether it was queued (False when read-only or nothing is writable)."""
-        if self.read_only or not any(t.writable for t in self.remotes):
-            return False
         okey = self.namespace.object_key(kind, key)
-        return self._writes.submit(okey, self.codec.encode(payload, okey))
+        return (await self.write(okey, payload, local=False)).queued
+
+    async def write(
+        self,
+        okey: str,
+        data: bytes,
+        *,
+        mode: PutMode = PutMode.CREATE,
+        remote: Remote = Remote.BEHIND,
+        local: bool = True,
+        encoded: bool = False,
+    ) -> Written:
+        """The one write into the tiers (docs/architecture.md, "Write path").
+
+        ``data`` is a payload, encoded here (in a worker thread when large), or with
+        ``encoded`` an entry already encoded for ``okey``. With ``local`` the local tier
+        stores it now (always OVERWRITE: this machine's copy is replaced). ``mode`` is the
+        remote write's: CREATE keeps an object already there, OVERWRITE replaces it. Remote
+        tiers are written per ``remote``: BEHIND queues for the write targets (CREATE only:
+        a queued overwrite could land after a later one), DIRECT awaits every writable remote
+        tier's answer, NONE writes none; a read-only cache writes none. Never raises for
+        tier errors: the result says what was written where.
+        """
+        if remote is Remote.BEHIND and mode is not PutMode.CREATE:
+            raise ValueError("write-behind writes in CREATE mode only")
+        if encoded:
+            entry = data
+        elif len(data) >= OFFLOAD_BYTES:
+            entry = await asyncio.to_thread(self.codec.encode, data, okey)
+        else:
+            entry = self.codec.encode(data, okey)
+        stored_locally = False
+        if local and self.local is not None:
+            stored_locally = await self.local.put(okey, entry, PutMode.OVERWRITE)
+        if remote is Remote.NONE or not self._remote_writable():
+            return Written(okey, stored_locally, Remote.NONE)
+        if remote is Remote.BEHIND:
+            return Written(okey, stored_locally, remote, queued=self._writes.submit(okey, entry))
+        targets = [t for t in self.remotes if t.writable]
+        stored = await asyncio.gather(*(t.put(okey, entry, mode) for t in targets))
+        return Written(okey, stored_locally, remote, stored=sum(stored), asked=len(targets))
+
+    def _remote_writable(self) -> bool:
+        """Whether a write may go to a remote tier at all."""
+        return not self.read_only and any(t.writable for t in self.remotes)
 
     def write_targets(self) -> list[Tier]:
         """Remote tiers a new entry goes to.
@@ -648,7 +729,7 @@ class TieredCache:
     async def _write_remotes(self, okey: str, entry: bytes) -> None:
         for tier in self.remotes:
             if tier.writable and tier.breaker_open():  # skipped, not silently
-                tier.stats.put_errors["breaker"] += 1
+                tier.put_skipped("breaker")
         targets = self.write_targets()
         await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 

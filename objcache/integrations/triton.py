@@ -41,25 +41,22 @@ Nothing here raises into Triton: every failure is a miss (or a dropped write), c
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from objcache.observe.metrics import log_once
 
 if TYPE_CHECKING:
     from objcache.client import Client
-    from objcache.core.tiered import TieredCache
 
 log = logging.getLogger("objcache")
-T = TypeVar("T")
 
 #: The objcache kind under which Triton artifacts are stored.
 KIND = "triton"
@@ -196,19 +193,28 @@ def _group_children(data: bytes) -> list[str] | None:
     return list(children)
 
 
-async def _fetch(
-    cache: TieredCache, key: str, names: list[str]
-) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """``(found, children)``: the payloads of ``names`` that exist, fetched concurrently,
-    and the children of every group file among them. A group whose children are not all
-    present is dropped from ``found`` (Triton would crash on a partial group)."""
-    payloads = await asyncio.gather(*(cache.get(KIND, f"{key}/{n}") for n in names))
-    found = {n: p for n, p in zip(names, payloads, strict=True) if p is not None}
+def _fetch(client: Client, key: str, names: list[str]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """``(found, children)``: the payloads of ``names`` that exist, fetched concurrently
+    with the children of every group file among them, in one call. A group whose children
+    are not all present is dropped from ``found`` (Triton would crash on a partial group)."""
+    prefix = f"{key}/"
+
+    def children_of(okey: str, payload: bytes) -> list[str]:
+        name = okey[len(prefix) :]
+        if not name.startswith(GROUP_PREFIX):
+            return []
+        return [prefix + c for c in _group_children(payload) or ()]
+
+    groups = any(n.startswith(GROUP_PREFIX) for n in names)
+    keys = [prefix + n for n in names]
+    fetched = client.get_many(KIND, keys, follow=children_of if groups else None)
+    got_all = {k[len(prefix) :]: p for k, p in fetched.items()}
+    found = {n: got_all[n] for n in names if n in got_all}
     children: dict[str, bytes] = {}
     for group in [n for n in found if n.startswith(GROUP_PREFIX)]:
         listed = _group_children(found[group])
         need = [c for c in listed or () if c not in found and c not in children]
-        got = await asyncio.gather(*(cache.get(KIND, f"{key}/{c}") for c in need))
+        got = [got_all.get(c) for c in need]
         if listed is None or any(p is None for p in got):
             del found[group]
             _counters.add(incomplete_groups=1)
@@ -253,10 +259,6 @@ class _BackendImpl:
             self._client = get_client()
         return self._client
 
-    def _call(self, factory: Callable[[Client], Coroutine[Any, Any, T]], scale: float) -> T:
-        client = self._get_client()
-        return client.bridge.call(lambda: factory(client), client.call_timeout_s * scale)
-
     def get(self, filenames: Iterable[str]) -> dict[str, bytes]:
         """The stored bytes of those ``filenames`` that objcache has (one bridge call).
 
@@ -272,10 +274,8 @@ class _BackendImpl:
         found = {n: self._ready.pop(n) for n in names if n in self._ready}
         todo = [n for n in names if n not in found]
         if todo:
-            # A group file costs two dependent rounds (group, then its children).
-            scale = 2.0 if any(n.startswith(GROUP_PREFIX) for n in todo) else 1.0
             try:
-                fetched, ready = self._call(lambda c: _fetch(c.cache, self._key, todo), scale)
+                fetched, ready = _fetch(self._get_client(), self._key, todo)
                 found.update(fetched)
                 self._ready.update(ready)
                 for name, data in {**fetched, **ready}.items():
@@ -347,13 +347,8 @@ class _BackendImpl:
         past :meth:`_read_local`), in one bridge call, so that the fleet gets them: the local
         tier now, the remote tiers in the background."""
 
-        async def put_all(client: Client) -> None:
-            await asyncio.gather(
-                *(client.cache.put(KIND, f"{self._key}/{n}", d) for n, d in files.items())
-            )
-
         try:
-            self._call(put_all, 1.0)
+            self._get_client().put_many(KIND, {f"{self._key}/{n}": d for n, d in files.items()})
             _counters.add(republished=len(files))
         except Exception as exc:
             _failed("put", exc)

@@ -31,7 +31,7 @@ from objcache.cli import ops
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.config.urls import parse_tier_list
-from objcache.core.deadline import DeadlineBackend
+from objcache.core.tier import Tier
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import MAX_PLAIN_SEGMENT, Namespace, encode_key
@@ -382,7 +382,11 @@ def test_copy_refuses_an_object_over_its_kinds_cap_without_reading_it(tmp_path: 
 
     async def copy() -> ops.CopyReport:
         return await ops.copy(
-            DeadlineBackend(source, 10), [target], [big, small], Codec(), caps=CAPS
+            Tier.for_command(source, timeout_ms=10_000).bounded(),
+            [target],
+            [big, small],
+            Codec(),
+            caps=CAPS,
         )
 
     report = asyncio.run(copy())
@@ -404,11 +408,17 @@ def test_copy_verifies_with_the_kinds_cap() -> None:
 
 def test_verify_reads_and_checks_with_the_kinds_cap(tmp_path: Path) -> None:
     source, _, big, _ = _stores(tmp_path)
-    report = asyncio.run(ops.verify(DeadlineBackend(source, 10), Codec(), caps=CAPS))
+    report = asyncio.run(
+        ops.verify(Tier.for_command(source, timeout_ms=10_000).bounded(), Codec(), caps=CAPS)
+    )
     assert report.checked == 2 and report.bad == [(big, "too_large")]
     assert source.whole_reads == []
     # Over this caller's caps is not corrupt: --delete leaves it to a machine with larger caps.
-    kept = asyncio.run(ops.verify(DeadlineBackend(source, 10), Codec(), caps=CAPS, delete=True))
+    kept = asyncio.run(
+        ops.verify(
+            Tier.for_command(source, timeout_ms=10_000).bounded(), Codec(), caps=CAPS, delete=True
+        )
+    )
     assert kept.bad == [(big, "too_large")] and kept.deleted == 0
     assert asyncio.run(source.exists(big))
 

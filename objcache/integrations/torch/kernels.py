@@ -276,9 +276,7 @@ def _keep_out_of_prefetch(client: Any, p: Plan) -> None:
     them out of the job's prefetch manifest (which lists the keys a run read or wrote), so a
     warm start does not download and decompress one it will never use."""
     if p.precompiled_header:
-        recorded = getattr(client.cache, "recorded", None)
-        if isinstance(recorded, set):
-            recorded.discard(client.cache.namespace.object_key(KIND, p.key))
+        client.leave_out_of_manifest(KIND, p.key)
 
 
 def fetch(p: Plan) -> bool:

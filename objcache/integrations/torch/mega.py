@@ -27,17 +27,20 @@ raises :class:`BundleError` with a one-line message otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import objcache
 from objcache.errors import ObjcacheError
+
+if TYPE_CHECKING:
+    from objcache.client import Client
+    from objcache.core.tiered import Written
 
 MAGIC = b"OCMB"
 FORMAT = 1
@@ -184,39 +187,27 @@ def _take(view: memoryview, pos: int, n: int, digest: str, what: str) -> bytes:
 # --- storage helpers -------------------------------------------------------------------------
 
 
-def _call(client: Any, factory: Any, timeout: float | None = None) -> Any:
-    t = client.config.flush_timeout_s if timeout is None else timeout
-    return client.bridge.call(factory, t + 5)
-
-
-def _pointer_key(name: str) -> str:
+def pointer_key(name: str) -> str:
+    """Where the pointer of bundle ``name`` is stored (the last saver's environment)."""
     from objcache.entry.layout import Namespace
 
     return str(Namespace(POINTER_ENV).object_key(KIND, name))
 
 
-async def _write_overwrite(cache: Any, okey: str, payload: bytes) -> tuple[int, int]:
-    """Encode and write ``okey`` everywhere with OVERWRITE; (remote tiers written, asked)."""
+def write_overwrite(client: Client, okey: str, payload: bytes) -> Written:
+    """Write ``okey`` to the local tier and, with OVERWRITE, to every writable remote tier
+    (awaited: the caller reports how many stored it)."""
     from objcache.backends.base import PutMode
+    from objcache.core.tiered import Remote
 
-    entry = await asyncio.to_thread(cache.codec.encode, payload, okey)
-    if cache.local is not None:
-        await cache.local.put(okey, entry, PutMode.OVERWRITE)
-    if cache.read_only:
-        return 0, 0
-    targets = [t for t in cache.remotes if t.writable]
-    done = await asyncio.gather(*(t.put(okey, entry, PutMode.OVERWRITE) for t in targets))
-    return sum(1 for ok in done if ok), len(targets)
+    return client.write(okey, payload, mode=PutMode.OVERWRITE, remote=Remote.DIRECT)
 
 
-async def put_local(cache: Any, kind: str, key: str, payload: bytes) -> None:
-    from objcache.backends.base import PutMode
+def put_local(client: Client, kind: str, key: str, payload: bytes) -> None:
+    """Write (kind, key) to the local tier only (imports: bundle kernels, seeded artifacts)."""
+    from objcache.core.tiered import Remote
 
-    if cache.local is None:
-        return
-    okey = cache.namespace.object_key(kind, key)
-    entry = await asyncio.to_thread(cache.codec.encode, payload, okey)
-    await cache.local.put(okey, entry, PutMode.OVERWRITE)
+    client.write(client.object_key(kind, key), payload, remote=Remote.NONE)
 
 
 def _check_name(name: str) -> str:
@@ -303,11 +294,11 @@ def save(name: str) -> str:
     bundle = collected.bundle
     payload = bundle.to_bytes()
     client = objcache.get_client()
-    okey = client.cache.namespace.object_key(KIND, bundle.name)
+    okey = client.object_key(KIND, bundle.name)
     pointer = json.dumps(
         {
             "name": bundle.name,
-            "env": client.cache.namespace.env,
+            "env": client.env,
             "fingerprint": bundle.fingerprint,
             "bytes": len(payload),
             "created": bundle.created,
@@ -316,13 +307,10 @@ def save(name: str) -> str:
         sort_keys=True,
     ).encode()
 
-    async def write() -> tuple[int, int]:
-        written = await _write_overwrite(client.cache, okey, payload)
-        await _write_overwrite(client.cache, _pointer_key(bundle.name), pointer)
-        return written
-
     try:
-        written, asked = _call(client, write)
+        result = write_overwrite(client, okey, payload)
+        write_overwrite(client, pointer_key(bundle.name), pointer)
+        written, asked = result.stored, result.asked
     except Exception as exc:
         raise BundleError(f"could not store bundle {bundle.name!r}: {exc}") from None
     counts = ", ".join(f"{n} {k}" for k, n in sorted(bundle.artifacts.items())) or "no torch"
@@ -344,7 +332,7 @@ def fetch(name: str) -> Bundle:
     payload = client.get(KIND, name)
     mine = dict(fingerprint())
     if payload is None:
-        raw = _call(client, lambda: client.cache.get_object(_pointer_key(name)))[0]
+        raw = client.get_object(pointer_key(name))
         pointer: dict[str, Any] = {}
         if raw is not None:
             try:
@@ -352,7 +340,7 @@ def fetch(name: str) -> Bundle:
             except ValueError:
                 pointer = {}
         theirs = pointer.get("fingerprint")
-        if isinstance(theirs, dict) and pointer.get("env") != client.cache.namespace.env:
+        if isinstance(theirs, dict) and pointer.get("env") != client.env:
             diff = "; ".join(differences(mine, {str(k): str(v) for k, v in theirs.items()}))
             raise BundleError(f"bundle {name!r} was saved for another environment: {diff}")
         if pointer:
@@ -389,11 +377,8 @@ def load(name: str) -> str:
     if bundle.kernels:
         from objcache.integrations.torch import kernels
 
-        async def put_all() -> None:
-            for key, data in bundle.kernels:
-                await put_local(client.cache, kernels.KIND, key, data)
-
-        _call(client, put_all)
+        for key, data in bundle.kernels:
+            put_local(client, kernels.KIND, key, data)
         kernels.install()
     kernel_bytes = sum(len(d) for _, d in bundle.kernels)
     skipped = f"; skipped {', '.join(bundle.skipped)}" if bundle.skipped else ""
@@ -416,38 +401,20 @@ class BundleInfo:
 
 def list_infos() -> list[BundleInfo]:
     """Bundles of this environment on every tier (largest entry per name)."""
+    from objcache.entry.layout import parse_object_key
+
     client = objcache.get_client()
-    cache = client.cache
-    prefix = cache.namespace.kind_prefix(KIND)
-
-    async def scan() -> list[BundleInfo]:
-        from objcache.entry.layout import parse_object_key
-
-        found: dict[str, BundleInfo] = {}
-
-        async def one(tier: Any) -> None:
-            try:
-                async for info in tier.backend.list(prefix):
-                    parsed = parse_object_key(info.key)
-                    if parsed is None:
-                        continue
-                    name = parsed[2]
-                    if name not in found:
-                        found[name] = BundleInfo(name, info.size, info.mtime, tier.name)
-            except Exception:
-                return
-
-        for tier in cache.tiers:
-            await one(tier)
-        infos = sorted(found.values(), key=lambda b: b.name)
-        pointers = await asyncio.gather(*(cache.get_object(_pointer_key(b.name)) for b in infos))
-        return [
-            dataclasses.replace(b, contents=_recorded_contents(raw, cache.namespace.env))
-            for b, (raw, _) in zip(infos, pointers, strict=True)
-        ]
-
-    result: list[BundleInfo] = _call(client, scan)
-    return result
+    found: dict[str, BundleInfo] = {}
+    for tier, info in client.listing(KIND):
+        parsed = parse_object_key(info.key)
+        if parsed is not None and parsed[2] not in found:
+            found[parsed[2]] = BundleInfo(parsed[2], info.size, info.mtime, tier)
+    return [
+        dataclasses.replace(
+            b, contents=_recorded_contents(client.get_object(pointer_key(b.name)), client.env)
+        )
+        for b in sorted(found.values(), key=lambda b: b.name)
+    ]
 
 
 def _recorded_contents(raw: bytes | None, env: str) -> dict[str, Any] | None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from objcache.integrations.torch.hooks import CACHE_IDS
 
@@ -98,11 +97,6 @@ def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = 
     for path in bundles:
         items.extend(bundle_items(Path(path).read_bytes()))
     client = get_client()
-
-    async def put_all() -> None:
-        for kind, key, payload in items:
-            await put_local(client.cache, kind, key, payload)
-
-    timeout: Any = client.config.flush_timeout_s + 60
-    client.bridge.call(put_all, timeout)
+    for kind, key, payload in items:
+        put_local(client, kind, key, payload)
     return len(items)
