@@ -168,8 +168,9 @@ def test_boolean_tier_options(query: str, expected: bool) -> None:
 
 def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     from objcache.config import registry
+    from objcache.config.locations import anything
 
-    plugin = registry.Scheme("myco", "myco_cache:Backend", "", registry._anything, None)
+    plugin = registry.Scheme("myco", "myco_cache:Backend", "", anything, None)
     monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": plugin})
     [spec] = parse_tier_list("myco://bucket/prefix")
     assert (spec.scheme, spec.location) == ("myco", "bucket")
@@ -427,9 +428,11 @@ def test_every_size_option_takes_suffixes_from_env_and_keywords(raw: str, expect
     assert (keywords.local_max_bytes, keywords.write_behind_max_bytes) == (expected, expected)
     spec = parse_tier_list(f"disk:///x?max_bytes={raw.replace(' ', '')}")[0]
     from objcache.config.options import lookup
-    from objcache.config.registry import SCHEMES
+    from objcache.config.registry import scheme
 
-    table = SCHEMES["disk"].options
+    entry = scheme("disk")
+    assert entry is not None
+    table = entry.options
     assert table is not None
     assert lookup(table, "max_bytes").parse(spec.options["max_bytes"], "disk") == expected
 
