@@ -81,7 +81,7 @@ def bench_store_read(n: int) -> dict[str, float]:
     ``O_NOFOLLOW`` walk used where the kernel has no ``openat2`` (docs/security.md)."""
     import timeit
 
-    from objcache.backends import _fs
+    from objcache.backends import fs as _fs
     from objcache.backends.base import PutMode
 
     okey = "v1/0123456789abcdef/fx-graph/ab/key"
@@ -128,7 +128,7 @@ def _racer(root: str, keys: list[str], wid: int, out: mp.Queue) -> None:  # type
     import asyncio
 
     from objcache.backends.base import PutMode, TierSpec
-    from objcache.backends.file import FileBackend
+    from objcache.backends.file.store import FileBackend
 
     backend = FileBackend(TierSpec(f"file://{root}", "file", "", root, {}))
     codec = Codec()

@@ -30,7 +30,7 @@ import aiofiles
 import aiofiles.os
 
 from objcache.backends.base import PutMode
-from objcache.backends.disk import DiskBackend
+from objcache.backends.disk.store import DiskBackend
 from objcache.config.urls import parse_tier_url
 
 Op = Callable[[int], Awaitable[object]]

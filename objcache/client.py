@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from objcache.backends import create_backend
-from objcache.backends._fs import FsBackend
 from objcache.backends.base import ObjectInfo, PutMode, TierSpec
+from objcache.backends.fs import FsBackend
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import logs
 from objcache.config.fingerprint import env_id, fingerprint

@@ -1,8 +1,8 @@
 """`mutmut`, with this checkout's backend layout: ``python scripts/mutmut_run.py run|show|...``.
 
-mutmut 3 names a mutant after its file's path (``backends/objcache/backends/disk.py`` gives
-``backends.objcache.backends.disk``), but at run time it matches the mutant against the
-module the tests imported: ``objcache.backends.disk`` (the backends' source lives in
+mutmut 3 names a mutant after its file's path (``backends/objcache/backends/disk/store.py`` gives
+``backends.objcache.backends.disk.store``), but at run time it matches the mutant against the
+module the tests imported: ``objcache.backends.disk.store`` (the backends' source lives in
 ``backends/objcache/backends/`` and is imported as ``objcache.backends``; see
 docs/architecture.md, "Package layout"). Left alone, no backend mutant ever runs and every
 one is reported as having no tests. This maps the path-derived name to the imported one and

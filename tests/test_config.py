@@ -168,8 +168,9 @@ def test_boolean_tier_options(query: str, expected: bool) -> None:
 
 def test_a_tier_list_accepts_schemes_registered_by_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     from objcache.config import registry
+    from objcache.config.locations import anything
 
-    plugin = registry.Scheme("myco", "myco_cache:Backend", "", registry._anything, None)
+    plugin = registry.Scheme("myco", "myco_cache:Backend", "", anything, None)
     monkeypatch.setattr(registry, "_entry_points", lambda: {"myco": plugin})
     [spec] = parse_tier_list("myco://bucket/prefix")
     assert (spec.scheme, spec.location) == ("myco", "bucket")
@@ -427,9 +428,11 @@ def test_every_size_option_takes_suffixes_from_env_and_keywords(raw: str, expect
     assert (keywords.local_max_bytes, keywords.write_behind_max_bytes) == (expected, expected)
     spec = parse_tier_list(f"disk:///x?max_bytes={raw.replace(' ', '')}")[0]
     from objcache.config.options import lookup
-    from objcache.config.registry import SCHEMES
+    from objcache.config.registry import scheme
 
-    table = SCHEMES["disk"].options
+    entry = scheme("disk")
+    assert entry is not None
+    table = entry.options
     assert table is not None
     assert lookup(table, "max_bytes").parse(spec.options["max_bytes"], "disk") == expected
 
@@ -511,3 +514,93 @@ def test_summaries_url_is_one_tier_url_or_unset() -> None:
     assert spec is not None and spec.scheme == "file"
     with pytest.raises(ConfigError, match="OBJCACHE_SUMMARIES_URL: one tier URL"):
         Config.from_env({"OBJCACHE_SUMMARIES_URL": "file:///a,file:///b"})
+
+
+# --- the registry: each backend's folder describes it (docs/architecture.md, "Adding a backend")
+
+
+def test_the_registry_lists_each_backend_folder_s_schemes() -> None:
+    """The schemes come from the ``spec`` of each folder of objcache.backends, folders in
+    name order; each names the ``store`` of its own folder."""
+    from objcache.config import registry
+
+    schemes = registry.builtin_schemes()
+    assert list(schemes) == ["disk", "file", "gs", "redis", "rediss", "unix", "s3"]
+    folders = {"disk": "disk", "file": "file", "gs": "gcs", "s3": "s3"}
+    for name, entry in schemes.items():
+        folder = folders.get(name, "redis")
+        assert entry.name == name
+        assert entry.target.partition(":")[0] == f"objcache.backends.{folder}.store"
+        assert entry.options is not None
+    assert {n: e.extra for n, e in schemes.items() if e.extra} == {
+        "gs": "gcs",
+        "redis": "redis",
+        "rediss": "redis",
+        "unix": "redis",
+        "s3": "s3",
+    }
+
+
+def test_describing_the_backends_imports_no_sdk_and_no_store() -> None:
+    """Checking a URL reads every backend's description and must stay light: no cloud SDK,
+    no backend code. The SDK each description names is a module (installed here)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from objcache.config import registry\n"
+        "from objcache.config.urls import parse_tier_url\n"
+        "schemes = registry.builtin_schemes()\n"
+        "parse_tier_url('s3://bucket/p?region=x'); parse_tier_url('redis://h:1/0')\n"
+        "sdks = {e.sdk for e in schemes.values() if e.sdk}\n"
+        "assert sdks == {'aioboto3', 'redis', 'google.cloud.storage'}, sdks\n"
+        "print([m for m in sys.modules if m in sdks or m.split('.')[0] in ('aioboto3', "
+        "'botocore', 'redis', 'google') or m.endswith('.store')])\n"
+        "import importlib.util\n"
+        "from objcache.backends import backend_class\n"
+        "for e in schemes.values():\n"
+        "    backend_class(e.name)\n"
+        "    assert not e.sdk or importlib.util.find_spec(e.sdk), e\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_new_folder_with_a_spec_is_a_new_scheme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adding a backend adds a folder: the registry finds it with no table to edit, and its
+    location check and option table apply to its URLs."""
+    import sys
+
+    import objcache.backends
+    from objcache.config import registry
+
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "spec.py").write_text(
+        "from objcache.config.locations import bucket\n"
+        "from objcache.config.options import Option\n"
+        "from objcache.config.registry import Scheme\n"
+        "OPTIONS = (Option('depth', 'int', 1, 'How deep.'),)\n"
+        "SCHEMES = (Scheme('planted', 'objcache.backends.planted.store:P', '', bucket, OPTIONS),)\n"
+    )
+    monkeypatch.setattr(objcache.backends, "__path__", [*objcache.backends.__path__, str(tmp_path)])
+    for name in ("objcache.backends.planted", "objcache.backends.planted.spec"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    registry._builtin.cache_clear()
+    try:
+        assert list(registry.builtin_schemes())[3] == "planted"  # folders in name order
+        spec = parse_tier_url("planted://my-bucket/p?depth=3")
+        assert (spec.location, spec.path, spec.options) == ("my-bucket", "p", {"depth": "3"})
+        with pytest.raises(ConfigError, match="unknown option 'width'"):
+            parse_tier_url("planted://my-bucket/p?width=3")
+        with pytest.raises(ConfigError, match="invalid bucket name"):
+            parse_tier_url("planted://B/p")
+    finally:
+        registry._builtin.cache_clear()

@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from objcache.backends import _fs, disk
-from objcache.backends._fs import QUARANTINE_DIR, FsStore, check_key
-from objcache.backends._opts import opt_int
+from objcache.backends import fs as _fs
 from objcache.backends.base import PutMode
-from objcache.backends.disk import DiskBackend
+from objcache.backends.disk import store as disk
+from objcache.backends.disk.store import DiskBackend
+from objcache.backends.fs import QUARANTINE_DIR, FsStore, check_key
+from objcache.backends.options import opt_int
 from objcache.config.urls import parse_tier_url
 from objcache.errors import BackendError, ConfigError, InvalidKey, TransientBackendError
 

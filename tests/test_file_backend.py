@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from objcache.backends import _fs, create_backend
-from objcache.backends._fs import RESERVED, FsBackend
+from objcache.backends import create_backend
+from objcache.backends import fs as _fs
 from objcache.backends.base import ObjectInfo, PutMode
+from objcache.backends.fs import RESERVED, FsBackend
 from objcache.config.urls import parse_tier_url
 from objcache.errors import InvalidKey, PermanentBackendError, TransientBackendError
 from tests.support.waiting import until

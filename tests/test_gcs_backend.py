@@ -20,9 +20,9 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as gauth
 
-from objcache.backends._gcs_errors import classify
 from objcache.backends.base import PutMode
-from objcache.backends.gcs import SHARED, GCSBackend
+from objcache.backends.gcs.errors import classify
+from objcache.backends.gcs.store import SHARED, GCSBackend
 from objcache.config.urls import parse_tier_url
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier

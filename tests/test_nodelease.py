@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from objcache.backends._fs import FsStore
 from objcache.backends.base import PutMode, TierSpec
-from objcache.backends.disk import DiskBackend
+from objcache.backends.disk.store import DiskBackend
+from objcache.backends.fs import FsStore
 from objcache.core.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,

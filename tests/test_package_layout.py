@@ -30,6 +30,22 @@ def test_setuptools_and_mypy_map_the_same_folder() -> None:
     assert ROOT / config["tool"]["mypy"]["mypy_path"] / "objcache" / "backends" == SOURCE
 
 
+def test_every_package_of_the_tree_is_in_the_wheel() -> None:
+    """A new package (a backend's folder) is listed in ``[tool.setuptools] packages``, or the
+    wheel would lack it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    tree = {
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "objcache").rglob("__init__.py")
+    } | {
+        ".".join(("objcache", *p.parent.relative_to(SOURCE.parent).parts))
+        for p in SOURCE.rglob("__init__.py")
+    }
+    assert tree == listed
+
+
 def test_a_bare_backends_package_is_not_importable_from_the_root() -> None:
     env = {**os.environ, "PYTHONPATH": ""}
     out = subprocess.run(

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from objcache.backends.base import PutMode
-from objcache.backends.redis import (
+from objcache.backends.redis.store import (
     CLIENTS,
     RedisBackend,
     classify,

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from objcache.backends._s3_errors import classify
 from objcache.backends.base import PutMode
-from objcache.backends.s3 import CLIENTS, S3Backend
+from objcache.backends.s3.errors import classify
+from objcache.backends.s3.store import CLIENTS, S3Backend
 from objcache.config.urls import parse_tier_url
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier

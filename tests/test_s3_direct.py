@@ -1,4 +1,4 @@
-"""The S3 direct path (objcache.backends._s3_direct): signatures identical to botocore's,
+"""The S3 direct path (objcache.backends.s3.direct): signatures identical to botocore's,
 routes read off botocore's endpoint resolution, the per-entry calls really taking the path
 against real servers, and the fall back to botocore when the server redirects."""
 
@@ -18,8 +18,9 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 
-from objcache.backends import _s3_direct
-from objcache.backends._s3_direct import (
+from objcache.backends.base import PutMode
+from objcache.backends.s3 import direct as _s3_direct
+from objcache.backends.s3.direct import (
     EMPTY_SHA256,
     UNSIGNED_PAYLOAD,
     Route,
@@ -28,8 +29,7 @@ from objcache.backends._s3_direct import (
     is_special_bucket,
     route_from_presigned,
 )
-from objcache.backends.base import PutMode
-from objcache.backends.s3 import CLIENTS, S3Backend
+from objcache.backends.s3.store import CLIENTS, S3Backend
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.config.urls import parse_tier_url

@@ -1,6 +1,7 @@
 """Tier URL query options as data: name, type, default and help of each, checked by name.
 
-A table per backend lives in :mod:`objcache.config.registry`; the same tables validate tier URLs
+Each backend's table lives in the ``spec`` module of its folder (found through
+:mod:`objcache.config.registry`); the same tables validate tier URLs
 (an unknown or mistyped option is a one-line error naming it, with a "did you mean" when one
 is close), give backends their typed values, and generate docs/configuration.md.
 """
@@ -14,6 +15,9 @@ from typing import Literal
 
 from objcache.entry.caps import parse_size
 from objcache.errors import ConfigError
+
+#: Bytes in a mebibyte, for the sizes in option tables.
+MiB = 1 << 20
 
 Kind = Literal["bool", "int", "float", "str", "size"]
 Value = bool | int | float | str | None

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from objcache.config import registry
 from objcache.config.logs import LEVELS
-from objcache.config.registry import SCHEMES
 from objcache.config.urls import TierSpec, parse_tier_list
 from objcache.entry.caps import SizeCaps, parse_size
 from objcache.entry.codec import Codec
@@ -72,7 +72,7 @@ class Config:
     tiers: tuple[TierSpec, ...] = _opt(
         "OBJCACHE_TIERS",
         "Comma-separated remote tier URLs, nearest first: "
-        + ", ".join(f"{name}://" for name in SCHEMES if name != "disk")
+        + ", ".join(f"{name}://" for name in registry.schemes() if name != "disk")
         + " (s3://bucket/prefix, gs://bucket/prefix, file:///abs/dir). Per-tier options go in "
         "the query, e.g. ?read_only=1 (see Tier URL options below). "
         "Empty: a file:// store under the user cache dir (the embedded default).",
@@ -562,11 +562,12 @@ def _sizes_and_keys_markdown() -> str:
 
 
 def _tier_options_markdown() -> str:
-    """The query options of tier URLs, from the tables in :mod:`objcache.config.registry`."""
-    from objcache.config import options, registry
+    """The query options of tier URLs, from each backend's table (found by
+    :mod:`objcache.config.registry`)."""
+    from objcache.config import options
 
     by_table: dict[int, list[str]] = {}
-    for name, entry in registry.SCHEMES.items():
+    for name, entry in registry.schemes().items():
         if entry.options is not None and name != "disk":  # disk:// is the local tier
             by_table.setdefault(id(entry.options), []).append(name)
     parts = [
@@ -577,7 +578,7 @@ def _tier_options_markdown() -> str:
         + options.markdown(options.TIER_OPTIONS)
     ]
     for names in by_table.values():
-        table = registry.SCHEMES[names[0]].options
+        table = registry.schemes()[names[0]].options
         assert table is not None
         schemes = ", ".join(f"`{n}://`" for n in names)
         parts.append(f"### {schemes}\n\n" + options.markdown(table))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from objcache.config import registry
+from objcache.config.locations import PERCENT_ENCODE
 from objcache.config.options import TIER_OPTIONS, lookup
 from objcache.config.options import check as check_options
 from objcache.errors import ConfigError
@@ -43,7 +44,8 @@ def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
     """Parse one tier URL. ``where`` names it in errors, e.g. ``OBJCACHE_TIERS[1]``.
 
     The scheme, its location and every query option are checked against
-    :mod:`objcache.config.registry`: an unknown option is an error naming it."""
+    :mod:`objcache.config.registry` (each backend's ``spec``): an unknown option is an error
+    naming it."""
     url = url.strip()
     if "://" not in url:
         raise ConfigError(f"{where}: {redact(url)!r} is not a URL (expected scheme://...)")
@@ -57,7 +59,7 @@ def parse_tier_url(url: str, where: str = "tier URL") -> TierSpec:
         _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError as exc:
         if "@" in url:  # a password cut short: echo none of it (urllib's message quotes it)
-            raise ConfigError(f"{where}: cannot parse the URL; {registry.PERCENT_ENCODE}") from None
+            raise ConfigError(f"{where}: cannot parse the URL; {PERCENT_ENCODE}") from None
         raise ConfigError(f"{where}: cannot parse {redact(url)!r}: {exc}") from None
     location, path = entry.location(parts, where)
     tables = registry.option_tables(scheme)

@@ -53,8 +53,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from objcache.backends._fs import LEASE_PREFIX, FsStore, check_key
-from objcache.backends._shared import to_daemon_thread
+from objcache.backends.fs import LEASE_PREFIX, FsStore, check_key
+from objcache.backends.shared import to_daemon_thread
 from objcache.errors import BackendError
 
 #: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.

@@ -20,8 +20,8 @@ import random
 import time
 from collections.abc import Callable
 
-from objcache.backends._shared import to_daemon_thread
 from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, RecordBackend
+from objcache.backends.shared import to_daemon_thread
 
 #: ``change(current)``: the new value for the current one (None: absent or unreadable), or
 #: None when there is nothing to write. Must be pure: it may run once per attempt.

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from objcache.backends._shared import to_daemon_thread
+from objcache.backends.shared import to_daemon_thread
 from objcache.observe.publish import publish
 
 log = logging.getLogger("objcache")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from objcache.backends import _fs, create_backend
+from objcache.backends import create_backend
+from objcache.backends import fs as _fs
 from objcache.backends.base import PutMode
 from objcache.client import Client
 from objcache.config.settings import Config

@@ -260,8 +260,11 @@ class RedisServer(ProcessServer):
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def contract_url(self, unique: str) -> str:
-        """A tier URL on this server whose keys no other test sees (contract suite)."""
+    def contract_url(self, unique: str, scheme: str = "redis") -> str:
+        """A tier URL on this server whose keys no other test sees (contract suite):
+        ``redis://`` over TCP, or ``unix://`` over the socket."""
+        if scheme == "unix":
+            return f"{self.unix_url}&prefix={unique}/"
         return f"{self.url}?prefix={unique}/"
 
     @property
@@ -319,7 +322,7 @@ class S3Server(Server):
     region = "us-east-1"
     _admin: tuple[str, Any] | None = None
 
-    def contract_url(self, unique: str) -> str:
+    def contract_url(self, unique: str, scheme: str = "s3") -> str:
         """A tier URL on this server whose keys no other test sees (contract suite).
 
         The socket read timeout is far above the default 20 s: the contract checks what is
@@ -567,7 +570,7 @@ class FakeGCS(ProcessServer):
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def contract_url(self, unique: str) -> str:
+    def contract_url(self, unique: str, scheme: str = "gs") -> str:
         """A tier URL on this server whose keys no other test sees (contract suite)."""
         from tests.cloud_support import gcs_url
 
@@ -628,11 +631,37 @@ class FakeGCS(ProcessServer):
         client.bucket(name).delete()
 
 
-#: The servers the backend contract suite runs every backend it serves on
-#: (tests/contract/test_backend_contract.py); each has ``contract_url(unique)``.
-CONTRACT_SERVERS: tuple[type[RedisServer | SeaweedS3 | MotoS3 | FakeGCS], ...] = (
-    RedisServer,
-    SeaweedS3,
-    MotoS3,
-    FakeGCS,
-)
+class LocalFolder(Server):
+    """Not a server: a temporary folder, for the stores on this machine (``disk://``,
+    ``file://``)."""
+
+    name = "folder"
+    root = Path()
+
+    def _start(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="objcache-contract-"))
+
+    def _stop(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def contract_url(self, unique: str, scheme: str = "file") -> str:
+        """A store of its own under the folder. ``disk://`` gets a size limit the tests never
+        reach, which still runs the LRU bookkeeping on every call."""
+        return f"{scheme}://{self.root / unique}" + ("?max_bytes=1G" if scheme == "disk" else "")
+
+
+#: Per scheme objcache serves (``objcache.config.registry.builtin_schemes()``), the test
+#: servers the backend contract suite runs it on (tests/contract/test_backend_contract.py),
+#: each with ``contract_url(unique, scheme)``; or the name of a scheme of the same backend
+#: class whose run covers it. A scheme missing here fails that suite: a new backend adds its
+#: server here (docs/architecture.md, "Adding a backend").
+CONTRACT_SERVERS: dict[str, tuple[type[Server], ...] | str] = {
+    "disk": (LocalFolder,),
+    "file": (LocalFolder,),
+    "redis": (RedisServer,),
+    "unix": (RedisServer,),
+    # TLS is redis-py's transport under the same RedisBackend; there is no TLS server here.
+    "rediss": "redis",
+    "s3": (SeaweedS3, MotoS3),
+    "gs": (FakeGCS,),
+}

@@ -1,9 +1,11 @@
-"""Storage backends, one module per store (``disk``, ``file``, ``redis``, ``s3``, ``gcs``) over
+"""Storage backends, one folder per store (``disk``, ``file``, ``redis``, ``s3``, ``gcs``) over
 the storage contract in ``base`` (the ``Backend`` class) and ``records_contract`` (versioned
-records), and :func:`create_backend`, which builds the backend a tier URL names. This layer
-sits above ``objcache.config`` (whose scheme and option tables describe each backend) and may
-import it, ``objcache.entry`` and ``objcache.errors``; it sits below ``objcache.observe`` and
-the core (docs/architecture.md, "Layers")."""
+records), the helpers they share (``options``, ``shared``, ``fs``), and
+:func:`create_backend`, which builds the backend a tier URL names. Each folder's ``spec``
+describes its backend to :mod:`objcache.config.registry`, which finds it by walking this
+package. This layer sits above ``objcache.config`` and may import it, ``objcache.entry`` and
+``objcache.errors``; it sits below ``objcache.observe`` and the core (a ``spec`` is config:
+it imports none of this layer; docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Typed values of a tier URL's query options, from the scheme's table in
-:mod:`objcache.config.registry` (name, type, default, minimum): one place per option."""
+"""Typed values of a tier URL's query options, from the scheme's table (the ``spec`` of its
+backend, found by :mod:`objcache.config.registry`: name, type, default, minimum): one place
+per option."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _value(spec: TierSpec, name: str) -> Value:
         except KeyError:
             continue
         return option.parse(spec.options.get(name), spec.display)
-    raise KeyError(f"{spec.scheme}:// has no option {name!r} in objcache.config.registry")
+    raise KeyError(f"{spec.scheme}:// has no option {name!r} in its spec")
 
 
 def opt_str(spec: TierSpec, name: str) -> str | None:

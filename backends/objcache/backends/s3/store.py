@@ -11,14 +11,14 @@ URL options (all optional)::
 
 * **One client per (process, event loop, region/endpoint/profile/...)**, shared by every
   instance: construction does no I/O; the client is created on the first call and closed
-  when the last instance that used it is closed (:mod:`objcache.backends._shared`).
+  when the last instance that used it is closed (:mod:`objcache.backends.shared`).
 * **Single-part GET, PUT and HEAD skip botocore's per-call machinery**
-  (:mod:`objcache.backends._s3_direct`): signed here, sent over aiohttp, at about a quarter
+  (:mod:`objcache.backends.s3.direct`): signed here, sent over aiohttp, at about a quarter
   of the CPU. botocore still resolves the endpoint and credentials and makes every other
   call; ``direct=0`` sends everything through it.
 * **No hidden retries**: botocore makes one attempt; :mod:`objcache.core.policy` retries
   transient errors inside the tier deadline. Errors are classified in
-  :mod:`objcache.backends._s3_errors`.
+  :mod:`objcache.backends.s3.errors`.
 * **CREATE** sends ``If-None-Match: *`` (on PutObject, and on CompleteMultipartUpload for
   large entries); 412 / 409 ConditionalRequestConflict means another writer won. AWS S3
   enforces both atomically; SeaweedFS and moto do for PutObject but check the header before
@@ -51,17 +51,6 @@ from aiobotocore.config import AioConfig
 from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
-from objcache.backends._opts import opt_bool, opt_float, opt_int, opt_str
-from objcache.backends._s3_direct import DirectS3, Reroute, Route
-from objcache.backends._s3_errors import (
-    classify,
-    error_code,
-    is_not_found,
-    is_precondition_failure,
-    missing_bucket,
-    status_code,
-)
-from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -70,10 +59,21 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.options import opt_bool, opt_float, opt_int, opt_str
 from objcache.backends.records_contract import Versioned
+from objcache.backends.s3.direct import DirectS3, Reroute, Route
+from objcache.backends.s3.errors import (
+    classify,
+    error_code,
+    is_not_found,
+    is_precondition_failure,
+    missing_bucket,
+    status_code,
+)
+from objcache.backends.shared import Memo, SharedClients
 from objcache.errors import BackendError, ConfigError, TransientBackendError
 
-#: S3 refuses uploads above 10,000 parts (the part size minimum: registry.MIN_PART_SIZE).
+#: S3 refuses uploads above 10,000 parts (the part size minimum: spec.MIN_PART_SIZE).
 MAX_PARTS = 10_000
 
 

@@ -21,7 +21,7 @@ buckets) never take this path. A redirect, a region complaint or a refused signa
 the path off for that bucket and the call is repeated through botocore, which follows S3's
 region redirects and, when the credentials really are wrong, reports that the usual way.
 Error responses become botocore ``ClientError`` objects, so one classifier
-(:mod:`objcache.backends._s3_errors`) serves both paths.
+(:mod:`objcache.backends.s3.errors`) serves both paths.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from objcache.backends._fs import FsBackend, FsStore, check_key, os_error
-from objcache.backends._opts import opt_int
 from objcache.backends.base import PutMode, TierSpec
+from objcache.backends.fs import FsBackend, FsStore, check_key, os_error
+from objcache.backends.options import opt_int
 from objcache.errors import BackendError
 
 log = logging.getLogger(__name__)

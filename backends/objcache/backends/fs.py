@@ -40,8 +40,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
-from objcache.backends._opts import opt_bool
-from objcache.backends._shared import to_daemon_thread
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -50,7 +48,9 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.options import opt_bool
 from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, Versioned
+from objcache.backends.shared import to_daemon_thread
 from objcache.errors import (
     BackendError,
     ConfigError,

@@ -43,14 +43,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from objcache.backends._gcs_errors import (
-    classify,
-    is_not_found,
-    is_precondition_failure,
-    missing_bucket,
-)
-from objcache.backends._opts import opt_float, opt_int, opt_str
-from objcache.backends._shared import DaemonThreadPool
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -59,7 +51,15 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.gcs.errors import (
+    classify,
+    is_not_found,
+    is_precondition_failure,
+    missing_bucket,
+)
+from objcache.backends.options import opt_float, opt_int, opt_str
 from objcache.backends.records_contract import Versioned
+from objcache.backends.shared import DaemonThreadPool
 from objcache.errors import ConfigError, TransientBackendError
 
 T = TypeVar("T")

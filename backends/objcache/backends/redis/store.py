@@ -42,8 +42,6 @@ from redis.asyncio.connection import ConnectionPool, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from objcache.backends._opts import opt_float, opt_int, opt_str
-from objcache.backends._shared import Memo, SharedClients
 from objcache.backends.base import (
     Backend,
     ObjectInfo,
@@ -52,9 +50,11 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
+from objcache.backends.options import opt_float, opt_int, opt_str
 from objcache.backends.records_contract import Versioned
+from objcache.backends.redis.spec import DRIVER_OPTIONS, OPTIONS
+from objcache.backends.shared import Memo, SharedClients
 from objcache.config.options import TIER_OPTIONS
-from objcache.config.registry import REDIS_DRIVER_OPTIONS, REDIS_OPTIONS
 from objcache.errors import (
     BackendError,
     EntryTooLarge,
@@ -62,8 +62,8 @@ from objcache.errors import (
     TransientBackendError,
 )
 
-#: Query options objcache reads; the rest (checked against objcache.config.registry) go to redis-py.
-OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *REDIS_OPTIONS)) - REDIS_DRIVER_OPTIONS
+#: Query options objcache reads; the rest (checked against the table in ``spec``) go to redis-py.
+OWN_OPTIONS = frozenset(o.name for o in (*TIER_OPTIONS, *OPTIONS)) - DRIVER_OPTIONS
 #: put_if_version: KEYS[1] = name; ARGV = data, expected version ("" = must be absent), TTL
 #: s. A version is the value's SHA-1, or "len:<n>" for a value too large to read (its
 #: length, compared with STRLEN: the value is neither sent nor hashed).
