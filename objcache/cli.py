@@ -820,6 +820,27 @@ def report(
     raise typer.Exit(0 if result.rows else 1)
 
 
+@app.command()
+def explain(
+    job: Annotated[str, typer.Option(help="The job whose missed lookups to explain.")],
+    run: Annotated[str | None, typer.Option(help="Only this run (default: every run).")] = None,
+    tier: TierOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why each lookup of a job missed: the components of its key that differ from the
+    nearest key a writer stored, misses grouped by cause (docs/troubleshooting.md)."""
+    from objcache import explain as why
+
+    config = _config()
+    backend = create_backend(_tiers(config, tier)[0])
+    result = _run(_closing([backend], why.collect(backend, _codec(config), job=job, run=run)))
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        why.render(result, out)
+    raise typer.Exit(0 if result.runs else 1)
+
+
 # --- mega / demo -------------------------------------------------------------------------
 
 

@@ -24,13 +24,16 @@ ENV_FILE = "ENV.json"
 #: Client code may store kinds of its own (``client.put("blob", ...)``).
 KINDS: tuple[str, ...] = (
     "aot-autograd",
+    "aot-card",
     "autotune",
     "bundled-autotune",
+    "fx-card",
     "fx-graph",
     "isa-probe",
     "kernel",
     "manifest",
     "mega",
+    "miss-cards",
     "pgo",
     "precompile",
     "run",

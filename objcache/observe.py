@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from objcache import summary
+from objcache import keycards, summary
 from objcache.bridge import Bridge
 from objcache.config import Config
 from objcache.tiered import TieredCache
@@ -56,10 +56,13 @@ class RunObserver:
         if not self.config.run_summary or self.cache.read_only or not self.used():
             return False
         try:
+            cards, dropped = keycards.missed()
             body = summary.build(
                 self.cache.stats_dict(), job=job, run=self.run_id, started=self.started,
                 ended=time.time(), time_saved=_time_saved(),
+                miss_cards={"recorded": len(cards), "dropped": dropped},
             )  # fmt: skip
+            await keycards.write_misses(self.cache, job, self.run_id)
             return await self.cache.put_remote(
                 summary.KIND, f"{job}/{self.run_id}", summary.encode(body)
             )

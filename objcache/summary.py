@@ -74,6 +74,7 @@ def build(
     environ: Mapping[str, str] | None = None,
     host: str | None = None,
     time_saved: Mapping[str, float] | None = None,
+    miss_cards: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
@@ -113,6 +114,9 @@ def build(
         "lookup_s": round(float(cache.get("lookup_ms_total", 0.0)) / 1000, 6),
         "write_behind_dropped": int(cache.get("write_behind_dropped", 0)),
         "time_saved_s": {k: round(float(v), 6) for k, v in (time_saved or {}).items()},
+        # the run's key cards of lookups that missed everywhere, stored beside the summary
+        # (docs/architecture.md, "Key cards"): how many, and how many over the cap
+        "miss_cards": {k: int(v) for k, v in (miss_cards or {}).items()},
     }
 
 
@@ -205,5 +209,10 @@ def parse(data: bytes) -> dict[str, Any]:
         "time_saved_s": {
             kind: _seconds(s, f"time_saved_s.{kind}")
             for kind, s in _mapping(body.get("time_saved_s", {}), "time_saved_s").items()
+        },
+        # absent in summaries of objcache versions before key cards
+        "miss_cards": {
+            k: _count(n, f"miss_cards.{k}")
+            for k, n in _mapping(body.get("miss_cards", {}), "miss_cards").items()
         },
     }

@@ -538,9 +538,13 @@ class TieredCache:
         """Queue ``payload`` for the remote write targets only (write-behind, CREATE mode):
         bookkeeping objects such as run summaries, which no lookup of this machine reads.
         Returns whether it was queued (False when read-only or nothing is writable)."""
+        return await self.put_remote_object(self.namespace.object_key(kind, key), payload)
+
+    async def put_remote_object(self, okey: str, payload: bytes) -> bool:
+        """:meth:`put_remote` under a full object key (key cards live outside any
+        environment: docs/architecture.md, "Key cards")."""
         if self.read_only or not any(t.writable for t in self.remotes):
             return False
-        okey = self.namespace.object_key(kind, key)
         return self._writes.submit(okey, self.codec.encode(payload, okey))
 
     def write_targets(self) -> list[Tier]:
