@@ -121,3 +121,18 @@ def test_explain_reads_runs_and_written_cards_from_a_store(tmp_path: Path) -> No
     assert explain.FIRST_COMPILE in text.output
     none = runner.invoke(cli.app, ["explain", "--job", "nobody", "--tier", tier])
     assert none.exit_code == 1
+
+
+def test_gc_of_other_environments_keeps_the_shared_cards(tmp_path: Path) -> None:
+    from objcache import ops
+
+    backend, codec = store(tmp_path), Codec()
+
+    async def run() -> list[str]:
+        await put_written(backend, codec, make(), "run-1-1-aa")
+        other = Namespace("0123456789abcdef").object_key("fx-graph", "k")
+        await backend.put(other, codec.encode(b"x", other), PutMode.CREATE)
+        plan = await ops.plan_gc(backend, keep_envs={"fedcba9876543210"})
+        return [e.env for e in plan.delete]
+
+    assert asyncio.run(run()) == ["0123456789abcdef"]
