@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -136,3 +137,59 @@ def test_gc_of_other_environments_keeps_the_shared_cards(tmp_path: Path) -> None
         return [e.env for e in plan.delete]
 
     assert asyncio.run(run()) == ["0123456789abcdef"]
+
+
+def client_config(tmp_path: Path, name: str, **options: object) -> object:
+    from objcache.config import Config
+
+    return Config(
+        tiers=f"file://{tmp_path / 'store'}",
+        local_dir=tmp_path / name,
+        prefetch=False,
+        job="train",
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_a_writer_stores_the_card_of_its_miss_beside_the_entry(tmp_path: Path) -> None:
+    from objcache.client import Client
+
+    keycards.reset()
+    try:
+        client = Client(client_config(tmp_path, "w"))  # type: ignore[arg-type]
+        missed = make(max_autotune="True")
+        keycards.record_miss(missed)
+        client.put("fx-graph", "k", b"entry")
+        keycards.published(client, "fx-graph", "not-the-missed-key")  # no card: nothing
+        keycards.published(client, "fx-graph", missed.key)
+        assert keycards.take_pending("fx-graph", missed.key) is None
+        client.close()  # flushes the write-behind queue, then the run's misses
+    finally:
+        keycards.reset()
+    backend, codec = store(tmp_path), Codec()
+
+    async def read() -> tuple[list[Written], explain.Explanation]:
+        cards = await explain._written(backend, codec, "fx-graph", "g1", Counter())
+        return cards, await explain.collect(backend, codec, job="train")
+
+    cards, result = asyncio.run(read())
+    assert [w.card for w in cards] == [missed]
+    assert cards[0].job == "train" and cards[0].run == client.observer.run_id
+    # the run's own card is not its explanation: the miss is a first compile
+    assert [m.cause for m in result.misses] == [explain.FIRST_COMPILE]
+
+
+def test_a_read_only_run_writes_no_card(tmp_path: Path) -> None:
+    from objcache.client import Client
+
+    keycards.reset()
+    try:
+        client = Client(client_config(tmp_path, "r", read_only=True))  # type: ignore[arg-type]
+        missed = make()
+        keycards.record_miss(missed)
+        assert client.get("fx-graph", "k") is None
+        keycards.published(client, "fx-graph", missed.key)
+        client.close()
+    finally:
+        keycards.reset()
+    assert not list((tmp_path / "store").rglob("*"))

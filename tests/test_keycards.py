@@ -159,3 +159,57 @@ def test_a_run_keeps_at_most_its_cap_of_cards_and_counts_the_rest() -> None:
 def test_cards_can_be_switched_off() -> None:
     assert keycards.enabled({}) and keycards.enabled({"OBJCACHE_KEY_CARDS": "1"})
     assert not keycards.enabled({"OBJCACHE_KEY_CARDS": "0"})
+
+
+class ObjcacheFx:
+    objcache_kind = "fx-graph"
+
+
+def test_only_a_miss_through_objcache_keeps_a_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keycards, "_env_fields", lambda: {"cpu_isa": "avx2"})
+    outcome: list[object] = [None]
+
+    def original(key: str, debug_lines: list[str], *args: object, **kwargs: object) -> object:
+        return (outcome[0], {"cache_state": "x"})
+
+    wrapped = keycards._wrap_load_with_key(original)
+    keycards.reset()
+    try:
+        # a hit, a miss through torch's own (or no) remote cache: no card
+        outcome[0] = object()
+        wrapped("fhit", lines(), [], True, ObjcacheFx())
+        outcome[0] = None
+        wrapped("fnoremote", lines(), [], True, None)
+        wrapped("fother", lines(), [], True, object())
+        assert keycards.missed() == ([], 0)
+        # a miss everywhere, remote_cache passed by position or by name
+        wrapped("fmiss", lines(), [], True, ObjcacheFx(), False)
+        wrapped("fmiss2", lines(), example_inputs=[], local=True, remote_cache=ObjcacheFx())
+        cards, _ = keycards.missed()
+        assert [c.key for c in cards] == ["fmiss", "fmiss2"]
+        assert cards[0].components["env:cpu_isa"][1] == "avx2"
+        # torch's result is returned unchanged, whatever the card capture does
+        monkeypatch.setattr(keycards, "from_debug_lines", lambda *a: 1 / 0)
+        assert wrapped("fboom", lines(), [], True, ObjcacheFx()) == (None, {"cache_state": "x"})
+        assert keycards.counters["errors:capture"] == 1
+    finally:
+        keycards.reset()
+
+
+def test_the_part_is_feature_detected_and_undone() -> None:
+    torch = pytest.importorskip("torch")
+    from torch._inductor import codecache
+
+    from objcache.integrations.torch import features
+
+    assert features.missing("key cards") == []
+    before = codecache.FxGraphCache.__dict__["load_with_key"]
+    keycards.apply_fx(codecache)
+    keycards.apply_fx(codecache)  # idempotent
+    try:
+        patched = codecache.FxGraphCache.load_with_key
+        assert patched.__objcache__ and patched.__wrapped__ is before.__func__
+    finally:
+        keycards.uninstall()
+    assert codecache.FxGraphCache.__dict__["load_with_key"] is before
+    assert torch is not None
