@@ -38,6 +38,7 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "Mega-Cache",
         "precompile",
         "guarded candidates",
+        "key cards",
         "Triton",
     ]
     for part in features.TORCH_PARTS:
