@@ -14,6 +14,7 @@ skipped and counted, never printed raw (docs/security.md, "What the CLI prints")
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,7 +128,13 @@ class Explanation:
 
 
 def cause_of(differences: list[Difference]) -> str:
-    names = [d.name for d in differences]
+    """The differing components, list items as one (``example_inputs[0]`` and
+    ``example_inputs[2]`` are ``example_inputs``), so one change is one cause."""
+    names: list[str] = []
+    for d in differences:
+        family = re.sub(r"\[\d+\]$", "", d.name)
+        if family not in names:
+            names.append(family)
     shown = ", ".join(names[:CAUSE_NAMES])
     more = f" and {len(names) - CAUSE_NAMES} more" if len(names) > CAUSE_NAMES else ""
     return f"{shown}{more} differ{'s' if len(names) == 1 else ''}"

@@ -69,6 +69,8 @@ def test_misses_are_grouped_by_cause_biggest_first() -> None:
 def test_a_cause_names_at_most_three_components() -> None:
     diffs = [keycards.Difference(f"c{i}", None, ("h", "v")) for i in range(5)]
     assert explain.cause_of(diffs) == "c0, c1, c2 and 2 more differ"
+    items = [keycards.Difference(f"example_inputs[{i}]", None, None) for i in (0, 2, 3)]
+    assert explain.cause_of(items) == "example_inputs differs"
 
 
 def store(tmp_path: Path) -> Backend:

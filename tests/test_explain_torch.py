@@ -137,6 +137,7 @@ def test_an_input_shape_is_named(world: World) -> None:
     assert names and all(n.startswith("example_inputs[") for n in names), names
     lines = {d["line"] for m in result["details"] for d in m["differences"]}
     assert any("shape [4, 8] → [6, 8]" in line for line in lines), lines
+    assert [c["cause"] for c in result["causes"]] == ["example_inputs differs"]
 
 
 def test_the_cpu_isa_of_the_environment_is_named(world: World) -> None:
