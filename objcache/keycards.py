@@ -439,12 +439,15 @@ _state_lock = threading.Lock()
 counters: Counter[str] = Counter()
 
 
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Cards are on unless ``OBJCACHE_KEY_CARDS`` is ``0`` (docs/architecture.md, "Key cards")."""
-    import os
+def enabled() -> bool:
+    """Whether the process-wide client keeps cards (``OBJCACHE_KEY_CARDS``)."""
+    import objcache
 
-    env = os.environ if environ is None else environ
-    return env.get("OBJCACHE_KEY_CARDS", "1").strip().lower() not in ("0", "false", "no", "off")
+    try:
+        return bool(objcache.get_client().config.key_cards)
+    except Exception as exc:
+        _failed("config", exc)
+        return False
 
 
 def record_miss(card: Card) -> None:
@@ -528,6 +531,7 @@ def _wrap_load_with_key(original: Any) -> Any:
                 and getattr(type(remote), "objcache_kind", None) == "fx-graph"
                 and isinstance(key, str)
                 and isinstance(debug_lines, list)
+                and enabled()
             ):
                 counters["captured:fx-graph"] += 1
                 record_miss(from_debug_lines("fx-graph", key, debug_lines, _env_fields()))

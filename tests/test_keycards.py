@@ -157,8 +157,10 @@ def test_a_run_keeps_at_most_its_cap_of_cards_and_counts_the_rest() -> None:
 
 
 def test_cards_can_be_switched_off() -> None:
-    assert keycards.enabled({}) and keycards.enabled({"OBJCACHE_KEY_CARDS": "1"})
-    assert not keycards.enabled({"OBJCACHE_KEY_CARDS": "0"})
+    from objcache.config import Config
+
+    assert Config.from_env({}).key_cards
+    assert not Config.from_env({"OBJCACHE_KEY_CARDS": "0"}).key_cards
 
 
 class ObjcacheFx:
@@ -167,6 +169,7 @@ class ObjcacheFx:
 
 def test_only_a_miss_through_objcache_keeps_a_card(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(keycards, "_env_fields", lambda: {"cpu_isa": "avx2"})
+    monkeypatch.setattr(keycards, "enabled", lambda: True)
     outcome: list[object] = [None]
 
     def original(key: str, debug_lines: list[str], *args: object, **kwargs: object) -> object:
@@ -192,6 +195,10 @@ def test_only_a_miss_through_objcache_keeps_a_card(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(keycards, "from_debug_lines", lambda *a: 1 / 0)
         assert wrapped("fboom", lines(), [], True, ObjcacheFx()) == (None, {"cache_state": "x"})
         assert keycards.counters["errors:capture"] == 1
+        monkeypatch.setattr(keycards, "enabled", lambda: False)  # OBJCACHE_KEY_CARDS=0
+        keycards.reset()
+        wrapped("foff", lines(), [], True, ObjcacheFx())
+        assert keycards.missed() == ([], 0)
     finally:
         keycards.reset()
 

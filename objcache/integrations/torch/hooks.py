@@ -393,7 +393,7 @@ def _apply_kernels(module: Any) -> None:
 def _apply_codecache(module: Any) -> None:
     _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
-    if features.off("key cards") is None and keycards.enabled():
+    if features.off("key cards") is None:
         keycards.apply_fx(module)
 
 
