@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -483,6 +484,10 @@ def reset() -> None:
         _missed.clear()
         _dropped[0] = 0
         counters.clear()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child's run has missed nothing yet
+    os.register_at_fork(after_in_child=reset)
 
 
 def host() -> str:

@@ -220,3 +220,21 @@ def test_the_part_is_feature_detected_and_undone() -> None:
         keycards.uninstall()
     assert codecache.FxGraphCache.__dict__["load_with_key"] is before
     assert torch is not None
+
+
+def test_a_forked_child_starts_with_no_missed_cards() -> None:
+    import os
+
+    keycards.reset()
+    try:
+        keycards.record_miss(Card("fx-graph", "kparent", {}))
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.write(write, str(len(keycards.missed()[0])).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 16) == b"0"
+        assert len(keycards.missed()[0]) == 1
+    finally:
+        keycards.reset()
