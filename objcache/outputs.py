@@ -19,6 +19,7 @@ from objcache.bridge import Bridge
 from objcache.config.settings import Config
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
+from objcache.observe import keycards
 from objcache.observe import run_summary as summary
 
 log = logging.getLogger("objcache")
@@ -64,12 +65,20 @@ class RunObserver:
         if self.cache.read_only and not separate:
             return False
         try:
+            cards, dropped = keycards.missed()
             body = summary.build(
                 self.cache.stats_dict(), job=job, run=self.run_id, started=self.started,
                 ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
+                miss_cards={"recorded": len(cards), "dropped": dropped},
             )  # fmt: skip
+            misses = keycards.misses_object(job, self.run_id)
             if separate:
-                return await self._write_separately(job, summary.encode(body))
+                if misses is not None:
+                    await self._write_separately(*misses)
+                okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
+                return await self._write_separately(okey, summary.encode(body))
+            if misses is not None:
+                await self.cache.write(*misses, local=False)
             return await self.cache.put_remote(
                 summary.KIND, f"{job}/{self.run_id}", summary.encode(body)
             )
@@ -77,12 +86,12 @@ class RunObserver:
             log.debug("objcache: writing the run summary failed", exc_info=True)
             return False
 
-    async def _write_separately(self, job: str, payload: bytes) -> bool:
-        """The summary, encoded like any entry, to the summaries location in CREATE mode,
-        under the tier deadline and retries; a failure is logged once, never raised."""
+    async def _write_separately(self, okey: str, payload: bytes) -> bool:
+        """The summary or the run's missed cards, encoded like any entry, to the summaries
+        location in CREATE mode, under the tier deadline and retries; a failure is logged
+        once, never raised."""
         spec = self.config.summaries_url
         assert spec is not None
-        okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
         entry = self.cache.codec.encode(payload, okey)
         tier = Tier.from_backend(
             create_backend(spec),

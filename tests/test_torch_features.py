@@ -38,6 +38,7 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "Mega-Cache",
         "precompile",
         "guarded candidates",
+        "key cards",
         "Triton",
     ]
     for part in features.TORCH_PARTS:
@@ -277,7 +278,7 @@ _DOCTOR = textwrap.dedent(
     import sys
     from torch._inductor.runtime import autotune_cache
     del autotune_cache.AutotuneCacheBundler.begin_compile
-    from objcache.cli import main
+    from objcache.cli.main import main
     sys.argv = ["objcache", "doctor"]
     main()
     """

@@ -825,6 +825,34 @@ def report(
     raise typer.Exit(0 if result.rows else 1)
 
 
+@app.command()
+def explain(
+    job: Annotated[str, typer.Option(help="The job whose missed lookups to explain.")],
+    run: Annotated[str | None, typer.Option(help="Only this run (default: every run).")] = None,
+    tier: TierOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why each lookup of a job missed: the components of its key that differ from the
+    nearest key a writer stored, misses grouped by cause (docs/troubleshooting.md)."""
+    from objcache.cli import explain as why
+
+    config = _config()
+    backend = create_backend(_tiers(config, tier)[0])
+    # a run's missed cards are beside its summary: in the summaries location where one is
+    # configured (docs/operations.md, "Fleet report"); written cards are in the tiers
+    source = config.summaries_url if tier is None else None
+    runs = create_backend(source) if source is not None else backend
+    closing = [backend] if runs is backend else [backend, runs]
+    result = _run(
+        _closing(closing, why.collect(backend, _codec(config), job=job, run=run, runs=runs))
+    )
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        why.render(result, out)
+    raise typer.Exit(0 if result.runs else 1)
+
+
 # --- mega / demo -------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from objcache.entry.codec import MAX_PAYLOAD, Codec
 from objcache.entry.layout import ENV_FILE, LAYOUT_VERSION, parse_object_key
 from objcache.errors import BackendError, EntryError, EntryTooLarge, InvalidKey, ReadOnlyRefused
 from objcache.observe import run_summary as summary
+from objcache.observe.keycards import CARDS_ENV
 
 log = logging.getLogger("objcache")
 Progress = Callable[[int], None]
@@ -344,7 +345,10 @@ async def plan_gc(
     plan = GcPlan()
     keep: list[Entry] = []
     async for entry in entries(backend):
-        if (keep_envs is not None and entry.env not in keep_envs) or (
+        # key cards are shared by every environment (docs/architecture.md, "Key cards"):
+        # only age and size remove them
+        other_env = entry.env not in keep_envs if keep_envs is not None else False
+        if (other_env and entry.env != CARDS_ENV) or (
             older_than_days is not None and entry.age_days > older_than_days
         ):
             plan.delete.append(entry)

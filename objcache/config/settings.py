@@ -202,6 +202,13 @@ class Config:
         "(one LIST per tier, then concurrent GETs). 0: torch's one value per key.",
         default=True,
     )
+    key_cards: bool = _opt(
+        "OBJCACHE_KEY_CARDS",
+        "Keep a key card (the components of torch's FX graph key, values redacted) of every "
+        "lookup that missed everywhere and store one beside every entry published, for "
+        "`objcache explain` (docs/troubleshooting.md). 0: none.",
+        default=True,
+    )
     precompile: bool = _opt(
         "OBJCACHE_PRECOMPILE",
         "Turn on torch's caching precompile and carry its entries (Dynamo's bytecode, guards "

@@ -26,13 +26,16 @@ MAX_KEY_BYTES = 900
 #: Client code may store kinds of its own (``client.put("blob", ...)``).
 KINDS: tuple[str, ...] = (
     "aot-autograd",
+    "aot-card",
     "autotune",
     "bundled-autotune",
+    "fx-card",
     "fx-graph",
     "isa-probe",
     "kernel",
     "manifest",
     "mega",
+    "miss-cards",
     "pgo",
     "precompile",
     "run",

@@ -75,6 +75,7 @@ def build(
     host: str | None = None,
     time_saved: Mapping[str, float] | None = None,
     env: Mapping[str, str] | None = None,
+    miss_cards: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
@@ -117,6 +118,9 @@ def build(
         "write_behind_dropped": int(cache.get("write_behind_dropped", 0)),
         "time_saved_s": {k: round(float(v), 6) for k, v in (time_saved or {}).items()},
         "env": {str(k): str(v) for k, v in (env or {}).items()},
+        # the run's key cards of lookups that missed everywhere, stored beside the summary
+        # (docs/architecture.md, "Key cards"): how many, and how many over the cap
+        "miss_cards": {k: int(v) for k, v in (miss_cards or {}).items()},
     }
 
 
@@ -219,4 +223,9 @@ def parse(data: bytes) -> dict[str, Any]:
         },
         # absent in summaries of objcache versions before it was recorded
         "env": {k: _field(v, f"env.{k}") for k, v in _mapping(body.get("env", {}), "env").items()},
+        # absent in summaries of objcache versions before key cards
+        "miss_cards": {
+            k: _count(n, f"miss_cards.{k}")
+            for k, n in _mapping(body.get("miss_cards", {}), "miss_cards").items()
+        },
     }

@@ -126,6 +126,7 @@ PARTS: dict[str, tuple[Hook, ...]] = {
             "AOTAutogradCache.find_guarded_entry",
         ),
     ),
+    "key cards": _hooks("method", _CODECACHE, "FxGraphCache.load_with_key"),
     "Triton": (
         Hook("triton", "", "module"),
         *_hooks("class", "triton.runtime.cache", "RemoteCacheManager"),
@@ -243,6 +244,7 @@ _ENV_OFF: dict[str, tuple[str, ...]] = {
     "bundled autotune": ("TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",),
     "precompile": ("TORCH_CACHING_PRECOMPILE",),
     "guarded candidates": ("OBJCACHE_GUARDED_CANDIDATES",),
+    "key cards": ("OBJCACHE_KEY_CARDS",),
 }
 
 #: Parts that stay off unless this environment variable is true (docs/torch.md).

@@ -37,6 +37,7 @@ import objcache
 from objcache.integrations.torch import (
     candidates,
     features,
+    keycards,
     pgo_join,
     precompile,
     serde,
@@ -45,6 +46,7 @@ from objcache.integrations.torch import (
     writethrough,
 )
 from objcache.integrations.torch.watched import WATCHED, Part
+from objcache.observe import keycards as cards
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -199,6 +201,8 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 else:
                     client.put(kind, self._get_key(key), payload)
                 counters[f"puts:{kind}"] += 1
+                if kind in cards.CARD_KIND:
+                    keycards.published(client, kind, key)
             except Exception as exc:
                 _failed(f"put ({kind})", exc)
 
@@ -390,6 +394,8 @@ def _apply_kernels(module: Any) -> None:
 def _apply_codecache(module: Any) -> None:
     _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
+    if features.off("key cards") is None:
+        keycards.apply_fx(module)
 
 
 def _apply_autograd_cache(module: Any) -> None:
@@ -578,6 +584,7 @@ def uninstall() -> None:
         if "kernels" in _installed_parts:
             kernels.uninstall()
         candidates.uninstall()
+        keycards.uninstall()
         time_saved.uninstall()
         precompile.uninstall()
         _installed_parts.clear()
@@ -604,4 +611,5 @@ def stats() -> dict[str, Any]:
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
         "precompile": dict(precompile.counters),
+        "key_cards": dict(cards.counters),
     }
