@@ -54,7 +54,7 @@ class World:
             PYTHONPATH=str(ts.ROOT),
             COLUMNS="200",
         )
-        code = "from objcache.cli import main; main()"
+        code = "from objcache.cli.main import main; main()"
         return subprocess.run(
             [sys.executable, "-c", code, "explain", "--job", job, *extra],
             env=env,
