@@ -166,6 +166,10 @@ TARGET_PRECOMPILE = 0.6
 TARGET_PRECOMPILE_FAR = 0.7
 BUNDLE_WITH_INSTALL = "objcache bundle with install(): load then compile"
 BUNDLE_RECIPE = "objcache bundle, recipe only: load then compile"
+#: objcache warm-local without key cards: the cards' cost is the warm-local row over this one.
+NO_CARDS = "objcache, warm-local, key cards off"
+#: Keeping key cards may slow a warm-local first step by at most 2%.
+TARGET_CARDS = 1.02
 
 
 @dataclass
@@ -437,7 +441,7 @@ def prepare_and_define(bench: Bench, wanted: Callable[[str], bool]) -> list[Scen
         rows = [label for label, _, _ in stores]
         rows += [precompile_label(name), precompile_label(name, bench.rtt_ms)]
         if first_remote:
-            rows.append("objcache, warm-local")
+            rows += ["objcache, warm-local", NO_CARDS]
         if bundles:
             rows += [BUNDLE_WITH_INSTALL, BUNDLE_RECIPE]
         needs_store = any(wanted(row) for row in rows)
@@ -455,6 +459,17 @@ def prepare_and_define(bench: Bench, wanted: Callable[[str], bool]) -> list[Scen
                 Scenario(
                     "objcache, warm-local",
                     lambda i, m=oc_machine, u=url: (m, ["--objcache", "install"], {"_TIERS": u}),
+                )
+            )
+            # what keeping key cards costs a compile (docs/architecture.md, "Key cards")
+            scenarios.append(
+                Scenario(
+                    NO_CARDS,
+                    lambda i, m=oc_machine, u=url: (
+                        m,
+                        ["--objcache", "install"],
+                        {"_TIERS": u, "OBJCACHE_KEY_CARDS": "0"},
+                    ),
                 )
             )
         for label, store_url, machine in stores:
@@ -614,6 +629,15 @@ def render(
                 f"- {sc.name}: {ratio:.2f}x torch warm-local on the first step ({paired:.2f}x "
                 f"paired), {wall:.2f}x on the whole process ({verdict} the {target}x target)."
             )
+    cards = next((s for s in scenarios if s.name == "objcache, warm-local"), None)
+    no_cards = next((s for s in scenarios if s.name == NO_CARDS), None)
+    if cards is not None and no_cards is not None and cards.jobs and no_cards.jobs:
+        cost = cards.paired_ratio(no_cards)
+        verdict = "meets" if cost <= TARGET_CARDS else "misses"
+        lines.append(
+            f"- key cards: objcache warm-local with cards / without = {cost:.3f} paired "
+            f"({verdict} the {TARGET_CARDS}x target)."
+        )
     lines += ["", f"<!-- /bench:{section} -->"]
     return "\n".join(lines)
 
