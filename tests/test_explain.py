@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -198,3 +199,28 @@ def test_a_read_only_run_writes_no_card(tmp_path: Path) -> None:
     finally:
         keycards.reset()
     assert not list((tmp_path / "store").rglob("*"))
+
+
+def test_report_names_the_top_miss_cause_from_key_cards(tmp_path: Path) -> None:
+    """`objcache report`'s column "top miss cause" says which key component differs, where a
+    run recorded missed cards (its summary alone says only "absent")."""
+    from objcache.observe import run_summary as summary
+
+    backend, codec = store(tmp_path), Codec()
+    run = summary.new_run_id(time.time())
+    env = "0123456789abcdef"
+
+    async def seed() -> None:
+        await put_written(backend, codec, make(max_autotune="False"), "run-1-1-aa")
+        await put_misses(backend, codec, "train", run, [make(max_autotune="True")])
+        stats = {"lookups": 1, "hits": 0, "misses": {"absent": 1}, "kinds": {}}
+        body = summary.build(stats, job="train", run=run, started=time.time(), ended=time.time())
+        okey = Namespace(env).object_key(summary.KIND, f"train/{run}")
+        await backend.put(okey, codec.encode(summary.encode(body), okey), PutMode.CREATE)
+
+    asyncio.run(seed())
+    tier = f"file://{tmp_path / 'store'}"
+    out = CliRunner().invoke(cli.app, ["report", "--job", "train", "--tier", tier, "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)["runs"]
+    assert [r["top_miss_cause"]["cause"] for r in rows] == ["inductor_config.max_autotune differs"]

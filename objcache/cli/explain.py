@@ -270,6 +270,14 @@ async def collect(
     return result
 
 
+def causes_by_run(explanation: Explanation) -> dict[str, Counter[str]]:
+    """Each run's explained misses counted by cause (``objcache report``'s column)."""
+    out: dict[str, Counter[str]] = {}
+    for miss in explanation.misses:
+        out.setdefault(miss.run, Counter())[miss.cause] += 1
+    return out
+
+
 def top_causes(explanation: Explanation, limit: int = 3) -> list[tuple[str, int, int]]:
     """``(cause, misses, hosts)`` of the biggest causes: for ``objcache report``'s column."""
     return [(c.cause, c.misses, len(c.hosts)) for c in explanation.causes()[:limit]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -793,6 +794,7 @@ def report(
 ) -> None:
     """One row per run of a job across hosts and environments: hits per kind, bytes, lookup
     time, misses and the top miss cause."""
+    from objcache.cli import explain as why
     from objcache.cli import report as fleet
 
     config = _config()
@@ -803,13 +805,26 @@ def report(
     # the summaries location, where one is configured (docs/operations.md, "Fleet report")
     source = config.summaries_url if tier is None else None
     backend = create_backend(source or _tiers(config, tier)[0])
+    # written key cards are in the tiers, runs' missed cards beside the summaries
+    cards = backend if source is None else create_backend(_tiers(config, tier)[0])
     bar, advance = _progress(0, "report")
+    codec = _codec(config)
 
     async def run() -> fleet.Report:
+        found = await report_rows()
+        try:  # the column "top miss cause" from key cards, where the runs recorded any
+            explained = await why.collect(cards, codec, job=job, runs=backend)
+        except Exception as exc:  # the counts from the summaries stand
+            logging.getLogger("objcache").debug("report: key cards unreadable: %r", exc)
+        else:
+            fleet.explain_causes(found, why.causes_by_run(explained))
+        return found
+
+    async def report_rows() -> fleet.Report:
         with bar:
             return await fleet.collect(
                 backend,
-                _codec(config),
+                codec,
                 env=env or None,
                 job=job,
                 since_s=since_s,
@@ -817,7 +832,7 @@ def report(
                 total=lambda n: bar.update(bar.task_ids[0], total=n),
             )
 
-    result = _run(_closing([backend], run()))
+    result = _run(_closing([backend] if cards is backend else [backend, cards], run()))
     if as_json:
         _print_json(result.as_dict())
     else:

@@ -16,7 +16,7 @@ import asyncio
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +309,17 @@ async def collect(
         report.rows.append(Row(run_id, started, has_summary=False, env=run_env))
     report.rows.sort(key=lambda r: (r.started, r.run, r.env))
     return report
+
+
+def explain_causes(report: Report, causes: Mapping[str, Counter[str]]) -> None:
+    """Feed the column "top miss cause" from key cards: ``causes`` maps a run id to its
+    missed lookups counted by cause (``objcache explain``: the key components that differ
+    from the nearest written card, or "first compile of this graph in the store"). Runs
+    without explained misses keep their summary's per-reason counts."""
+    for row in report.rows:
+        found = causes.get(row.run)
+        if found:
+            row.miss_causes = Counter(found)
 
 
 # --- rendering -------------------------------------------------------------------------------
