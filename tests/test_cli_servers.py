@@ -112,7 +112,7 @@ from objcache.integrations.torch import features
 features.load()  # the torch modules doctor reports on
 sys.argv = ["objcache", *sys.argv[1:]]
 print("started", time.monotonic(), file=sys.stderr, flush=True)
-objcache.cli.main()
+objcache.cli.main.main()
 """
 
 

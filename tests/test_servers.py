@@ -272,15 +272,19 @@ def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_the_test_harness_is_not_shipped() -> None:
-    """Users install objcache, not 1,300 lines of test servers: the harness lives in tests/."""
+    """Users install objcache, not 1,300 lines of test servers: the harness lives in tests/.
+    ``objcache.testing`` holds only what third parties import: the backend contract."""
     import importlib.util
     import re
 
-    assert importlib.util.find_spec("objcache.testing") is None
+    testing = importlib.util.find_spec("objcache.testing")
+    assert testing is not None and testing.submodule_search_locations
+    shipped = sorted(p.stem for p in Path(testing.submodule_search_locations[0]).glob("*.py"))
+    assert shipped == ["__init__", "backend_contract"], shipped
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     block = re.search(r"^packages = \[(.*?)\]", pyproject, re.S | re.M)
     assert block, "pyproject.toml lists its packages explicitly"
     packages = re.findall(r'"([^"]+)"', block.group(1))
     assert "objcache" in packages
     assert all(p == "objcache" or p.startswith("objcache.") for p in packages), packages
-    assert not [p for p in packages if "testing" in p or "support" in p]
+    assert not [p for p in packages if "support" in p or "fixtures" in p]
