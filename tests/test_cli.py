@@ -385,3 +385,23 @@ def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> N
     refusing.data = {keys[0]: source.data[keys[0]]}
     report = asyncio.run(ops.copy(source, [refusing], keys, codec))
     assert (report.copied, report.existed, report.failed) == (0, 1, 2), report
+
+
+def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellation() -> None:
+    """A store's client may turn the cancellation Ctrl-C starts into a timeout of its own and
+    return: the command still ends in KeyboardInterrupt (exit 130), not as if it had run."""
+    import asyncio
+    import signal
+
+    from objcache.cli.main import _run
+
+    async def stubborn() -> str:
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGINT)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "timed out"  # what such a client reports instead of the cancellation
+        return "ran"
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(stubborn())

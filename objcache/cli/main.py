@@ -10,9 +10,11 @@ Every remote call is bounded by its tier's deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -145,7 +147,39 @@ def _local_spec(config: Config) -> TierSpec:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """``coro`` on a new event loop; Ctrl-C cancels it and ends in ``KeyboardInterrupt``
+    (exit 130) even where a store's client turns that cancellation into a timeout of its own
+    and the command runs on to its end (docs/operations.md, "Exit codes")."""
+    interrupted = False
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def on_sigint() -> None:
+            nonlocal interrupted
+            interrupted = True
+            if task is not None:
+                task.cancel()
+
+        # not on this platform or thread: asyncio.run's own Ctrl-C handling stays
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await coro
+        finally:
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def _progress(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
