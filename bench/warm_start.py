@@ -210,7 +210,11 @@ class Bench:
         remotes: dict[str, str],
         rtt_ms: float,
         batches: str = "",
+        device: str = "cpu",
+        mode: str = "",
     ) -> None:
+        self.device = device
+        self.mode = mode
         self.root = root
         self.model = model
         self.batches = batches
@@ -251,6 +255,12 @@ class Bench:
         worker_args = ["--model", self.model, "--salt", repr(self.salt), *args]
         if self.batches:
             worker_args += ["--batches", self.batches]
+        if self.device != "cpu":
+            # Inductor compiles Triton kernels in this process, where the worker counts them
+            env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+            worker_args += ["--device", self.device]
+        if self.mode:
+            worker_args += ["--mode", self.mode]
         job = run_job(worker_args, env, timeout=1200)
         job.result["gxx_builds"] = len(gxx_builds(log))
         if not job.ok:
@@ -285,6 +295,10 @@ def main() -> int:
     parser.add_argument(
         "--rtt-ms", type=float, default=50, help="added round trip for the far rows (0: none)"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (the rows gain Triton compile counts)"
+    )
+    parser.add_argument("--mode", default="", help="torch.compile's mode, e.g. max-autotune")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the bench's temp dirs")
     parser.add_argument(
@@ -309,7 +323,7 @@ def main() -> int:
         for spec in opts.remote or ["file"]:
             name, _, url = spec.partition("=")
             remotes[name] = url or REMOTES[name](root)
-        bench = Bench(root, opts.model, remotes, opts.rtt_ms, opts.batches)
+        bench = Bench(root, opts.model, remotes, opts.rtt_ms, opts.batches, opts.device, opts.mode)
 
         def wanted(name: str) -> bool:
             return name == BASELINE or not opts.only or any(k in name for k in opts.only)
@@ -327,7 +341,8 @@ def main() -> int:
                 sc.jobs.append(job)
                 print(
                     f"[{time.time() - started:6.0f}s] round {i + 1}/{runs} {sc.name}: "
-                    f"first step {job.result['first_step_s']:.2f}s, process {job.wall_s:.1f}s",
+                    f"first step {job.result['first_step_s']:.2f}s, process {job.wall_s:.1f}s"
+                    + _triton_note(job.result),
                     flush=True,
                 )
     finally:
@@ -350,6 +365,13 @@ def main() -> int:
         print(f"ratio vs {BASELINE}: {ratio:.2f}x  {name}")
     print(f"wrote the {opts.section} section of {opts.out}; command: {command.strip()}")
     return 0
+
+
+def _triton_note(result: dict[str, Any]) -> str:
+    """A GPU row's Triton compiles (the worker counts them off CPU), for the progress line."""
+    if "triton_compiles" not in result:
+        return ""
+    return f", Triton compiles {result['triton_compiles']} on {result.get('device_name', '')}"
 
 
 def new_machine_label(remote: str, rtt_ms: float = 0) -> str:
@@ -585,12 +607,17 @@ def render(
 
     base = next(s for s in scenarios if s.name == BASELINE)
     base_step, base_wall = base.median("first_step_s"), base.median_wall()
+    gpu = next(
+        (j.result["device_name"] for s in scenarios for j in s.jobs if j.result.get("device")),
+        "",
+    )
+    where = f"{gpu} (GPU)" if gpu else "CPU"
     lines = [
         f"<!-- bench:{section} -->",
         f"_Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} vCPU "
         f"({_cpu()}), torch {torch.__version__}. Reproduce: `{command}`_",
         "",
-        f"torch.compile warm start on CPU: model `{model}` ("
+        f"torch.compile warm start on {where}: model `{model}` ("
         + (
             f"one forward+backward step at each batch size {batches}, in that order; "
             "*first step* covers them all"
@@ -610,14 +637,19 @@ def render(
         "the same round (the targets are checked on it).",
         "",
         "| scenario | first step (s) | process (s) | first step vs torch warm-local "
-        "| paired | g++ builds | graphs traced |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| paired | g++ builds | graphs traced |" + (" Triton compiles |" if gpu else ""),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu else ""),
     ]
     for sc in scenarios:
         step = sc.median("first_step_s")
+        triton = ""
+        if gpu:
+            counts = [int(j.result.get("triton_compiles", 0)) for j in sc.jobs]
+            triton = f" {statistics.median(counts):g} |" if counts else " - |"
         lines.append(
             f"| {sc.name} | {step:.2f} | {sc.median_wall():.1f} | {step / base_step:.2f}x "
             f"| {sc.paired_ratio(base):.2f}x | {sc.median_builds()} | {sc.median_graphs()} |"
+            + triton
         )
     lines.append("")
     for sc in scenarios:

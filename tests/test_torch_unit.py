@@ -183,6 +183,49 @@ def test_bundled_autotune_is_skipped_where_torch_cannot_key_it() -> None:
         objcache.uninstall()
 
 
+def test_a_stale_open_bundle_never_fails_the_next_compile() -> None:
+    """torch 2.11 (CUDA) left a bundle open after a Mega-Cache load: the next compile's
+    ``begin_compile`` asserted. objcache drops the unsaved bundle and begins a new one."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCacheBundler
+
+    import objcache
+    from objcache.integrations.torch import hooks
+
+    objcache.install()
+    stale = object()
+    before = hooks.counters["bundled_autotune_stale_dropped"]
+    try:
+        AutotuneCacheBundler._bundler = stale  # type: ignore[assignment]
+        meta = {"bundled_autotune_remote_cache": False, "backend_hash": "h"}
+        AutotuneCacheBundler.begin_compile(meta, code="x = 1")
+        assert AutotuneCacheBundler._bundler is not stale
+        assert hooks.counters["bundled_autotune_stale_dropped"] == before + 1
+    finally:
+        AutotuneCacheBundler._bundler = None
+        objcache.uninstall()
+
+
+def test_a_config_entry_holding_its_override_as_a_value_is_set_and_restored() -> None:
+    """torch < 2.13 keeps a config override as the value itself (a bare sentinel object
+    when unset), not a holder with get/set: install() set its flags through it (it failed
+    and left every torch part off on 2.11) and uninstall() puts the attribute back."""
+    from types import SimpleNamespace
+
+    from objcache.integrations.torch import hooks
+
+    module = SimpleNamespace(
+        __name__="fake_config", flag=None, _config={"flag": SimpleNamespace(user_override=object())}
+    )
+    saved_before = dict(hooks._saved)
+    hooks._set_config(module, "flag", True)
+    try:
+        assert module.flag is True
+        assert hooks._saved[("fake_config", "flag")] is None
+    finally:
+        hooks._saved.clear()
+        hooks._saved.update(saved_before)
+
+
 # --- the cache classes against a real store -------------------------------------------------
 
 

@@ -204,15 +204,25 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     model, x = build_model(args.model, args.salt)
     inputs = [make_input(args.model, int(b)) for b in args.batches.split(",") if b] or [x]
+    if args.device != "cpu":
+        model = model.to(args.device)
+        inputs = [xi.to(args.device) for xi in inputs]
+        result["device"] = args.device
+        result["device_name"] = torch.cuda.get_device_name() if "cuda" in args.device else ""
     refs = [_step(copy.deepcopy(model), xi) for xi in inputs]
+    triton_compiles = _count_triton_compiles() if args.device != "cpu" else None
     _stage("compile")
     # "first step": torch.compile() (where a precompile entry is loaded, docs/torch.md) and
     # the first step at each batch size, where every compile happens; --eager: the same
     # first step without torch.compile (what compiling has to beat)
     t0 = time.perf_counter()
-    compiled = model if args.eager else torch.compile(model)
+    compiled = model if args.eager else torch.compile(model, **_compile_options(args.mode))
     steps = [_step(compiled, xi) for xi in inputs]
+    if args.device != "cpu":
+        torch.cuda.synchronize()
     result["first_step_s"] = time.perf_counter() - t0
+    if triton_compiles is not None:
+        result["triton_compiles"] = triton_compiles[0]
     _stage("check")
     pairs = [
         pair
@@ -229,7 +239,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         k: v
         for group in ("inductor", "aot_autograd")
         for k, v in counters[group].items()
-        if "cache" in k
+        if "cache" in k or "bundler" in k
     }
     # graphs dynamo compiled (a recompile at a new batch size adds one)
     result["graphs"] = int(counters["stats"]["unique_graphs"])
@@ -246,6 +256,30 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     result["total_s"] = time.perf_counter() - started
     result["ok"] = True
     return result
+
+
+def _compile_options(mode: str) -> dict[str, Any]:
+    return {"mode": mode} if mode else {}
+
+
+def _count_triton_compiles() -> list[int]:
+    """A one-element counter of the Triton kernels this process really compiled (source to
+    IR), not those loaded from Triton's cache directory or an FX entry's bundle: it counts
+    the backend's first stage. Inductor compiles in this process only with
+    ``TORCHINDUCTOR_COMPILE_THREADS=1``, which the GPU runs set (docs/benchmarks.md)."""
+    count = [0]
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend
+    except ImportError:  # no NVIDIA backend: nothing counted, the key stays absent
+        return count
+    original = CUDABackend.make_ttir
+
+    def make_ttir(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    CUDABackend.make_ttir = staticmethod(make_ttir)
+    return count
 
 
 def _report_objcache(result: dict[str, Any]) -> None:
@@ -294,6 +328,8 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eager", action="store_true", help="run the step without torch.compile (a baseline)"
     )
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: model and inputs there")
+    p.add_argument("--mode", default="", help="torch.compile's mode (e.g. max-autotune)")
     p.add_argument("--mega-save", default="")
     p.add_argument("--mega-load", default="")
     p.add_argument("--torch-mega-save", default="")

@@ -317,9 +317,13 @@ def _set_config(module: Any, attr: str, value: Any) -> None:
     override is saved and put back as it was.
     """
     entry = getattr(module, "_config", {}).get(attr)
-    override = getattr(entry, "user_override", None)
-    if override is not None:
-        _save(module.__name__, f"config:{attr}", override.get())
+    override: Any = getattr(entry, "user_override", None)
+    # torch >= 2.13 keeps the override in a context-variable-like holder (``get``/``set``);
+    # older releases keep the value itself, or a bare sentinel object when unset: those are
+    # restored by setting the attribute back
+    holder = getattr(override, "get", None), getattr(override, "set", None)
+    if callable(holder[0]) and callable(holder[1]):
+        _save(module.__name__, f"config:{attr}", holder[0]())
     else:
         _save(module.__name__, attr, getattr(module, attr))
     setattr(module, attr, value)
@@ -375,7 +379,18 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
         ):
             counters["bundled_autotune_skipped"] += 1
             return
-        original(inductor_meta, *args, **kwargs)
+        if getattr(cls, "_bundler", None) is not None:
+            # a bundle an earlier compile began and never ended (seen on torch 2.11 CUDA after
+            # a Mega-Cache load): torch asserts here and the compile would fail. Drop the
+            # unsaved bundle: a bundle is only an optimisation, its entries stay per kernel
+            counters["bundled_autotune_stale_dropped"] += 1
+            cls._bundler = None
+        try:
+            original(inductor_meta, *args, **kwargs)
+        except Exception as exc:  # never fail a compile for the bundle
+            counters["bundled_autotune_skipped"] += 1
+            log.debug("objcache: bundled autotune cache skipped: %r", exc)
+            cls._bundler = None
 
     begin_compile.__wrapped__ = original  # type: ignore[attr-defined]
     begin_compile.__objcache__ = True  # type: ignore[attr-defined]
