@@ -171,12 +171,13 @@ def test_an_entry_torch_rejects_is_a_counted_miss(pc: World) -> None:
     key = decode_key(path.name)
     client = _client(store, pc.base / "f-local")
     try:
-        entry = pickle.loads(client.get("precompile", key) or b"")
+        payload = pickle.loads(client.get("precompile", key) or b"")
+        entry = payload["entry"]
         entry.dynamo.system_info = dataclasses.replace(
             entry.dynamo.system_info, torch_version="0.0.1"
         )
         shutil.rmtree(store)
-        client.put("precompile", key, pickle.dumps(entry))
+        client.put("precompile", key, pickle.dumps(payload))
         assert client.flush() == 0
     finally:
         client.close()

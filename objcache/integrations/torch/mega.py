@@ -27,11 +27,13 @@ raises :class:`BundleError` with a one-line message otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -236,6 +238,30 @@ class Collected:
     gaps: str = ""
 
 
+#: torch's Mega-Cache artifact type of a Dynamo package (``PrecompileCacheArtifact``).
+PRECOMPILE_ARTIFACT = "precompile"
+
+
+@contextlib.contextmanager
+def _without_precompile_artifacts() -> Iterator[None]:
+    """Leave torch's precompile artifacts out of ``save_cache_artifacts()`` (they are put
+    back after): a bundle carries no entry that bypasses objcache's keying and signing."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    new = getattr(CacheArtifactManager, "_new_cache_artifacts", None)
+    info = getattr(getattr(CacheArtifactManager, "_cache_info", None), "artifacts", None)
+    held = [
+        (store, store.pop(PRECOMPILE_ARTIFACT))
+        for store in (new, info)
+        if isinstance(store, dict) and PRECOMPILE_ARTIFACT in store
+    ]
+    try:
+        yield
+    finally:
+        for store, value in held:
+            store[PRECOMPILE_ARTIFACT] = value
+
+
 def collect(name: str) -> Collected:
     """The bundle of this process's Mega-Cache artifacts and kernels (nothing stored).
 
@@ -249,13 +275,16 @@ def collect(name: str) -> Collected:
     from objcache.config.fingerprint import fingerprint
     from objcache.integrations.torch import artifact_kernels, kernels
 
-    result = torch.compiler.save_cache_artifacts()
+    with _without_precompile_artifacts():
+        result = torch.compiler.save_cache_artifacts()
     torch_bytes, artifacts = b"", {}
     scan = artifact_kernels.KernelScan()
     if result is not None:
         torch_bytes, info = result
         artifacts = {k: len(v) for k, v in info.artifacts.items()}
         deserialized = CacheArtifactManager.deserialize(torch_bytes) or {}
+        if PRECOMPILE_ARTIFACT in deserialized:
+            raise BundleError("torch's precompile artifacts could not be left out of the bundle")
         scan = artifact_kernels.derive(deserialized)
     found = dict(scan.items)
     for key, data in kernels.used_artifacts():
@@ -369,6 +398,10 @@ def load(name: str) -> str:
         artifacts = CacheArtifactManager.deserialize(bundle.torch_bytes)
         if artifacts is None:
             raise BundleError(f"bundle {name!r}: torch cannot parse its Mega-Cache artifacts")
+        # torch's precompile artifacts would land in its own unverified Dynamo store, keyed
+        # by (qualname, line) alone: a bundle never installs them (precompile entries travel
+        # as objcache's own kind, keyed and signed)
+        artifacts = {k: v for k, v in artifacts.items() if k != PRECOMPILE_ARTIFACT}
         try:
             info = CacheArtifactManager.populate_caches(artifacts)
         except Exception as exc:

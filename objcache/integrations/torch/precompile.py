@@ -53,12 +53,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.torch import portable_guards
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
 
 #: objcache kind of a precompile entry.
 KIND = "precompile"
+#: The payload's format (and the key's first part): a dict naming the wrapped function's
+#: code, the portable guards and torch's ``PrecompileCacheEntry``.
+FORMAT = "objcache-precompile-v2"
 #: Seconds without a new frame compile or backend before the entries are saved.
 SETTLE_S = 2.0
 #: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
@@ -82,12 +86,19 @@ _lock = threading.RLock()
 _patched: list[tuple[Any, str, Any]] = []
 #: Dynamo entries handed to torch by :func:`_load`, by id, until torch initializes them.
 _served: dict[int, Any] = {}
-#: torch key -> objcache key of every function compiled with a package here.
-_keys: dict[str, str] = {}
-#: torch keys whose entry changed since it was last saved.
+#: objcache key -> (the wrapped function, its package's latest Dynamo entry): tracked per
+#: package, never through torch's weak ``sha256(qualname, first line)`` key.
+_entries: dict[str, tuple[Any, Any]] = {}
+#: objcache keys whose entry changed since it was last saved.
 _dirty: set[str] = set()
-#: torch keys saved before their backend was recorded: saved at exit if nothing marks them.
+#: objcache keys saved before their backend was recorded: saved at exit if nothing marks them.
 _waiting: set[str] = set()
+#: sha256 of a guards state this process serialized -> its portable guard records.
+_portable_saved: dict[str, tuple[tuple[str, str, str], ...]] = {}
+#: sha256 of a served entry's guards state -> its portable guard records.
+_portable_served: dict[str, tuple[tuple[str, str, str], ...]] = {}
+#: id(unpickled guards state) -> sha256 of its bytes, between torch's two load steps.
+_state_digests: dict[int, str] = {}
 #: objcache key -> digest of the bytes last stored or loaded (no put of the same bytes).
 _stored: dict[str, str] = {}
 _changed = threading.Condition(_lock)
@@ -103,32 +114,6 @@ def wanted(environ: Any = None) -> bool:
 
 
 # --- keys --------------------------------------------------------------------------------------
-
-
-def _const_digest(value: Any, h: Any) -> None:
-    if isinstance(value, types.CodeType):
-        _code_digest(value, h)
-    elif isinstance(value, (tuple, list)):
-        h.update(b"(")
-        for item in value:
-            _const_digest(item, h)
-        h.update(b")")
-    elif isinstance(value, frozenset):  # iteration order follows the process's str hash seed
-        h.update(b"{" + "\0".join(sorted(repr(v) for v in value)).encode() + b"}")
-    else:
-        h.update(f"{type(value).__name__}:{value!r}\0".encode())
-
-
-def _code_digest(code: types.CodeType, h: Any) -> None:
-    """Everything a code object does, not where its file lives (paths differ by machine)."""
-    h.update(code.co_code)
-    for attr in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
-        h.update(("\0".join(getattr(code, attr)) + "\1").encode())
-    for attr in ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags"):
-        h.update(f"{getattr(code, attr)}\0".encode())
-    h.update(f"{code.co_name}\0{code.co_firstlineno}\0".encode())
-    for const in code.co_consts:
-        _const_digest(const, h)
 
 
 def _module_source(name: str) -> bytes:
@@ -154,10 +139,10 @@ def entry_key(fn: Any, job: str) -> tuple[str, str]:
 
     inner = innermost_fn(fn)
     torch_key = str(CompilePackage.source_id_from_fn(fn))
-    h = hashlib.sha256(b"objcache-precompile-v1\0")
+    h = hashlib.sha256(FORMAT.encode() + b"\0")
     for part in (torch_key, job, inner.__module__, inner.__qualname__):
         h.update(f"{part}\0".encode())
-    _code_digest(inner.__code__, h)
+    portable_guards.code_into(inner.__code__, h)
     h.update(hashlib.sha256(_module_source(inner.__module__)).digest())
     return torch_key, h.hexdigest()
 
@@ -177,8 +162,6 @@ def _load(fn: Any) -> Any | None:
     try:
         client = _client()
         torch_key, key = entry_key(fn, client.job)
-        with _lock:
-            _keys[torch_key] = key
         payload = client.get(KIND, key)
     except Exception as exc:
         _failed("lookup", exc)
@@ -187,30 +170,92 @@ def _load(fn: Any) -> Any | None:
         counters["misses"] += 1
         return None
     try:
-        entry = _unpack(payload, torch_key)
+        entry, portable = _unpack(payload, torch_key, fn)
+    except _Mismatch as exc:
+        counters[f"rejected:{exc.why}"] += 1
+        log.info("objcache: precompile entry refused (compiling normally): %s", exc)
+        return None
     except Exception as exc:
         counters["rejected:unreadable"] += 1
         _failed("read", exc)
         return None
     with _lock:
         _served[id(entry.dynamo)] = entry.dynamo
+        _portable_served.update(portable)
         _stored[key] = hashlib.sha256(payload).hexdigest()
     counters["hits"] += 1
     return entry
 
 
-def _unpack(payload: bytes, torch_key: str) -> Any:
-    """Unpickle a verified entry and record its backends, through torch's own store API."""
+class _Mismatch(Exception):
+    """A verified entry that is not the wrapped function's package (counted ``rejected:``)."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(f"{why}: {detail}")
+        self.why = why
+
+
+def _same_code(serialized: Any, code: types.CodeType) -> bool:
+    """Whether torch's ``SerializedCode`` of an entry is ``code`` (paths and line tables
+    aside, which differ by machine)."""
+    fields = (
+        "co_code", "co_name", "co_firstlineno", "co_names", "co_varnames", "co_freevars",
+        "co_cellvars", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags",
+    )  # fmt: skip
+    if any(getattr(serialized, f, None) != getattr(code, f) for f in fields):
+        return False
+    consts = getattr(serialized, "co_consts", ())
+    if len(consts) != len(code.co_consts):
+        return False
+    for mine, real in zip(consts, code.co_consts, strict=True):
+        if isinstance(real, types.CodeType):
+            if not _same_code(mine, real):
+                return False
+        elif type(mine) is not type(real) or (mine != real and mine == mine):  # NaN aside
+            return False
+    return True
+
+
+def _unpack(payload: bytes, torch_key: str, fn: Any) -> tuple[Any, dict[str, Any]]:
+    """Unpickle a verified entry, check that it is ``fn``'s package, and record its
+    backends through torch's own store API; returns it with its portable guards."""
+    from torch._dynamo.eval_frame import innermost_fn
     from torch._dynamo.package import InMemoryDynamoStore, PrecompileCacheEntry, _DynamoCacheEntry
 
-    entry = pickle.loads(payload)  # verified by the codec first (docs/security.md)
+    data = pickle.loads(payload)  # verified by the codec first (docs/security.md)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise _Mismatch("format", f"not an {FORMAT} payload")
+    entry = data.get("entry")
     if not isinstance(entry, PrecompileCacheEntry) or not isinstance(
         entry.dynamo, _DynamoCacheEntry
     ):
         raise TypeError(f"not a precompile entry: {type(entry).__name__}")
+    code = innermost_fn(fn).__code__
+    codes = entry.dynamo.codes
+    if (
+        data.get("code") != portable_guards.code_digest(code)
+        or not codes
+        or not _same_code(codes[0].python_code, code)
+        or str(entry.dynamo.fn_first_lineno) != str(code.co_firstlineno)
+    ):
+        raise _Mismatch("code_mismatch", f"the entry is not the package of {code.co_name}")
+    portable = data.get("portable")
+    if not isinstance(portable, dict) or not all(
+        isinstance(records, tuple)
+        and all(
+            isinstance(r, tuple) and len(r) == 3 and all(isinstance(x, str) for x in r)
+            for r in records
+        )
+        for records in portable.values()
+    ):
+        raise _Mismatch("no_portable_guards", "the entry names no portable guards")
+    for c in codes:
+        for guarded in c.guarded_codes:
+            if hashlib.sha256(guarded.guards_state).hexdigest() not in portable:
+                raise _Mismatch("no_portable_guards", "a guarded code has no portable guards")
     store = InMemoryDynamoStore()
     store.packages[torch_key] = entry
-    return store.load_cache_entry(torch_key)
+    return store.load_cache_entry(torch_key), portable
 
 
 def _reset(package: Any, fn: Any, initialize: Callable[..., None], why: str, exc: Any) -> None:
@@ -264,19 +309,107 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
     return install
 
 
+def _wrap_check_init(original: Callable[..., None], dynamo_config: Any) -> Any:
+    """``CheckFunctionManager.__init__`` with torch's caching-precompile guard filter off:
+    the live process keeps every guard a normal compile has (the saved copy leaves them out
+    in :func:`_wrap_serialize_guards`, each replaced by a portable one)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with dynamo_config.patch(caching_precompile=False):
+            original(self, *args, **kwargs)
+
+    __init__.__objcache__ = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
 def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[BaseException]) -> Any:
-    def serialize_guards(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def serialize_guards(
+        self: Any, builder: Any, sorted_guards: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         try:
-            return original(self, *args, **kwargs)
+            kept, records = portable_guards.split(sorted_guards, builder.get)
+            state = original(self, builder, kept, *args, **kwargs)
+        except portable_guards.Unportable as exc:
+            counters[f"unsaved:dropped_guard:{exc.kind}"] += 1
+            log.info("objcache: precompile entry not saved for this frame: %s", exc)
+            raise package_error(f"objcache: {exc}") from exc
         except package_error:
             raise
         except Exception as exc:
             counters["guards_unsaveable"] += 1
             raise package_error(f"objcache: guards cannot be saved: {exc!r}") from exc
+        with _lock:
+            _portable_saved[hashlib.sha256(state).hexdigest()] = tuple(
+                (r.source, r.kind, r.identity) for r in records
+            )
+        return state
 
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
     return serialize_guards
+
+
+def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
+    def load_guards_state(guards_state: bytes) -> Any:
+        state = original(guards_state)
+        with _lock:
+            _state_digests[id(state)] = hashlib.sha256(guards_state).hexdigest()
+        return state
+
+    load_guards_state.__objcache__ = True  # type: ignore[attr-defined]
+    return load_guards_state
+
+
+def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
+    """torch's guards of a served guarded code plus one root guard checking its portable
+    replacements at every call; a guarded code without them is refused (raises: the
+    install is rejected and put back)."""
+
+    def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
+        manager = original(guards_state, target_code, scope)
+        with _lock:
+            digest = _state_digests.pop(id(guards_state), None)
+            records = _portable_served.get(digest) if digest is not None else None
+        if records is None:
+            raise RuntimeError("objcache: a served guarded code has no portable guards")
+        portable = [portable_guards.Portable(*r) for r in records]
+        if portable:
+            check = portable_guards.check_for(portable, scope)
+            parts = portable_guards.describe(portable)
+            try:
+                manager.root.add_lambda_guard(check, parts, None)
+            except TypeError:  # torch releases whose lambda guards take no user stack
+                manager.root.add_lambda_guard(check, parts)
+            counters["portable_guards"] += len(portable)
+        return manager
+
+    load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
+    return load_guard_manager
+
+
+def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
+    """torch reads the source of every inlined function into the package; a program read
+    from stdin (or any code without a source file) makes that raise out of the user's
+    compile. The package is marked unsaveable instead (counted ``unsaved:no_source``) and
+    the compile goes on."""
+
+    def add_inlined_source(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            original(self, *args, **kwargs)
+        except Exception as exc:
+            self.__dict__["_objcache_unsaveable"] = f"no_source: {exc!r}"
+
+    add_inlined_source.__objcache__ = True  # type: ignore[attr-defined]
+    add_inlined_source.__wrapped__ = original  # type: ignore[attr-defined]
+    return add_inlined_source
+
+
+def _refuse_torch_store_write(*args: Any, **kwargs: Any) -> None:
+    """torch's own Dynamo store (``<cache>/dynamo/<sha(qualname, line)>/entry``, read
+    unverified) is never written while this part is on: Mega-Cache loads and torch's own
+    ``save`` go through here."""
+    counters["torch_store_write_refused"] += 1
 
 
 def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: Any) -> Any:
@@ -299,13 +432,13 @@ def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: 
 # --- save ----------------------------------------------------------------------------------------
 
 
-def _mark(torch_key: str | None = None) -> None:
+def _mark(key: str | None = None) -> None:
     global _last_change, _saver
     with _lock:
-        if torch_key is not None:
-            _dirty.add(torch_key)
+        if key is not None:
+            _dirty.add(key)
         else:
-            _dirty.update(_keys)
+            _dirty.update(_entries)
         _last_change = time.monotonic()
         if _saver is None or not _saver.is_alive() or _pid != os.getpid():
             _saver = threading.Thread(target=_settle, name="objcache-precompile", daemon=True)
@@ -327,13 +460,17 @@ def _settle() -> None:
 
 def _wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def record_package(package: Any) -> None:
+        if package.__dict__.get("_objcache_unsaveable"):
+            counters["unsaved:no_source"] += 1  # torch's own record would fail the same way
+            return
         try:
             original(package)
             fn = package._innermost_fn
-            torch_key, key = entry_key(fn, _client().job)
+            entry = package.cache_entry()  # this package's, whatever torch's key maps to
+            _, key = entry_key(fn, _client().job)
             with _lock:
-                _keys[torch_key] = key
-            _mark(torch_key)
+                _entries[key] = (fn, entry)
+            _mark(key)
         except Exception as exc:
             _failed("record", exc)
 
@@ -345,7 +482,7 @@ def _wrap_record_artifact(original: Callable[..., None]) -> Any:
     def record_artifact(cls: Any, artifact: Any) -> None:
         original(artifact)
         try:
-            if _keys:
+            if _entries:
                 _mark()
         except Exception as exc:
             _failed("record", exc)
@@ -375,7 +512,7 @@ def _save(final: bool) -> int:
         return _save_locked(final)
 
 
-def _complete_entry(torch_key: str, final: bool) -> Any | None:
+def _complete_entry(key: str, final: bool) -> Any | None:
     """torch's ``PrecompileCacheEntry`` of one function, or None while a backend is missing.
 
     A training step compiles its backward lazily, at the first ``backward()``: its backend is
@@ -390,7 +527,8 @@ def _complete_entry(torch_key: str, final: bool) -> Any | None:
     from torch._dynamo.package import PrecompileCacheEntry
     from torch._dynamo.precompile_context import PrecompileContext
 
-    dynamo = PrecompileContext._dynamo_cache_entries.get(torch_key)
+    with _lock:
+        fn, dynamo = _entries.get(key, (None, None))
     if dynamo is None:
         return None
     backends = PrecompileContext._backend_artifacts_by_key
@@ -399,11 +537,32 @@ def _complete_entry(torch_key: str, final: bool) -> Any | None:
         counters["waiting_for_backend" if not final else "unsaved:no_backend"] += 1
         if not final:
             with _lock:
-                _waiting.add(torch_key)
+                _waiting.add(key)
         return None
+    from torch._dynamo.eval_frame import innermost_fn
+
+    code = innermost_fn(fn).__code__
+    if not dynamo.codes or not _same_code(dynamo.codes[0].python_code, code):
+        counters["unsaved:code_mismatch"] += 1  # never another function's package
+        return None
+    portable: dict[str, tuple[tuple[str, str, str], ...]] = {}
+    with _lock:
+        for c in dynamo.codes:
+            for guarded in c.guarded_codes:
+                digest = hashlib.sha256(guarded.guards_state).hexdigest()
+                records = _portable_saved.get(digest)
+                if records is None:  # serialized without the portable split: not saved
+                    counters["unsaved:no_portable_guards"] += 1
+                    return None
+                portable[digest] = records
     # torch marks the copies, never the live package's codes
     copy = dataclasses.replace(dynamo, codes=[dataclasses.replace(c) for c in dynamo.codes])
-    return PrecompileCacheEntry.from_cache_entry(copy, backends)
+    return {
+        "format": FORMAT,
+        "code": portable_guards.code_digest(code),
+        "portable": portable,
+        "entry": PrecompileCacheEntry.from_cache_entry(copy, backends),
+    }
 
 
 def _save_locked(final: bool) -> int:
@@ -411,7 +570,7 @@ def _save_locked(final: bool) -> int:
         if final:
             _dirty.update(_waiting)
         _waiting.difference_update(_dirty)
-        dirty = {k: _keys[k] for k in _dirty if k in _keys}
+        dirty = {k for k in _dirty if k in _entries}
         _dirty.clear()
     if not dirty:
         return 0
@@ -419,8 +578,8 @@ def _save_locked(final: bool) -> int:
 
     blobs: dict[str, bytes] = {}
     with getattr(convert_frame, "compile_lock", contextlib.nullcontext()):
-        for torch_key, key in dirty.items():
-            entry = _complete_entry(torch_key, final)
+        for key in dirty:
+            entry = _complete_entry(key, final)
             if entry is not None:
                 blobs[key] = pickle.dumps(entry)
     client = _client()
@@ -480,6 +639,11 @@ def apply(package_module: Any) -> None:
             _patch(package_cls, "initialize", _wrap_initialize(initialize))
             _patch(package_cls, "install", _wrap_install(package_cls.install, initialize))
             _patch(
+                package_cls,
+                "add_inlined_source",
+                _wrap_add_inlined_source(package_cls.add_inlined_source),
+            )
+            _patch(
                 context.PrecompileContext,
                 "record_artifact",
                 _wrap_record_artifact(context.PrecompileContext.record_artifact),
@@ -490,6 +654,16 @@ def apply(package_module: Any) -> None:
                 "serialize_guards",
                 _wrap_serialize_guards(checker.serialize_guards, exc_module.PackageError),
             )
+            dynamo_config = importlib.import_module("torch._dynamo.config")
+            _patch(checker, "__init__", _wrap_check_init(checker.__init__, dynamo_config))
+            for name, wrap in (
+                ("load_guards_state", _wrap_load_guards_state),
+                ("load_guard_manager", _wrap_load_guard_manager),
+            ):
+                _patch(package_module, name, wrap(getattr(package_module, name)))
+            for name in ("write", "_write_to_local_cache"):
+                if callable(getattr(cache, name, None)):
+                    _patch(cache, name, _refuse_torch_store_write)
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)
             if hook_cls is not None and not hasattr(hook_cls, "disown"):
@@ -531,6 +705,8 @@ def uninstall() -> None:
                     setattr(obj, attr, value)
         _patched.clear()
         _served.clear()
+        _portable_served.clear()
+        _state_digests.clear()
         _dirty.clear()
         _waiting.clear()
 

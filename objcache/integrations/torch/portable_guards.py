@@ -1,0 +1,284 @@
+"""Portable replacements for the guards torch cannot save in a precompile entry
+(docs/torch.md, "Precompile entries: what a served entry still checks").
+
+torch's guards on *which object* a name holds (``ID_MATCH``, ``CLOSURE_MATCH``,
+``DICT_VERSION``, ``WEAKREF_ALIVE`` and the guards derived from them: ``BUILTIN_MATCH``,
+``MODULE_MATCH``, ``FUNCTION_MATCH``, ``CLASS_MATCH``, ``NN_MODULE``) hold object ids, which
+mean nothing in another process; under ``caching_precompile`` torch drops them, from the
+saved entry *and* from the live process. Then ``ACT = getattr(torch, os.environ["ACT"])``
+saved with ``relu`` is served to a process that chose ``sigmoid``, and rebinding
+``self.act`` after a compile keeps the old code.
+
+This module replaces each such guard by a portable one, or refuses the frame:
+
+* **writer**: torch builds the live guards as a normal compile does (nothing dropped:
+  :func:`full_guards`); only the saved copy leaves them out (:func:`split`), each replaced
+  by a :class:`Portable` record: the guard's source (``G['ACT']``, ``L['self'].act``, only
+  subscripts by constant and attributes) and the portable identity of the object it held
+  (:func:`identity`: a module's name; a function's, builtin's or class's module and
+  qualified name, plus a Python function's code digest and its closure's identities; a
+  constant; a dict of such values by content). A guard whose object has no portable identity
+  makes the frame unsaveable (:class:`Unportable`, counted ``unsaved:dropped_guard:<kind>``):
+  torch then bypasses its package and the process compiles as usual.
+* **reader**: every guarded code of a served entry gets one more root guard
+  (:func:`check_for`) that resolves each record's source in the frame's locals and the
+  module's globals and compares identities, at every call, where torch checks its own
+  guards: a mismatch is a guard failure, so Dynamo compiles that frame normally.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: Guard kinds torch drops under caching precompile (``CheckFunctionManager.__init__``) or
+#: cannot serialize (``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``).
+DROPPED = frozenset(
+    {
+        "ID_MATCH",
+        "CLOSURE_MATCH",
+        "WEAKREF_ALIVE",
+        "DICT_VERSION",
+        "NN_MODULE",
+        "FUNCTION_MATCH",
+        "CLASS_MATCH",
+        "MODULE_MATCH",
+    }
+)
+#: How deep :func:`identity` follows closures and containers.
+MAX_DEPTH = 4
+#: Largest dict :func:`identity` digests by content.
+MAX_DICT = 256
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+
+
+class Unportable(Exception):
+    """A dropped guard with no portable replacement: the frame is not saved."""
+
+    def __init__(self, kind: str, source: str, why: str) -> None:
+        super().__init__(f"{kind} guard on {source} has no portable replacement ({why})")
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Portable:
+    """One replaced guard: where the object is found and what it must be."""
+
+    source: str
+    kind: str
+    identity: str
+
+
+def dropped_kind(guard: Any) -> str | None:
+    """The kind under which torch would drop ``guard`` from a saved entry, or None."""
+    kind = str(guard.create_fn_name())
+    derived = tuple(getattr(guard, "guard_types", None) or ())
+    return kind if kind in DROPPED or any(d in DROPPED for d in derived) else None
+
+
+# --- identities ------------------------------------------------------------------------------
+
+
+def code_digest(code: types.CodeType) -> str:
+    """What a code object does (bytecode, names, constants, nested code), not its path."""
+    h = hashlib.sha256()
+    code_into(code, h)
+    return h.hexdigest()[:32]
+
+
+def code_into(code: types.CodeType, h: Any) -> None:
+    h.update(code.co_code)
+    for attr in ("co_names", "co_varnames", "co_freevars", "co_cellvars"):
+        h.update(("\0".join(getattr(code, attr)) + "\1").encode())
+    for attr in ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags"):
+        h.update(f"{getattr(code, attr)}\0".encode())
+    h.update(f"{code.co_name}\0{code.co_firstlineno}\0".encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            code_into(const, h)
+        elif isinstance(const, frozenset):  # iteration order follows the str hash seed
+            h.update(("{" + "\0".join(sorted(repr(v) for v in const)) + "}").encode())
+        else:
+            h.update(f"{type(const).__name__}:{const!r}\0".encode())
+
+
+def _named(value: Any) -> str | None:
+    """``module.qualname`` of a function, builtin or class that is reachable by that name
+    (so that the name means the same object in another process), else None."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(qualname, str) or "<" in qualname:
+        return None  # a lambda, or defined in a local scope: no portable name
+    if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType):
+        # builtins from C: their module and name are fixed by the implementation
+        bound = getattr(value, "__self__", None)
+        owner = (
+            ""
+            if bound is None or isinstance(bound, types.ModuleType)
+            else f"{type(bound).__module__}.{type(bound).__qualname__}#"
+        )
+        return f"{owner}{module}.{qualname}"
+    if not isinstance(module, str):
+        return None
+    target: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    return f"{module}.{qualname}" if target is value else None
+
+
+def identity(value: Any, depth: int = 0) -> str | None:
+    """A string that names ``value`` the same way in any process, or None."""
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(value, _CONSTANTS):
+        return f"const:{type(value).__name__}:{value!r}"
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    if isinstance(value, types.FunctionType):
+        name = _named(value)
+        if name is None:
+            return None
+        cells: list[str] = []
+        for cell in value.__closure__ or ():
+            try:
+                inner = identity(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                inner = "empty"
+            if inner is None:
+                return None
+            cells.append(inner)
+        return f"function:{name}:{code_digest(value.__code__)}:[{','.join(cells)}]"
+    if isinstance(value, type):
+        name = _named(value)
+        return None if name is None else f"class:{name}"
+    if isinstance(value, types.MethodType):
+        func = identity(value.__func__, depth + 1)
+        owner = identity(value.__self__, depth + 1)
+        return None if func is None or owner is None else f"method:{func}@{owner}"
+    if callable(value) and _named(value) is not None:  # builtins, method descriptors, ufuncs
+        return f"builtin:{_named(value)}"
+    if isinstance(value, dict) and len(value) <= MAX_DICT:
+        items: list[str] = []
+        for k, v in value.items():
+            ik, iv = identity(k, depth + 1), identity(v, depth + 1)
+            if ik is None or iv is None:
+                return None
+            items.append(f"{ik}={iv}")
+        return "dict:" + hashlib.sha256("\0".join(items).encode()).hexdigest()[:32]
+    if isinstance(value, tuple | list) and len(value) <= MAX_DICT:
+        parts = [identity(v, depth + 1) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return f"{type(value).__name__}:[{','.join(p or '' for p in parts)}]"
+    return None
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+#: One step from a root (``L`` or ``G``): ("item", key) or ("attr", name).
+Step = tuple[str, Any]
+
+
+def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
+    """``("L"|"G", steps)`` of a guard source made of constant subscripts and attributes
+    (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``), or None for anything else."""
+    try:
+        node: ast.expr = ast.parse(source, mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    steps: list[Step] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            steps.append(("attr", node.attr))
+            node = node.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+            if not isinstance(key, str | int):
+                return None
+            steps.append(("item", key))
+            node = node.value
+        elif isinstance(node, ast.Name) and node.id in ("L", "G") and steps:
+            steps.reverse()
+            if steps[0][0] != "item":
+                return None
+            return node.id, tuple(steps)
+        else:
+            return None
+
+
+_MISSING = object()
+
+
+def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> Any:
+    """The object a parsed source names now, or a sentinel when it is absent. Attributes are
+    read with ``getattr`` as the guarded code reads them."""
+    value = f_locals if root == "L" else f_globals
+    try:
+        for how, key in steps:
+            value = value[key] if how == "item" else getattr(value, key)
+    except Exception:
+        return _MISSING
+    return value
+
+
+# --- writer ------------------------------------------------------------------------------------
+
+
+def split(
+    guards: Sequence[Any], value_of: Callable[[Any], Any]
+) -> tuple[list[Any], tuple[Portable, ...]]:
+    """``(guards torch can save, portable records of the rest)``; raises :class:`Unportable`
+    where a dropped guard has no replacement."""
+    kept: list[Any] = []
+    records: list[Portable] = []
+    for guard in guards:
+        kind = dropped_kind(guard)
+        if kind is None:
+            kept.append(guard)
+            continue
+        source = str(guard.name)
+        if parse_source(source) is None:
+            raise Unportable(kind, source, "its source is not a plain path")
+        try:
+            value = value_of(guard)
+        except Exception as exc:
+            raise Unportable(kind, source, f"its value cannot be read: {exc!r}") from exc
+        ident = identity(value)
+        if ident is None:
+            raise Unportable(kind, source, f"a {type(value).__name__} has no portable name")
+        records.append(Portable(source, kind, ident))
+    return kept, tuple(dict.fromkeys(records))
+
+
+# --- reader ------------------------------------------------------------------------------------
+
+
+def check_for(records: Sequence[Portable], f_globals: Any) -> Callable[[Any], bool]:
+    """The root guard of one served guarded code: True while every record holds."""
+    parsed = []
+    for record in records:
+        path = parse_source(record.source)
+        if path is None:
+            raise ValueError(f"unparseable portable guard source {record.source!r}")
+        parsed.append((path[0], path[1], record.identity))
+
+    def check(f_locals: Any) -> bool:
+        for root, steps, expected in parsed:
+            value = resolve(root, steps, f_locals, f_globals)
+            if value is _MISSING or identity(value) != expected:
+                return False
+        return True
+
+    return check
+
+
+def describe(records: Sequence[Portable]) -> list[str]:
+    """The verbose parts torch prints when the root guard fails (recompile reasons)."""
+    return [f"objcache portable guard: {r.source} is {r.identity}" for r in records] or [
+        "objcache portable guards"
+    ]

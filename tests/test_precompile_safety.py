@@ -1,0 +1,225 @@
+"""Precompile entries never run another function's code or another program's choices
+(docs/torch.md, "Precompile entries: what a served entry still checks").
+
+One writer process and a few readers, each on its own simulated machine, share a
+``file://`` store; every compiled call is compared with eager in the same process. The
+program runs every case at once (small functions, one compile each):
+
+* **cell**: a notebook cell defining ``f`` run twice with another body (same qualname and
+  first line: torch's own key is the same);
+* **act**: ``ACT = getattr(torch, os.environ["ACT"])``, a global chosen at start-up;
+* **cfg**: a module-level config dict whose value is read in the function;
+* **attr**: a module's ``self.act`` rebound after its compile.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import torch_support as ts
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
+]
+
+KEY = "precompile-safety-signing-key-of-at-least-32-bytes"
+
+PROGRAM = """\
+import json, os
+import torch
+import objcache
+
+objcache.install()
+from torch import nn
+from objcache.integrations.torch import precompile
+
+ACT = getattr(torch, os.environ["ACT"])
+CFG = {"act": os.environ["ACT"]}
+x = torch.randn(16, generator=torch.Generator().manual_seed(0))
+results = {}
+
+
+def check(name, fn, *args):
+    ref = fn(*args)
+    out = compiled[name](*args) if name in compiled else None
+    if out is None:
+        compiled[name] = torch.compile(fn)
+        out = compiled[name](*args)
+    results.setdefault(name, []).append(bool(torch.allclose(out, ref)))
+
+
+compiled = {}
+
+
+def g(x):
+    return ACT(x) + 1.5
+
+
+def h(x):
+    return getattr(torch, CFG["act"])(x) - 0.5
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.relu
+
+    def forward(self, x):
+        return self.act(x) * 2.5
+
+
+for body in os.environ["CELLS"].split(","):
+    exec(compile("def f(x):\\n    return torch.%s(x) * 3.5\\n" % body, "<cell>", "exec"))
+    compiled.pop("f", None)
+    check("f", f, x)
+check("act", g, x)
+check("cfg", h, x)
+m = M()
+check("attr", m, x)
+m.act = torch.sigmoid
+check("attr", m, x)
+from torch._dynamo.utils import counters
+
+print("RESULT " + json.dumps({
+    "results": results,
+    "graphs": int(counters["stats"]["unique_graphs"]),
+    "precompile": dict(precompile.counters),
+}), flush=True)
+"""
+
+
+def run(
+    base: Path, machine: str, *, act: str, cells: str, how: str = "file", **env: str
+) -> dict[str, Any]:
+    path = base / machine
+    e = ts.compile_env(path, f"file://{base / 'store'}")
+    e.update(
+        OBJCACHE_PRECOMPILE="1",
+        OBJCACHE_SIGNING_KEY=KEY,
+        OBJCACHE_PREFETCH="0",
+        ACT=act,
+        CELLS=cells,
+        **env,
+    )
+    if how == "file":
+        script = path / "program.py"
+        script.write_text(PROGRAM)
+        argv, stdin = [sys.executable, str(script)], None
+    elif how == "-c":
+        argv, stdin = [sys.executable, "-c", PROGRAM], None
+    else:  # stdin
+        argv, stdin = [sys.executable, "-"], PROGRAM
+    out = subprocess.run(
+        argv, env=e, input=stdin, capture_output=True, text=True, timeout=600, cwd=path
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    return result
+
+
+def all_match(result: dict[str, Any]) -> bool:
+    return all(all(v) for v in result["results"].values())
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("precompile-safety")
+
+
+@pytest.fixture(scope="module")
+def writer(base: Path) -> dict[str, Any]:
+    """relu chosen; the cell run with relu, then again with sigmoid (same qualname/line)."""
+    return run(base, "writer", act="relu", cells="relu,sigmoid")
+
+
+def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> None:
+    """Rebinding ``m.act`` after its compile recompiles, as without objcache; every
+    function's entry is saved at exit, the two cell bodies each under its own key."""
+    assert all_match(writer), writer
+    assert writer["results"]["attr"] == [True, True]
+    assert writer["graphs"] == 6  # f twice, g, h, and M.forward once per binding
+    entries = [p for p in (base / "store").glob("v1/*/precompile/*/*") if p.is_file()]
+    assert len(entries) == 5, entries
+
+
+def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, Any]) -> None:
+    r = run(base, "same", act="relu", cells="relu,sigmoid")
+    assert all_match(r), r
+    assert r["precompile"].get("hits", 0) >= 3 and r["precompile"].get("installed", 0) >= 3
+
+
+def test_the_second_cell_body_is_never_served_the_first(base: Path, writer: dict[str, Any]) -> None:
+    """Only the edited cell on a new machine: its own entry, never the first body's."""
+    r = run(base, "cell", act="relu", cells="sigmoid")
+    assert r["results"]["f"] == [True], r
+    assert all_match(r), r
+    assert not r["precompile"].get("rejected:code_mismatch"), r["precompile"]
+
+
+def test_another_startup_choice_recompiles_where_it_matters(
+    base: Path, writer: dict[str, Any]
+) -> None:
+    """ACT and CFG chosen as sigmoid: the entries load, their portable guards fail, Dynamo
+    compiles those frames again; every result equals eager's."""
+    r = run(base, "other-act", act="sigmoid", cells="relu")
+    assert all_match(r), r
+    assert r["graphs"] >= 2  # act and cfg traced again (their guards named relu)
+
+
+def test_programs_without_a_source_file(base: Path, writer: dict[str, Any]) -> None:
+    """``python -c`` and stdin: no module source to hash, the guards still decide."""
+    c_relu = run(base, "c-relu", act="relu", cells="relu", how="-c")
+    assert all_match(c_relu), c_relu
+    c_sig = run(base, "c-sigmoid", act="sigmoid", cells="sigmoid", how="-c")
+    assert all_match(c_sig), c_sig
+    stdin = run(base, "stdin-sigmoid", act="sigmoid", cells="relu", how="stdin")
+    assert all_match(stdin), stdin
+
+
+def test_a_store_poisoned_with_another_functions_package_is_refused(
+    base: Path, writer: dict[str, Any]
+) -> None:
+    """The first cell body's package, signed, under the second body's key (what the old
+    weak keying stored): refused before install, the compile goes on, eager's result."""
+    import pickle
+
+    from objcache.client import Client
+    from objcache.config.settings import Config
+    from objcache.entry.layout import decode_key
+
+    store = base / "store-poisoned"
+    shutil.copytree(base / "store", store)
+    cfg = Config.from_env(
+        {"OBJCACHE_SIGNING_KEY": KEY}, tiers=f"file://{store}", local_dir=base / "p-local"
+    )
+    client = Client(cfg)
+    try:
+        bodies: dict[str, tuple[str, bytes]] = {}
+        for path in store.glob("v1/*/precompile/*/*"):
+            key = decode_key(path.name)
+            payload = client.get("precompile", key) or b""
+            code = pickle.loads(payload)["entry"].dynamo.codes[0].python_code
+            if code.co_name == "f":
+                bodies["relu" if "relu" in code.co_names else "sigmoid"] = (key, payload)
+        assert set(bodies) == {"relu", "sigmoid"}, bodies.keys()
+        sigmoid_key = bodies["sigmoid"][0]
+        for path in store.glob("v1/*/precompile/*/*"):
+            if decode_key(path.name) == sigmoid_key:
+                path.unlink()
+        client.put("precompile", sigmoid_key, bodies["relu"][1])
+        assert client.flush() == 0
+    finally:
+        client.close()
+    r = run(base, "poisoned", act="relu", cells="sigmoid", OBJCACHE_TIERS=f"file://{store}")
+    assert r["results"]["f"] == [True], r
+    assert r["precompile"].get("rejected:code_mismatch") == 1, r["precompile"]
