@@ -405,3 +405,25 @@ def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellatio
 
     with pytest.raises(KeyboardInterrupt):
         _run(stubborn())
+
+
+@pytest.mark.parametrize(
+    "pointer", [b"[1, 2, 3]", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe", b"{" * 70_000]
+)
+def test_a_hostile_mega_pointer_is_one_line_and_exit_2(
+    run: Run, env: dict[str, str], pointer: bytes
+) -> None:
+    """Any fleet node can write a bundle's pointer: a list, JSON nested past Python's
+    recursion limit, bytes that are not JSON, an oversized one."""
+    from objcache.integrations.torch import mega
+
+    client = Client(Config.from_env(env))
+    try:
+        mega.write_overwrite(client, mega.pointer_key("planted"), pointer)
+    finally:
+        client.close()
+    r = run("mega", "load", "planted")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("objcache: error: mega load: "), r.stderr

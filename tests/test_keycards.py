@@ -74,6 +74,31 @@ def test_values_that_are_code_paths_or_secrets_are_never_kept() -> None:
     assert keycards.redact("inductor_config.x", "x y " * 100).endswith("…")
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "kept"),
+    [
+        # a secret-looking name wins over the "hex hash: keep its head" rule
+        ("inductor_config.api_key", "deadbeef" * 5, "<redacted>"),
+        ("inductor_config.key", "short", "<redacted>"),
+        ("inductor_config.auth_header", "Bearer x", "<redacted>"),
+        ("inductor_config.db_password", "hunter2", "<redacted>"),
+        ("inductor_config.aws_secret", "x", "<redacted>"),
+        ("inductor_config.refresh_token", "x", "<redacted>"),
+        ("inductor_config.credentials_file", "x", "<redacted>"),
+        # credentials inside a URL value are removed, the rest kept
+        ("inductor_config.url", "redis://:password@host:6379/0", "redis://<redacted>@host:6379/0"),
+        ("inductor_config.url", "https://u:p@example.com/a", "https://<redacted>@example.com/a"),
+        # paths are cut wherever they are, not only under a home
+        ("inductor_config.dir", "/workspace/team/cache", "<path>"),
+        ("inductor_config.flags", "-I/opt/build/include -O3", "-I<path> -O3"),
+        ("inductor_config.h", "deadbeef" * 5, "deadbeefdead…"),
+        ("inductor_config.max_autotune", "True", "True"),
+    ],
+)
+def test_hostile_values_are_redacted_as_the_docs_say(name: str, value: str, kept: str) -> None:
+    assert keycards.redact(name, value) == kept
+
+
 def test_lines_that_do_not_parse_are_skipped() -> None:
     c = keycards.from_debug_lines("fx-graph", "k", ["garbage", 3, "[UPPER] x: 1", *lines()], {})
     assert "gm" in c.components and len(c.components) == len(lines())

@@ -926,7 +926,10 @@ def mega_load(name: str) -> None:
     """Load bundle NAME into torch's caches (refused when the environment differs)."""
     from objcache.integrations.torch import mega
 
-    _line(out, mega.load(name))
+    try:
+        _line(out, mega.load(name))
+    except mega.BundleError as exc:  # a missing, foreign or malformed bundle: one line, exit 2
+        raise UserError(f"mega load: {exc}") from None
 
 
 @mega_app.command("ls")

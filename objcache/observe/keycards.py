@@ -81,8 +81,16 @@ _READABLE_HEADS = (
 )
 #: Value shapes that are never kept: the graph's code, paths under a home, secrets.
 _HOME = re.compile(r"(/home/|/Users/|/root\b|~/|[A-Za-z]:\\Users\\)")
-_SECRETISH_NAME = re.compile(r"(secret|token|passw|credential|api_?key|auth)", re.I)
+#: A component name is secret-looking when one of its words is, or contains, one of these
+#: (``inductor_config.api_key``, ``cache_key_tag``, ``some_token``, ``db_password``).
+_SECRETISH_WORD = re.compile(r"key|token|passw|secret|credential|auth", re.I)
 _SECRETISH_VALUE = re.compile(r"[A-Za-z0-9+/_=\-]{32,}")
+#: ``scheme://user:password@`` (or ``://:password@``, ``://token@``) inside a value.
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
+#: An absolute path of at least two components (a home, a workspace, a mount), wherever it
+#: sits in the value; a URL's own path (after its host) is not one.
+_ABS_PATH = re.compile(r"(?<![:/.])/(?:[\w.\-~]+/)+[\w.\-~]*")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S*")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 _TENSOR = re.compile(
     r"TensorMetadata\(dtype=torch\.(\w+), shape=torch\.Size\(\[([^\]]*)\]\), "
@@ -154,15 +162,28 @@ def redact(name: str, value: str) -> str | None:
         value = f"{dtype} shape [{shape}] stride ({stride}) {dev}"
     if not value.isprintable():
         return "<binary>"
+    if any(_SECRETISH_WORD.search(word) for word in re.split(r"[^A-Za-z0-9]+", name)):
+        return "<redacted>"  # before anything else: a secret's head is never kept
+    value = _URL_USERINFO.sub(r"\1<redacted>@", value)
     if _HOME.search(value):
         return "<redacted path>"
+    value = _cut_paths(value)
     if re.fullmatch(r"[0-9a-f]{32,}", value):
         return value[:12] + "…"  # a hash torch shows: its head is enough to compare
-    if _SECRETISH_NAME.search(name) or _SECRETISH_VALUE.search(value):
+    if _SECRETISH_VALUE.search(value):
         return "<redacted>"
     if len(value) > MAX_VALUE:
         value = value[: MAX_VALUE - 1] + "…"
     return value
+
+
+def _cut_paths(value: str) -> str:
+    """Every absolute path outside the URLs in ``value`` as ``<path>``."""
+    out, pos = [], 0
+    for url in _URL.finditer(value):
+        out += [_ABS_PATH.sub("<path>", value[pos : url.start()]), url.group()]
+        pos = url.end()
+    return "".join([*out, _ABS_PATH.sub("<path>", value[pos:])])
 
 
 def env_hash(value: str) -> str:

@@ -362,12 +362,9 @@ def fetch(name: str) -> Bundle:
     mine = dict(fingerprint())
     if payload is None:
         raw = client.get_object(pointer_key(name))
-        pointer: dict[str, Any] = {}
-        if raw is not None:
-            try:
-                pointer = json.loads(raw)
-            except ValueError:
-                pointer = {}
+        pointer = read_pointer(raw) if raw is not None else {}
+        if pointer is None:
+            raise BundleError(f"bundle {name!r}: its pointer in the store is malformed")
         theirs = pointer.get("fingerprint")
         if isinstance(theirs, dict) and pointer.get("env") != client.env:
             diff = "; ".join(differences(mine, {str(k): str(v) for k, v in theirs.items()}))
@@ -450,12 +447,25 @@ def list_infos() -> list[BundleInfo]:
     ]
 
 
-def _recorded_contents(raw: bytes | None, env: str) -> dict[str, Any] | None:
-    try:
-        pointer = json.loads(raw) if raw is not None else None
-    except ValueError:
+#: Largest pointer read (a pointer is a few hundred bytes; any fleet node can write one).
+MAX_POINTER_BYTES = 64 * 1024
+
+
+def read_pointer(raw: bytes) -> dict[str, Any] | None:
+    """A bundle pointer as a dict, or None for anything else: oversized, not JSON, not an
+    object, or nested deeper than Python parses (a planted pointer is never a traceback)."""
+    if len(raw) > MAX_POINTER_BYTES:
         return None
-    if not isinstance(pointer, dict) or pointer.get("env") != env:
+    try:
+        pointer = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return pointer if isinstance(pointer, dict) else None
+
+
+def _recorded_contents(raw: bytes | None, env: str) -> dict[str, Any] | None:
+    pointer = read_pointer(raw) if raw is not None else None
+    if pointer is None or pointer.get("env") != env:
         return None
     contents = pointer.get("contents")
     return contents if isinstance(contents, dict) else None
