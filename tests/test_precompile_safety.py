@@ -204,19 +204,21 @@ def test_a_store_poisoned_with_another_functions_package_is_refused(
     )
     client = Client(cfg)
     try:
-        bodies: dict[str, tuple[str, bytes]] = {}
+        # other tests' programs (python -c, stdin) stored their own f entries: every
+        # sigmoid body's key gets a relu body's package
+        bodies: dict[str, list[tuple[Path, str, bytes]]] = {"relu": [], "sigmoid": []}
         for path in store.glob("v1/*/precompile/*/*"):
             key = decode_key(path.name)
             payload = client.get("precompile", key) or b""
             code = pickle.loads(payload)["entry"].dynamo.codes[0].python_code
             if code.co_name == "f":
-                bodies["relu" if "relu" in code.co_names else "sigmoid"] = (key, payload)
-        assert set(bodies) == {"relu", "sigmoid"}, bodies.keys()
-        sigmoid_key = bodies["sigmoid"][0]
-        for path in store.glob("v1/*/precompile/*/*"):
-            if decode_key(path.name) == sigmoid_key:
-                path.unlink()
-        client.put("precompile", sigmoid_key, bodies["relu"][1])
+                body = "relu" if "relu" in code.co_names else "sigmoid"
+                bodies[body].append((path, key, payload))
+        assert bodies["relu"] and bodies["sigmoid"], bodies.keys()
+        relu_payload = bodies["relu"][0][2]
+        for path, key, _ in bodies["sigmoid"]:
+            path.unlink()
+            client.put("precompile", key, relu_payload)
         assert client.flush() == 0
     finally:
         client.close()

@@ -53,17 +53,24 @@ class _Stub:
 
 
 @pytest.mark.parametrize(
-    "payload",
-    [b"\x00not a pickle", pickle.dumps({"not": "an entry"}), pickle.dumps(None)[:-1]],
-    ids=["corrupt", "foreign", "truncated"],
+    ("payload", "why"),
+    [
+        (b"\x00not a pickle", "unreadable"),
+        (pickle.dumps({"not": "an entry"}), "format"),
+        (pickle.dumps({"format": "objcache-precompile-v2", "entry": None}), "unreadable"),
+        (pickle.dumps(None)[:-1], "unreadable"),
+    ],
+    ids=["corrupt", "foreign", "no-entry", "truncated"],
 )
-def test_a_bad_payload_is_a_counted_miss(monkeypatch: pytest.MonkeyPatch, payload: bytes) -> None:
+def test_a_bad_payload_is_a_counted_miss(
+    monkeypatch: pytest.MonkeyPatch, payload: bytes, why: str
+) -> None:
     from objcache.integrations.torch import precompile
 
     monkeypatch.setattr(precompile, "_client", lambda: _Stub(payload))
-    before = precompile.counters["rejected:unreadable"]
+    before = precompile.counters[f"rejected:{why}"]
     assert precompile._load(compiled_function) is None
-    assert precompile.counters["rejected:unreadable"] == before + 1
+    assert precompile.counters[f"rejected:{why}"] == before + 1
 
 
 def test_the_key_follows_the_source_not_only_the_qualname() -> None:
