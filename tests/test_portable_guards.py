@@ -109,3 +109,34 @@ def test_split_keeps_what_torch_saves_and_refuses_what_it_cannot_name() -> None:
     with pytest.raises(pg.Unportable) as refused:
         pg.split([guard("ID_MATCH", "L['self']")], lambda g: values[g.name])
     assert refused.value.kind == "ID_MATCH"
+
+
+def test_a_builtin_bound_to_an_object_has_no_portable_identity() -> None:
+    """``a.append`` and ``b.append`` are different guards' objects: not one name."""
+    assert pg.identity([].append) is None
+    assert pg.identity(dict.fromkeys) == pg.identity(dict.fromkeys)  # bound to a class
+    assert pg.identity(math.sqrt) is not None  # bound to a module
+
+
+def test_a_dict_is_checked_by_content_at_every_call() -> None:
+    """The same dict object, mutated after it passed, fails (DICT_VERSION's job)."""
+    cfg = {"act": "relu"}
+    check = pg.check_for([pg.Portable("G['CFG']", "DICT_VERSION", pg.identity(cfg) or "")], {})
+    assert check({}) is False  # absent
+    scope = {"CFG": cfg}
+    check = pg.check_for([pg.Portable("G['CFG']", "DICT_VERSION", pg.identity(cfg) or "")], scope)
+    assert check({})
+    cfg["act"] = "sigmoid"
+    assert not check({})
+
+
+def test_records_travel_with_their_own_guards_state() -> None:
+    records = (pg.Portable("G['ACT']", "BUILTIN_MATCH", "builtin:math.sqrt"),)
+    state = b"torch's pickle\x00bytes"
+    joined = pg.attach(state, records)
+    assert pg.detach(joined) == (state, records)
+    assert pg.detach(pg.attach(state, ())) == (state, ())
+    assert pg.detach(state) is None  # no records: refused by the reader
+    assert pg.detach(joined[:-1]) is None  # truncated
+    assert pg.detach(joined.replace(b"[[", b"[{")) is None  # records of another shape
+    assert pg.detach(b"\xff" * 3) is None

@@ -11,19 +11,25 @@ saved with ``relu`` is served to a process that chose ``sigmoid``, and rebinding
 
 This module replaces each such guard by a portable one, or refuses the frame:
 
-* **writer**: torch builds the live guards as a normal compile does (nothing dropped:
-  :func:`full_guards`); only the saved copy leaves them out (:func:`split`), each replaced
+* **writer**: torch builds the live guards as a normal compile does (nothing dropped; the
+  precompile part turns torch's filter off); only the saved copy leaves them out
+  (:func:`split`), each replaced
   by a :class:`Portable` record: the guard's source (``G['ACT']``, ``L['self'].act``, only
   subscripts by constant and attributes) and the portable identity of the object it held
   (:func:`identity`: a module's name; a function's, builtin's or class's module and
   qualified name, plus a Python function's code digest and its closure's identities; a
   constant; a dict of such values by content). A guard whose object has no portable identity
   makes the frame unsaveable (:class:`Unportable`, counted ``unsaved:dropped_guard:<kind>``):
-  torch then bypasses its package and the process compiles as usual.
+  torch then bypasses its package and the process compiles as usual. The records travel
+  appended to the very guards state they belong to (:func:`attach`), so they can never be
+  paired with another guarded code's.
 * **reader**: every guarded code of a served entry gets one more root guard
   (:func:`check_for`) that resolves each record's source in the frame's locals and the
   module's globals and compares identities, at every call, where torch checks its own
-  guards: a mismatch is a guard failure, so Dynamo compiles that frame normally.
+  guards: a mismatch is a guard failure, so Dynamo compiles that frame normally. An object
+  that passed is remembered: the same object again passes without recomputing its
+  identity (what torch's ``ID_MATCH`` checks), except dicts, lists and tuples, whose
+  contents are checked at every call (``DICT_VERSION``'s job).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import json
+import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -115,14 +123,14 @@ def _named(value: Any) -> str | None:
     if not isinstance(qualname, str) or "<" in qualname:
         return None  # a lambda, or defined in a local scope: no portable name
     if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType):
-        # builtins from C: their module and name are fixed by the implementation
+        # builtins from C: their module and name are fixed by the implementation. One bound
+        # to an object (``registry.append``) names that object too: only a module or a
+        # class (``dict.fromkeys``) has a portable name
         bound = getattr(value, "__self__", None)
-        owner = (
-            ""
-            if bound is None or isinstance(bound, types.ModuleType)
-            else f"{type(bound).__module__}.{type(bound).__qualname__}#"
-        )
-        return f"{owner}{module}.{qualname}"
+        if bound is None or isinstance(bound, types.ModuleType):
+            return f"{module}.{qualname}"
+        owner = _named(bound) if isinstance(bound, type) else None
+        return None if owner is None else f"{owner}#{qualname}"
     if not isinstance(module, str):
         return None
     target: Any = sys.modules.get(module)
@@ -160,8 +168,9 @@ def identity(value: Any, depth: int = 0) -> str | None:
         func = identity(value.__func__, depth + 1)
         owner = identity(value.__self__, depth + 1)
         return None if func is None or owner is None else f"method:{func}@{owner}"
-    if callable(value) and _named(value) is not None:  # builtins, method descriptors, ufuncs
-        return f"builtin:{_named(value)}"
+    named = _named(value) if callable(value) else None
+    if named is not None:  # builtins, method descriptors, ufuncs
+        return f"builtin:{named}"
     if isinstance(value, dict) and len(value) <= MAX_DICT:
         items: list[str] = []
         for k, v in value.items():
@@ -266,15 +275,57 @@ def check_for(records: Sequence[Portable], f_globals: Any) -> Callable[[Any], bo
         if path is None:
             raise ValueError(f"unparseable portable guard source {record.source!r}")
         parsed.append((path[0], path[1], record.identity))
+    #: per record, the last object that passed (see the module docstring)
+    passed: list[Any] = [_MISSING] * len(parsed)
 
     def check(f_locals: Any) -> bool:
-        for root, steps, expected in parsed:
+        for i, (root, steps, expected) in enumerate(parsed):
             value = resolve(root, steps, f_locals, f_globals)
-            if value is _MISSING or identity(value) != expected:
+            if value is _MISSING:
                 return False
+            if value is passed[i] and not isinstance(value, dict | list | tuple):
+                continue
+            if identity(value) != expected:
+                return False
+            passed[i] = value
         return True
 
     return check
+
+
+# --- records beside their guards state -----------------------------------------------------
+
+_TRAILER = b"\0objcache-portable-guards-v1\0"
+#: Largest records trailer read back (a frame's records are a few KB).
+MAX_TRAILER = 1 << 20
+
+
+def attach(state: bytes, records: Sequence[Portable]) -> bytes:
+    """torch's guards state with its records appended (torch never reads past its pickle's
+    end; :func:`detach` gives torch its own bytes back before it unpickles them)."""
+    body = json.dumps([[r.source, r.kind, r.identity] for r in records]).encode()
+    return state + _TRAILER + body + struct.pack(">I", len(body))
+
+
+def detach(data: bytes) -> tuple[bytes, tuple[Portable, ...]] | None:
+    """``(torch's guards state, its records)``, or None where no valid records trail it."""
+    if len(data) < 4:
+        return None
+    (size,) = struct.unpack(">I", data[-4:])
+    start = len(data) - 4 - size
+    if size > MAX_TRAILER or start < len(_TRAILER):
+        return None
+    if data[start - len(_TRAILER) : start] != _TRAILER:
+        return None
+    try:
+        raw = json.loads(data[start : len(data) - 4])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, list) or not all(
+        isinstance(r, list) and len(r) == 3 and all(isinstance(x, str) for x in r) for r in raw
+    ):
+        return None
+    return data[: start - len(_TRAILER)], tuple(Portable(*r) for r in raw)
 
 
 def describe(records: Sequence[Portable]) -> list[str]:

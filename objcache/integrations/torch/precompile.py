@@ -61,7 +61,8 @@ log = logging.getLogger("objcache.torch")
 #: objcache kind of a precompile entry.
 KIND = "precompile"
 #: The payload's format (and the key's first part): a dict naming the wrapped function's
-#: code, the portable guards and torch's ``PrecompileCacheEntry``.
+#: code digest and holding torch's ``PrecompileCacheEntry``, every guards state of which
+#: carries its portable guards (:func:`portable_guards.attach`).
 FORMAT = "objcache-precompile-v2"
 #: Seconds without a new frame compile or backend before the entries are saved.
 SETTLE_S = 2.0
@@ -93,12 +94,9 @@ _entries: dict[str, tuple[Any, Any]] = {}
 _dirty: set[str] = set()
 #: objcache keys saved before their backend was recorded: saved at exit if nothing marks them.
 _waiting: set[str] = set()
-#: sha256 of a guards state this process serialized -> its portable guard records.
-_portable_saved: dict[str, tuple[tuple[str, str, str], ...]] = {}
-#: sha256 of a served entry's guards state -> its portable guard records.
-_portable_served: dict[str, tuple[tuple[str, str, str], ...]] = {}
-#: id(unpickled guards state) -> sha256 of its bytes, between torch's two load steps.
-_state_digests: dict[int, str] = {}
+#: id(unpickled guards state) -> the portable guards that trailed its bytes, between
+#: torch's two load steps (``load_guards_state``, then ``load_guard_manager``).
+_state_records: dict[int, tuple[portable_guards.Portable, ...]] = {}
 #: objcache key -> digest of the bytes last stored or loaded (no put of the same bytes).
 _stored: dict[str, str] = {}
 _changed = threading.Condition(_lock)
@@ -170,7 +168,7 @@ def _load(fn: Any) -> Any | None:
         counters["misses"] += 1
         return None
     try:
-        entry, portable = _unpack(payload, torch_key, fn)
+        entry = _unpack(payload, torch_key, fn)
     except _Mismatch as exc:
         counters[f"rejected:{exc.why}"] += 1
         log.info("objcache: precompile entry refused (compiling normally): %s", exc)
@@ -181,7 +179,6 @@ def _load(fn: Any) -> Any | None:
         return None
     with _lock:
         _served[id(entry.dynamo)] = entry.dynamo
-        _portable_served.update(portable)
         _stored[key] = hashlib.sha256(payload).hexdigest()
     counters["hits"] += 1
     return entry
@@ -216,9 +213,10 @@ def _same_code(serialized: Any, code: types.CodeType) -> bool:
     return True
 
 
-def _unpack(payload: bytes, torch_key: str, fn: Any) -> tuple[Any, dict[str, Any]]:
-    """Unpickle a verified entry, check that it is ``fn``'s package, and record its
-    backends through torch's own store API; returns it with its portable guards."""
+def _unpack(payload: bytes, torch_key: str, fn: Any) -> Any:
+    """Unpickle a verified entry, check that it is ``fn``'s package and that every guarded
+    code carries its portable guards, and record its backends through torch's own store
+    API."""
     from torch._dynamo.eval_frame import innermost_fn
     from torch._dynamo.package import InMemoryDynamoStore, PrecompileCacheEntry, _DynamoCacheEntry
 
@@ -239,23 +237,19 @@ def _unpack(payload: bytes, torch_key: str, fn: Any) -> tuple[Any, dict[str, Any
         or str(entry.dynamo.fn_first_lineno) != str(code.co_firstlineno)
     ):
         raise _Mismatch("code_mismatch", f"the entry is not the package of {code.co_name}")
-    portable = data.get("portable")
-    if not isinstance(portable, dict) or not all(
-        isinstance(records, tuple)
-        and all(
-            isinstance(r, tuple) and len(r) == 3 and all(isinstance(x, str) for x in r)
-            for r in records
-        )
-        for records in portable.values()
-    ):
-        raise _Mismatch("no_portable_guards", "the entry names no portable guards")
-    for c in codes:
-        for guarded in c.guarded_codes:
-            if hashlib.sha256(guarded.guards_state).hexdigest() not in portable:
-                raise _Mismatch("no_portable_guards", "a guarded code has no portable guards")
+    if not _all_guards_portable(entry.dynamo):
+        raise _Mismatch("no_portable_guards", "a guarded code carries no portable guards")
     store = InMemoryDynamoStore()
     store.packages[torch_key] = entry
-    return store.load_cache_entry(torch_key), portable
+    return store.load_cache_entry(torch_key)
+
+
+def _all_guards_portable(dynamo: Any) -> bool:
+    return all(
+        portable_guards.detach(guarded.guards_state) is not None
+        for c in dynamo.codes
+        for guarded in c.guarded_codes
+    )
 
 
 def _reset(package: Any, fn: Any, initialize: Callable[..., None], why: str, exc: Any) -> None:
@@ -339,11 +333,7 @@ def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[Bas
         except Exception as exc:
             counters["guards_unsaveable"] += 1
             raise package_error(f"objcache: guards cannot be saved: {exc!r}") from exc
-        with _lock:
-            _portable_saved[hashlib.sha256(state).hexdigest()] = tuple(
-                (r.source, r.kind, r.identity) for r in records
-            )
-        return state
+        return portable_guards.attach(state, records)
 
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
@@ -352,9 +342,13 @@ def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[Bas
 
 def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     def load_guards_state(guards_state: bytes) -> Any:
-        state = original(guards_state)
+        detached = portable_guards.detach(guards_state)
+        if detached is None:  # never served by us: checked in _unpack, refused here too
+            raise RuntimeError("objcache: a served guarded code carries no portable guards")
+        torch_state, records = detached
+        state = original(torch_state)
         with _lock:
-            _state_digests[id(state)] = hashlib.sha256(guards_state).hexdigest()
+            _state_records[id(state)] = records
         return state
 
     load_guards_state.__objcache__ = True  # type: ignore[attr-defined]
@@ -369,11 +363,9 @@ def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
     def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
         manager = original(guards_state, target_code, scope)
         with _lock:
-            digest = _state_digests.pop(id(guards_state), None)
-            records = _portable_served.get(digest) if digest is not None else None
-        if records is None:
+            portable = _state_records.pop(id(guards_state), None)
+        if portable is None:
             raise RuntimeError("objcache: a served guarded code has no portable guards")
-        portable = [portable_guards.Portable(*r) for r in records]
         if portable:
             check = portable_guards.check_for(portable, scope)
             parts = portable_guards.describe(portable)
@@ -545,22 +537,14 @@ def _complete_entry(key: str, final: bool) -> Any | None:
     if not dynamo.codes or not _same_code(dynamo.codes[0].python_code, code):
         counters["unsaved:code_mismatch"] += 1  # never another function's package
         return None
-    portable: dict[str, tuple[tuple[str, str, str], ...]] = {}
-    with _lock:
-        for c in dynamo.codes:
-            for guarded in c.guarded_codes:
-                digest = hashlib.sha256(guarded.guards_state).hexdigest()
-                records = _portable_saved.get(digest)
-                if records is None:  # serialized without the portable split: not saved
-                    counters["unsaved:no_portable_guards"] += 1
-                    return None
-                portable[digest] = records
+    if not _all_guards_portable(dynamo):  # serialized without the portable split
+        counters["unsaved:no_portable_guards"] += 1
+        return None
     # torch marks the copies, never the live package's codes
     copy = dataclasses.replace(dynamo, codes=[dataclasses.replace(c) for c in dynamo.codes])
     return {
         "format": FORMAT,
         "code": portable_guards.code_digest(code),
-        "portable": portable,
         "entry": PrecompileCacheEntry.from_cache_entry(copy, backends),
     }
 
@@ -705,8 +689,7 @@ def uninstall() -> None:
                     setattr(obj, attr, value)
         _patched.clear()
         _served.clear()
-        _portable_served.clear()
-        _state_digests.clear()
+        _state_records.clear()
         _dirty.clear()
         _waiting.clear()
 
