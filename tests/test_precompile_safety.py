@@ -9,7 +9,11 @@ program runs every case at once (small functions, one compile each):
   first line: torch's own key is the same);
 * **act**: ``ACT = getattr(torch, os.environ["ACT"])``, a global chosen at start-up;
 * **cfg**: a module-level config dict whose value is read in the function;
-* **attr**: a module's ``self.act`` rebound after its compile.
+* **attr**: a module's ``self.act`` rebound after its compile;
+* **reload**: a module file edited (same first line) and ``importlib.reload``-ed;
+* **cls**: ``@torch.compile`` on a class (torch's caching precompile crashed on it);
+* **autocast**: a function compiled inside ``torch.autocast`` on one machine and outside it
+  on another (the result's dtype differs).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ pytestmark = [
 KEY = "precompile-safety-signing-key-of-at-least-32-bytes"
 
 PROGRAM = """\
-import json, os
+import importlib, json, os, sys
 import torch
 import objcache
 
@@ -48,13 +52,18 @@ x = torch.randn(16, generator=torch.Generator().manual_seed(0))
 results = {}
 
 
+def same(out, ref):
+    tol = 1e-2 if ref.dtype == torch.bfloat16 else 1e-5
+    return out.dtype == ref.dtype and bool(torch.allclose(out, ref, rtol=tol, atol=tol))
+
+
 def check(name, fn, *args):
     ref = fn(*args)
     out = compiled[name](*args) if name in compiled else None
     if out is None:
         compiled[name] = torch.compile(fn)
         out = compiled[name](*args)
-    results.setdefault(name, []).append(bool(torch.allclose(out, ref)))
+    results.setdefault(name, []).append(same(out, ref))
 
 
 compiled = {}
@@ -87,18 +96,86 @@ m = M()
 check("attr", m, x)
 m.act = torch.sigmoid
 check("attr", m, x)
+sys.path.insert(0, os.getcwd())
+for n, body in enumerate(os.environ["RELOAD"].split(",")):
+    with open("edited.py", "w") as f:
+        f.write("import torch\\ndef r(x):\\n    return torch.%s(x) * 4.5\\n" % body)
+    importlib.invalidate_caches()
+    edited = importlib.reload(edited) if n else importlib.import_module("edited")
+    compiled.pop("reload", None)
+    check("reload", edited.r, x)
+
+
+@torch.compile
+class Scaled:
+    def __call__(self, x):
+        return torch.tanh(x) * 0.75
+
+
+results["cls"] = [same(Scaled()(x), torch.tanh(x) * 0.75)]
+
+
+def mm(a, b):
+    return torch.mm(a, b) + 1.0
+
+
+xm = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+if os.environ["AUTOCAST"] == "1":
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check("autocast", mm, xm, xm)
+else:
+    check("autocast", mm, xm, xm)
+
+
+def brk(x):
+    y = torch.relu(x) * 2.0
+    torch._dynamo.graph_break()
+    y = torch.cos(y) - 1.0
+    torch._dynamo.graph_break()
+    return torch.sin(y) + 1.0
+
+
+import torch._C._dynamo.eval_frame as ef
+
+loaded = []
+if os.environ.get("BREAK_INSTALL") == "1":
+    real_load = ef._load_precompile_entry
+
+    def failing_load(code, *args):
+        if len(loaded) == 2:
+            raise RuntimeError("install broken on purpose")
+        real_load(code, *args)
+        loaded.append(code)
+
+    ef._load_precompile_entry = failing_load
+before = {k for k in globals() if k.startswith("__")}
+compiled["brk"] = torch.compile(brk)
+left = {
+    "globals": sorted(k for k in globals() if k.startswith("__") and k not in before),
+    "entries": sum(len(ef._debug_get_precompile_entries(c)) for c in loaded),
+}
+check("brk", brk, x)
 from torch._dynamo.utils import counters
 
 print("RESULT " + json.dumps({
     "results": results,
     "graphs": int(counters["stats"]["unique_graphs"]),
     "precompile": dict(precompile.counters),
+    "left": left,
 }), flush=True)
 """
 
 
 def run(
-    base: Path, machine: str, *, act: str, cells: str, how: str = "file", **env: str
+    base: Path,
+    machine: str,
+    *,
+    act: str,
+    cells: str,
+    how: str = "file",
+    reload: str = "relu",
+    autocast: str = "0",
+    **env: str,
 ) -> dict[str, Any]:
     path = base / machine
     e = ts.compile_env(path, f"file://{base / 'store'}")
@@ -108,6 +185,9 @@ def run(
         OBJCACHE_PREFETCH="0",
         ACT=act,
         CELLS=cells,
+        RELOAD=reload,
+        AUTOCAST=autocast,
+        PYTHONDONTWRITEBYTECODE="1",
         **env,
     )
     if how == "file":
@@ -138,8 +218,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def writer(base: Path) -> dict[str, Any]:
-    """relu chosen; the cell run with relu, then again with sigmoid (same qualname/line)."""
-    return run(base, "writer", act="relu", cells="relu,sigmoid")
+    """relu chosen; the cell and the reloaded module run with relu, then again with sigmoid
+    (same qualname and line); ``mm`` compiled inside autocast."""
+    return run(
+        base, "writer", act="relu", cells="relu,sigmoid", reload="relu,sigmoid", autocast="1"
+    )
 
 
 def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> None:
@@ -147,21 +230,33 @@ def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> 
     function's entry is saved at exit, the two cell bodies each under its own key."""
     assert all_match(writer), writer
     assert writer["results"]["attr"] == [True, True]
-    assert writer["graphs"] == 6  # f twice, g, h, and M.forward once per binding
+    # f and r twice, g, h, M.forward once per binding, Scaled.__call__, mm, brk's 3 graphs
+    assert writer["graphs"] == 13
     entries = [p for p in (base / "store").glob("v1/*/precompile/*/*") if p.is_file()]
-    assert len(entries) == 5, entries
+    assert len(entries) == 10, entries
+
+
+def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) -> None:
+    """``@torch.compile`` on a class: torch's caching precompile raised reading the class's
+    ``__code__``; the class is passed by (counted) and its ``__call__`` is the entry."""
+    assert writer["results"]["cls"] == [True]
+    assert writer["precompile"].get("skipped:no_code") == 1, writer["precompile"]
 
 
 def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, Any]) -> None:
-    r = run(base, "same", act="relu", cells="relu,sigmoid")
+    r = run(base, "same", act="relu", cells="relu,sigmoid", reload="relu,sigmoid", autocast="1")
     assert all_match(r), r
-    assert r["precompile"].get("hits", 0) >= 3 and r["precompile"].get("installed", 0) >= 3
+    assert r["precompile"].get("hits") == 10 and r["precompile"].get("installed") == 10
+    assert r["graphs"] == 0, r
 
 
 def test_the_second_cell_body_is_never_served_the_first(base: Path, writer: dict[str, Any]) -> None:
-    """Only the edited cell on a new machine: its own entry, never the first body's."""
-    r = run(base, "cell", act="relu", cells="sigmoid")
-    assert r["results"]["f"] == [True], r
+    """Only the edited cell and the edited module on a new machine: their own entries,
+    never the first bodies'. ``mm`` called outside autocast: its float32 result, never the
+    writer's bfloat16 one."""
+    r = run(base, "cell", act="relu", cells="sigmoid", reload="sigmoid", autocast="0")
+    assert r["results"]["f"] == [True] and r["results"]["reload"] == [True], r
+    assert r["results"]["autocast"] == [True], r
     assert all_match(r), r
     assert not r["precompile"].get("rejected:code_mismatch"), r["precompile"]
 
@@ -225,3 +320,20 @@ def test_a_store_poisoned_with_another_functions_package_is_refused(
     r = run(base, "poisoned", act="relu", cells="sigmoid", OBJCACHE_TIERS=f"file://{store}")
     assert r["results"]["f"] == [True], r
     assert r["precompile"].get("rejected:code_mismatch") == 1, r["precompile"]
+
+
+def test_an_install_that_fails_half_way_leaves_nothing_installed(
+    base: Path, writer: dict[str, Any]
+) -> None:
+    """torch's install fails at brk's third code (its second resume function): the entries
+    already put on the first two codes and the globals torch installed are taken back (a
+    resume entry left behind named a global torch's own uninstall removed: NameError in the
+    user's call); the function compiles normally."""
+    r = run(
+        base, "broken-install", act="relu", cells="relu,sigmoid", reload="relu,sigmoid",
+        autocast="1", BREAK_INSTALL="1",
+    )  # fmt: skip
+    assert all_match(r), r
+    assert r["precompile"].get("rejected:install") == 1, r["precompile"]
+    assert r["left"] == {"globals": [], "entries": 0}, r["left"]
+    assert r["graphs"] == 3  # brk compiled normally

@@ -154,8 +154,25 @@ def _client() -> Any:
 # --- load ----------------------------------------------------------------------------------------
 
 
+def _code_of(fn: Any) -> types.CodeType | None:
+    """The code object of the function ``torch.compile`` wraps, or None for a class or a
+    callable object (torch's caching precompile reads ``__code__`` and would raise)."""
+    from torch._dynamo.eval_frame import innermost_fn
+
+    code = getattr(innermost_fn(fn), "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _no_code() -> None:
+    """The package function of a compiled callable that has no code of its own (never
+    saved: its package is marked unsaveable)."""
+
+
 def _load(fn: Any) -> Any | None:
     """``DynamoCache.load``: the verified entry of ``fn`` from objcache, or None (a miss)."""
+    if _code_of(fn) is None:
+        counters["skipped:no_code"] += 1
+        return None
     counters["lookups"] += 1
     try:
         client = _client()
@@ -263,12 +280,66 @@ def _reset(package: Any, fn: Any, initialize: Callable[..., None], why: str, exc
     package.__dict__["_objcache_fresh"] = True
 
 
+def _install_scopes(package: Any) -> dict[int, tuple[dict[str, Any], frozenset[str]]]:
+    """The module globals torch's ``install`` may write, with the names each holds now."""
+    scopes: dict[int, tuple[dict[str, Any], frozenset[str]]] = {}
+    for entry in package._codes.values():
+        module = sys.modules.get(entry.python_module)
+        if module is not None:
+            scopes[id(module.__dict__)] = (module.__dict__, frozenset(module.__dict__))
+    return scopes
+
+
+def _undo_install(package: Any, scopes: dict[int, tuple[dict[str, Any], frozenset[str]]]) -> None:
+    """Take back whatever a failed ``install`` put in place (all or nothing): its globals,
+    the precompiled entries on every code (torch's ``uninstall`` resets only the main
+    function's), the skip marks of empty codes, and Dynamo's builtins dict."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            _reset_precompile_entries,
+            set_code_exec_strategy,
+        )
+        from torch._dynamo.package import _lookup_code
+    except ImportError:  # a release without these: torch's own uninstall only
+        with contextlib.suppress(Exception):
+            package.uninstall()
+        return
+    with contextlib.suppress(Exception):
+        package.uninstall()
+    for code, entry in list(package._codes.items()):
+        targets = [code]
+        if entry.code_source:
+            with contextlib.suppress(Exception):
+                targets.append(_lookup_code(entry))
+        for target in targets:
+            with contextlib.suppress(Exception):
+                _reset_precompile_entries(target)
+            if not entry.guarded_codes:
+                with contextlib.suppress(Exception):
+                    set_code_exec_strategy(
+                        target, _FrameExecStrategy(_FrameAction.DEFAULT, _FrameAction.DEFAULT)
+                    )
+    for scope, before in scopes.values():
+        for name in [n for n in scope if n not in before and n.startswith("__")]:
+            scope.pop(name, None)  # names torch generates ("__builtins_dict__…")
+
+
 def _wrap_initialize(original: Callable[..., None]) -> Callable[..., None]:
     def initialize(
         self: Any, fn: Any, dynamo: Any = None, ignore_inlined_sources: bool = False
     ) -> None:
         with _lock:
             ours = dynamo is not None and _served.pop(id(dynamo), None) is dynamo
+        if dynamo is None and _code_of(fn) is None:
+            from torch._dynamo.eval_frame import innermost_fn
+
+            if inspect.isclass(innermost_fn(fn)):
+                return  # torch compiles the class's __call__ next, with this package
+            original(self, _no_code, None, ignore_inlined_sources)
+            self.__dict__["_objcache_unsaveable"] = "no_code"
+            return
         if not ours:
             original(self, fn, dynamo, ignore_inlined_sources)
             return
@@ -291,10 +362,12 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
         if fn is None:
             original(self, backends)
             return
+        scopes = _install_scopes(self)
         try:
             original(self, backends)
             counters["installed"] += 1
         except Exception as exc:
+            _undo_install(self, scopes)
             _reset(self, fn, initialize, "install", exc)
             self.__dict__.pop("_objcache_fresh", None)
 
@@ -390,7 +463,8 @@ def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
         try:
             original(self, *args, **kwargs)
         except Exception as exc:
-            self.__dict__["_objcache_unsaveable"] = f"no_source: {exc!r}"
+            self.__dict__.setdefault("_objcache_unsaveable", "no_source")
+            log.debug("objcache: precompile package not saveable: %r", exc)
 
     add_inlined_source.__objcache__ = True  # type: ignore[attr-defined]
     add_inlined_source.__wrapped__ = original  # type: ignore[attr-defined]
@@ -452,8 +526,9 @@ def _settle() -> None:
 
 def _wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def record_package(package: Any) -> None:
-        if package.__dict__.get("_objcache_unsaveable"):
-            counters["unsaved:no_source"] += 1  # torch's own record would fail the same way
+        why = package.__dict__.get("_objcache_unsaveable")
+        if why:
+            counters[f"unsaved:{why}"] += 1  # torch's own record would fail the same way
             return
         try:
             original(package)
