@@ -132,6 +132,12 @@ class Client:
         """Local write now, remote writes in the background."""
         self._run(lambda: self.cache.put(kind, key, payload), None)
 
+    def put_local(self, kind: str, key: str, payload: bytes) -> None:
+        """Stored on this machine only: never published, never in the prefetch manifest
+        (a key no other process can compute)."""
+        okey = self.cache.namespace.object_key(kind, key)
+        self._run(lambda: self.cache.write(okey, payload, remote=Remote.NONE), None)
+
     @property
     def env(self) -> str:
         """This environment's id (the namespace entries are stored under)."""

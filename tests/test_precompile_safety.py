@@ -240,7 +240,9 @@ def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) 
     """``@torch.compile`` on a class: torch's caching precompile raised reading the class's
     ``__code__``; the class is passed by (counted) and its ``__call__`` is the entry."""
     assert writer["results"]["cls"] == [True]
-    assert writer["precompile"].get("skipped:no_code") == 1, writer["precompile"]
+    # 2.13 and 2.14 read the class's __code__; 2.15 goes to its __call__ itself
+    reads_class_code = torch.torch_version.TorchVersion(torch.__version__) < (2, 15)
+    assert writer["precompile"].get("skipped:no_code", 0) == int(reads_class_code), writer
 
 
 def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "precompile",
         "guarded candidates",
         "key cards",
+        "vLLM model info",
         "Triton",
     ]
     for part in features.TORCH_PARTS:
@@ -49,6 +50,11 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
     assert states["precompile"].why == "opt-in: OBJCACHE_PRECOMPILE=1 turns it on"
     opted = {s.part: s for s in features.report(environ={"OBJCACHE_PRECOMPILE": "1"})}
     assert opted["precompile"].active, opted["precompile"].why
+    # vLLM is not a dependency: its part says so in one line (docs/vllm.md)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        assert states["vLLM model info"].why == "vllm is not installed"
 
 
 def test_doctor_says_why_a_part_is_switched_off_by_the_environment() -> None:

@@ -127,14 +127,25 @@ PARTS: dict[str, tuple[Hook, ...]] = {
         ),
     ),
     "key cards": _hooks("method", _CODECACHE, "FxGraphCache.load_with_key"),
+    "vLLM model info": (
+        *_hooks("class", "vllm.model_executor.models.registry", "_ModelInfo"),
+        *_hooks(
+            "method",
+            "vllm.model_executor.models.registry",
+            "_LazyRegisteredModel._load_modelinfo_from_cache",
+            "_LazyRegisteredModel._save_modelinfo_to_cache",
+        ),
+    ),
     "Triton": (
         Hook("triton", "", "module"),
         *_hooks("class", "triton.runtime.cache", "RemoteCacheManager"),
     ),
 }
 
-#: The parts torch itself carries (Triton's is a separate package, imported only on demand).
-TORCH_PARTS: tuple[str, ...] = tuple(part for part in PARTS if part != "Triton")
+#: Parts of other packages, imported only where that package is (never by ``install()``).
+OTHER_PARTS: tuple[str, ...] = ("vLLM model info", "Triton")
+#: The parts torch itself carries.
+TORCH_PARTS: tuple[str, ...] = tuple(part for part in PARTS if part not in OTHER_PARTS)
 
 #: objcache kind of a remote cache class -> its part.
 PART_OF_KIND: dict[str, str] = {
@@ -263,6 +274,8 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             why = f"cannot import {first} ({failed[first]})"
             if part == "Triton" and first == "triton":
                 why = "triton is not installed"
+            if part == "vLLM model info" and "No module named 'vllm'" in failed[first]:
+                why = "vllm is not installed"
             states.append(PartState(part, False, why))
             continue
         gone = missing(part)

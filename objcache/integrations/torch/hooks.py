@@ -40,6 +40,7 @@ from objcache.integrations.torch import (
     keycards,
     pgo_join,
     precompile,
+    process_keys,
     serde,
     time_saved,
     watched,
@@ -196,6 +197,9 @@ def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: 
                 if kind in pgo_join.RECORD_KINDS:
                     # a join with every other writer's profile, never last-writer-wins
                     client.update_record(kind, self._get_key(key), pgo_join.change_for(payload))
+                elif process_keys.is_nonce_key(kind, key):
+                    client.put_local(kind, self._get_key(key), payload)
+                    process_keys.counters["local_only:nonce_key"] += 1
                 elif kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
                     client.put_candidate(kind, self._get_key(key), payload)
                 else:
@@ -414,6 +418,7 @@ def _apply_codecache(module: Any) -> None:
 
 
 def _apply_autograd_cache(module: Any) -> None:
+    process_keys.apply(module)
     _apply_candidates(candidates.apply_aot, module)
     time_saved.apply(module)
 
@@ -446,6 +451,14 @@ def _undo_flag(mod_name: str, attr: str) -> None:
             _restore(mod, saved[1], _saved.pop(saved))
 
 
+def _apply_vllm(module: Any) -> None:
+    """vLLM's model-inspection cache through objcache (:mod:`objcache.integrations.vllm`)."""
+    from objcache.integrations import vllm
+
+    if features.off("vLLM model info") is None:
+        vllm.apply(module)
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "flags": _apply_flags,
@@ -455,6 +468,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "fx_candidates": _apply_codecache,
     "aot_candidates": _apply_autograd_cache,
     "precompile": _apply_precompile,
+    "vllm": _apply_vllm,
 }
 
 
@@ -533,6 +547,8 @@ def install(config: Any | None = None) -> None:
         # every hooked torch module, so each part is checked whole before it applies
         features.load(features.TORCH_PARTS)
         for name in WATCHED:
+            if name in watched.NOT_IMPORTED and name not in sys.modules:
+                continue  # another package's module: hooked when it is imported
             try:
                 module = importlib.import_module(name)
             except Exception as exc:
@@ -602,6 +618,8 @@ def uninstall() -> None:
         keycards.uninstall()
         time_saved.uninstall()
         precompile.uninstall()
+        process_keys.uninstall()
+        _uninstall_vllm()
         _installed_parts.clear()
         _flags_waiting.clear()
         _config_checked.clear()
@@ -609,6 +627,13 @@ def uninstall() -> None:
         for var in _env_set:
             os.environ.pop(var, None)
         _env_set.clear()
+
+
+def _uninstall_vllm() -> None:
+    if "objcache.integrations.vllm" in sys.modules:
+        from objcache.integrations import vllm
+
+        vllm.uninstall()
 
 
 def _save(mod_name: str, attr: str, value: Any) -> None:
@@ -619,12 +644,15 @@ def stats() -> dict[str, Any]:
     """This process's integration counters (hook calls, write-through, kernel layer)."""
     from objcache.integrations.torch import kernels
 
+    vllm = sys.modules.get("objcache.integrations.vllm")
     return {
+        **({"vllm": dict(vllm.counters)} if vllm is not None else {}),
         "hooks": dict(counters),
         "writethrough": dict(writethrough.counters),
         "time_saved_s": time_saved.snapshot(),
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
         "precompile": dict(precompile.counters),
+        "process_keys": dict(process_keys.counters),
         "key_cards": dict(cards.counters),
     }

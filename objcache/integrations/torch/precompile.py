@@ -479,15 +479,19 @@ def _refuse_torch_store_write(*args: Any, **kwargs: Any) -> None:
 
 
 def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: Any) -> Any:
-    """torch 2.13: a recompile of a function whose served entry installed Dynamo's builtins
-    dict into the module's globals asserts that the name "already exists in scope" and the
-    error reaches the user's code (later releases disown the binding instead). The very same
-    object already bound is accepted, with a hook that never deletes the shared binding."""
+    """torch 2.13 and 2.14: a recompile of a function whose served entry installed Dynamo's
+    builtins dict into the module's globals asserts that the name "already exists in scope"
+    and the error reaches the user's code. The very same object already bound is accepted,
+    with a hook bound to a throwaway scope, so it never deletes the shared binding (2.14's
+    hooks also take an owner token: a fresh one, which no scope is registered under)."""
+    takes_token = hasattr(hook_cls, "disown")
 
     def create(scope: dict[str, Any], name: str, val: Any) -> Any:
         if name in scope and scope[name] is val:
             counters["shared_globals"] += 1
             manager.count += 1
+            if takes_token:
+                return hook_cls({name: val}, name, object())
             return hook_cls({name: val}, name)
         return original(scope, name, val)
 
@@ -725,7 +729,7 @@ def apply(package_module: Any) -> None:
                     _patch(cache, name, _refuse_torch_store_write)
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)
-            if hook_cls is not None and not hasattr(hook_cls, "disown"):
+            if hook_cls is not None:
                 _patch(
                     hook_cls,
                     "create",

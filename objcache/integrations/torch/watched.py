@@ -17,7 +17,14 @@ from typing import Literal
 
 #: What a part of the install does (:mod:`.hooks` maps each to the function applying it).
 Part = Literal[
-    "flags", "remote_caches", "autotune", "kernels", "fx_candidates", "aot_candidates", "precompile"
+    "flags",
+    "remote_caches",
+    "autotune",
+    "kernels",
+    "fx_candidates",
+    "aot_candidates",
+    "precompile",
+    "vllm",
 ]
 
 #: torch module -> the part of the install applied once it is imported, in install order.
@@ -32,7 +39,13 @@ WATCHED: dict[str, Part] = {
     "torch._functorch._aot_autograd.autograd_cache": "aot_candidates",
     "torch._dynamo.package": "precompile",
     "torch._dynamo.guards": "precompile",
+    # vLLM's own caches (:mod:`objcache.integrations.vllm`): applied only where vLLM imports
+    # it, never imported by ``install()``
+    "vllm.model_executor.models.registry": "vllm",
 }
+
+#: Watched modules of other packages than torch: hooked when imported, never imported.
+NOT_IMPORTED: frozenset[str] = frozenset({"vllm.model_executor.models.registry"})
 
 _stop_listeners: list[Callable[[], None]] = []
 
