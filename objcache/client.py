@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -33,6 +32,7 @@ from objcache.core.records import Change
 from objcache.core.tier import Tier
 from objcache.core.tiered import Candidate, Remote, TieredCache, Written
 from objcache.entry.layout import Namespace
+from objcache.observe import process_stats
 from objcache.observe.publish import publish
 from objcache.outputs import RunObserver
 
@@ -292,8 +292,9 @@ def _write_stats_file(client: Client) -> None:
     target = stats_file(client.config)
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # whoever can write the folder cannot make this write land elsewhere
-        publish(target, json.dumps(data, indent=1).encode(), 0o600)
+        # whoever can write the folder cannot make this write land elsewhere; the processes
+        # of one start (vLLM's three, a job's ranks) share the file
+        process_stats.combined(target, data, publish)
     except OSError:
         log.debug("cannot write stats file %s", target, exc_info=True)
 
@@ -316,6 +317,7 @@ def get_client(config: Config | None = None) -> Client:
                 _client.close()
             _client = Client(config or Config.from_env())
             _client_pid = pid
+            process_stats.run_group()  # named before this process starts others
         return _client
 
 

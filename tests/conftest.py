@@ -26,6 +26,14 @@ class BucketServer(Protocol):
 
 hypothesis_profiles.load()
 
+
+@pytest.fixture(autouse=True)
+def _own_run_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test is its own start: the run group an earlier test's in-process client named
+    is not inherited by this test's processes (objcache/observe/process_stats.py)."""
+    monkeypatch.setenv("OBJCACHE_RUN_GROUP", "")
+    monkeypatch.delenv("OBJCACHE_RUN_GROUP")
+
 S = TypeVar("S", bound=Server)
 
 

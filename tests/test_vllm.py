@@ -302,3 +302,29 @@ def test_a_backend_name_without_a_uuid_is_kept() -> None:
     assert process_keys.stable_backend_id("__compiled_fn_3") == "__compiled_fn_3"
     assert process_keys.stable_backend_id(None) is None
     assert process_keys.stable_backend_id(_backend_id()) == "__compiled_fn_1_<per-process>"
+
+
+@pytest.mark.parametrize(
+    ("call", "fails"),
+    [
+        ("loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)", True),
+        (
+            "getattr(loaded_fn._artifacts.compiled_fn, 'finalize_loading', None) and "
+            "loaded_fn._artifacts.compiled_fn.finalize_loading(model.vllm_config)",
+            False,
+        ),
+    ],
+)
+def test_doctor_says_when_vllms_own_aot_load_fails_on_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, fails: bool
+) -> None:
+    """Read from vLLM's files (a stand-in package here), never by importing it."""
+    pkg = tmp_path / "vllm"
+    (pkg / "compilation").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    (pkg / "compilation" / "decorators.py").write_text(f"def load():\n    {call}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    state = ov.doctor_state()
+    assert state["installed"] and state["aot_load_fails_on_cpu"] is fails
+    assert ("its own AOT load fails on CPU" in ov.doctor_line(state)) is fails
+    assert ov.doctor_line({"installed": False}) == "vLLM: not installed"

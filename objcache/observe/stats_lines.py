@@ -18,13 +18,19 @@ def _age(seconds: float) -> str:
 
 
 def stamp_line(data: dict[str, Any], now: float | None = None) -> str:
-    """``stats of job J on host H (pid P), written <UTC time> (<age> ago), environment E``."""
+    """``stats of job J on host H (pid P), written <UTC time> (<age> ago), environment E``
+    (``N processes of one start: pids ...`` where several processes merged theirs)."""
     parts = ["stats"]
     if data.get("job"):
         parts.append(f"of job {data['job']}")
     if data.get("host"):
         parts.append(f"on {data['host']}")
-    if data.get("pid"):
+    processes = data.get("processes")
+    if isinstance(processes, list) and len(processes) > 1:
+        pids = ", ".join(str(p.get("pid")) for p in processes[:8] if isinstance(p, dict))
+        more = f" and {len(processes) - 8} more" if len(processes) > 8 else ""
+        parts.append(f"({len(processes)} processes of one start: pids {pids}{more})")
+    elif data.get("pid"):
         parts.append(f"(pid {data['pid']})")
     written = data.get("written_at")
     if isinstance(written, (int, float)):

@@ -430,6 +430,7 @@ def machine_env(root: str, base: Mapping[str, str] | None = None) -> dict[str, s
         TMPDIR=os.path.join(root, "tmp"),
         OBJCACHE_LOCAL_DIR=os.path.join(root, "objcache-local"),
     )
+    env.pop("OBJCACHE_RUN_GROUP", None)  # another machine is another start
     return env
 
 
