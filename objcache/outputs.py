@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from objcache.bridge import Bridge
 from objcache.config.settings import Config
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
-from objcache.observe import keycards
+from objcache.observe import keycards, process_stats
 from objcache.observe import run_summary as summary
 
 log = logging.getLogger("objcache")
@@ -70,6 +71,7 @@ class RunObserver:
                 self.cache.stats_dict(), job=job, run=self.run_id, started=self.started,
                 ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
                 miss_cards={"recorded": len(cards), "dropped": dropped},
+                group=os.environ.get(process_stats.RUN_GROUP_ENV) or None,
             )  # fmt: skip
             misses = keycards.misses_object(job, self.run_id)
             if separate:

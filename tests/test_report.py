@@ -374,3 +374,33 @@ def test_ls_envs_describes_an_environment_holding_only_run_summaries(
     table = runner.invoke(cli.app, ["ls", "--envs", "--tier", url], env={"COLUMNS": "200"})
     row = next(line for line in table.output.splitlines() if other in line)
     assert "9.9.9" in row and "avx2" in row and "?" not in row
+
+
+def test_the_processes_of_one_start_are_one_row(tmp_path: Path) -> None:
+    """A vLLM start's three processes (one run group) are one row with their counts added;
+    another start, or a summary without a group, is a row of its own."""
+    config = file_config(tmp_path, "w")
+    cache = build_cache(config)
+    job, now = "serve", int(time.time())
+    groups = ["node-7-100-1", "node-7-100-1", "node-7-100-1", "node-7-200-2", None]
+
+    async def seed() -> None:
+        target = cache.remotes[0]
+        for i, group in enumerate(groups):
+            run = f"run-{now + i}-{i}-aa"
+            body = {**good_summary(), "job": job, "run": run, "group": group, "started": now + i}
+            okey = cache.namespace.object_key(summary.KIND, f"{job}/{run}")
+            await target.put(okey, cache.codec.encode(summary.encode(body), okey), PutMode.CREATE)
+        await cache.close()
+
+    asyncio.run(seed())
+    where = ["--job", job, "--env", cache.namespace.env, "--tier", f"file://{tmp_path / 'store'}"]
+    result = CliRunner().invoke(cli.app, ["report", *where, "--json"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.output)["runs"]
+    assert [r["processes"] for r in runs] == [3, 1, 1]
+    assert runs[0]["lookups"] == 3 * 6 and runs[0]["hits"] == 3 * 5
+    assert runs[0]["bytes_in"] == 3 * 5000
+    assert runs[0]["duration_s"] == 12.0  # first start to the last process's end
+    table = CliRunner().invoke(cli.app, ["report", *where], env={"COLUMNS": "220"})
+    assert "node-7 (3 processes)" in table.output

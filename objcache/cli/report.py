@@ -74,6 +74,10 @@ class Row:
     #: summary's per-reason miss counts (``absent``, ``corrupt``, ...); a finer source, such
     #: as the key components that differ from the nearest written entry, sets it instead.
     miss_causes: Counter[str] | None = None
+    #: The start the run belongs to (None: a summary without one): runs of one group on one
+    #: host are one row (:func:`fold_groups`), ``runs`` their ids.
+    group: str | None = None
+    runs: list[str] = field(default_factory=list)
 
     @property
     def causes(self) -> Counter[str]:
@@ -126,6 +130,7 @@ class Row:
             "misses": dict(self.misses),
             "env_fields": dict(self.env_fields),
             "top_miss_cause": _cause(self.top_miss_cause),
+            "processes": max(1, len(self.runs)),
         }
 
     @classmethod
@@ -150,7 +155,41 @@ class Row:
             time_saved_s=dict(body.get("time_saved_s", {})),
             env=env,
             env_fields=dict(body.get("env", {})),
+            group=body.get("group"),
+            runs=[body["run"]],
         )
+
+
+def fold_groups(rows: list[Row]) -> list[Row]:
+    """One row per start: the summaries of one run group on one host (a vLLM start's three
+    processes, a job's local ranks) added up; rows without a group stay as they are."""
+    folded: list[Row] = []
+    by_group: dict[tuple[str, str | None, str], Row] = {}
+    for row in rows:
+        if row.group is None or not row.has_summary:
+            folded.append(row)
+            continue
+        key = (row.env, row.host, row.group)
+        first = by_group.get(key)
+        if first is None:
+            by_group[key] = row
+            folded.append(row)
+            continue
+        for kind, k in row.kinds.items():
+            mine = first.kinds.setdefault(kind, {"lookups": 0, "hits": 0})
+            mine["lookups"] += k["lookups"]
+            mine["hits"] += k["hits"]
+        first.bytes_in += row.bytes_in
+        first.bytes_out += row.bytes_out
+        first.lookup_s += row.lookup_s
+        first.misses.update(row.misses)
+        for kind, s in row.time_saved_s.items():
+            first.time_saved_s[kind] = first.time_saved_s.get(kind, 0.0) + s
+        end = max(first.started + (first.duration_s or 0), row.started + (row.duration_s or 0))
+        first.started = min(first.started, row.started)
+        first.duration_s = round(end - first.started, 3)
+        first.runs.extend(row.runs)
+    return folded
 
 
 def _cause(top: tuple[str, int] | None) -> dict[str, Any] | None:
@@ -308,6 +347,7 @@ async def collect(
         started = summary.run_started(run_id) or 0.0
         report.rows.append(Row(run_id, started, has_summary=False, env=run_env))
     report.rows.sort(key=lambda r: (r.started, r.run, r.env))
+    report.rows = fold_groups(report.rows)
     return report
 
 
@@ -317,9 +357,11 @@ def explain_causes(report: Report, causes: Mapping[str, Counter[str]]) -> None:
     from the nearest written card, or "first compile of this graph in the store"). Runs
     without explained misses keep their summary's per-reason counts."""
     for row in report.rows:
-        found = causes.get(row.run)
+        found: Counter[str] = Counter()
+        for run in row.runs or [row.run]:
+            found.update(causes.get(run, {}))
         if found:
-            row.miss_causes = Counter(found)
+            row.miss_causes = found
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -382,9 +424,12 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
             table.add_row(started, "-", env, "-", "no summary (older objcache)", *["-"] * 6, "")
             continue
         rank = "-" if row.rank is None else str(row.rank)
+        host = row.host or "-"
+        if len(row.runs) > 1:
+            host += f" ({len(row.runs)} processes)"
         table.add_row(
             started,
-            text(row.host or "-"),
+            text(host),
             text(_env(row.env, row.env_fields)),
             rank,
             text(_kinds(row.kinds)),

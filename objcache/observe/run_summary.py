@@ -76,6 +76,7 @@ def build(
     time_saved: Mapping[str, float] | None = None,
     env: Mapping[str, str] | None = None,
     miss_cards: Mapping[str, int] | None = None,
+    group: str | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
@@ -121,6 +122,9 @@ def build(
         # the run's key cards of lookups that missed everywhere, stored beside the summary
         # (docs/architecture.md, "Key cards"): how many, and how many over the cap
         "miss_cards": {k: int(v) for k, v in (miss_cards or {}).items()},
+        # the start this process belongs to (objcache/observe/process_stats.py): a vLLM
+        # start's three processes are one row of `objcache report`
+        "group": group,
     }
 
 
@@ -223,6 +227,8 @@ def parse(data: bytes) -> dict[str, Any]:
         },
         # absent in summaries of objcache versions before it was recorded
         "env": {k: _field(v, f"env.{k}") for k, v in _mapping(body.get("env", {}), "env").items()},
+        # absent in summaries of objcache versions before run groups
+        "group": None if body.get("group") is None else _str(body.get("group"), "group"),
         # absent in summaries of objcache versions before key cards
         "miss_cards": {
             k: _count(n, f"miss_cards.{k}")
