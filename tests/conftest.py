@@ -34,6 +34,7 @@ def _own_run_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OBJCACHE_RUN_GROUP", "")
     monkeypatch.delenv("OBJCACHE_RUN_GROUP")
 
+
 S = TypeVar("S", bound=Server)
 
 

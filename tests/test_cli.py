@@ -427,3 +427,24 @@ def test_a_hostile_mega_pointer_is_one_line_and_exit_2(
     assert "Traceback" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("objcache: error: mega load: "), r.stderr
+
+
+def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
+    """One way to open a store in the CLI: ``_open`` (the command's deadline, no retries,
+    bounded concurrency). No command module calls ``create_backend`` anywhere else."""
+    import ast
+
+    cli_dir = Path(__file__).resolve().parents[1] / "objcache" / "cli"
+    callers: list[str] = []
+    for path in sorted(cli_dir.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                    "create_backend",
+                    "build_backend",
+                ):
+                    callers.append(f"{path.name}:{fn.name}")
+    assert sorted(set(callers)) == ["main.py:_open"], callers

@@ -77,6 +77,7 @@ def _run(tmp_path: Path, stats: Path, extra: dict[str, str] | None = None) -> No
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "not an objcache option" not in out.stderr  # the group is objcache's own variable
 
 
 def test_a_start_of_two_processes_leaves_both_stats(tmp_path: Path) -> None:

@@ -600,7 +600,7 @@ def push(
     src_dir = source or config.local_dir
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
-    src = create_backend(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}))
+    src = _open(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}), config)
     targets = [_open(s, config) for s in specs]
     report = _copy(
         src,
@@ -658,7 +658,7 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> 
             _warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
         return
     spec = _tiers(config, tier)[0]
-    local = create_backend(_local_spec(config))
+    local = _open(_local_spec(config), config)
     report = _copy(_open(spec, config), [local], None if all_envs else env_id(), "pull", config)
     if report.failed or report.refused:
         _warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
@@ -781,7 +781,7 @@ def verify(
     read_only = config.read_only and bool(tier)
     if delete:
         ops.refuse_read_only("verify --delete", [spec], read_only=read_only)
-    backend = _open(spec, config) if tier else create_backend(spec)
+    backend = _open(spec, config)
     bar, advance = _progress(0, "verify")
 
     async def run() -> ops.VerifyReport:
@@ -844,9 +844,9 @@ def report(
         raise UserError(f"--since: {exc}") from None
     # the summaries location, where one is configured (docs/operations.md, "Fleet report")
     source = config.summaries_url if tier is None else None
-    backend = create_backend(source or _tiers(config, tier)[0])
+    backend = _open(source or _tiers(config, tier)[0], config)
     # written key cards are in the tiers, runs' missed cards beside the summaries
-    cards = backend if source is None else create_backend(_tiers(config, tier)[0])
+    cards = backend if source is None else _open(_tiers(config, tier)[0], config)
     bar, advance = _progress(0, "report")
     codec = _codec(config)
 
@@ -892,11 +892,11 @@ def explain(
     from objcache.cli import explain as why
 
     config = _config()
-    backend = create_backend(_tiers(config, tier)[0])
+    backend = _open(_tiers(config, tier)[0], config)
     # a run's missed cards are beside its summary: in the summaries location where one is
     # configured (docs/operations.md, "Fleet report"); written cards are in the tiers
     source = config.summaries_url if tier is None else None
-    runs = create_backend(source) if source is not None else backend
+    runs = _open(source, config) if source is not None else backend
     closing = [backend] if runs is backend else [backend, runs]
     result = _run(
         _closing(closing, why.collect(backend, _codec(config), job=job, run=run, runs=runs))

@@ -37,6 +37,7 @@ SIZE_FIELDS = ("local_max_bytes", "write_behind_max_bytes")
 #: benchmarks read: never reported as unknown.
 INTERNAL_VARIABLES = frozenset(
     {
+        "OBJCACHE_RUN_GROUP",  # objcache/observe/process_stats.py: the start a process is of
         "OBJCACHE_PROGRESS",  # the CLI's progress bar without a terminal
         "OBJCACHE_HYPOTHESIS_PROFILE",  # tests/support/hypothesis_profiles.py
         "OBJCACHE_TEST_SITE_DIR",  # tests/torch_support.py

@@ -1,4 +1,4 @@
-"""One stats file for a start made of several processes (docs/operations.md, "Stats").
+"""One stats file for a start made of several processes (docs/operations.md, "Monitoring").
 
 A vLLM start is three Python processes (the front end, the engine core, its worker), a
 training job one per rank, torch's compile workers more: each process's client leaves its
