@@ -6,9 +6,9 @@ stats at exit (``OBJCACHE_STATS_FILE``), and the last writer used to replace the
 The first process of a start names its *run group* in the environment
 (:data:`RUN_GROUP_ENV`), which every process it starts inherits; at exit each process merges
 its stats into the file under a lock when the file holds the same group, and replaces it
-otherwise (a new start). Counts add, latency means are weighted by their counts, the
-``p50``/``p99`` bounds keep the larger, per-tier rows merge by tier name; ``processes``
-lists who contributed.
+otherwise (a new start, or another client of a process already in it). Counts add, latency
+means are weighted by their counts, the ``p50``/``p99`` bounds keep the larger, per-tier
+rows merge by tier name; ``processes`` lists who contributed.
 """
 
 from __future__ import annotations
@@ -105,7 +105,11 @@ def combined(target: Path, mine: dict[str, Any], publish: Any) -> dict[str, Any]
     me = {"pid": mine.get("pid"), "host": mine.get("host"), "written_at": mine.get("written_at")}
     with _locked(target):
         old = _read(target)
-        if old is not None and old.get("run_group") == group:
+        seen = old.get("processes", []) if old is not None else []
+        again = any(isinstance(p, dict) and p.get("pid") == me["pid"] for p in seen)
+        # a second client of the same process (a tool, a test's simulated machine) replaces
+        # the file, as it did before run groups
+        if old is not None and old.get("run_group") == group and not again:
             processes = [*old.get("processes", []), me]
             data: dict[str, Any] = merge({k: v for k, v in old.items() if k != "processes"}, mine)
         else:
