@@ -448,3 +448,21 @@ def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
                 ):
                     callers.append(f"{path.name}:{fn.name}")
     assert sorted(set(callers)) == ["main.py:_open"], callers
+
+
+def test_push_refuses_an_inductor_dir_others_could_have_filled(run: Run, tmp_path: Path) -> None:
+    """A symlinked or group-writable ``--inductor-dir`` is a one-line error, exit 2, and
+    nothing is published."""
+    real = tmp_path / "inductor"
+    (real / "fxgraph" / "ab" / "fkey").mkdir(parents=True)
+    (real / "fxgraph" / "ab" / "fkey" / "entry").write_bytes(b"\x80graph")
+    link = tmp_path / "inductor-link"
+    link.symlink_to(real)
+    r = run("push", "--inductor-dir", str(link))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "is a symlink" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    real.chmod(0o777)
+    r = run("push", "--inductor-dir", str(real))
+    assert r.returncode == 2 and "writable by group or others" in r.stderr, r.stderr
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("*fkey*"))

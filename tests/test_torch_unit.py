@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -785,3 +786,50 @@ def test_demo_models_are_built_in_or_from_a_library() -> None:
     for bad in ("resnet18", "torchvision:", "hub:resnet18", ":x", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown model"):
             model_name(bad)
+
+
+def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
+    store: Path, tmp_path: Path
+) -> None:
+    """``push --inductor-dir``: a symlinked or shared (group/other-writable, foreign-owned)
+    directory is refused whole; below it, symlinks and entries others could have written are
+    left out and counted; this user's own entries are imported."""
+    from objcache.client import get_client
+    from objcache.integrations.torch import seed
+
+    outside = tmp_path / "elsewhere"
+    (outside / "fxgraph" / "ab" / "fevil").mkdir(parents=True)
+    (outside / "fxgraph" / "ab" / "fevil" / "entry").write_bytes(b"\x80planted")
+    root = store / "inductor-own"
+    (root / "fxgraph" / "ab" / "fgood").mkdir(parents=True)
+    (root / "fxgraph" / "ab" / "fgood" / "entry").write_bytes(b"\x80good")
+    (root / "fxgraph" / "ab" / "flink").symlink_to(outside / "fxgraph" / "ab" / "fevil")
+    (root / "fxgraph" / "cd").symlink_to(outside / "fxgraph" / "ab")
+    (root / "fxgraph" / "ab" / "fshared").mkdir()
+    shared = root / "fxgraph" / "ab" / "fshared" / "entry"
+    shared.write_bytes(b"\x80shared")
+    shared.chmod(0o666)
+    (root / "aotautograd" / "afile").mkdir(parents=True)
+    (root / "aotautograd" / "afile" / "entry").symlink_to(
+        outside / "fxgraph" / "ab" / "fevil" / "entry"
+    )
+
+    skipped: Counter[str] = Counter()
+    assert seed.import_local(inductor_dir=root, skipped=skipped) == 1
+    assert get_client().get("fx-graph", "pt2:fx-graph-v1::fgood:c1") == b"\x80good"
+    for key in ("flink", "fevil", "fshared"):
+        assert get_client().get("fx-graph", f"pt2:fx-graph-v1::{key}:c1") is None
+    assert skipped == {"symlink": 3, "untrusted": 1}, skipped
+
+    link = store / "inductor-link"
+    link.symlink_to(root)
+    with pytest.raises(seed.UnsafeDir, match="symlink"):
+        seed.import_local(inductor_dir=link)
+    root.chmod(0o777)
+    with pytest.raises(seed.UnsafeDir, match="writable by group or others"):
+        seed.import_local(inductor_dir=root)
+    root.chmod(0o700)
+    if os.getuid() == 0:  # only root can give the directory to someone else
+        os.chown(root, 12345, -1)
+        with pytest.raises(seed.UnsafeDir, match="owned by uid 12345"):
+            seed.import_local(inductor_dir=root)

@@ -593,10 +593,21 @@ def push(
     config = _config()
     specs = _write_targets(config, tier, "push")
     if inductor_dir is not None or bundle:
-        from objcache.integrations.torch.seed import import_local
+        from collections import Counter
 
-        imported = import_local(inductor_dir=inductor_dir, bundles=list(bundle or []))
+        from objcache.integrations.torch.seed import UnsafeDir, import_local
+
+        skipped: Counter[str] = Counter()
+        try:
+            imported = import_local(
+                inductor_dir=inductor_dir, bundles=list(bundle or []), skipped=skipped
+            )
+        except UnsafeDir as exc:
+            raise UserError(f"push --inductor-dir: refused: {exc}") from None
         out.print(f"imported {imported} artifacts into the local tier")
+        if skipped:
+            reasons = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+            _warn(f"push --inductor-dir: left out (never published): {reasons}")
     src_dir = source or config.local_dir
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")

@@ -23,6 +23,8 @@ running the compile with objcache installed, or in bundles.
 from __future__ import annotations
 
 import os
+import stat
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -37,21 +39,106 @@ def remote_key(kind: str, key: str) -> str:
     return f"pt2:{CACHE_IDS[kind]}::{key}:c1"
 
 
-def scan_inductor_dir(root: Path) -> Iterator[tuple[str, str, bytes]]:
-    """``(kind, key, raw pickle)`` of every FX graph and AOTAutograd entry under ``root``."""
+#: Largest cache entry file read from an inductor directory (FX graphs are KBs to MBs).
+MAX_ENTRY_BYTES = 256 * 1024 * 1024
+
+
+class UnsafeDir(ValueError):
+    """An inductor directory whose contents anyone but this user may have put there."""
+
+
+def _trusted(st: os.stat_result) -> bool:
+    """Owned by this user and not writable by group or others (lstat: never a symlink)."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def check_root(root: Path) -> None:
+    """Refuse (:class:`UnsafeDir`) an inductor directory that is a symlink, not a directory,
+    owned by someone else or writable by group or others: a pre-created
+    ``/tmp/torchinductor_<user>`` or a restored cache whose contents would be signed and
+    published as this user's (docs/security.md)."""
+    try:
+        st = os.lstat(root)
+    except OSError as exc:
+        raise UnsafeDir(f"{root}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDir(f"{root} is a symlink: give the directory itself")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDir(f"{root} is not a directory")
+    if st.st_uid != os.getuid():
+        raise UnsafeDir(f"{root} is owned by uid {st.st_uid}, not by this user")
+    if st.st_mode & 0o022:
+        raise UnsafeDir(f"{root} is writable by group or others (mode {st.st_mode & 0o777:o})")
+
+
+def _trusted_dirs(base: Path, depth: int, skipped: Counter[str]) -> Iterator[Path]:
+    """The directories ``depth`` levels under ``base``, every level a trusted directory."""
+    level = [base]
+    for _ in range(depth):
+        nxt: list[Path] = []
+        for d in level:
+            for child in sorted(d.iterdir()):
+                st = os.lstat(child)
+                if stat.S_ISDIR(st.st_mode) and _trusted(st):
+                    nxt.append(child)
+                elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                    skipped["untrusted" if not stat.S_ISLNK(st.st_mode) else "symlink"] += 1
+        level = nxt
+    return iter(level)
+
+
+def _read_entry(path: Path, skipped: Counter[str]) -> bytes | None:
+    """A trusted regular file's bytes (never through a symlink, bounded), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        skipped["symlink" if path.is_symlink() else "unreadable"] += 1
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or not _trusted(st):
+            skipped["untrusted"] += 1
+            return None
+        if st.st_size > MAX_ENTRY_BYTES:
+            skipped["oversized"] += 1
+            return None
+        return f.read(MAX_ENTRY_BYTES + 1)[:MAX_ENTRY_BYTES]
+
+
+def scan_inductor_dir(
+    root: Path, skipped: Counter[str] | None = None
+) -> Iterator[tuple[str, str, bytes]]:
+    """``(kind, key, raw pickle)`` of every FX graph and AOTAutograd entry under ``root``.
+
+    ``root`` must pass :func:`check_root`; below it, a symlink, a file or directory owned by
+    someone else or writable by group or others, or an entry over :data:`MAX_ENTRY_BYTES` is
+    skipped and counted in ``skipped`` by reason."""
+    check_root(root)
+    skipped = Counter() if skipped is None else skipped
     layouts = (("fx-graph", root / "fxgraph", 2), ("aot-autograd", root / "aotautograd", 1))
     for kind, base, depth in layouts:
-        if not base.is_dir():
+        try:
+            st = os.lstat(base)
+        except OSError:
             continue
-        pattern = "*/*" if depth == 2 else "*"
-        for key_dir in sorted(base.glob(pattern)):
-            if not key_dir.is_dir():
-                continue
-            entries = [p for p in key_dir.iterdir() if p.is_file() and not p.name.startswith(".")]
+        if not stat.S_ISDIR(st.st_mode) or not _trusted(st):
+            skipped["symlink" if stat.S_ISLNK(st.st_mode) else "untrusted"] += 1
+            continue
+        for key_dir in _trusted_dirs(base, depth, skipped):
+            entries = []
+            for p in key_dir.iterdir():
+                if p.name.startswith("."):
+                    continue
+                pst = os.lstat(p)
+                if stat.S_ISREG(pst.st_mode):
+                    entries.append((pst.st_mtime, p))
+                else:
+                    skipped["symlink" if stat.S_ISLNK(pst.st_mode) else "untrusted"] += 1
             if not entries:
                 continue
-            newest = max(entries, key=lambda p: p.stat().st_mtime)
-            yield kind, remote_key(kind, key_dir.name), newest.read_bytes()
+            data = _read_entry(max(entries)[1], skipped)
+            if data is not None:
+                yield kind, remote_key(kind, key_dir.name), data
 
 
 def bundle_items(data: bytes) -> Iterator[tuple[str, str, bytes]]:
@@ -86,14 +173,21 @@ def bundle_items(data: bytes) -> Iterator[tuple[str, str, bytes]]:
             yield kind, remote_key(kind, artifact.key), artifact.content
 
 
-def import_local(*, inductor_dir: Path | None = None, bundles: Sequence[Path] = ()) -> int:
-    """Put the importable artifacts into objcache's local tier; returns how many."""
+def import_local(
+    *,
+    inductor_dir: Path | None = None,
+    bundles: Sequence[Path] = (),
+    skipped: Counter[str] | None = None,
+) -> int:
+    """Put the importable artifacts into objcache's local tier; returns how many. Raises
+    :class:`UnsafeDir` for an inductor directory others may have filled; ``skipped`` counts
+    what was left out below it, by reason."""
     from objcache.client import get_client
     from objcache.integrations.torch.mega import put_local
 
     items: list[tuple[str, str, bytes]] = []
     if inductor_dir is not None:
-        items.extend(scan_inductor_dir(Path(os.path.expanduser(str(inductor_dir)))))
+        items.extend(scan_inductor_dir(Path(os.path.expanduser(str(inductor_dir))), skipped))
     for path in bundles:
         items.extend(bundle_items(Path(path).read_bytes()))
     client = get_client()
