@@ -74,7 +74,8 @@ def merge(old: Any, new: Any, key: str = "") -> Any:
 
 @contextlib.contextmanager
 def _locked(target: Path) -> Iterator[None]:
-    fd = os.open(f"{target}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    """An exclusive lock on the stats file's folder (no lock file is left beside it)."""
+    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
