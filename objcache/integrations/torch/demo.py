@@ -185,10 +185,11 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # compile + step alike with and without objcache (not who paid for the imports).
     import importlib
 
-    from objcache.integrations.torch.watched import WATCHED
+    from objcache.integrations.torch.watched import NOT_IMPORTED, WATCHED
 
     for name in WATCHED:
-        importlib.import_module(name)
+        if name not in NOT_IMPORTED:  # another package's (vLLM's): not what install() imports
+            importlib.import_module(name)
     if args.objcache == "install":
         import objcache
 
