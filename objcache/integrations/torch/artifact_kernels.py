@@ -166,6 +166,10 @@ def derive(artifacts: Mapping[str, Sequence[Any]]) -> KernelScan:
     with _replaying(cpp_builder, codecache) as builders:
         with contextlib.suppress(Exception):
             _replay_isa_probe()
+        # the probe's builders come first: where this process picked another ISA variant than
+        # the replay (a CPU with several, AMX among them), the replayed probe was never built
+        # here, and a load only probes again (a small build, never a kernel the graphs load)
+        probes = len(builders)
         for artifact in graphs:
             try:
                 _replay_graph(codecache, _graph_source(artifact))
@@ -175,14 +179,15 @@ def derive(artifacts: Mapping[str, Sequence[Any]]) -> KernelScan:
                 scan.failed.append(f"graph {str(artifact.key)[:12]}: {exc.__class__.__name__}")
                 log.debug("objcache: replaying graph %s failed", artifact.key, exc_info=True)
     seen: set[str] = set()
-    for builder in builders:
+    for index, builder in enumerate(builders):
         try:
             plan = kernels.plan(builder)
             if plan is None or plan.precompiled_header or plan.target in seen:
                 continue
             seen.add(plan.target)
             if not os.path.isfile(plan.target):
-                scan.missing.append(plan.target)
+                if index >= probes:
+                    scan.missing.append(plan.target)
                 continue
             with open(plan.target, "rb") as f:
                 scan.items.append((plan.key, f.read()))
