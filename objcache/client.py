@@ -134,9 +134,9 @@ class Client:
 
     def put_local(self, kind: str, key: str, payload: bytes) -> None:
         """Stored on this machine only: never published, never in the prefetch manifest
-        (a key no other process can compute)."""
-        okey = self.cache.namespace.object_key(kind, key)
-        self._run(lambda: self.cache.write(okey, payload, remote=Remote.NONE), None)
+        (imports: bundle kernels, seeded artifacts; a key no other process can compute).
+        Raises like :meth:`write`."""
+        self.write(self.object_key(kind, key), payload, remote=Remote.NONE)
 
     @property
     def env(self) -> str:

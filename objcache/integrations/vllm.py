@@ -256,7 +256,3 @@ def doctor_line(state: dict[str, Any]) -> str:
 
 def installed() -> bool:
     return bool(_patched)
-
-
-def stats() -> dict[str, int]:
-    return dict(counters)

@@ -207,9 +207,7 @@ def write_overwrite(client: Client, okey: str, payload: bytes) -> Written:
 
 def put_local(client: Client, kind: str, key: str, payload: bytes) -> None:
     """Write (kind, key) to the local tier only (imports: bundle kernels, seeded artifacts)."""
-    from objcache.core.tiered import Remote
-
-    client.write(client.object_key(kind, key), payload, remote=Remote.NONE)
+    client.put_local(kind, key, payload)
 
 
 def _check_name(name: str) -> str:
