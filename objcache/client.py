@@ -108,6 +108,7 @@ class Client:
         self.prefetch_result: concurrent.futures.Future[dict[str, Any]] | None = None
         if config.prefetch and any(t.readable for t in self.cache.remotes):
             self.prefetch_result = self.bridge.submit(lambda: prefetch(self.cache, self.job))
+            self.prefetch_result.add_done_callback(self._prefetch_done)
         self.observer = RunObserver(config, self.cache, self.bridge)
 
     def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
@@ -117,6 +118,16 @@ class Client:
             self.timeouts += 1
             log.debug("objcache call timed out", exc_info=True)
             return default
+
+    def _prefetch_done(self, done: concurrent.futures.Future[dict[str, Any]]) -> None:
+        """The prefetch's time, a phase of the run (it runs beside the compiles)."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        seconds = done.result().get("seconds")
+        if isinstance(seconds, (int, float)):
+            self.bridge.loop.call_soon_threadsafe(
+                self.cache.stats.add_phase, "prefetch (beside the compiles)", seconds * 1000
+            )
 
     def get(self, kind: str, key: str) -> bytes | None:
         started = time.perf_counter()
@@ -190,9 +201,9 @@ class Client:
             self.config.flush_timeout_s + 5,
         )
 
-    def listing(self, kind: str) -> list[tuple[str, ObjectInfo]]:
+    def listing(self, kind: str) -> tuple[list[tuple[str, ObjectInfo]], list[str]]:
         """``(tier name, object)`` of every object of ``kind`` in this environment, tier by
-        tier in order (a tier that cannot list is skipped, counted); raises like
+        tier in order, and the tiers that could not list (skipped, counted); raises like
         :meth:`write`."""
         return self.bridge.call(lambda: self.cache.listing(kind), self.config.flush_timeout_s + 5)
 

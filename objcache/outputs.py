@@ -52,9 +52,15 @@ class RunObserver:
             self._periodic = bridge.submit(lambda: exporter.run(cache.stats_dict))
 
     def used(self) -> bool:
-        """Whether this process looked anything up or wrote anything."""
+        """Whether this process looked anything up, wrote anything or compiled anything (a
+        warm-local run whose compiles torch's own caches answered has phase times: the run
+        ``objcache explain --time`` compares a new machine with)."""
         data = self.cache.stats_dict()
-        return bool(data["cache"]["gets"]) or any(t["puts"] for t in data["tiers"])
+        return (
+            bool(data["cache"]["gets"])
+            or any(t["puts"] for t in data["tiers"])
+            or any(name.startswith("torch:") for name in _phases())
+        )
 
     async def write_summary(self, job: str) -> bool:
         """Queue this run's summary for the remote tiers (on the loop, before the flush), or
@@ -72,6 +78,7 @@ class RunObserver:
                 ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
                 miss_cards={"recorded": len(cards), "dropped": dropped},
                 group=os.environ.get(process_stats.RUN_GROUP_ENV) or None,
+                phases=_phases(), recompiles=_recompiles(),
             )  # fmt: skip
             misses = keycards.misses_object(job, self.run_id)
             if separate:
@@ -116,6 +123,19 @@ class RunObserver:
             self._periodic.cancel()
         if self.exporter is not None:
             self.exporter.write_at_exit(self.cache.stats_dict())
+
+
+def _phases() -> dict[str, tuple[float, int]]:
+    """torch's phase times of this process when the torch integration is loaded (never
+    imports torch)."""
+    module = sys.modules.get("objcache.integrations.torch.phase_times")
+    return dict(module.snapshot()) if module is not None else {}
+
+
+def _recompiles() -> list[tuple[str, str, float]]:
+    """torch's recompiles of this process, with their reasons (never imports torch)."""
+    module = sys.modules.get("objcache.integrations.torch.phase_times")
+    return list(module.recompiles()) if module is not None else []
 
 
 def _time_saved() -> dict[str, float]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -58,8 +58,8 @@ def test_cards_the_missing_run_wrote_itself_are_left_out() -> None:
 
 def test_misses_are_grouped_by_cause_biggest_first() -> None:
     e = explain.Explanation("job", runs=["r1", "r2", "r3"])
-    e.misses += [explain.Miss(make(), f"r{i}", f"h{i}", "a differs") for i in range(3)]
-    e.misses += [explain.Miss(make(), "r1", "h1", explain.FIRST_COMPILE)]
+    e.misses += [explain.Miss.of(make(), f"r{i}", f"h{i}", "a differs") for i in range(3)]
+    e.misses += [explain.Miss.of(make(), "r1", "h1", explain.FIRST_COMPILE)]
     causes = e.causes()
     assert [(c.cause, c.misses, len(c.hosts)) for c in causes] == [
         ("a differs", 3, 3),
@@ -175,7 +175,8 @@ def test_a_writer_stores_the_card_of_its_miss_beside_the_entry(tmp_path: Path) -
     backend, codec = store(tmp_path), Codec()
 
     async def read() -> tuple[list[Written], explain.Explanation]:
-        cards = await explain._written(backend, codec, "fx-graph", "g1", Counter())
+        reader = explain._Reader(backend, codec, explain.Explanation("train"))
+        cards = await explain._written(reader, "fx-graph", "g1")
         return cards, await explain.collect(backend, codec, job="train")
 
     cards, result = asyncio.run(read())
@@ -224,3 +225,96 @@ def test_report_names_the_top_miss_cause_from_key_cards(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     rows = json.loads(out.output)["runs"]
     assert [r["top_miss_cause"]["cause"] for r in rows] == ["inductor_config.max_autotune differs"]
+
+
+# --- bounded reads: whatever the store holds ---------------------------------------------------
+
+
+def _maximal_misses(job: str, run: str) -> bytes:
+    """A misses object at its size cap, every card valid: what a hostile node can plant."""
+    cards = []
+    for c in range(5):
+        comps: dict[str, tuple[str, str | None]] = {
+            f"c{c}.{i:05d}." + "n" * 180: (f"{i:032x}", "v" * keycards.MAX_VALUE)
+            for i in range(keycards.MAX_COMPONENTS - 64)
+        }
+        comps[keycards.GRAPH] = (f"g{c}", None)
+        cards.append(Card("fx-graph", f"k{c}", comps))
+    data = keycards.encode_misses(job, run, "planted", cards, 0)
+    assert keycards.MAX_MISSES_BYTES * 0.8 < len(data) <= keycards.MAX_MISSES_BYTES
+    return data
+
+
+def _plant(tmp_path: Path, runs: list[str]) -> None:
+    backend, codec = store(tmp_path), Codec()
+    template = _maximal_misses("train", "RUN")
+
+    async def seed() -> None:
+        for run in runs:
+            okey = NS.object_key(keycards.MISSES_KIND, f"train/{run}")
+            data = template.replace(b'"run":"RUN"', f'"run":"{run}"'.encode())
+            await backend.put(okey, codec.encode(data, okey), PutMode.CREATE)
+
+    asyncio.run(seed())
+
+
+# VmHWM, not getrusage's ru_maxrss: Linux carries the spawning process's peak across exec
+# into ru_maxrss, so a child of a pytest that has loaded torch would report torch's peak
+_RSS = """
+import sys
+from objcache.cli import main
+try:
+    main.app(sys.argv[1:], standalone_mode=False)
+finally:
+    with open("/proc/self/status") as f:
+        hwm = [l.split()[1] for l in f if l.startswith("VmHWM:")]
+    print("RSS", hwm[0], file=sys.stderr)
+"""
+
+
+def _cli_rss(args: list[str]) -> tuple[dict[str, Any], int]:
+    """The command's JSON output and its peak RSS in bytes (run in its own process)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS, *args, "--json"], capture_output=True, text=True, timeout=600
+    )
+    rss = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("RSS ")]
+    assert rss and proc.stdout.startswith("{"), (proc.stdout[:500], proc.stderr[-2000:])
+    return json.loads(proc.stdout), rss[0] * 1024
+
+
+def test_explain_and_report_over_planted_maximal_misses_stay_bounded(tmp_path: Path) -> None:
+    """64 misses objects at their cap (8 MiB of valid cards each): explain and report read
+    within a budget that does not depend on the store, and say what they left unread."""
+    now = int(time.time())
+    runs = [f"run-{now - 60 - i}-{i}-{i:08x}" for i in range(64)]
+    _plant(tmp_path, runs)
+    tier = f"file://{tmp_path / 'store'}"
+    data, rss = _cli_rss(["explain", "--job", "train", "--tier", tier])
+    assert rss < 200 << 20, rss
+    assert data["read"]["objects"] < 64 and data["not_read"], data["not_read"]
+    _, rss = _cli_rss(["report", "--job", "train", "--tier", tier])
+    assert rss < 200 << 20, rss
+
+
+def test_explain_since_reads_none_of_the_older_runs(tmp_path: Path) -> None:
+    now = int(time.time())
+    old = [f"run-{now - 7200 - i}-{i}-{i:08x}" for i in range(8)]
+    new = f"run-{now - 60}-99-abcdef01"
+    backend, codec = store(tmp_path), Codec()
+
+    async def seed() -> None:
+        for run in [*old, new]:
+            await put_misses(backend, codec, "train", run, [make(graph=run)])
+
+    asyncio.run(seed())
+    tier = f"file://{tmp_path / 'store'}"
+    out = CliRunner().invoke(
+        cli.app, ["explain", "--job", "train", "--since", "1h", "--tier", tier, "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["runs"] == [new] and data["read"]["objects"] == 1
+    assert data["not_read"] == {"older than --since": 8}

@@ -404,3 +404,39 @@ def test_the_processes_of_one_start_are_one_row(tmp_path: Path) -> None:
     assert runs[0]["duration_s"] == 12.0  # first start to the last process's end
     table = CliRunner().invoke(cli.app, ["report", *where], env={"COLUMNS": "220"})
     assert "node-7 (3 processes)" in table.output
+
+
+def test_report_reads_the_newest_runs_and_counts_the_rest(tmp_path: Path) -> None:
+    """``--runs N`` reads the newest N summaries; older runs and those before ``--since`` are
+    counted on one line, never read."""
+    config = file_config(tmp_path, "w")
+    cache = build_cache(config)
+    job, now = "train", int(time.time())
+    starts = [now - 7200, now - 300, now - 200, now - 100, now - 10]
+
+    async def seed() -> None:
+        target = cache.remotes[0]
+        for i, started in enumerate(starts):
+            run = f"run-{started}-{i}-aa"
+            body = {**good_summary(), "job": job, "run": run, "started": started}
+            okey = cache.namespace.object_key(summary.KIND, f"{job}/{run}")
+            await target.put(okey, cache.codec.encode(summary.encode(body), okey), PutMode.CREATE)
+        await cache.close()
+
+    asyncio.run(seed())
+    where = ["--job", job, "--tier", f"file://{tmp_path / 'store'}"]
+    result = CliRunner().invoke(cli.app, ["report", *where, "--runs", "2", "--since", "1h"])
+    assert result.exit_code == 0, result.output
+    assert "runs not read: older than --since=1, over the newest 2=2" in result.output
+    data = json.loads(
+        CliRunner().invoke(cli.app, ["report", *where, "--runs", "2", "--json"]).output
+    )
+    assert [r["started"] for r in data["runs"]] == starts[-2:]
+    assert data["total"]["not_read"] == {"over the newest 2": 3}
+    helptext = CliRunner().invoke(cli.app, ["report", "--help"], env={"COLUMNS": "200"}).output
+    assert f"default: {report.DEFAULT_RUNS}" in helptext
+    from objcache.cli import explain
+
+    helptext = CliRunner().invoke(cli.app, ["explain", "--help"], env={"COLUMNS": "200"}).output
+    assert f"default: {explain.DEFAULT_RUNS}" in helptext
+    assert f"{explain.READ_BUDGET >> 20} MiB" in " ".join(helptext.split())

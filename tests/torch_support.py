@@ -110,14 +110,16 @@ def make_site_dir(path: Path) -> Path:
     return path
 
 
-def make_gxx_shim(directory: Path) -> tuple[Path, Path]:
-    """A ``g++`` that logs its arguments, then runs the real one. Returns (bin dir, log)."""
+def make_gxx_shim(directory: Path, *, delay_s: float = 0.0) -> tuple[Path, Path]:
+    """A ``g++`` that logs its arguments, then runs the real one (``delay_s`` later: a slow
+    build on purpose). Returns (bin dir, log)."""
     real = shutil.which("g++")
     assert real, "g++ is needed for the compile tests"
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "gxx.log"
     shim = directory / "g++"
-    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    pause = f"sleep {delay_s}\n" if delay_s else ""
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\n{pause}exec "{real}" "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return directory, log
 

@@ -16,7 +16,7 @@ skipped and counted, never printed raw (docs/security.md, "What the CLI prints")
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,11 +24,12 @@ from typing import Any
 from rich.console import Console
 
 from objcache.backends.base import Backend
-from objcache.cli.ops import bounded
+from objcache.cli.ops import Newest, bounded
 from objcache.entry.codec import Codec
 from objcache.entry.layout import LAYOUT_VERSION, Namespace, parse_object_key
 from objcache.errors import EntryError, EntryTooLarge
 from objcache.observe import keycards
+from objcache.observe import run_summary as summary
 from objcache.observe.keycards import Card, CardError, Difference, Written
 from objcache.observe.plaintext import plain
 
@@ -38,36 +39,93 @@ SAME_KEY = "same key written by another run (the entry came later, or is gone)"
 MAX_WRITTEN_PER_GRAPH = 256
 #: Most differing components named in a cause.
 CAUSE_NAMES = 3
+#: Most differing components kept per miss (the cause counts them all).
+MAX_DIFFERENCES = 16
+#: Newest runs read by default (``--runs``).
+DEFAULT_RUNS = 32
+#: Most bytes of cards one command decodes, runs' misses and written cards together: the
+#: read does not grow with what the store holds (an object over it is not started).
+READ_BUDGET = 32 << 20
+#: Most bytes of written cards kept between runs (the graphs read least recently go first).
+WRITTEN_CACHE_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """The written card nearest a missed one: who wrote it and how many components agree."""
+
+    key: str
+    run: str
+    host: str
+    job: str
+    equal: int
 
 
 @dataclass
 class Miss:
-    """One missed lookup, explained."""
+    """One missed lookup, explained; only what is shown is kept (a card can hold thousands of
+    components, and a store holds as many cards as its writers planted)."""
 
-    card: Card
+    kind: str
+    key: str
+    #: how many components the missed card has
+    components: int
     run: str
     host: str
     cause: str
-    nearest: Written | None = None
+    nearest: Nearest | None = None
+    #: the first :data:`MAX_DIFFERENCES` differing components; ``more_differences`` the rest
     differences: list[Difference] = field(default_factory=list)
+    more_differences: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        card: Card,
+        run: str,
+        host: str,
+        cause: str,
+        near: Written | None = None,
+        differences: list[Difference] | None = None,
+    ) -> Miss:
+        diffs = differences or []
+        return cls(
+            card.kind,
+            card.key,
+            len(card.components),
+            run,
+            host,
+            cause,
+            None
+            if near is None
+            else Nearest(
+                near.card.key,
+                near.run,
+                near.host,
+                near.job,
+                keycards.equal_components(near.card, card),
+            ),
+            diffs[:MAX_DIFFERENCES],
+            max(0, len(diffs) - MAX_DIFFERENCES),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         near = self.nearest
         return {
-            "kind": self.card.kind,
-            "key": self.card.key,
+            "kind": self.kind,
+            "key": self.key,
             "run": self.run,
             "host": self.host,
             "cause": self.cause,
             "nearest": None
             if near is None
             else {
-                "key": near.card.key,
+                "key": near.key,
                 "run": near.run,
                 "host": near.host,
                 "job": near.job,
-                "equal": keycards.equal_components(near.card, self.card),
-                "components": len(self.card.components),
+                "equal": near.equal,
+                "components": self.components,
             },
             "differences": [
                 {
@@ -78,6 +136,7 @@ class Miss:
                 }
                 for d in self.differences
             ],
+            "more_differences": self.more_differences,
         }
 
 
@@ -102,6 +161,11 @@ class Explanation:
     dropped: int = 0
     #: objects skipped, by reason (unsigned, corrupt, invalid, too-large, misplaced ...)
     skipped: Counter[str] = field(default_factory=Counter)
+    #: runs listed but not read, by reason (older than --since, over the newest N, ...)
+    not_read: Counter[str] = field(default_factory=Counter)
+    #: objects read and the bytes they decoded to
+    objects_read: int = 0
+    bytes_read: int = 0
 
     def causes(self) -> list[Cause]:
         """Misses grouped by cause, the biggest first."""
@@ -120,6 +184,8 @@ class Explanation:
             "misses": len(self.misses),
             "dropped": self.dropped,
             "skipped": dict(self.skipped),
+            "not_read": dict(self.not_read),
+            "read": {"objects": self.objects_read, "bytes": self.bytes_read},
             "causes": [
                 {"cause": c.cause, "misses": c.misses, "hosts": len(c.hosts), "runs": len(c.runs)}
                 for c in self.causes()
@@ -158,76 +224,132 @@ def nearest(missed: Card, written: list[Written], run: str) -> Written | None:
 def explain_one(missed: Card, written: list[Written], run: str, host: str) -> Miss:
     near = nearest(missed, written, run)
     if near is None:
-        return Miss(missed, run, host, FIRST_COMPILE)
+        return Miss.of(missed, run, host, FIRST_COMPILE)
     differences = keycards.diff(near.card, missed)
     cause = cause_of(differences) if differences else SAME_KEY
-    return Miss(missed, run, host, cause, near, differences)
+    return Miss.of(missed, run, host, cause, near, differences)
 
 
 # --- reading a store ---------------------------------------------------------------------------
 
 
-async def _read(
-    backend: Backend, codec: Codec, okey: str, cap: int, parse: Callable[[bytes], Any]
-) -> Any:
-    """The parsed object at ``okey``, or the reason it was skipped (a str)."""
-    try:
-        data = await backend.get_capped(okey, cap + 4096)
-    except EntryTooLarge:
-        return "too_large"
-    except Exception:
-        return "unreadable"
-    if data is None:
-        return "gone"
-    try:
-        return parse(codec.decode(data, okey, cap))
-    except EntryError as exc:
-        return exc.reason
-    except CardError:
-        return "invalid"
+class _Reader:
+    """Reads a store's cards within :data:`READ_BUDGET` decoded bytes, counting what it
+    read and skipped into one :class:`Explanation`."""
+
+    def __init__(self, backend: Backend, codec: Codec, result: Explanation) -> None:
+        self.backend, self.codec, self.result = backend, codec, result
+
+    @property
+    def spent(self) -> bool:
+        return self.result.bytes_read >= READ_BUDGET
+
+    async def read(self, okey: str, cap: int, parse: Callable[[bytes], Any]) -> Any:
+        """The parsed object at ``okey``, or the reason it was skipped (a str)."""
+        try:
+            data = await self.backend.get_capped(okey, cap + 4096)
+        except EntryTooLarge:
+            return "too_large"
+        except Exception:
+            return "unreadable"
+        if data is None:
+            return "gone"
+        try:
+            plain_bytes = self.codec.decode(data, okey, cap)
+        except EntryError as exc:
+            return exc.reason
+        del data
+        self.result.objects_read += 1
+        self.result.bytes_read += len(plain_bytes)
+        try:
+            return parse(plain_bytes)
+        except CardError:
+            return "invalid"
 
 
-async def _misses(
-    backend: Backend, codec: Codec, job: str, run: str | None, skipped: Counter[str]
-) -> list[keycards.Misses]:
-    found: list[str] = []
+async def runs_in_env(backend: Backend, env: str, job: str) -> set[str]:
+    """The run ids of ``job`` with a summary in environment ``env`` (``--env``)."""
+    found: set[str] = set()
+    async for info in backend.list(f"{LAYOUT_VERSION}/{env}/run/"):
+        parsed = parse_object_key(info.key)
+        if parsed is not None and parsed[2].startswith(f"{job}/"):
+            found.add(parsed[2][len(job) + 1 :])
+    return found
+
+
+async def _listed(
+    backend: Backend,
+    job: str,
+    run: str | None,
+    since: float,
+    only: set[str] | None,
+    newest: int,
+    not_read: Counter[str],
+) -> list[str]:
+    """Object keys of the runs' misses to read, newest run first: at most ``newest`` of them
+    kept while listing, whatever the listing yields; the rest counted in ``not_read``."""
+    keep = Newest(newest)
     prefix = f"{LAYOUT_VERSION}/{keycards.CARDS_ENV}/{keycards.MISSES_KIND}/"
     async for info in backend.list(prefix):
         parsed = parse_object_key(info.key)
         if parsed is None or not parsed[2].startswith(f"{job}/"):
             continue
-        if run is None or parsed[2] == f"{job}/{run}":
-            found.append(info.key)
-
-    async def read(okey: str) -> Any:
-        return await _read(backend, codec, okey, keycards.MAX_MISSES_BYTES, keycards.parse_misses)
-
-    out: list[keycards.Misses] = []
-    for okey, result in zip(sorted(found), await bounded(sorted(found), read, None), strict=True):
-        if isinstance(result, str):
-            skipped[f"run: {result}"] += 1
-        elif f"{result.job}/{result.run}" != parse_object_key(okey)[2]:  # type: ignore[index]
-            skipped["run: misplaced"] += 1
+        run_id = parsed[2][len(job) + 1 :]
+        if run is not None and run_id != run:
+            continue
+        started = summary.run_started(run_id)
+        if since and (started is None or started < since):
+            not_read["older than --since"] += 1
+        elif only is not None and run_id not in only:
+            not_read["not in --env"] += 1
         else:
-            if result.invalid:
-                skipped["card: invalid"] += result.invalid
-            out.append(result)
-    return out
+            keep.offer(started or 0.0, run_id, info.key)
+    if keep.left_out:
+        not_read[f"over the newest {newest}"] += keep.left_out
+    return [okey for _, _, okey in keep.newest_first()]
 
 
-async def _written(
-    backend: Backend, codec: Codec, kind: str, graph: str, skipped: Counter[str]
-) -> list[Written]:
+class _WrittenCache:
+    """Written cards per (kind, graph), read once and kept while they fit
+    :data:`WRITTEN_CACHE_BYTES` (the graphs read least recently dropped first)."""
+
+    def __init__(self, reader: _Reader) -> None:
+        self.reader = reader
+        self._cards: OrderedDict[tuple[str, str], tuple[int, list[Written]]] = OrderedDict()
+        self._bytes = 0
+
+    async def get(self, kind: str, graph: str) -> list[Written] | None:
+        """The graph's written cards, or None when the read budget is spent."""
+        key = (kind, graph)
+        if key in self._cards:
+            self._cards.move_to_end(key)
+            return self._cards[key][1]
+        if self.reader.spent:
+            return None
+        before = self.reader.result.bytes_read
+        cards = await _written(self.reader, kind, graph)
+        size = self.reader.result.bytes_read - before
+        self._cards[key] = (size, cards)
+        self._bytes += size
+        while self._bytes > WRITTEN_CACHE_BYTES and len(self._cards) > 1:
+            _, (dropped, _) = self._cards.popitem(last=False)
+            self._bytes -= dropped
+        return cards
+
+
+async def _written(reader: _Reader, kind: str, graph: str) -> list[Written]:
     card_kind = keycards.CARD_KIND[kind]
     ns = Namespace(keycards.CARDS_ENV)
-    listed = [
-        (info.mtime, info.key) async for info in backend.list(ns.object_prefix(card_kind, graph))
-    ]
-    listed.sort(reverse=True)
-    keys = [k for _, k in listed[:MAX_WRITTEN_PER_GRAPH]]
+    newest = Newest(MAX_WRITTEN_PER_GRAPH)
+    async for info in reader.backend.list(ns.object_prefix(card_kind, graph)):
+        newest.offer(info.mtime, info.key, info.key)
+    keys = [k for _, _, k in newest.newest_first()]
+    skipped = reader.result.skipped
 
     async def read(okey: str) -> Any:
-        return await _read(backend, codec, okey, keycards.MAX_CARD_BYTES, keycards.parse_written)
+        if reader.spent:
+            return "over the read budget"
+        return await reader.read(okey, keycards.MAX_CARD_BYTES, keycards.parse_written)
 
     out: list[Written] = []
     for result in await bounded(keys, read, None):
@@ -247,26 +369,47 @@ async def collect(
     job: str,
     run: str | None = None,
     runs: Backend | None = None,
+    since: float = 0.0,
+    env: str | None = None,
+    newest: int = DEFAULT_RUNS,
 ) -> Explanation:
     """Every missed card of ``job``'s runs (or of ``run``), each with its nearest written card
     in ``backend``; the runs' missed cards are read from ``runs`` (the summaries location)
-    where given, else from ``backend``."""
+    where given, else from ``backend``.
+
+    Bounded whatever the store holds: of the runs started at or after ``since`` (epoch
+    seconds) and, with ``env``, having a summary in that environment, the ``newest`` are read,
+    the newest first, one at a time, until :data:`READ_BUDGET` decoded bytes are spent; of
+    each only the explained misses are kept. What was not read is counted by reason."""
     result = Explanation(job)
-    missed = await _misses(runs or backend, codec, job, run, result.skipped)
-    written: dict[tuple[str, str], list[Written]] = {}
-    for r in sorted(missed, key=lambda r: r.run):
-        result.runs.append(r.run)
-        result.dropped += r.dropped
-        for card in r.cards:
-            graph = card.graph
-            if graph is None:
-                result.misses.append(Miss(card, r.run, r.host, FIRST_COMPILE))
+    source = runs or backend
+    only = await runs_in_env(source, env, job) if env else None
+    keys = await _listed(source, job, run, since, only, newest, result.not_read)
+    reader, cards = _Reader(source, codec, result), _WrittenCache(_Reader(backend, codec, result))
+    for i, okey in enumerate(keys):
+        if reader.spent:
+            result.not_read[f"over the read budget ({READ_BUDGET >> 20} MiB)"] += len(keys) - i
+            break
+        got = await reader.read(okey, keycards.MAX_MISSES_BYTES, keycards.parse_misses)
+        if isinstance(got, str):
+            result.skipped[f"run: {got}"] += 1
+            continue
+        if f"{got.job}/{got.run}" != parse_object_key(okey)[2]:  # type: ignore[index]
+            result.skipped["run: misplaced"] += 1
+            continue
+        if got.invalid:
+            result.skipped["card: invalid"] += got.invalid
+        result.runs.append(got.run)
+        result.dropped += got.dropped
+        for card in got.cards:
+            written = await cards.get(card.kind, card.graph) if card.graph is not None else []
+            if written is None:
+                result.skipped["card: over the read budget"] += 1
                 continue
-            if (card.kind, graph) not in written:
-                written[(card.kind, graph)] = await _written(
-                    backend, codec, card.kind, graph, result.skipped
-                )
-            result.misses.append(explain_one(card, written[(card.kind, graph)], r.run, r.host))
+            result.misses.append(explain_one(card, written, got.run, got.host))
+        del got
+    result.runs.sort()
+    result.misses.sort(key=lambda m: m.run)
     return result
 
 
@@ -300,6 +443,10 @@ def lines(explanation: Explanation) -> list[str]:
         out.append(
             "  skipped: " + ", ".join(f"{n} {plain(r)}" for r, n in sorted(e.skipped.items()))
         )
+    if e.not_read:
+        out.append(
+            "  runs not read: " + ", ".join(f"{n} {r}" for r, n in sorted(e.not_read.items()))
+        )
     for cause in e.causes():
         plural = "es" if cause.misses != 1 else ""
         out.append("")
@@ -309,17 +456,18 @@ def lines(explanation: Explanation) -> list[str]:
         for m in e.misses:
             if m.cause != cause.cause:
                 continue
-            head = f"  {m.card.kind} {plain(m.card.key)} (run {plain(m.run)}, host {plain(m.host)})"
+            head = f"  {m.kind} {plain(m.key)} (run {plain(m.run)}, host {plain(m.host)})"
             out.append(head)
             if m.nearest is not None:
                 near = m.nearest
-                equal = keycards.equal_components(near.card, m.card)
                 out.append(
                     f"    nearest written card: run {plain(near.run)} (host {plain(near.host)}), "
-                    f"{equal}/{len(m.card.components)} components equal; stored → this run:"
+                    f"{near.equal}/{m.components} components equal; stored → this run:"
                 )
             for d in m.differences:
                 out.append(f"    {plain(d.describe())}")
+            if m.more_differences:
+                out.append(f"    ... and {m.more_differences} more components differ")
     return out
 
 

@@ -840,19 +840,25 @@ def report(
     env: Annotated[
         str | None, typer.Option(help="Only this environment id (default: every one).")
     ] = None,
+    runs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Read the newest N runs' summaries (at most 512 KiB each); older runs are "
+            "counted, not read.",
+        ),
+    ] = 200,
     tier: TierOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One row per run of a job across hosts and environments: hits per kind, bytes, lookup
-    time, misses and the top miss cause."""
+    time, misses and the top miss cause. Reads a bounded amount whatever the store holds: the
+    newest --runs summaries, and for the cause column key cards as objcache explain reads them."""
     from objcache.cli import explain as why
     from objcache.cli import report as fleet
 
     config = _config()
-    try:
-        since_s = fleet.parse_duration(since) if since else None
-    except ValueError as exc:
-        raise UserError(f"--since: {exc}") from None
+    since_s = _since(since)
     # the summaries location, where one is configured (docs/operations.md, "Fleet report")
     source = config.summaries_url if tier is None else None
     backend = _open(source or _tiers(config, tier)[0], config)
@@ -864,7 +870,9 @@ def report(
     async def run() -> fleet.Report:
         found = await report_rows()
         try:  # the column "top miss cause" from key cards, where the runs recorded any
-            explained = await why.collect(cards, codec, job=job, runs=backend)
+            explained = await why.collect(
+                cards, codec, job=job, runs=backend, since=_since_epoch(since_s), env=env or None
+            )
         except Exception as exc:  # the counts from the summaries stand
             logging.getLogger("objcache").debug("report: key cards unreadable: %r", exc)
         else:
@@ -879,6 +887,7 @@ def report(
                 env=env or None,
                 job=job,
                 since_s=since_s,
+                newest=runs,
                 progress=advance,
                 total=lambda n: bar.update(bar.task_ids[0], total=n),
             )
@@ -891,32 +900,121 @@ def report(
     raise typer.Exit(0 if result.rows else 1)
 
 
+def _since(since: str | None) -> float | None:
+    """``--since`` in seconds, or a one-line error."""
+    from objcache.cli import report as fleet
+
+    try:
+        return fleet.parse_duration(since) if since else None
+    except ValueError as exc:
+        raise UserError(f"--since: {exc}") from None
+
+
+def _since_epoch(since_s: float | None) -> float:
+    return 0.0 if since_s is None else time.time() - since_s
+
+
 @app.command()
 def explain(
     job: Annotated[str, typer.Option(help="The job whose missed lookups to explain.")],
     run: Annotated[str | None, typer.Option(help="Only this run (default: every run).")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only runs started this long ago or later (24h, 7d).")
+    ] = None,
+    env: Annotated[
+        str | None,
+        typer.Option(help="Only runs with a summary in this environment id (default: any)."),
+    ] = None,
+    runs: Annotated[
+        int, typer.Option(min=1, help="Read the newest N runs; older runs are counted, not read.")
+    ] = 32,
+    timing: Annotated[
+        bool,
+        typer.Option(
+            "--time",
+            help="Where a start's time went: --run (default: the newest run that did not "
+            "start warm-local) phase by phase next to the nearest warm run of the job, the "
+            "biggest difference first, and why the warm run skipped a phase.",
+        ),
+    ] = False,
     tier: TierOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Why each lookup of a job missed: the components of its key that differ from the
-    nearest key a writer stored, misses grouped by cause (docs/troubleshooting.md)."""
+    nearest key a writer stored, misses grouped by cause (docs/troubleshooting.md). Reads a
+    bounded amount whatever the store holds: the newest --runs runs, one at a time, newest
+    first, at most 32 MiB of decoded key cards in all; what was not read is said on one line."""
     from objcache.cli import explain as why
 
     config = _config()
+    since_epoch = _since_epoch(_since(since))
     backend = _open(_tiers(config, tier)[0], config)
     # a run's missed cards are beside its summary: in the summaries location where one is
     # configured (docs/operations.md, "Fleet report"); written cards are in the tiers
     source = config.summaries_url if tier is None else None
-    runs = _open(source, config) if source is not None else backend
-    closing = [backend] if runs is backend else [backend, runs]
+    runs_at = _open(source, config) if source is not None else backend
+    closing = [backend] if runs_at is backend else [backend, runs_at]
+    if timing:
+        _explain_time(runs_at, closing, config, job, run, env, since, runs, as_json)
     result = _run(
-        _closing(closing, why.collect(backend, _codec(config), job=job, run=run, runs=runs))
+        _closing(
+            closing,
+            why.collect(
+                backend,
+                _codec(config),
+                job=job,
+                run=run,
+                runs=runs_at,
+                since=since_epoch,
+                env=env or None,
+                newest=runs,
+            ),
+        )
     )
     if as_json:
         _print_json(result.as_dict())
     else:
         why.render(result, out)
     raise typer.Exit(0 if result.runs else 1)
+
+
+def _explain_time(
+    source: Backend,
+    closing: list[Backend],
+    config: Config,
+    job: str,
+    run: str | None,
+    env: str | None,
+    since: str | None,
+    runs: int,
+    as_json: bool,
+) -> None:
+    """``explain --time``: the run summaries read as ``report`` reads them, one run's phase
+    times next to the nearest warm run's (objcache/cli/timing.py)."""
+    from objcache.cli import report as fleet
+    from objcache.cli import timing
+    from objcache.observe.plaintext import text
+
+    found = _run(
+        _closing(
+            closing,
+            fleet.collect(
+                source, _codec(config), env=env or None, job=job, since_s=_since(since),
+                newest=runs,
+            ),
+        )
+    )  # fmt: skip
+    try:
+        compared = timing.compare(found, run=run)
+    except LookupError as exc:
+        _warn(f"explain --time: {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        _print_json(compared.as_dict())
+    else:
+        for line in timing.lines(compared):
+            out.print(text(line), soft_wrap=True)
+    raise typer.Exit(0)
 
 
 # --- mega / demo -------------------------------------------------------------------------
@@ -951,19 +1049,23 @@ def mega_load(name: str) -> None:
 
 @mega_app.command("ls")
 def mega_ls(as_json: JsonOpt = False) -> None:
-    """List the bundles stored for this environment."""
+    """List the bundles stored for this environment (exit 1 when a tier could not list)."""
     from objcache.integrations.torch import mega
 
+    unlisted: list[str] = []
     if as_json:
         _print_json(
             [
                 {"name": b.name, "size": b.size, "mtime": b.mtime, "tier": b.tier}
-                for b in mega.list_infos()
+                for b in mega.list_infos(unlisted)
             ]
         )
-        return
-    for line in mega.list_bundles():
-        _line(out, line)
+    else:
+        for line in mega.list_bundles(unlisted):
+            _line(out, line)
+    for name in unlisted:
+        _warn(f"mega ls: {name}: could not list (deadline passed or the tier failed)")
+    raise typer.Exit(1 if unlisted else 0)
 
 
 @app.command()

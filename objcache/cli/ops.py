@@ -8,6 +8,7 @@ and rate.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import secrets
@@ -160,6 +161,29 @@ async def _summary_env(backend: Backend, codec: Codec, okey: str) -> dict[str, A
     except Exception:  # too large, refused, invalid, unreadable: described as unknown
         log.debug("cannot read the environment of run summary %s", okey, exc_info=True)
         return {}
+
+
+class Newest:
+    """The ``limit`` newest of the items offered, kept in memory of ``limit`` items whatever
+    a listing yields, and how many were left out (``objcache report`` and ``explain`` read
+    the newest runs first, within a budget that does not depend on the store)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+        self.left_out = 0
+        self._heap: list[tuple[float, str, Any]] = []
+
+    def offer(self, started: float, name: str, item: Any) -> None:
+        entry = (started, name, item)
+        if len(self._heap) < self.limit:
+            heapq.heappush(self._heap, entry)
+            return
+        self.left_out += 1
+        if self._heap and entry[:2] > self._heap[0][:2]:
+            heapq.heapreplace(self._heap, entry)
+
+    def newest_first(self) -> list[tuple[float, str, Any]]:
+        return sorted(self._heap, key=lambda e: e[:2], reverse=True)
 
 
 def _moved(item: Any, result: Any) -> int:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from objcache.backends.base import Backend
-from objcache.cli.ops import Progress, bounded
+from objcache.cli.ops import Newest, Progress, bounded
 from objcache.entry.codec import Codec
 from objcache.entry.layout import LAYOUT_VERSION, parse_object_key
 from objcache.errors import EntryError
@@ -36,6 +36,8 @@ from objcache.observe.plaintext import text
 COLD_BELOW = 0.5
 #: Largest stored summary read (an entry around a summary of at most summary.MAX_BYTES).
 READ_CAP = 2 * summary.MAX_BYTES
+#: Newest runs read by default (``--runs``): at most this many summaries of READ_CAP each.
+DEFAULT_RUNS = 200
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -78,6 +80,13 @@ class Row:
     #: host are one row (:func:`fold_groups`), ``runs`` their ids.
     group: str | None = None
     runs: list[str] = field(default_factory=list)
+    #: Where the run's time went: phase -> (seconds, times); None: an older objcache's
+    #: summary, without phase times (docs/architecture.md, "Phase times").
+    phases: dict[str, tuple[float, int]] | None = None
+    #: Lookups the local tier answered (a warm-local run answers most of them there).
+    local_hits: int = 0
+    #: torch's recompiles: (frame, reason, seconds), at most run_summary.MAX_RECOMPILES.
+    recompiles: list[tuple[str, str, float]] = field(default_factory=list)
 
     @property
     def causes(self) -> Counter[str]:
@@ -100,6 +109,15 @@ class Row:
     @property
     def hits(self) -> int:
         return sum(k["hits"] for k in self.kinds.values())
+
+    @property
+    def warm_local(self) -> bool:
+        """Started warm on its own machine: its local tier answered at least half of its
+        lookups and the remote tiers hardly any (a tenth at most), or it asked objcache
+        nothing (torch's own local caches answered first); a new machine's lookups are
+        answered by the remote tiers, or missed."""
+        remote_hits = max(0, self.hits - self.local_hits)
+        return self.local_hits >= COLD_BELOW * self.lookups and remote_hits <= self.lookups / 10
 
     @property
     def cold(self) -> bool:
@@ -140,6 +158,13 @@ class Row:
         for tier in remote:
             for outcomes in tier["kinds"].values():
                 misses.update({o: n for o, n in outcomes.items() if o != "hit"})
+        local_hits = sum(
+            outcomes.get("hit", 0)
+            for t in body["tiers"].values()
+            if not t["remote"]
+            for outcomes in t["kinds"].values()
+        )
+        phases = body.get("phases") or None
         return cls(
             run=body["run"],
             started=body["started"],
@@ -157,6 +182,9 @@ class Row:
             env_fields=dict(body.get("env", {})),
             group=body.get("group"),
             runs=[body["run"]],
+            phases=None if phases is None else {k: (p["s"], p["n"]) for k, p in phases.items()},
+            local_hits=local_hits,
+            recompiles=[(r["frame"], r["reason"], r["s"]) for r in body.get("recompiles", [])],
         )
 
 
@@ -183,6 +211,14 @@ def fold_groups(rows: list[Row]) -> list[Row]:
         first.bytes_out += row.bytes_out
         first.lookup_s += row.lookup_s
         first.misses.update(row.misses)
+        first.local_hits += row.local_hits
+        first.recompiles.extend(row.recompiles)
+        if row.phases is not None:
+            mine_phases = first.phases if first.phases is not None else {}
+            for name, (secs, n) in row.phases.items():
+                had = mine_phases.get(name, (0.0, 0))
+                mine_phases[name] = (had[0] + secs, had[1] + n)
+            first.phases = mine_phases
         for kind, s in row.time_saved_s.items():
             first.time_saved_s[kind] = first.time_saved_s.get(kind, 0.0) + s
         end = max(first.started + (first.duration_s or 0), row.started + (row.duration_s or 0))
@@ -204,6 +240,8 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     #: Summaries that were listed but could not be used, by reason.
     skipped: Counter[str] = field(default_factory=Counter)
+    #: Runs listed but not read, by reason (older than --since, over the newest N).
+    not_read: Counter[str] = field(default_factory=Counter)
 
     def total(self) -> dict[str, Any]:
         with_summary = [r for r in self.rows if r.has_summary]
@@ -234,6 +272,7 @@ class Report:
             "misses": dict(misses),
             "skipped": sum(self.skipped.values()),
             "skipped_reasons": dict(self.skipped),
+            "not_read": dict(self.not_read),
         }
 
     def environments(self) -> dict[str, dict[str, Any]]:
@@ -274,21 +313,34 @@ RunKey = tuple[str, str]
 
 
 async def _run_ids(
-    backend: Backend, prefix: str, kinds: tuple[str, ...], job: str, since: float
+    backend: Backend,
+    prefix: str,
+    kinds: tuple[str, ...],
+    job: str,
+    since: float,
+    newest: int,
+    not_read: Counter[str],
 ) -> dict[str, dict[RunKey, str]]:
-    """Per kind of ``kinds``: (env, run id) -> object key of the runs of ``job`` listed
-    under ``prefix`` that started at or after ``since`` (the start time is in the name: no
-    GET for runs out of range)."""
-    found: dict[str, dict[RunKey, str]] = {kind: {} for kind in kinds}
+    """Per kind of ``kinds``: (env, run id) -> object key of the newest ``newest`` runs of
+    ``job`` listed under ``prefix`` that started at or after ``since`` (the start time is in
+    the name: no GET for runs out of range; memory of ``newest`` runs whatever is listed)."""
+    keep = {kind: Newest(newest) for kind in kinds}
     async for info in backend.list(prefix):
         parsed = parse_object_key(info.key)
-        if parsed is None or parsed[1] not in found or not parsed[2].startswith(f"{job}/"):
+        if parsed is None or parsed[1] not in keep or not parsed[2].startswith(f"{job}/"):
             continue
         run_id = parsed[2][len(job) + 1 :]
         started = summary.run_started(run_id)
-        if started is not None and started >= since:
-            found[parsed[1]][(parsed[0], run_id)] = info.key
-    return found
+        if started is None or started < since:
+            if parsed[1] == summary.KIND and started is not None:
+                not_read["older than --since"] += 1
+            continue
+        keep[parsed[1]].offer(started, f"{run_id}/{parsed[0]}", (parsed[0], run_id, info.key))
+    if keep.get(summary.KIND) is not None and keep[summary.KIND].left_out:
+        not_read[f"over the newest {newest}"] += keep[summary.KIND].left_out
+    return {
+        kind: {(e, r): okey for _, _, (e, r, okey) in k.newest_first()} for kind, k in keep.items()
+    }
 
 
 async def collect(
@@ -298,24 +350,28 @@ async def collect(
     env: str | None = None,
     job: str,
     since_s: float | None = None,
+    newest: int = DEFAULT_RUNS,
     progress: Progress | None = None,
     total: Progress | None = None,
 ) -> Report:
     """The report of ``job`` in ``env``, or in every environment when ``env`` is None:
     two LISTs at once (one of the whole store without ``env``), then one GET per summary."""
     since = time.time() - since_s if since_s is not None else 0.0
+    report = Report(job, env)
+    listed = (since, newest, report.not_read)
     if env is None:
-        both = await _run_ids(backend, f"{LAYOUT_VERSION}/", (summary.KIND, "manifest"), job, since)
+        both = await _run_ids(
+            backend, f"{LAYOUT_VERSION}/", (summary.KIND, "manifest"), job, *listed
+        )
         ids, manifest_ids = both[summary.KIND], both["manifest"]
     else:
         runs, manifests = await asyncio.gather(
-            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/run/", (summary.KIND,), job, since),
-            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/manifest/", ("manifest",), job, since),
+            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/run/", (summary.KIND,), job, *listed),
+            _run_ids(backend, f"{LAYOUT_VERSION}/{env}/manifest/", ("manifest",), job, *listed),
         )
         ids, manifest_ids = runs[summary.KIND], manifests["manifest"]
     if total is not None:
         total(len(ids))
-    report = Report(job, env)
 
     async def read(run: RunKey) -> Row | str:
         run_env, run_id = run
@@ -343,8 +399,13 @@ async def collect(
             report.rows.append(result)
         else:
             report.skipped[result] += 1
+    # with summaries over the newest N, a manifest older than the oldest read is not a run
+    # "without a summary": its summary may be among those not read
+    oldest = min((summary.run_started(r) or 0.0 for _, r in ids), default=0.0)
     for run_env, run_id in manifest_ids.keys() - ids.keys():
         started = summary.run_started(run_id) or 0.0
+        if report.not_read and started < oldest:
+            continue
         report.rows.append(Row(run_id, started, has_summary=False, env=run_env))
     report.rows.sort(key=lambda r: (r.started, r.run, r.env))
     report.rows = fold_groups(report.rows)
@@ -468,6 +529,7 @@ def render(report: Report, console: Console, size: Callable[[float], str]) -> No
             f"{t['runs_without_summary']} runs without a summary (older objcache); "
             f"{t['skipped']} summaries skipped"
             + (f" ({_misses(t['skipped_reasons'])})" if t["skipped"] else "")
+            + (f"; runs not read: {_misses(t['not_read'])}" if t["not_read"] else "")
         ),
         soft_wrap=True,
     )

@@ -280,10 +280,18 @@ class TieredCache:
             found.update({k: p for k, p in zip(more, payloads, strict=True) if p is not None})
         return found
 
-    async def listing(self, kind: str) -> list[tuple[str, ObjectInfo]]:
-        """``(tier name, object)`` of every object of ``kind``, tier by tier in order."""
+    async def listing(self, kind: str) -> tuple[list[tuple[str, ObjectInfo]], list[str]]:
+        """``(tier name, object)`` of every object of ``kind``, tier by tier in order, and the
+        names of the tiers that could not list (their deadline passed, they failed)."""
         prefix = self.namespace.kind_prefix(kind)
-        return [(t.name, info) for t in self.tiers for info in await t.list(prefix) or ()]
+        found: list[tuple[str, ObjectInfo]] = []
+        failed: list[str] = []
+        for t in self.tiers:
+            listed = await t.list(prefix)
+            if listed is None:
+                failed.append(t.name)
+            found.extend((t.name, info) for info in listed or ())
+        return found, failed
 
     def read_local_sync(self, kind: str, key: str) -> tuple[bytes, str, int] | None:
         """The local-hit fast path, run in the *caller's* thread: ``(payload, okey, size)``.
@@ -470,6 +478,7 @@ class TieredCache:
         assert self.leases is not None and self._local_store is not None
         assert self.local is not None
         store = self._local_store
+        started = time.perf_counter()
         claim, lease, entry = await self.leases.lookup(
             okey,
             read=functools.partial(store.read_sync, okey),
@@ -477,6 +486,7 @@ class TieredCache:
             look_first=not absent_locally,
         )
         if claim is not Claim.LOCAL:
+            self.stats.add_phase("node lease", (time.perf_counter() - started) * 1000)
             self.stats.node_leases[claim.value] += 1
             if not absent_locally:  # the look before the lease missed
                 self.local.missed(okey, "absent")

@@ -137,6 +137,14 @@ class CacheStats:
     records_unreadable: Counter[str] = field(default_factory=Counter)
     #: Wall time of every lookup the caller made (local fast path included).
     lookup: Histogram = field(default_factory=Histogram)
+    #: Time spent in objcache's own phases of a start (node lease, prefetch): name ->
+    #: [milliseconds, times] (run summaries' phase times).
+    phase_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def add_phase(self, name: str, ms: float) -> None:
+        entry = self.phase_ms.setdefault(name, [0.0, 0])
+        entry[0] += ms
+        entry[1] += 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -156,6 +164,7 @@ class CacheStats:
             "lookup": self.lookup.as_dict(),
             "lookup_buckets": {"le_ms": list(LATENCY_BUCKETS_MS), "counts": self.lookup.counts},
             "lookup_ms_total": round(self.lookup.sum_ms, 3),
+            "phase_ms": {k: (round(v[0], 3), int(v[1])) for k, v in self.phase_ms.items()},
         }
 
 

@@ -77,6 +77,8 @@ def build(
     env: Mapping[str, str] | None = None,
     miss_cards: Mapping[str, int] | None = None,
     group: str | None = None,
+    phases: Mapping[str, tuple[float, int]] | None = None,
+    recompiles: list[tuple[str, str, float]] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
@@ -125,7 +127,37 @@ def build(
         # the start this process belongs to (objcache/observe/process_stats.py): a vLLM
         # start's three processes are one row of `objcache report`
         "group": group,
+        # where the run's time went (docs/architecture.md, "Phase times"): torch's phases
+        # and objcache's own waits, name -> seconds and times
+        "phases": {
+            name: {"s": round(float(s), 6), "n": int(n)}
+            for name, (s, n) in {**objcache_phases(stats), **(phases or {})}.items()
+        },
+        # torch's recompiles, each with the guard that failed (redacted)
+        "recompiles": [
+            {"frame": frame[:MAX_STR], "reason": reason[:MAX_STR], "s": round(float(s), 6)}
+            for frame, reason, s in (recompiles or [])[:MAX_RECOMPILES]
+        ],
     }
+
+
+def objcache_phases(stats: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """objcache's own share of a start: the time lookups waited (as the caller saw it), each
+    tier's GETs, node-lease waits and the prefetch, from ``TieredCache.stats_dict()``."""
+    cache = stats.get("cache", {})
+    out: dict[str, tuple[float, int]] = {}
+    lookups = int(cache.get("lookup", {}).get("count") or 0)
+    if lookups:
+        out["objcache:lookup wait"] = (float(cache.get("lookup_ms_total", 0.0)) / 1000, lookups)
+    for t in stats.get("tiers", []):
+        latency = t.get("get_latency", {})
+        count, mean = int(latency.get("count") or 0), latency.get("mean_ms")
+        if count and mean is not None:
+            where = "local" if t.get("local") else "remote"
+            out[f"objcache:get {where} {t['name']}"[:MAX_STR]] = (count * float(mean) / 1000, count)
+    for phase, (ms, n) in cache.get("phase_ms", {}).items():
+        out[f"objcache:{phase}"] = (float(ms) / 1000, int(n))
+    return out
 
 
 def encode(summary: dict[str, Any]) -> bytes:
@@ -167,6 +199,43 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
     for key in value:
         _str(key, f"{what} key")
     return value
+
+
+#: Most phases accepted in a summary (torch's, objcache's and one per tier).
+MAX_PHASES = 128
+
+
+def _phases(value: Any) -> dict[str, dict[str, float | int]]:
+    if not isinstance(value, dict) or len(value) > MAX_PHASES:
+        raise SummaryError(f"phases: not a mapping of at most {MAX_PHASES} entries")
+    out: dict[str, dict[str, float | int]] = {}
+    for name, p in value.items():
+        _str(name, "phase name")
+        if not isinstance(p, dict):
+            raise SummaryError(f"phases.{name}: not a mapping")
+        out[name] = {"s": _seconds(p.get("s"), f"phases.{name}.s"), "n": _count(p.get("n"), "n")}
+    return out
+
+
+#: Most recompiles accepted in a summary.
+MAX_RECOMPILES = 16
+
+
+def _recompiles(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or len(value) > MAX_RECOMPILES:
+        raise SummaryError(f"recompiles: not a list of at most {MAX_RECOMPILES}")
+    out = []
+    for i, r in enumerate(value):
+        if not isinstance(r, dict):
+            raise SummaryError(f"recompiles[{i}]: not a mapping")
+        out.append(
+            {
+                "frame": _str(r.get("frame"), f"recompiles[{i}].frame"),
+                "reason": _str(r.get("reason"), f"recompiles[{i}].reason"),
+                "s": _seconds(r.get("s"), f"recompiles[{i}].s"),
+            }
+        )
+    return out
 
 
 def _rank(value: Any, what: str) -> int | None:
@@ -229,6 +298,9 @@ def parse(data: bytes) -> dict[str, Any]:
         "env": {k: _field(v, f"env.{k}") for k, v in _mapping(body.get("env", {}), "env").items()},
         # absent in summaries of objcache versions before run groups
         "group": None if body.get("group") is None else _str(body.get("group"), "group"),
+        # absent in summaries of objcache versions before phase times
+        "phases": _phases(body.get("phases", {})),
+        "recompiles": _recompiles(body.get("recompiles", [])),
         # absent in summaries of objcache versions before key cards
         "miss_cards": {
             k: _count(n, f"miss_cards.{k}")

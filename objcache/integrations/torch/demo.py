@@ -297,6 +297,7 @@ def _report_objcache(result: dict[str, Any]) -> None:
     client.flush()
     result["integration"] = integration.stats()
     result["stats"] = client.stats()
+    result["run"] = client.observer.run_id
     prefetch = getattr(client, "prefetch_result", None)
     if prefetch is not None and prefetch.done() and not prefetch.cancelled():
         try:

@@ -39,6 +39,7 @@ from objcache.integrations.torch import (
     features,
     keycards,
     pgo_join,
+    phase_times,  # noqa: F401  (imported: run summaries read its figures, outputs._phases)
     precompile,
     process_keys,
     serde,

@@ -34,6 +34,7 @@ import json
 import struct
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -356,10 +357,14 @@ def fetch(name: str) -> Bundle:
 
     name = _check_name(name)
     client = objcache.get_client()
-    payload = client.get(KIND, name)
+    # the pointer (what to say when the bundle is not served) is read at the same time: a
+    # store that never answers costs one deadline, not two
+    with ThreadPoolExecutor(1, thread_name_prefix="objcache-mega") as pool:
+        pointer_read = pool.submit(client.get_object, pointer_key(name))
+        payload = client.get(KIND, name)
+        raw = pointer_read.result()
     mine = dict(fingerprint())
     if payload is None:
-        raw = client.get_object(pointer_key(name))
         pointer = read_pointer(raw) if raw is not None else {}
         if pointer is None:
             raise BundleError(f"bundle {name!r}: its pointer in the store is malformed")
@@ -427,13 +432,17 @@ class BundleInfo:
     contents: dict[str, Any] | None = None
 
 
-def list_infos() -> list[BundleInfo]:
-    """Bundles of this environment on every tier (largest entry per name)."""
+def list_infos(unlisted: list[str] | None = None) -> list[BundleInfo]:
+    """Bundles of this environment on every tier (largest entry per name); the tiers that
+    could not list are appended to ``unlisted``."""
     from objcache.entry.layout import parse_object_key
 
     client = objcache.get_client()
     found: dict[str, BundleInfo] = {}
-    for tier, info in client.listing(KIND):
+    listed, failed = client.listing(KIND)
+    if unlisted is not None:
+        unlisted.extend(failed)
+    for tier, info in listed:
         parsed = parse_object_key(info.key)
         if parsed is not None and parsed[2] not in found:
             found[parsed[2]] = BundleInfo(parsed[2], info.size, info.mtime, tier)
@@ -487,10 +496,11 @@ def describe_contents(contents: dict[str, Any] | None) -> str:
     return text
 
 
-def list_bundles() -> list[str]:
-    """One line per bundle of this environment, with what it holds."""
+def list_bundles(unlisted: list[str] | None = None) -> list[str]:
+    """One line per bundle of this environment, with what it holds (tiers that could not
+    list appended to ``unlisted``)."""
     lines = []
-    for b in list_infos():
+    for b in list_infos(unlisted):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.mtime))
         lines.append(
             f"{b.name}  {_size(b.size)}  {when}  {b.tier}  {describe_contents(b.contents)}"
