@@ -212,7 +212,9 @@ class Bench:
         batches: str = "",
         device: str = "cpu",
         mode: str = "",
+        inference: bool = False,
     ) -> None:
+        self.inference = inference
         self.device = device
         self.mode = mode
         self.root = root
@@ -255,6 +257,8 @@ class Bench:
         worker_args = ["--model", self.model, "--salt", repr(self.salt), *args]
         if self.batches:
             worker_args += ["--batches", self.batches]
+        if self.inference:
+            worker_args += ["--inference"]
         if self.device != "cpu":
             # Inductor compiles Triton kernels in this process, where the worker counts them
             env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -768,8 +768,8 @@ def test_seed_imports_inductor_dirs_and_mega_cache_files_under_the_hook_keys(
 
 
 def test_demo_models_are_built_in_or_from_a_library() -> None:
-    """``--model`` takes tiny, block, torchvision:<name>, timm:<name> or
-    transformers:<model type>; anything else is a
+    """``--model`` takes tiny, block, torchvision:<name>, timm:<name>,
+    transformers:<model type> or torch's stock modules; anything else is a
     one-line usage error, before torch is imported."""
     import argparse
 
@@ -781,11 +781,30 @@ def test_demo_models_are_built_in_or_from_a_library() -> None:
         "torchvision:resnet18",
         "timm:vit_tiny_patch16_224",
         "transformers:bert",
+        "torch:transformer",
+        "torch:convnet",
     ):
         assert model_name(ok) == ok
-    for bad in ("resnet18", "torchvision:", "hub:resnet18", ":x", ""):
+    for bad in ("resnet18", "torchvision:", "hub:resnet18", ":x", "", "torch:resnet"):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown model"):
             model_name(bad)
+
+
+def test_torch_stock_models_compile_and_infer_like_eager(tmp_path: Path) -> None:
+    """The matrix bench's torch-family models, training and inference steps (the worker's
+    --inference), built and stepped eagerly: shapes and gradients as the bench needs."""
+    import argparse
+
+    from objcache.integrations.torch import demo
+
+    for name in demo.TORCH_MODELS:
+        model, x = demo.build_model(f"torch:{name}", 1.0)
+        out, grads = demo._step(model, x)
+        assert out.shape[0] == x.shape[0] and len(grads) == len(list(model.parameters()))
+        out, grads = demo._infer(model, demo.make_input(f"torch:{name}", 3))
+        assert out.shape[0] == 3 and grads == [] and not out.requires_grad
+    args = demo.worker_parser().parse_args(["--worker", "--inference"])
+    assert isinstance(args, argparse.Namespace) and args.inference
 
 
 def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(

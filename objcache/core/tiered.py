@@ -486,7 +486,8 @@ class TieredCache:
             look_first=not absent_locally,
         )
         if claim is not Claim.LOCAL:
-            self.stats.add_phase("node lease", (time.perf_counter() - started) * 1000)
+            if claim is not Claim.HELD:  # waited on another process's fetch (phase times)
+                self.stats.add_phase("node lease", (time.perf_counter() - started) * 1000)
             self.stats.node_leases[claim.value] += 1
             if not absent_locally:  # the look before the lease missed
                 self.local.missed(okey, "absent")

@@ -40,8 +40,12 @@ STAGE_TAG = "objcache-demo: stage "
 MODELS = ("tiny", "block")
 #: Models from a model library: ``torchvision:<name>``, ``timm:<name>`` or
 #: ``transformers:<model type>`` (not installed by objcache; no weights are downloaded: every
-#: model is built with random weights, a transformers model from a small config of its type).
-LIBRARIES = ("torchvision", "timm", "transformers")
+#: model is built with random weights, a transformers model from a small config of its type),
+#: or torch's own stock modules: ``torch:transformer`` (``nn.TransformerEncoder``) and
+#: ``torch:convnet`` (convolutions, batch norm, pooling).
+LIBRARIES = ("torchvision", "timm", "transformers", "torch")
+#: The ``torch:<name>`` models.
+TORCH_MODELS = ("transformer", "convnet")
 #: Sequence length and vocabulary of the transformers models' input (token ids).
 TEXT_LENGTH = 32
 TEXT_VOCAB = 1000
@@ -52,11 +56,12 @@ IMAGE_SIDE = 64
 def model_name(value: str) -> str:
     """argparse type of ``--model``: a built-in model or ``<library>:<name>``."""
     library, sep, name = value.partition(":")
-    if value in MODELS or (sep and library in LIBRARIES and name):
+    in_library = bool(sep and library in LIBRARIES and name)
+    if value in MODELS or (in_library and (library != "torch" or name in TORCH_MODELS)):
         return value
     raise argparse.ArgumentTypeError(
-        f"unknown model {value!r}: use {', '.join(MODELS)}, torchvision:<name>, timm:<name> "
-        "or transformers:<model type>"
+        f"unknown model {value!r}: use {', '.join(MODELS)}, torchvision:<name>, timm:<name>, "
+        "transformers:<model type>, torch:transformer or torch:convnet"
     )
 
 
@@ -71,6 +76,8 @@ def make_input(name: str, batch: int | None = None) -> Any:
     if name.startswith("transformers:"):  # a batch of token-id sequences
         ids = (2 if batch is None else batch, TEXT_LENGTH)
         return torch.randint(0, TEXT_VOCAB, ids, generator=generator)
+    if name == "torch:transformer":  # a batch of embedded sequences
+        return torch.randn(2 if batch is None else batch, 16, 64, generator=generator)
     if ":" in name:  # a library model: a batch of small images
         size = (2 if batch is None else batch, 3, IMAGE_SIDE, IMAGE_SIDE)
         return torch.randn(size, generator=generator)
@@ -114,6 +121,8 @@ def tolerance(name: str) -> tuple[float, float]:
 def _library_model(name: str) -> Any:
     """A model from torchvision or timm, random weights, 10 classes."""
     library, _, model = name.partition(":")
+    if library == "torch":
+        return _torch_model(model)
     if library == "torchvision":
         import torchvision
 
@@ -126,11 +135,34 @@ def _library_model(name: str) -> Any:
     return timm.create_model(model, **kwargs)
 
 
+def _torch_model(name: str) -> Any:
+    """torch's own stock modules: an encoder of ``nn.TransformerEncoderLayer`` (d_model 64,
+    4 heads, no dropout) or a small conv net (conv, batch norm, ReLU, pooling, 10 classes)."""
+    from torch import nn
+
+    if name == "transformer":
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+        return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
+
+
 #: A small config for any transformers model type: the first of each group its config has.
 _SMALL_TEXT = {
     "hidden_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
+    "num_key_value_heads": 2,
     "intermediate_size": 256,
     "vocab_size": TEXT_VOCAB,
     "max_position_embeddings": 128,
@@ -145,7 +177,9 @@ def _text_model(model_type: str) -> Any:
 
     # imported by name: typed or not, installed or not, it is the user's library
     transformers: Any = importlib.import_module("transformers")
-    config = transformers.AutoConfig.for_model(model_type)
+    # given to the config's constructor, so what it derives agrees (Llama's head_dim and
+    # key/value heads), then set again for configs whose constructor drops them
+    config = transformers.AutoConfig.for_model(model_type, **_SMALL_TEXT)
     for attr, value in _SMALL_TEXT.items():
         setattr(config, attr, value)
     for attr in list(vars(config)):
@@ -154,6 +188,8 @@ def _text_model(model_type: str) -> Any:
             setattr(config, attr, 0.0)
     if getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0
+    if getattr(config, "is_encoder_decoder", False) and config.decoder_start_token_id is None:
+        config.decoder_start_token_id = config.pad_token_id  # T5's convention
     return transformers.AutoModelForSequenceClassification.from_config(config)
 
 
@@ -168,6 +204,14 @@ def _step(model: Any, x: Any) -> tuple[Any, list[Any]]:
     for p in model.parameters():
         p.grad = None
     return out.detach(), grads
+
+
+def _infer(model: Any, x: Any) -> tuple[Any, list[Any]]:
+    """An inference step: the forward alone, without autograd (a serving process's graph)."""
+    import torch
+
+    with torch.no_grad():
+        return model(x).detach(), []
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,7 +254,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         inputs = [xi.to(args.device) for xi in inputs]
         result["device"] = args.device
         result["device_name"] = torch.cuda.get_device_name() if "cuda" in args.device else ""
-    refs = [_step(copy.deepcopy(model), xi) for xi in inputs]
+    step = _infer if args.inference else _step
+    refs = [step(copy.deepcopy(model), xi) for xi in inputs]
     triton_compiles = _count_triton_compiles() if args.device != "cpu" else None
     _stage("compile")
     # "first step": torch.compile() (where a precompile entry is loaded, docs/torch.md) and
@@ -218,7 +263,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # first step without torch.compile (what compiling has to beat)
     t0 = time.perf_counter()
     compiled = model if args.eager else torch.compile(model, **_compile_options(args.mode))
-    steps = [_step(compiled, xi) for xi in inputs]
+    steps = [step(compiled, xi) for xi in inputs]
     if args.device != "cpu":
         torch.cuda.synchronize()
     result["first_step_s"] = time.perf_counter() - t0
@@ -244,6 +289,12 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
     # graphs dynamo compiled (a recompile at a new batch size adds one)
     result["graphs"] = int(counters["stats"]["unique_graphs"])
+    # where the compile time went, in torch's own figures, with or without objcache
+    # (docs/architecture.md, "Phase times")
+    from objcache.integrations.torch import phase_times
+
+    result["phases"] = {k: list(v) for k, v in phase_times.snapshot().items()}
+    result["recompiles"] = [list(r) for r in phase_times.recompiles()]
     if args.torch_mega_save:
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
@@ -329,6 +380,9 @@ def worker_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--eager", action="store_true", help="run the step without torch.compile (a baseline)"
+    )
+    p.add_argument(
+        "--inference", action="store_true", help="forward steps without autograd (no training)"
     )
     p.add_argument("--device", default="cpu", help="cpu, or cuda: model and inputs there")
     p.add_argument("--mode", default="", help="torch.compile's mode (e.g. max-autotune)")
