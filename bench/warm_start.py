@@ -335,20 +335,7 @@ def main() -> int:
         scenarios = prepare_and_define(bench, wanted)
         if opts.only:
             scenarios = [sc for sc in scenarios if wanted(sc.name)]
-        for i in range(runs):
-            # every other round runs the rows in reverse order: no row always runs right
-            # after the baseline (a warm page cache) or last (a busier machine)
-            for sc in scenarios if i % 2 == 0 else scenarios[::-1]:
-                machine, args, env = sc.setup(i)
-                tiers = env.pop("_TIERS", "")
-                job = bench.run(machine, args, env, tiers)
-                sc.jobs.append(job)
-                print(
-                    f"[{time.time() - started:6.0f}s] round {i + 1}/{runs} {sc.name}: "
-                    f"first step {job.result['first_step_s']:.2f}s, process {job.wall_s:.1f}s"
-                    + _triton_note(job.result),
-                    flush=True,
-                )
+        run_rounds(bench, scenarios, runs, started)
     finally:
         for proxy in _PROXIES:
             proxy.close()
@@ -369,6 +356,26 @@ def main() -> int:
         print(f"ratio vs {BASELINE}: {ratio:.2f}x  {name}")
     print(f"wrote the {opts.section} section of {opts.out}; command: {command.strip()}")
     return 0
+
+
+def run_rounds(
+    bench: Bench, scenarios: list[Scenario], runs: int, started: float, what: str = ""
+) -> None:
+    """``runs`` interleaved rounds of ``scenarios``: every other round runs the rows in
+    reverse order, so no row always runs right after the baseline (a warm page cache) or
+    last (a busier machine)."""
+    for i in range(runs):
+        for sc in scenarios if i % 2 == 0 else scenarios[::-1]:
+            machine, args, env = sc.setup(i)
+            tiers = env.pop("_TIERS", "")
+            job = bench.run(machine, args, env, tiers)
+            sc.jobs.append(job)
+            print(
+                f"[{time.time() - started:6.0f}s] {what}round {i + 1}/{runs} {sc.name}: "
+                f"first step {job.result['first_step_s']:.2f}s, process {job.wall_s:.1f}s"
+                + _triton_note(job.result),
+                flush=True,
+            )
 
 
 def _triton_note(result: dict[str, Any]) -> str:

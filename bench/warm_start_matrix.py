@@ -47,6 +47,7 @@ from bench.warm_start import (  # noqa: E402
     _cpu,
     new_machine_label,
     prepare_and_define,
+    run_rounds,
     write_section,
 )
 
@@ -135,17 +136,7 @@ def run_case(case: Case, opts: argparse.Namespace, root: Path, started: float) -
         return label in labels
 
     case.rows = [sc for sc in prepare_and_define(bench, wanted) if wanted(sc.name)]
-    for i in range(opts.runs):
-        for sc in case.rows if i % 2 == 0 else case.rows[::-1]:
-            machine, args, env = sc.setup(i)
-            tiers = env.pop("_TIERS", "")
-            job = bench.run(machine, args, env, tiers)
-            sc.jobs.append(job)
-            print(
-                f"[{time.time() - started:6.0f}s] {case.name} round {i + 1}/{opts.runs} "
-                f"{sc.name}: {job.result['first_step_s']:.2f}s",
-                flush=True,
-            )
+    run_rounds(bench, case.rows, opts.runs, started, f"{case.name}: ")
 
 
 def render(cases: list[Case], opts: argparse.Namespace, command: str) -> tuple[str, list[float]]:
