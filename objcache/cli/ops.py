@@ -397,7 +397,7 @@ async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeR
     result = ProbeResult(ok=False)
     payload = secrets.token_bytes(1024)
     try:
-        if isinstance(backend, Describes):
+        if isinstance(backend, Describes):  # a command's tier: every backend (Tier.bounded)
             result.about = await backend.describe()
         if write:
             started = time.perf_counter()

@@ -299,6 +299,23 @@ class RedisServer(ProcessServer):
     def _free_port(self) -> int:
         return free_port()
 
+    def command(self, *args: str | int) -> Any:
+        """One command on this node alone, on a fresh connection (2 s timeouts)."""
+        import redis
+
+        with redis.Redis(
+            host=self.host,
+            port=self.port,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+            decode_responses=True,
+        ) as client:
+            return client.execute_command(*args)
+
+    def role(self) -> str:
+        """``master`` or ``slave``, as INFO replication says."""
+        return _fields(self.command("INFO", "replication"))["role"]
+
     def _probe(self) -> None:
         with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
             sock.sendall(b"PING\r\n")
@@ -354,25 +371,8 @@ class RedisClusterNode(RedisServer):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def command(self, *args: str | int) -> Any:
-        """One command on this node alone, on a fresh connection (2 s timeouts)."""
-        import redis
-
-        with redis.Redis(
-            host=self.host,
-            port=self.port,
-            socket_timeout=2,
-            socket_connect_timeout=2,
-            decode_responses=True,
-        ) as client:
-            return client.execute_command(*args)
-
     def cluster_info(self) -> dict[str, str]:
         return _fields(self.command("CLUSTER", "INFO"))
-
-    def role(self) -> str:
-        """``master`` or ``slave``, as INFO replication says."""
-        return _fields(self.command("INFO", "replication"))["role"]
 
     def slots(self) -> list[range]:
         """The slots this node serves, as its own CLUSTER NODES line says."""
@@ -512,6 +512,15 @@ class RedisClusterServer(Server):
             wait_until(self.healthy, limit, "cluster_state:ok on every node")
         except AssertionError as exc:
             raise ServerStartError(f"{self.name}: {exc}") from None
+
+    def replicated(self) -> bool:
+        """Every live primary's replicas have acknowledged all it wrote."""
+        for node in self.primary_nodes():
+            info = node.command("INFO", "replication")  # slaveN: a dict (redis-py)
+            replicas = [v for k, v in info.items() if k.startswith("slave")]
+            if any(int(r["offset"]) != int(info["master_repl_offset"]) for r in replicas):
+                return False
+        return True
 
     def primary_nodes(self) -> list[RedisClusterNode]:
         return [n for n in self.live_nodes() if n.role() == "master"]

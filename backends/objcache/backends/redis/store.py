@@ -107,7 +107,37 @@ _TRANSIENT_REPLIES = frozenset({"OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOW
                                 "CLUSTERDOWN", "READONLY", "MISCONF", "NOREPLICAS"})  # fmt: skip
 _TRANSIENT_REPLY_ERRORS = (rex.OutOfMemoryError, rex.ReadOnlyError, rex.TryAgainError,
                            rex.ClusterDownError)  # fmt: skip
-_CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+#: Errors that need a hint: (classes, codes, error type, message with {text} and {code}).
+_HINTED: tuple[tuple[tuple[type[Exception], ...], frozenset[str], type[BackendError], str], ...] = (
+    (
+        (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError),
+        frozenset({"WRONGPASS", "NOAUTH"}),
+        PermanentBackendError,
+        "authentication failed ({text}): check the user and password in the tier URL "
+        "(redis://user:password@host)",
+    ),
+    (
+        (rex.NoPermissionError,),
+        frozenset({"NOPERM"}),
+        PermanentBackendError,
+        "the Redis ACL user may not run this command or key ({text}): grant it "
+        "+@read +@write +scan +object on the key prefix",
+    ),
+    (
+        (rex.AskError, rex.ClusterCrossSlotError),
+        frozenset({"MOVED", "ASK", "CROSSSLOT"}),
+        PermanentBackendError,
+        "this is a Redis Cluster node, reached as one server ({code}): remove cluster=no "
+        "from the tier URL, or set cluster=yes where its user may not run INFO",
+    ),
+    (
+        (rex.ReadOnlyError,),
+        frozenset({"READONLY"}),
+        TransientBackendError,
+        "READONLY: this server is a replica: name its primary, or the cluster's "
+        "configuration endpoint, in the tier URL",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -210,33 +240,9 @@ def classify(exc: BaseException, op: str, tier: str) -> BackendError:
         return known
     text = str(exc)
     code = str(getattr(exc, "status_code", None) or text.split(" ", 1)[0])
-    if isinstance(
-        exc, (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError)
-    ) or code in ("WRONGPASS", "NOAUTH"):
-        return PermanentBackendError(
-            f"{op}: authentication failed ({text}): check the user and password in the tier "
-            "URL (redis://user:password@host)",
-            tier=tier,
-        )
-    if isinstance(exc, rex.NoPermissionError) or code == "NOPERM":
-        return PermanentBackendError(
-            f"{op}: the Redis ACL user may not run this command or key ({text}): grant it "
-            "+@read +@write +scan +object on the key prefix",
-            tier=tier,
-        )
-    if isinstance(exc, (rex.AskError, rex.ClusterCrossSlotError)) or code in _CLUSTER_REPLIES:
-        return PermanentBackendError(
-            f"{op}: this is a Redis Cluster node, reached as one server ({code}): remove "
-            "cluster=no from the tier URL, or set cluster=yes where its user may not run "
-            "INFO",
-            tier=tier,
-        )
-    if isinstance(exc, rex.ReadOnlyError) or code == "READONLY":
-        return TransientBackendError(
-            f"{op}: READONLY: this server is a replica: name its primary, or the cluster's "
-            "configuration endpoint, in the tier URL",
-            tier=tier,
-        )
+    for classes, codes, kind, hint in _HINTED:
+        if isinstance(exc, classes) or code in codes:
+            return kind(f"{op}: " + hint.format(text=text, code=code), tier=tier)
     if isinstance(exc, _TRANSIENT_REPLY_ERRORS) or code in _TRANSIENT_REPLIES:
         return TransientBackendError(f"{op}: {code} {text}", tier=tier)
     if isinstance(exc, rex.ResponseError):
