@@ -428,3 +428,36 @@ def test_a_cluster_url_takes_no_database_but_0_and_no_unix_socket() -> None:
         parse_tier_url("redis://h:1/0?cluster=maybe")
     with pytest.raises(ConfigError, match="over TCP"):
         parse_tier_url("unix:///run/redis.sock?cluster=yes")
+
+
+async def test_moved_and_ask_during_a_slot_migration_are_followed_within_the_call(
+    redis_cluster: RedisClusterServer, prefix: str
+) -> None:
+    """A slot moves from one primary to another under a client that knows the old map:
+    ASK while it migrates, MOVED once it has moved; both followed inside one call."""
+    b = backend(redis_cluster.url, prefix=prefix, timeout_ms=2000)
+    try:
+        assert await b.put("{moving}old", b"old") is True  # one slot: the hash tag's
+        source = redis_cluster.owner(f"{prefix}{{moving}}old")
+        target = next(n for n in redis_cluster.primary_nodes() if n is not source)
+        slot = int(source.command("CLUSTER", "KEYSLOT", "{moving}"))
+        source_id, target_id = source.command("CLUSTER", "MYID"), target.command("CLUSTER", "MYID")
+        target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        # a key the source no longer has is asked of the target (ASK)
+        assert await asyncio.wait_for(b.put("{moving}new", b"new"), 2) is True
+        assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
+        source.command(
+            "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", f"{prefix}{{moving}}old"
+        )
+        for node in redis_cluster.primary_nodes():
+            node.command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        # the client's map still names the source, which answers MOVED
+        assert await asyncio.wait_for(b.get("{moving}old"), 2) == b"old"
+        assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
+        assert redis_cluster.owner(f"{prefix}{{moving}}old") is target
+    finally:
+        await b.delete("{moving}old")
+        await b.delete("{moving}new")
+        await b.close()
+    redis_cluster.wait_healthy()
