@@ -16,7 +16,14 @@ import pytest
 
 from tests.support import hypothesis_profiles
 from tests.support.proxy import FaultProxy
-from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3, Server
+from tests.support.servers import (
+    FakeGCS,
+    MotoS3,
+    RedisClusterServer,
+    RedisServer,
+    SeaweedS3,
+    Server,
+)
 
 
 class BucketServer(Protocol):
@@ -63,6 +70,15 @@ def test_servers() -> Iterator[Callable[[type[S]], S]]:
 @pytest.fixture(scope="session")
 def redis_server(test_servers: Callable[[type[RedisServer]], RedisServer]) -> RedisServer:
     return test_servers(RedisServer)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    test_servers: Callable[[type[RedisClusterServer]], RedisClusterServer],
+) -> RedisClusterServer:
+    """3 primaries and 3 replicas, shared by the session: tests that crash a node start their
+    own (tests/test_redis_cluster.py)."""
+    return test_servers(RedisClusterServer)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from objcache.backends.base import PutMode
+from objcache.backends.redis.cluster import parse_topology
 from objcache.backends.redis.store import (
     CLIENTS,
     RedisBackend,
@@ -28,7 +29,7 @@ from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier
 from objcache.errors import EntryTooLarge, PermanentBackendError, TransientBackendError
 from tests.support.proxy import FaultProxy
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisClusterServer, RedisServer
 
 pytestmark = pytest.mark.servers
 
@@ -347,8 +348,116 @@ async def test_acl_denied_key_is_permanent(redis_server: RedisServer, acl_users:
         (redis.exceptions.NoPermissionError("NOPERM no perms"), PermanentBackendError),
         (redis.exceptions.TimeoutError("Timeout reading"), TransientBackendError),
         (ConnectionResetError(104, "reset"), TransientBackendError),
+        (
+            redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+            TransientBackendError,
+        ),
+        (redis.exceptions.SlotNotCoveredError('Slot "7" not covered'), TransientBackendError),
+        (redis.exceptions.RedisClusterException("cannot be connected"), TransientBackendError),
+        (redis.exceptions.ClusterError("TTL exhausted."), TransientBackendError),
+        (
+            redis.exceptions.RedisClusterException("Cluster mode is not enabled on this node"),
+            PermanentBackendError,
+        ),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else v.__name__,
 )
 def test_classification(error: Exception, kind: type[Exception]) -> None:
     assert type(classify(error, "get", "redis://h:1/0")) is kind
+
+
+# --- Redis Cluster ---------------------------------------------------------------------------
+
+_NODES = """\
+a1 10.0.0.1:6379@16379 myself,master - 0 0 1 connected 0-5460
+a2 10.0.0.2:6379@16379 master - 0 0 2 connected 5461-10922 [5461->-b3]
+a3 10.0.0.3:6379@16379 master,fail - 0 0 3 connected 10923-16383
+b1 10.0.0.4:6379@16379 slave a1 0 0 1 connected
+b2 10.0.0.5:6379@16379 slave a2 0 0 2 connected
+b3 10.0.0.6:6379@16379 slave,fail a3 0 0 3 disconnected
+"""
+
+
+def test_topology_counts_live_primaries_replicas_and_covered_slots() -> None:
+    topology = parse_topology(_NODES, "fail")
+    assert (topology.primaries, topology.replicas, topology.failed) == (2, 2, 2)
+    assert topology.slots == 10923  # the failed primary's slots are not covered
+    assert topology.line == (
+        "Redis Cluster: 2 primaries, 2 replicas, 2 failed, 10923 of 16384 slots covered, "
+        "cluster_state:fail"
+    )
+    assert "5461 slots have no live primary" in topology.problem
+    healthy = "\n".join(line for line in _NODES.splitlines() if "fail" not in line)
+    whole = parse_topology(healthy.replace("5461-10922", "5461-16383"), "ok")
+    assert whole.slots == 16384 and whole.problem == ""
+
+
+async def test_a_cluster_node_is_detected_and_the_option_forces_either_way(
+    redis_cluster: RedisClusterServer, redis_server: RedisServer, prefix: str
+) -> None:
+    found = backend(redis_cluster.url, prefix=prefix)
+    forced = backend(redis_cluster.nodes[-1].url, prefix=prefix, cluster="yes")
+    single = backend(redis_cluster.url, prefix=prefix, cluster="no")
+    wrong = backend(redis_server.url, prefix=prefix, cluster="yes")
+    keys = [f"k{i}" for i in range(20)]  # on every primary
+    try:
+        for key in keys:
+            assert await found.put(key, key.encode()) is True
+        assert [await forced.get(k) for k in keys] == [k.encode() for k in keys]
+        assert sorted([i.key async for i in forced.list()]) == sorted(keys)
+        assert "3 primaries, 3 replicas, 16384 of 16384 slots" in await found.describe()
+        assert (await backend(redis_server.url).describe()).startswith("standalone Redis ")
+        with pytest.raises(PermanentBackendError, match="remove cluster=no"):
+            for key in keys:  # the keys of the other nodes answer MOVED
+                await single.get(key)
+        with pytest.raises(PermanentBackendError, match="remove cluster=no"):
+            await single.describe()
+        with pytest.raises(PermanentBackendError, match="not a Redis Cluster node"):
+            await wrong.get("k0")
+    finally:
+        for key in keys:
+            await found.delete(key)
+        for made in (found, forced, single, wrong):
+            await made.close()
+
+
+def test_a_cluster_url_takes_no_database_but_0_and_no_unix_socket() -> None:
+    from objcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cluster must be auto, yes or no"):
+        parse_tier_url("redis://h:1/0?cluster=maybe")
+    with pytest.raises(ConfigError, match="over TCP"):
+        parse_tier_url("unix:///run/redis.sock?cluster=yes")
+
+
+async def test_moved_and_ask_during_a_slot_migration_are_followed_within_the_call(
+    redis_cluster: RedisClusterServer, prefix: str
+) -> None:
+    """A slot moves from one primary to another under a client that knows the old map:
+    ASK while it migrates, MOVED once it has moved; both followed inside one call."""
+    b = backend(redis_cluster.url, prefix=prefix, timeout_ms=2000)
+    try:
+        assert await b.put("{moving}old", b"old") is True  # one slot: the hash tag's
+        source = redis_cluster.owner(f"{prefix}{{moving}}old")
+        target = next(n for n in redis_cluster.primary_nodes() if n is not source)
+        slot = int(source.command("CLUSTER", "KEYSLOT", "{moving}"))
+        source_id, target_id = source.command("CLUSTER", "MYID"), target.command("CLUSTER", "MYID")
+        target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        # a key the source no longer has is asked of the target (ASK)
+        assert await asyncio.wait_for(b.put("{moving}new", b"new"), 2) is True
+        assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
+        source.command(
+            "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", f"{prefix}{{moving}}old"
+        )
+        for node in redis_cluster.primary_nodes():
+            node.command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        # the client's map still names the source, which answers MOVED
+        assert await asyncio.wait_for(b.get("{moving}old"), 2) == b"old"
+        assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
+        assert redis_cluster.owner(f"{prefix}{{moving}}old") is target
+    finally:
+        await b.delete("{moving}old")
+        await b.delete("{moving}new")
+        await b.close()
+    redis_cluster.wait_healthy()

@@ -613,3 +613,13 @@ def test_skip_comments_have_reasons(path: Path) -> None:
             match = re.search(r"#checkov:skip=(CKV2?_[A-Z]+_\d+):(.{40,})", line)
             assert match, f"{path.name}: skip without a reason: {line.strip()}"
             assert match.group(1) in ALLOWED_CHECKOV_SKIPS, line
+
+
+def test_redis_cluster_mode_names_the_configuration_endpoint(redis: dict[str, list[Any]]) -> None:
+    group = _typed(redis, "resource", "aws_elasticache_replication_group")["this"]
+    assert "var.num_node_groups" in _squash(group.get("num_node_groups"))
+    assert "var.replicas_per_node_group" in _squash(group.get("replicas_per_node_group"))
+    assert "var.num_node_groups" in _squash(group.get("num_cache_clusters"))
+    fragment = _labelled(redis, "output")["tiers_fragment"]["value"]
+    assert "configuration_endpoint_address" in fragment and "primary_endpoint_address" in fragment
+    assert _labelled(redis, "variable")["num_node_groups"].get("default") == 0

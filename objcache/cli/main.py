@@ -336,12 +336,21 @@ def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
         return list(await asyncio.gather(*(check(s) for s in specs)))
 
     reasons: list[str] = []
+    abouts: list[str] = []  # a store's shape (base.Describes): one whole line each
     tiers: list[dict[str, Any]] = []
     for spec, result in zip(specs, _run(check_all()), strict=True):
         failed += not result.ok
         tiers.append(
-            {"tier": spec.display, "ok": result.ok, "ms": result.steps, "error": result.error}
+            {
+                "tier": spec.display,
+                "ok": result.ok,
+                "ms": result.steps,
+                "error": result.error,
+                "about": result.about,
+            }
         )
+        if result.about and result.ok:
+            abouts.append(f"{spec.display}: {result.about}")
         if not result.ok:
             # errors name their tier already: the URL once per line
             detail = " ".join(result.error.removeprefix(f"{spec.display}: ").split())
@@ -360,7 +369,7 @@ def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
         _print_json({**state, "tiers": tiers})
         raise typer.Exit(1 if failed else 0)
     out.print(table)
-    for line in reasons:  # the table cell wraps and truncates: one whole line per failure
+    for line in abouts + reasons:  # a table cell wraps and truncates: one whole line each
         _line(out, line)
     raise typer.Exit(1 if failed else 0)
 

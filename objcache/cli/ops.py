@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
+from objcache.backends.base import Backend, Describes, ObjectInfo, PutMode, TierSpec
 from objcache.config.urls import flag
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import MAX_PAYLOAD, Codec
@@ -410,14 +410,19 @@ class ProbeResult:
     ok: bool
     steps: dict[str, float] = field(default_factory=dict)  # step -> ms
     error: str = ""
+    #: the store's shape, from a backend that describes it (base.Describes)
+    about: str = ""
 
 
 async def probe(backend: Backend, codec: Codec, *, write: bool = True) -> ProbeResult:
-    """Read (and unless read-only, create + read back + delete) a probe object."""
+    """The store's shape where the backend tells it, then read (and unless read-only,
+    create + read back + delete) a probe object."""
     key = f"{LAYOUT_VERSION}/_doctor/{socket.gethostname()}-{secrets.token_hex(4)}"
     result = ProbeResult(ok=False)
     payload = secrets.token_bytes(1024)
     try:
+        if isinstance(backend, Describes):  # a command's tier: every backend (Tier.bounded)
+            result.about = await backend.describe()
         if write:
             started = time.perf_counter()
             if not await backend.put(key, codec.encode(payload, key), PutMode.CREATE):

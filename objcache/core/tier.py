@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from objcache.backends.base import Backend, LocalStore, ObjectInfo, PutMode, TierSpec
+from objcache.backends.base import (
+    Backend,
+    Describes,
+    LocalStore,
+    ObjectInfo,
+    PutMode,
+    TierSpec,
+)
 from objcache.backends.records_contract import RecordBackend
 from objcache.config.urls import flag
 from objcache.core.policy import CircuitBreaker, NoBreaker, RetryPolicy, call_with_policy
@@ -382,6 +389,14 @@ class _Bounded(Backend):
             except StopAsyncIteration:
                 return
             yield item
+
+    async def describe(self) -> str:
+        """The inner backend's line on its store (:class:`Describes`) within the deadline;
+        empty for a backend that tells nothing."""
+        inner = self.inner
+        if not isinstance(inner, Describes):
+            return ""
+        return await self.tier.run("describe", inner.describe)
 
     async def close(self) -> None:
         # A client stuck on a dead connection must not hold the command past its deadline.

@@ -41,6 +41,7 @@ from tests.support.ports import LOOPBACK, free_port
 __all__ = [
     "FakeGCS",
     "MotoS3",
+    "RedisClusterServer",
     "RedisServer",
     "S3Server",
     "SeaweedS3",
@@ -281,7 +282,7 @@ class RedisServer(ProcessServer):
         binary = find_binary(
             "redis-server", hint="install it with `apt-get install -y redis-server`"
         )
-        self.port = free_port()
+        self.port = self._free_port()
         command = [
             binary,
             "--port", str(self.port),
@@ -295,12 +296,241 @@ class RedisServer(ProcessServer):
             command += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         return command + list(self._extra_args)
 
+    def _free_port(self) -> int:
+        return free_port()
+
+    def command(self, *args: str | int) -> Any:
+        """One command on this node alone, on a fresh connection (2 s timeouts)."""
+        import redis
+
+        with redis.Redis(
+            host=self.host,
+            port=self.port,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+            decode_responses=True,
+        ) as client:
+            return client.execute_command(*args)
+
+    def role(self) -> str:
+        """``master`` or ``slave``, as INFO replication says."""
+        return _fields(self.command("INFO", "replication"))["role"]
+
     def _probe(self) -> None:
         with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
             sock.sendall(b"PING\r\n")
             reply = sock.recv(64)
         if not reply.startswith(b"+PONG"):
             raise ConnectionError(f"unexpected PING reply {reply!r}")
+
+
+def _fields(reply: object) -> dict[str, str]:
+    """An INFO or CLUSTER INFO reply (``key:value`` lines, or redis-py's dict of them)."""
+    if isinstance(reply, dict):
+        return {str(k): str(v) for k, v in reply.items()}
+    pairs = (line.split(":", 1) for line in str(reply).splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _roles(reply: Any) -> tuple[tuple[int, str], ...]:
+    """CLUSTER NODES as sorted (port, role): ``master``, ``slave``, or ``fail`` for a node
+    the cluster marked failed; ``?`` while only this node suspects it."""
+    rows = []
+    for line in str(reply).splitlines():
+        fields = line.split()
+        flags = set(fields[2].split(","))
+        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        role = "master" if "master" in flags else "slave"
+        rows.append((port, "fail" if "fail" in flags else "?" if "fail?" in flags else role))
+    return tuple(sorted(rows))
+
+
+class RedisClusterNode(RedisServer):
+    """One ``redis-server --cluster-enabled yes`` of a :class:`RedisClusterServer`. Its
+    cluster bus listens on its port + 10000, so both must be free."""
+
+    name = "redis-cluster-node"
+
+    def __init__(self, *, node_timeout_ms: int, startup_timeout: float = 15.0) -> None:
+        super().__init__(
+            unix_socket=False,
+            startup_timeout=startup_timeout,
+            extra_args=(
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms),
+                # a replica's first sync starts at once, not after the default 5 s
+                "--repl-diskless-sync-delay", "0",
+            ),
+        )  # fmt: skip
+
+    def _free_port(self) -> int:
+        return free_port(also_free_at=10000)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def cluster_info(self) -> dict[str, str]:
+        return _fields(self.command("CLUSTER", "INFO"))
+
+    def slots(self) -> list[range]:
+        """The slots this node serves, as its own CLUSTER NODES line says."""
+        for line in str(self.command("CLUSTER", "NODES")).splitlines():
+            fields = line.split()
+            if "myself" in fields[2].split(","):
+                spans = (f.split("-") for f in fields[8:] if not f.startswith("["))
+                return [range(int(s[0]), int(s[-1]) + 1) for s in spans]
+        return []
+
+    def serves(self, key: str) -> bool:
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        return any(slot in span for span in self.slots())
+
+    def crash(self) -> None:
+        """SIGKILL the node: no goodbye to the cluster, as a machine that dies."""
+        proc = self._proc
+        if proc is not None:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+class RedisClusterServer(Server):
+    """A Redis Cluster on 127.0.0.1: ``primaries`` primaries with ``replicas`` replicas each,
+    made by ``redis-cli --cluster create``, ready when every node says ``cluster_state:ok``,
+    knows every other node, and every replica's link to its primary is up.
+
+    ``node_timeout_ms`` is short so that a crashed primary's replica takes over within a few
+    seconds (the failover tests); ``url`` names the first node, which is how a user names a
+    cluster: any one node."""
+
+    name = "redis-cluster"
+
+    def __init__(
+        self,
+        *,
+        primaries: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 1500,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.host = LOOPBACK
+        self.primaries = primaries
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisClusterNode] = []
+        self.startup_seconds = 0.0
+
+    @property
+    def port(self) -> int:
+        return self.nodes[0].port
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def contract_url(self, unique: str, scheme: str = "redis") -> str:
+        """A tier URL on this cluster whose keys no other test sees (contract suite)."""
+        return f"{self.url}?prefix={unique}/"
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            for _ in range(self.primaries * (1 + self.replicas)):
+                node = RedisClusterNode(node_timeout_ms=self.node_timeout_ms)
+                self.nodes.append(node.start())
+            cli = find_binary("redis-cli", hint="install it with `apt-get install -y redis-tools`")
+            command = [
+                cli, "--cluster", "create", *(n.address for n in self.nodes),
+                "--cluster-replicas", str(self.replicas), "--cluster-yes",
+            ]  # fmt: skip
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=self.startup_timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise ServerStartError(
+                    f"{shlex.join(command)} exited with {done.returncode}:\n"
+                    f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                )
+            self.wait_healthy()
+        except BaseException:
+            self._stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+
+    def _stop(self) -> None:
+        nodes, self.nodes = self.nodes, []
+        for node in nodes:
+            node.stop()
+
+    def live_nodes(self) -> list[RedisClusterNode]:
+        return [n for n in self.nodes if n.pid is not None and n._proc is not None
+                and n._proc.poll() is None]  # fmt: skip
+
+    def healthy(self) -> bool:
+        """Every live node: ``cluster_state:ok``, all slots assigned, the same CLUSTER NODES
+        view as the others (``primaries`` live primaries, every stopped node marked failed);
+        every live replica's link to its primary up."""
+        live = self.live_nodes()
+        dead = {n.port for n in self.nodes} - {n.port for n in live}
+        try:
+            views = {_roles(node.command("CLUSTER", "NODES")) for node in live}
+            if len(views) != 1:
+                return False
+            (view,) = views
+            if sum(role == "master" for _, role in view) != self.primaries or any(
+                role != "fail" for port, role in view if port in dead
+            ):
+                return False
+            for node in live:
+                info = node.cluster_info()
+                if (
+                    info.get("cluster_state") != "ok"
+                    or info.get("cluster_slots_assigned") != "16384"
+                ):
+                    return False
+                replication = _fields(node.command("INFO", "replication"))
+                if replication["role"] == "slave" and replication.get("master_link_status") != "up":
+                    return False
+        except Exception:
+            return False
+        return True
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        from tests.support.waiting import wait_until
+
+        limit = self.startup_timeout if timeout_s is None else timeout_s
+        try:
+            wait_until(self.healthy, limit, "cluster_state:ok on every node")
+        except AssertionError as exc:
+            raise ServerStartError(f"{self.name}: {exc}") from None
+
+    def replicated(self) -> bool:
+        """Every live primary's replicas have acknowledged all it wrote."""
+        for node in self.primary_nodes():
+            info = node.command("INFO", "replication")  # slaveN: a dict (redis-py)
+            replicas = [v for k, v in info.items() if k.startswith("slave")]
+            if any(int(r["offset"]) != int(info["master_repl_offset"]) for r in replicas):
+                return False
+        return True
+
+    def primary_nodes(self) -> list[RedisClusterNode]:
+        return [n for n in self.live_nodes() if n.role() == "master"]
+
+    def owner(self, key: str) -> RedisClusterNode:
+        """The live primary that serves ``key`` (a full Redis key, prefix included) now."""
+        for node in self.primary_nodes():
+            if node.serves(key):
+                return node
+        raise LookupError(f"no live primary serves {key!r}")
 
 
 _boto3_lock = threading.Lock()
@@ -658,7 +888,7 @@ class LocalFolder(Server):
 CONTRACT_SERVERS: dict[str, tuple[type[Server], ...] | str] = {
     "disk": (LocalFolder,),
     "file": (LocalFolder,),
-    "redis": (RedisServer,),
+    "redis": (RedisServer, RedisClusterServer),
     "unix": (RedisServer,),
     # TLS is redis-py's transport under the same RedisBackend; there is no TLS server here.
     "rediss": "redis",

@@ -114,6 +114,17 @@ class Backend(abc.ABC):
 
 
 @runtime_checkable
+class Describes(Protocol):
+    """What a backend may tell ``objcache doctor`` beyond its probe (``redis://`` does)."""
+
+    async def describe(self) -> str:
+        """One line on the store's shape (server version and role, a cluster's primaries,
+        replicas and slots); raises :class:`~objcache.errors.BackendError` when that shape
+        cannot serve every key (uncovered slots, a cluster that answers CLUSTERDOWN)."""
+        ...
+
+
+@runtime_checkable
 class LocalStore(Protocol):
     """What the local tier offers beyond :class:`Backend` (``disk://`` does).
 

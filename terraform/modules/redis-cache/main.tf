@@ -21,6 +21,11 @@ resource "aws_elasticache_parameter_group" "this" {
     name  = "maxmemory-policy"
     value = var.maxmemory_policy
   }
+
+  parameter {
+    name  = "cluster-enabled"
+    value = var.num_node_groups > 0 ? "yes" : "no"
+  }
 }
 
 # No egress rules: Terraform removes the default allow-all egress, and Redis needs none.
@@ -63,16 +68,22 @@ resource "aws_elasticache_replication_group" "this" {
   engine               = "redis"
   engine_version       = var.engine_version
   node_type            = var.node_type
-  num_cache_clusters   = var.num_cache_clusters
   port                 = var.port
   parameter_group_name = aws_elasticache_parameter_group.this.name
   subnet_group_name    = aws_elasticache_subnet_group.this.name
   security_group_ids   = [aws_security_group.this.id]
 
+  # Cluster mode (num_node_groups > 0): shards of a primary and replicas, found through
+  # the configuration endpoint; otherwise one primary and num_cache_clusters - 1 replicas.
+  num_cache_clusters      = var.num_node_groups > 0 ? null : var.num_cache_clusters
+  num_node_groups         = var.num_node_groups > 0 ? var.num_node_groups : null
+  replicas_per_node_group = var.num_node_groups > 0 ? var.replicas_per_node_group : null
+
   # Failover needs a replica. Spelled as conditionals because checkov evaluates those with
   # the variable defaults (CKV2_AWS_50 then checks the real default) but not a bare ">".
-  automatic_failover_enabled = var.num_cache_clusters > 1 ? true : false
-  multi_az_enabled           = var.num_cache_clusters > 1 ? true : false
+  # Cluster mode always has replicas (replicas_per_node_group >= 1).
+  automatic_failover_enabled = var.num_node_groups > 0 || var.num_cache_clusters > 1 ? true : false
+  multi_az_enabled           = var.num_node_groups > 0 || var.num_cache_clusters > 1 ? true : false
 
   at_rest_encryption_enabled = true
   kms_key_id                 = var.kms_key_arn
@@ -87,4 +98,11 @@ resource "aws_elasticache_replication_group" "this" {
   maintenance_window         = var.maintenance_window
   apply_immediately          = var.apply_immediately
   tags                       = var.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.num_node_groups == 0 || var.database == 0
+      error_message = "A Redis Cluster (num_node_groups > 0) has only database 0: set database = 0."
+    }
+  }
 }

@@ -1,6 +1,11 @@
 output "primary_endpoint_address" {
-  description = "DNS name of the primary (read-write) endpoint."
+  description = "DNS name of the primary (read-write) endpoint; null in cluster mode."
   value       = aws_elasticache_replication_group.this.primary_endpoint_address
+}
+
+output "configuration_endpoint_address" {
+  description = "Cluster mode: DNS name of the configuration endpoint (objcache discovers every shard through it); null otherwise."
+  value       = aws_elasticache_replication_group.this.configuration_endpoint_address
 }
 
 output "port" {
@@ -9,8 +14,8 @@ output "port" {
 }
 
 output "tiers_fragment" {
-  description = "This cache as an OBJCACHE_TIERS entry without the secret: rediss://<host>:<port>/<db>. At runtime insert the AUTH token as rediss://:<token>@<host>:<port>/<db>; the token is never part of an output."
-  value       = "rediss://${aws_elasticache_replication_group.this.primary_endpoint_address}:${var.port}/${var.database}"
+  description = "This cache as an OBJCACHE_TIERS entry without the secret: rediss://<host>:<port>/<db>, the host being the configuration endpoint in cluster mode. At runtime insert the AUTH token as rediss://:<token>@<host>:<port>/<db>; the token is never part of an output."
+  value       = "rediss://${var.num_node_groups > 0 ? aws_elasticache_replication_group.this.configuration_endpoint_address : aws_elasticache_replication_group.this.primary_endpoint_address}:${var.port}/${var.database}"
 }
 
 output "security_group_id" {

@@ -85,6 +85,28 @@ variable "num_cache_clusters" {
   }
 }
 
+variable "num_node_groups" {
+  description = "Cluster mode: number of shards (node groups), each a primary with replicas_per_node_group replicas; objcache finds the cluster through the configuration endpoint. 0 (default): cluster mode disabled, one primary with num_cache_clusters - 1 replicas."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.num_node_groups >= 0 && var.num_node_groups <= 500 && floor(var.num_node_groups) == var.num_node_groups
+    error_message = "num_node_groups must be a whole number from 0 (cluster mode disabled) to 500."
+  }
+}
+
+variable "replicas_per_node_group" {
+  description = "Cluster mode: replicas of each shard's primary (1 to 5); a replica takes over when its primary fails."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.replicas_per_node_group >= 1 && var.replicas_per_node_group <= 5 && floor(var.replicas_per_node_group) == var.replicas_per_node_group
+    error_message = "replicas_per_node_group must be a whole number from 1 to 5."
+  }
+}
+
 variable "port" {
   description = "TCP port of the Redis endpoint."
   type        = number
@@ -97,7 +119,7 @@ variable "port" {
 }
 
 variable "database" {
-  description = "Redis logical database number used in the OBJCACHE_TIERS URL."
+  description = "Redis logical database number used in the OBJCACHE_TIERS URL (0 in cluster mode: a cluster has no other)."
   type        = number
   default     = 0
 

@@ -1,8 +1,10 @@
 """``redis://``, ``rediss://`` and ``unix://``: Redis through redis-py.
 
 The folder: ``spec`` (what the registry reads: scheme, options, location check, extra),
-``store`` (the backend). ``RedisBackend`` is loaded on first use, so importing this package or
-its ``spec`` imports no SDK and no backend code."""
+``store`` (the backend), ``cluster`` (Redis Cluster: detection, the cluster client, SCAN
+over every primary, the topology ``objcache doctor`` reports). ``RedisBackend`` is loaded
+on first use, so importing this package or its ``spec`` imports no SDK and no backend
+code."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ checks, option table, extra; importing it does not import redis-py."""
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, parse_qs
 
 from objcache.config.locations import PERCENT_ENCODE
 from objcache.config.options import MiB, Option, OptionTable
@@ -25,7 +25,16 @@ OPTIONS: OptionTable = (
     Option("ssl_check_hostname", "bool", None, "rediss://: check the server's name (redis-py)."),
     Option("client_name", "str", None, "CLIENT SETNAME of each connection (redis-py)."),
     Option("health_check_interval", "int", 0, "Seconds between PINGs of idle connections."),
+    Option(
+        "cluster",
+        "str",
+        "auto",
+        "Redis Cluster protocol: auto (ask the server once, on connecting), yes or no "
+        '(docs/operations.md, "Redis Cluster").',
+    ),
 )
+#: Values of the ``cluster`` option.
+CLUSTER_MODES = ("auto", "yes", "no")
 #: Options objcache passes on to redis-py in the connection URL (all others are its own).
 DRIVER_OPTIONS = frozenset(
     {
@@ -41,7 +50,16 @@ DRIVER_OPTIONS = frozenset(
 )
 
 
+def cluster_mode(parts: SplitResult, where: str) -> str:
+    """The URL's ``cluster`` option, checked: auto, yes or no."""
+    mode = parse_qs(parts.query).get("cluster", ["auto"])[-1].strip().lower() or "auto"
+    if mode not in CLUSTER_MODES:
+        raise ConfigError(f"{where}: cluster must be auto, yes or no, got {mode!r}")
+    return mode
+
+
 def host(parts: SplitResult, where: str) -> tuple[str, str]:
+    cluster_mode(parts, where)
     if "@" in parts.path + parts.query + parts.fragment:
         # a raw '/', '?' or '#' in the password ended the host part early
         raise ConfigError(f"{where}: '@' after the host: {PERCENT_ENCODE}")
@@ -53,6 +71,10 @@ def host(parts: SplitResult, where: str) -> tuple[str, str]:
 def unix_socket(parts: SplitResult, where: str) -> tuple[str, str]:
     if not parts.path.startswith("/"):
         raise ConfigError(f"{where}: unix:// socket path must be absolute")
+    if cluster_mode(parts, where) == "yes":
+        raise ConfigError(
+            f"{where}: a Redis Cluster is reached over TCP: use redis:// or rediss://"
+        )
     return parts.netloc, parts.path
 
 

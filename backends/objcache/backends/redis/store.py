@@ -19,10 +19,13 @@ so the policy layer moves on to the next tier), ``prefix`` (key prefix, default
   policy layer's retries decide.
 * CREATE is ``SET NX`` (atomic first-writer-wins), OVERWRITE a plain ``SET``; both add
   ``EX ttl`` when a TTL is set.
-* ``list`` uses ``SCAN MATCH`` with the prefix's glob characters escaped, and one pipeline
-  of ``STRLEN`` + ``OBJECT IDLETIME`` per SCAN batch. Redis keeps no modification time,
+* ``list`` uses ``SCAN MATCH`` with the prefix's glob characters escaped (on a cluster, on
+  every primary in turn), and one pipeline of ``STRLEN`` + ``OBJECT IDLETIME`` per SCAN
+  batch. Redis keeps no modification time,
   so ``mtime`` is the time of last access (now minus idle time; now when the server's
   eviction policy is LFU and idle time is unavailable).
+* A Redis Cluster node or configuration endpoint is served through redis-py's cluster
+  client (``cluster.py``): ``cluster=auto`` asks the server once, on connecting.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from urllib.parse import urlencode, urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as rex
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -52,6 +56,7 @@ from objcache.backends.base import (
 )
 from objcache.backends.options import opt_float, opt_int, opt_str
 from objcache.backends.records_contract import Versioned
+from objcache.backends.redis import cluster
 from objcache.backends.redis.spec import DRIVER_OPTIONS, OPTIONS
 from objcache.backends.shared import Memo, SharedClients
 from objcache.config.options import TIER_OPTIONS
@@ -102,7 +107,37 @@ _TRANSIENT_REPLIES = frozenset({"OOM", "LOADING", "BUSY", "TRYAGAIN", "MASTERDOW
                                 "CLUSTERDOWN", "READONLY", "MISCONF", "NOREPLICAS"})  # fmt: skip
 _TRANSIENT_REPLY_ERRORS = (rex.OutOfMemoryError, rex.ReadOnlyError, rex.TryAgainError,
                            rex.ClusterDownError)  # fmt: skip
-_CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+#: Errors that need a hint: (classes, codes, error type, message with {text} and {code}).
+_HINTED: tuple[tuple[tuple[type[Exception], ...], frozenset[str], type[BackendError], str], ...] = (
+    (
+        (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError),
+        frozenset({"WRONGPASS", "NOAUTH"}),
+        PermanentBackendError,
+        "authentication failed ({text}): check the user and password in the tier URL "
+        "(redis://user:password@host)",
+    ),
+    (
+        (rex.NoPermissionError,),
+        frozenset({"NOPERM"}),
+        PermanentBackendError,
+        "the Redis ACL user may not run this command or key ({text}): grant it "
+        "+@read +@write +scan +object on the key prefix",
+    ),
+    (
+        (rex.AskError, rex.ClusterCrossSlotError),
+        frozenset({"MOVED", "ASK", "CROSSSLOT"}),
+        PermanentBackendError,
+        "this is a Redis Cluster node, reached as one server ({code}): remove cluster=no "
+        "from the tier URL, or set cluster=yes where its user may not run INFO",
+    ),
+    (
+        (rex.ReadOnlyError,),
+        frozenset({"READONLY"}),
+        TransientBackendError,
+        "READONLY: this server is a replica: name its primary, or the cluster's "
+        "configuration endpoint, in the tier URL",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -112,19 +147,26 @@ class PoolKey:
     connect_timeout: float
     socket_timeout: float
     max_connections: int
+    #: auto, yes or no (spec.CLUSTER_MODES)
+    cluster: str = "auto"
 
 
 @dataclass(frozen=True)
 class Pool:
-    """A client on one connection pool, and the gate that keeps callers within it."""
+    """A client on one connection pool (or one per cluster node), and the gate that keeps
+    callers within it."""
 
-    redis: aioredis.Redis
+    redis: aioredis.Redis | RedisCluster
     #: redis-py's ConnectionPool fails beyond max_connections and its BlockingConnectionPool
     #: costs ~30 us per command (20% of a loopback GET); a semaphore makes callers wait.
+    #: On a cluster it bounds the connections to each node (redis-py fails beyond them too).
     gate: asyncio.Semaphore
+    #: the URL's (host, port) on a cluster (cluster.reseed), else None
+    seed: tuple[str, int] | None = None
 
 
-async def _open_client(key: PoolKey) -> Pool:
+def client_kwargs(key: PoolKey) -> dict[str, Any]:
+    """redis-py's connection arguments for ``key``: no retries, objcache's timeouts."""
     kwargs: dict[str, Any] = dict(parse_url(key.url))
     kwargs.update(
         socket_connect_timeout=key.connect_timeout,
@@ -135,12 +177,38 @@ async def _open_client(key: PoolKey) -> Pool:
     )
     if "path" not in kwargs:  # TCP (unix sockets take no keepalive option)
         kwargs["socket_keepalive"] = True
-    client = aioredis.Redis(connection_pool=ConnectionPool(**kwargs))
-    return Pool(client, asyncio.Semaphore(key.max_connections))
+    return kwargs
+
+
+async def _open_client(key: PoolKey) -> Pool:
+    kwargs = client_kwargs(key)
+    gate = asyncio.Semaphore(key.max_connections)
+    if key.cluster != "yes":
+        client = aioredis.Redis(connection_pool=ConnectionPool(**kwargs))
+        try:
+            standalone = (
+                key.cluster == "no" or "path" in kwargs or not await cluster.cluster_enabled(client)
+            )
+        except BaseException:
+            await client.aclose(close_connection_pool=True)
+            raise
+        if standalone:
+            return Pool(client, gate)  # the detection's connection stays in the pool
+        await client.aclose(close_connection_pool=True)
+    found = cluster.open_cluster(kwargs)
+    try:
+        await found.initialize()
+    except BaseException:
+        await found.aclose()
+        raise
+    return Pool(found, gate, seed=(kwargs["host"], int(kwargs.get("port", 6379))))
 
 
 async def _close_client(pool: Pool) -> None:
-    await pool.redis.aclose(close_connection_pool=True)
+    if isinstance(pool.redis, RedisCluster):
+        await pool.redis.aclose()
+    else:
+        await pool.redis.aclose(close_connection_pool=True)
 
 
 #: Shared by every RedisBackend in the process.
@@ -167,28 +235,14 @@ def classify(exc: BaseException, op: str, tier: str) -> BackendError:
     the exception class; unknown codes stay at the start of a plain ResponseError."""
     if isinstance(exc, BackendError):
         return exc
+    known = cluster.cluster_error(exc, op, tier)
+    if known is not None:
+        return known
     text = str(exc)
     code = str(getattr(exc, "status_code", None) or text.split(" ", 1)[0])
-    if isinstance(
-        exc, (rex.AuthenticationError, rex.AuthenticationWrongNumberOfArgsError)
-    ) or code in ("WRONGPASS", "NOAUTH"):
-        return PermanentBackendError(
-            f"{op}: authentication failed ({text}): check the user and password in the tier "
-            "URL (redis://user:password@host)",
-            tier=tier,
-        )
-    if isinstance(exc, rex.NoPermissionError) or code == "NOPERM":
-        return PermanentBackendError(
-            f"{op}: the Redis ACL user may not run this command or key ({text}): grant it "
-            "+@read +@write +scan +object on the key prefix",
-            tier=tier,
-        )
-    if isinstance(exc, (rex.AskError, rex.ClusterCrossSlotError)) or code in _CLUSTER_REPLIES:
-        return PermanentBackendError(
-            f"{op}: this is a Redis Cluster node, which objcache does not support: point the "
-            "tier at a standalone Redis or a cluster proxy",
-            tier=tier,
-        )
+    for classes, codes, kind, hint in _HINTED:
+        if isinstance(exc, classes) or code in codes:
+            return kind(f"{op}: " + hint.format(text=text, code=code), tier=tier)
     if isinstance(exc, _TRANSIENT_REPLY_ERRORS) or code in _TRANSIENT_REPLIES:
         return TransientBackendError(f"{op}: {code} {text}", tier=tier)
     if isinstance(exc, rex.ResponseError):
@@ -207,6 +261,25 @@ def classify(exc: BaseException, op: str, tier: str) -> BackendError:
     return PermanentBackendError(f"{op}: {type(exc).__name__}: {exc}", tier=tier)
 
 
+async def scan(pool: Pool, pattern: str) -> AsyncIterator[list[bytes]]:
+    """SCAN batches of names: of the server, or of every primary of a cluster."""
+    if isinstance(pool.redis, RedisCluster):
+        batches = cluster.scan(pool.redis, pattern, SCAN_COUNT)
+        while True:
+            async with pool.gate:
+                names = await anext(batches, None)
+            if names is None:
+                return
+            yield names
+    cursor = 0
+    while True:
+        async with pool.gate:
+            cursor, batch = await pool.redis.scan(cursor, match=pattern, count=SCAN_COUNT)
+        yield [cast(bytes, n) for n in batch]
+        if cursor == 0:
+            return
+
+
 class RedisBackend(Backend):
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
@@ -218,6 +291,7 @@ class RedisBackend(Backend):
             connect_timeout=opt_float(spec, "connect_timeout"),
             socket_timeout=opt_float(spec, "socket_timeout"),
             max_connections=opt_int(spec, "max_connections"),
+            cluster=(opt_str(spec, "cluster") or "auto").strip().lower(),
         )
         self._prefix_bytes = self.prefix.encode()
         self._memo: Memo[Pool] = Memo()
@@ -235,6 +309,9 @@ class RedisBackend(Backend):
         return self.prefix + validate_key(key)
 
     def _error(self, exc: BaseException, op: str) -> BackendError:
+        pool = self._memo.get()
+        if pool is not None and pool.seed is not None and isinstance(pool.redis, RedisCluster):
+            cluster.reseed(pool.redis, *pool.seed)
         return classify(exc, op, self.name)
 
     # --- reads -------------------------------------------------------------------------
@@ -281,12 +358,9 @@ class RedisBackend(Backend):
         pattern = glob_escape(self.prefix + prefix) + "*"
         cut = len(self._prefix_bytes)
         seen: set[bytes] = set()  # SCAN may return a key more than once
-        cursor = 0
         try:
-            while True:
-                async with pool.gate:
-                    cursor, batch = await pool.redis.scan(cursor, match=pattern, count=SCAN_COUNT)
-                names = [cast(bytes, n) for n in batch if n not in seen]
+            async for batch in scan(pool, pattern):
+                names = [n for n in batch if n not in seen]
                 seen.update(names)
                 if names:
                     now = time.time()
@@ -302,8 +376,6 @@ class RedisBackend(Backend):
                             continue  # not a string value: not ours
                         mtime = now - idle if isinstance(idle, int) else now
                         yield ObjectInfo(key=n[cut:].decode(), size=int(size), mtime=mtime)
-                if cursor == 0:
-                    return
         except Exception as exc:
             raise self._error(exc, "list") from exc
 
@@ -372,6 +444,24 @@ class RedisBackend(Backend):
                 return bool(await pool.redis.delete(name))
         except Exception as exc:
             raise self._error(exc, "delete") from exc
+
+    # --- doctor ------------------------------------------------------------------------------
+
+    async def describe(self) -> str:
+        """One line on the store (objcache doctor): the server's version and role, or the
+        cluster's primaries, replicas and slots covered; raises :class:`BackendError` when
+        the store cannot serve every key (cluster.describe). One connection of its own."""
+        kwargs = client_kwargs(self.pool_key)
+        kwargs.update(max_connections=1)
+        client = aioredis.Redis(connection_pool=ConnectionPool(**kwargs))
+        try:
+            return await cluster.describe(client, self.pool_key.cluster, self.name)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, "describe") from exc
+        finally:
+            await client.aclose(close_connection_pool=True)
 
     async def close(self) -> None:
         self._memo.clear()

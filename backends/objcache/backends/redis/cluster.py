@@ -1,0 +1,201 @@
+"""Redis Cluster under the ``redis://`` and ``rediss://`` tiers (docs/architecture.md,
+"Redis Cluster"): whether a server is a cluster node, the cluster client, SCAN over every
+primary, and the shape of the store that ``objcache doctor`` reports.
+
+* Detection is one ``INFO cluster`` on the first connection (``cluster=auto``), inside the
+  first call's deadline; ``cluster=yes`` / ``cluster=no`` skip it.
+* The cluster client is redis-py's ``RedisCluster`` with no retries of its own (the tier's
+  policy decides): it follows MOVED and ASK inside the call, and after a connection error
+  or CLUSTERDOWN it reads the slot map again on the next call, so a failover costs the
+  calls that hit the dead primary, not a restart.
+* Every entry and record is one key, so one slot: nothing objcache sends spans slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import SSLConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from objcache.errors import BackendError, PermanentBackendError, TransientBackendError
+
+#: Hash slots of every Redis Cluster.
+SLOTS = 16384
+
+
+async def cluster_enabled(client: aioredis.Redis) -> bool:
+    """Whether the server says ``cluster_enabled:1``. A server that refuses INFO (an ACL user
+    without it, a renamed command) is taken as standalone: were it a cluster node, its MOVED
+    replies say so (``classify``), and ``cluster=yes`` skips the question."""
+    try:
+        info = await client.info("cluster")
+    except rex.ResponseError:
+        return False
+    return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def open_cluster(kwargs: Mapping[str, Any]) -> RedisCluster:
+    """A cluster client from the keyword arguments of the standalone one (``parse_url``'s,
+    with objcache's timeouts and pool size): same node, credentials and TLS, no retries."""
+    options = dict(kwargs)
+    if options.pop("db", 0) not in (0, "0", None):
+        raise PermanentBackendError(
+            "connect: a Redis Cluster has only database 0: end the tier URL with /0"
+        )
+    if options.pop("connection_class", None) is SSLConnection:
+        options["ssl"] = True
+    options.pop("retry_on_error", None)
+    options.update(retry=Retry(NoBackoff(), 0), require_full_coverage=True)
+    return RedisCluster(**options)
+
+
+def reseed(client: RedisCluster, host: str, port: int) -> None:
+    """Put the URL's node back among the nodes a slot-map refresh may ask.
+
+    redis-py replaces its startup nodes with the nodes it discovered; a configuration
+    endpoint (a DNS name over nodes that come and go) would be forgotten, and a client whose
+    discovered nodes were all replaced could never find the cluster again."""
+    startup = client.nodes_manager.startup_nodes
+    seed = ClusterNode(host, port, **client.connection_kwargs)
+    startup.setdefault(seed.name, seed)
+
+
+async def scan(client: RedisCluster, pattern: str, count: int) -> AsyncIterator[list[bytes]]:
+    """SCAN batches of every primary, one primary after another. A key that moves during
+    the listing may be listed twice (the caller drops repeats) or not at all."""
+    await client.initialize()
+    for node in client.get_primaries():
+        cursor = 0
+        while True:
+            # with target_nodes, redis-py answers ({node name: cursor}, names)
+            reply: Any = await client.scan(cursor, match=pattern, count=count, target_nodes=node)
+            cursors, batch = reply
+            cursor = int(cursors[node.name])
+            yield [cast(bytes, n) for n in batch]
+            if cursor == 0:
+                break
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A Redis Cluster as one node sees it (CLUSTER NODES, CLUSTER INFO)."""
+
+    primaries: int
+    replicas: int
+    #: slots whose primary is not marked failed
+    slots: int
+    #: nodes marked failed (``fail``; ``fail?`` is one node's suspicion only)
+    failed: int
+    #: ``cluster_state`` of the node asked: ``ok`` or ``fail``
+    state: str
+
+    @property
+    def line(self) -> str:
+        failed = f", {self.failed} failed" if self.failed else ""
+        return (
+            f"Redis Cluster: {_count(self.primaries, 'primary', 'primaries')}, "
+            f"{_count(self.replicas, 'replica', 'replicas')}{failed}, "
+            f"{self.slots} of {SLOTS} slots covered, cluster_state:{self.state}"
+        )
+
+    @property
+    def problem(self) -> str:
+        """Why the cluster cannot serve every key now; empty when it can."""
+        if self.slots < SLOTS:
+            return (
+                f"{SLOTS - self.slots} slots have no live primary: keys there answer "
+                "CLUSTERDOWN (assign them: redis-cli --cluster fix)"
+            )
+        if self.state != "ok":
+            return "the cluster answers CLUSTERDOWN (a primary is down with no replica to promote?)"
+        return ""
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def parse_topology(nodes: str, state: str) -> Topology:
+    """CLUSTER NODES text: ``<id> <ip:port@bus> <flags> <primary> <ping> <pong> <epoch>
+    <link> <slot> ...``; a slot is ``N``, ``N-M``, or ``[N->-id]`` (migrating: not counted)."""
+    primaries = replicas = slots = failed = 0
+    for line in nodes.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        flags = set(fields[2].split(","))
+        if "fail" in flags:
+            failed += 1
+            continue
+        if "master" in flags:
+            primaries += 1
+            for span in fields[8:]:
+                if span.startswith("["):
+                    continue
+                first, _, last = span.partition("-")
+                slots += int(last or first) - int(first) + 1
+        elif "slave" in flags:
+            replicas += 1
+    return Topology(primaries, replicas, slots, failed, state)
+
+
+async def describe(client: aioredis.Redis, mode: str, tier: str) -> str:
+    """One line on the server behind a standalone connection: version and role, or the
+    cluster's topology. Raises :class:`BackendError` when the store cannot serve every key
+    (uncovered slots, CLUSTERDOWN, a cluster node reached with ``cluster=no``)."""
+    try:
+        info = await client.info()
+    except rex.ResponseError as exc:  # NOPERM, renamed: the data probe still decides
+        return f"topology unknown: INFO refused ({exc})"
+    version = f"Redis {info.get('redis_version', '?')}"
+    if str(info.get("cluster_enabled", 0)) != "1":
+        if info.get("role") == "slave":
+            primary = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
+            return f"standalone {version}, a replica of {primary}: writes are refused"
+        return f"standalone {version}"
+    command: Any = client.execute_command  # untyped in redis-py
+    state = _fields(_text(await command("CLUSTER", "INFO"))).get("cluster_state")
+    topology = parse_topology(_text(await command("CLUSTER", "NODES")), state or "unknown")
+    line = f"{topology.line} ({version})"
+    if mode == "no":
+        raise PermanentBackendError(
+            f"{line}: the tier URL says cluster=no, so keys of other nodes would answer "
+            "MOVED: remove cluster=no",
+            tier=tier,
+        )
+    if topology.problem:
+        raise TransientBackendError(f"{line}: {topology.problem}", tier=tier)
+    return line
+
+
+def _text(reply: object) -> str:
+    return reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+
+
+def _fields(text: str) -> dict[str, str]:
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def cluster_error(exc: BaseException, op: str, tier: str) -> BackendError | None:
+    """The typed error for a failure only the cluster client raises; None for the others."""
+    if isinstance(exc, rex.ClusterError) and not isinstance(exc, rex.ResponseError):
+        # "TTL exhausted": redirections kept bouncing (a resharding under way)
+        return TransientBackendError(f"{op}: Redis Cluster: {exc}", tier=tier)
+    if not isinstance(exc, rex.RedisClusterException):
+        return None
+    text = str(exc)
+    if "not enabled" in text:
+        return PermanentBackendError(
+            f"{op}: this server is not a Redis Cluster node: remove cluster=yes from the tier URL",
+            tier=tier,
+        )
+    # unreachable nodes, slots not covered, TTL of redirections exhausted: "not now"
+    return TransientBackendError(f"{op}: Redis Cluster: {' '.join(text.split())}", tier=tier)
