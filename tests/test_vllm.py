@@ -304,6 +304,61 @@ def test_a_backend_name_without_a_uuid_is_kept() -> None:
     assert process_keys.stable_backend_id(_backend_id()) == "__compiled_fn_1_<per-process>"
 
 
+_AOT_SCRIPT = """
+import json
+import objcache
+objcache.install()
+import torch
+from torch._dynamo.utils import counters
+from objcache.integrations.torch import process_keys
+
+def f(x, w):
+    return torch.relu(x @ w) * 2 + 1
+
+torch.manual_seed(0)
+x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+compiled = torch.compile(f, fullgraph=True).aot_compile(((x, w), {}))
+out = compiled(x, w)
+out.sum().backward()
+ref_w = w.detach().clone().requires_grad_(True)
+ref = f(x, ref_w)
+ref.sum().backward()
+print(json.dumps({
+    "match": bool(torch.allclose(out, ref) and torch.allclose(w.grad, ref_w.grad)),
+    "aot": dict(counters["aot_autograd"]),
+    "normalized": process_keys.counters["aot_backend_id_normalized"],
+    "hits": objcache.get_client().stats()["cache"]["hits"],
+}))
+"""
+
+
+def test_an_aot_compiled_function_is_served_its_autograd_entry_on_a_new_machine(
+    tmp_path: Path,
+) -> None:
+    """torch's own ``aot_compile`` (what vLLM compiles with): a new machine computes the same
+    AOTAutograd key as the machine that stored it (the per-process backend name left out),
+    is served the entry through objcache, and computes eager's output and gradient."""
+    pytest.importorskip("torch")
+    from tests.torch_support import compile_env
+
+    store = f"file://{tmp_path / 'store'}"
+    seen = []
+    for machine in ("a", "b"):
+        env = compile_env(tmp_path / machine, store)
+        proc = subprocess.run(
+            [sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, second = seen
+    assert first["match"] and second["match"], seen
+    assert first["normalized"] and second["normalized"], seen
+    assert first["aot"].get("autograd_cache_miss") == 1, first
+    assert second["aot"].get("autograd_cache_hit") == 1, second  # torch alone: a miss
+    assert second["hits"].get("aot-autograd") == 1, second
+
+
 @pytest.mark.parametrize(
     ("call", "fails"),
     [
