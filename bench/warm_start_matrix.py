@@ -213,9 +213,11 @@ def main() -> int:
                 shutil.rmtree(root, ignore_errors=True)
     except KeyboardInterrupt:
         return 130
-    command = "python bench/warm_start_matrix.py " + shlex.join(
-        a for a in sys.argv[1:] if not a.startswith("--out")
-    )
+    argv = sys.argv[1:]
+    shown = [
+        a for i, a in enumerate(argv) if not a.startswith("--out") and argv[i - 1 : i] != ["--out"]
+    ]
+    command = "python bench/warm_start_matrix.py " + shlex.join(shown)
     table, ratios = render(cases, opts, command.strip())
     write_section(opts.out, table, opts.section)
     spec: dict[str, Any] = {

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from objcache.integrations.torch import autoload, serde
 from tests import torch_support
@@ -346,6 +348,27 @@ def test_hooks_never_raise_into_torch(store: Path, monkeypatch: pytest.MonkeyPat
 
 
 # --- kernels -----------------------------------------------------------------------------------
+
+
+@given(
+    st.lists(
+        st.text(alphabet=st.sampled_from(list("ab-=/. \t\n\r\x0b\"'\\")), max_size=12),
+        max_size=6,
+    ).map(" ".join)
+)
+def test_a_compile_command_splits_as_shlex_splits_it(command: str) -> None:
+    """The kernel key's tokens: shlex's, with its tokenizer skipped where nothing is quoted."""
+    import shlex
+
+    from objcache.integrations.torch.kernels import split_command
+
+    try:
+        expected = shlex.split(command)
+    except ValueError:  # an unclosed quote: shlex refuses, and so does the key
+        with pytest.raises(ValueError):
+            split_command(command)
+        return
+    assert split_command(command) == expected
 
 
 def _builder(src: Path, out_dir: Path | None, **options: Any) -> Any:
