@@ -74,6 +74,12 @@ class TransientBackendError(BackendError):
     """Worth retrying: throttling, 5xx, connection resets, timeouts."""
 
 
+class PartialOutage(TransientBackendError):
+    """One part of a sharded store failed while the rest answers (a Redis Cluster primary
+    down, its replica not promoted yet): this key is a miss, the tier is not at fault, so it
+    does not count against the tier's breaker (docs/architecture.md, "Redis Cluster")."""
+
+
 class PermanentBackendError(BackendError):
     """Not worth retrying: access denied, missing bucket, bad credentials, bad request."""
 

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec, validate_key
-from objcache.errors import PermanentBackendError, TransientBackendError
+from objcache.errors import PartialOutage, PermanentBackendError, TransientBackendError
 
 
 class MemoryBackend(Backend):
@@ -35,6 +35,8 @@ class MemoryBackend(Backend):
             await asyncio.sleep(3600)
         if self.fault == "transient":
             raise TransientBackendError("injected transient fault", tier=self.name)
+        if self.fault == "partial":
+            raise PartialOutage("injected: one node down", tier=self.name)
         if self.fault == "permanent":
             raise PermanentBackendError("injected permanent fault", tier=self.name)
 

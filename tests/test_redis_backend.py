@@ -461,3 +461,19 @@ async def test_moved_and_ask_during_a_slot_migration_are_followed_within_the_cal
         await b.delete("{moving}new")
         await b.close()
     redis_cluster.wait_healthy()
+
+
+def test_a_node_failure_while_the_cluster_answers_is_partial() -> None:
+    """A transient failure within PARTIAL_WINDOW_S of the cluster's last answer is a
+    partial outage (the key misses, the breaker is left alone); long after it, or a
+    permanent error, stays the tier's failure."""
+    from objcache.backends.redis import cluster
+    from objcache.errors import PartialOutage, PermanentBackendError, TransientBackendError
+
+    answered = cluster.Answered()
+    down = TransientBackendError("get: ConnectionError: refused", tier="redis://n/0")
+    assert isinstance(cluster.partial(down, answered), PartialOutage)
+    wrong = PermanentBackendError("get: NOPERM", tier="redis://n/0")
+    assert cluster.partial(wrong, answered) is wrong
+    answered.at -= cluster.PARTIAL_WINDOW_S + 1  # nothing answered for a while: all down
+    assert cluster.partial(down, answered) is down

@@ -52,6 +52,25 @@ async def test_list_is_public_and_a_failure_is_a_counted_miss() -> None:
     assert t.stats.misses["list"] == 1
 
 
+async def test_a_node_down_in_a_sharded_store_misses_its_keys_and_spares_the_breaker() -> None:
+    """A partial outage (a Redis Cluster primary down while the others answer) is the key's
+    miss, never the tier's failure: past the breaker's threshold the tier still serves; the
+    same number of whole-tier failures opens the breaker."""
+    t = tier("mem://sharded")
+    seed(t, "k", b"payload")
+    mem(t).fault = "partial"
+    for _ in range(t.breaker.threshold * 3):
+        assert await t.get("v1/x") == (None, "error")
+    assert not t.breaker_open()
+    mem(t).fault = ""
+    data, reason = await t.get(NS.object_key("fx-graph", "k"))
+    assert data is not None and reason == ""
+    mem(t).fault = "transient"
+    for _ in range(t.breaker.threshold):
+        await t.get("v1/x")
+    assert t.breaker_open()
+
+
 async def test_a_command_tier_tries_once_and_has_no_breaker() -> None:
     backend = MemoryBackend("mem://cmd")
     backend.fault = "transient"

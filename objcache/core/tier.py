@@ -35,6 +35,7 @@ from objcache.errors import (
     EntryError,
     EntryTooLarge,
     InvalidKey,
+    PartialOutage,
     PermanentBackendError,
     TransientBackendError,
 )
@@ -158,6 +159,11 @@ class Tier:
             self.breaker.success()
             log_once.warn(self.name, f"{op}-clock_skew", f"{op} refused: {exc}")
             raise Failed("clock_skew") from None
+        except PartialOutage as exc:
+            # One node of a sharded store, not the tier: its keys miss, the others are
+            # served, so it neither counts against the breaker nor ends a half-open probe.
+            log_once.warn(self.name, f"{op}-partial", f"{self.name}: {op} failed: {exc}")
+            raise Failed("error") from None
         except PermanentBackendError as exc:
             # A permanent error says the tier is misconfigured: count it against the breaker.
             raise self._failed(op, "error", f"{op} failed: {exc}") from None

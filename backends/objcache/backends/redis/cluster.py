@@ -13,6 +13,7 @@ primary, and the shape of the store that ``objcache doctor`` reports.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,10 +25,41 @@ from redis.asyncio.connection import SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from objcache.errors import BackendError, PermanentBackendError, TransientBackendError
+from objcache.errors import (
+    BackendError,
+    PartialOutage,
+    PermanentBackendError,
+    TransientBackendError,
+)
 
 #: Hash slots of every Redis Cluster.
 SLOTS = 16384
+#: A node's failure within this long of any answer of the cluster is a partial outage: its
+#: keys miss, the tier's breaker is left alone (the other primaries serve).
+PARTIAL_WINDOW_S = 5.0
+
+
+class Answered:
+    """When the cluster last answered a call (its client's start counts: it read the slot
+    map from a node)."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def now(self) -> None:
+        self.at = time.monotonic()
+
+    def recently(self) -> bool:
+        return time.monotonic() - self.at < PARTIAL_WINDOW_S
+
+
+def partial(error: BackendError, answered: Answered) -> BackendError:
+    """``error`` as a :class:`PartialOutage` when it is a node's transient failure while the
+    rest of the cluster answers; a whole cluster that stopped answering stays the tier's
+    failure (its breaker then skips it)."""
+    if type(error) is TransientBackendError and answered.recently():
+        return PartialOutage(str(error))
+    return error
 
 
 async def cluster_enabled(client: aioredis.Redis) -> bool:

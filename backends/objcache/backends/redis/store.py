@@ -163,6 +163,30 @@ class Pool:
     gate: asyncio.Semaphore
     #: the URL's (host, port) on a cluster (cluster.reseed), else None
     seed: tuple[str, int] | None = None
+    #: on a cluster, when it last answered (a node's failure meanwhile is partial)
+    answered: cluster.Answered | None = None
+
+    def calling(self) -> Calling:
+        """``async with pool.calling():`` around one command: within the gate, and an
+        answer noted on a cluster."""
+        return Calling(self)
+
+
+class Calling:
+    """The gate around one command; on a cluster a command that returned notes the answer."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def __aenter__(self) -> None:
+        await self.pool.gate.acquire()
+
+    async def __aexit__(self, kind: object, exc: object, tb: object) -> None:
+        self.pool.gate.release()
+        if kind is None and self.pool.answered is not None:
+            self.pool.answered.now()
 
 
 def client_kwargs(key: PoolKey) -> dict[str, Any]:
@@ -201,7 +225,8 @@ async def _open_client(key: PoolKey) -> Pool:
     except BaseException:
         await found.aclose()
         raise
-    return Pool(found, gate, seed=(kwargs["host"], int(kwargs.get("port", 6379))))
+    seed = (kwargs["host"], int(kwargs.get("port", 6379)))
+    return Pool(found, gate, seed=seed, answered=cluster.Answered())
 
 
 async def _close_client(pool: Pool) -> None:
@@ -266,14 +291,14 @@ async def scan(pool: Pool, pattern: str) -> AsyncIterator[list[bytes]]:
     if isinstance(pool.redis, RedisCluster):
         batches = cluster.scan(pool.redis, pattern, SCAN_COUNT)
         while True:
-            async with pool.gate:
+            async with pool.calling():
                 names = await anext(batches, None)
             if names is None:
                 return
             yield names
     cursor = 0
     while True:
-        async with pool.gate:
+        async with pool.calling():
             cursor, batch = await pool.redis.scan(cursor, match=pattern, count=SCAN_COUNT)
         yield [cast(bytes, n) for n in batch]
         if cursor == 0:
@@ -310,9 +335,12 @@ class RedisBackend(Backend):
 
     def _error(self, exc: BaseException, op: str) -> BackendError:
         pool = self._memo.get()
+        error = classify(exc, op, self.name)
         if pool is not None and pool.seed is not None and isinstance(pool.redis, RedisCluster):
             cluster.reseed(pool.redis, *pool.seed)
-        return classify(exc, op, self.name)
+            if pool.answered is not None:
+                return cluster.partial(error, pool.answered)
+        return error
 
     # --- reads -------------------------------------------------------------------------
 
@@ -320,7 +348,7 @@ class RedisBackend(Backend):
         name = self._key(key)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 value = cast("bytes | None", await pool.redis.get(name))
         except Exception as exc:
             raise self._error(exc, "get") from exc
@@ -335,7 +363,7 @@ class RedisBackend(Backend):
         name = self._key(key)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 value = cast(bytes, await pool.redis.getrange(name, 0, max_bytes))
         except Exception as exc:
             raise self._error(exc, "get") from exc
@@ -348,7 +376,7 @@ class RedisBackend(Backend):
         name = self._key(key)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 return bool(await pool.redis.exists(name))
         except Exception as exc:
             raise self._error(exc, "exists") from exc
@@ -368,7 +396,7 @@ class RedisBackend(Backend):
                     for n in names:
                         pipe.strlen(n)
                         pipe.object("idletime", n)
-                    async with pool.gate:
+                    async with pool.calling():
                         replies = await pipe.execute(raise_on_error=False)
                     for i, n in enumerate(names):
                         size, idle = replies[2 * i], replies[2 * i + 1]
@@ -392,7 +420,7 @@ class RedisBackend(Backend):
         self._check_size(data)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 done = await pool.redis.set(
                     name, data, nx=mode is PutMode.CREATE, ex=self.ttl if self.ttl else None
                 )
@@ -411,7 +439,7 @@ class RedisBackend(Backend):
         name = self._key(key)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 found = await pool.redis.eval(_GET_CAPPED, 1, name, max_bytes)
         except Exception as exc:
             raise self._error(exc, "get") from exc
@@ -428,7 +456,7 @@ class RedisBackend(Backend):
         self._check_size(data)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 done = await pool.redis.eval(
                     _COMPARE_AND_SET, 1, name, data, version or "", self.ttl or 0
                 )
@@ -440,7 +468,7 @@ class RedisBackend(Backend):
         name = self._key(key)
         pool = await self._pool()
         try:
-            async with pool.gate:
+            async with pool.calling():
                 return bool(await pool.redis.delete(name))
         except Exception as exc:
             raise self._error(exc, "delete") from exc
