@@ -263,3 +263,22 @@ def test_a_warm_local_run_asked_nothing_or_its_local_tier() -> None:
     assert not row(0, 8, 0).warm_local  # a new machine served by the store
     assert not row(0, 0, 8).warm_local  # cold
     assert timing.label("torch:some_phase_torch_adds_later") == "some_phase_torch_adds_later"
+
+
+def test_store_strings_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    """A summary's recompile reason, frame and phase name are any writer's strings: printed
+    escaped, never as terminal control sequences."""
+    now = int(time.time())
+    evil = "\x1b]0;owned\x07\x1b[2J"
+    warm = body(f"run-{now - 20}-1-aa", now - 20, stats(8, 0, 0), WARM, 4.0)
+    slow = body(
+        f"run-{now - 10}-2-bb", now - 10, stats(0, 2, 6), {**NEW, f"torch:{evil}": 1.0},
+        8.0, [(f"f{evil}", f"guard {evil}", 0.5)],
+    )  # fmt: skip
+    url = plant(tmp_path, [(f"run-{now - 20}-1-aa", warm), (f"run-{now - 10}-2-bb", slow)])
+    out = CliRunner().invoke(
+        cli.app, ["explain", "--time", "--job", JOB, "--tier", url], env={"COLUMNS": "200"}
+    )
+    assert out.exit_code == 0, out.output
+    assert "guard" in out.output and "recompiles: 1 in this run" in out.output
+    assert "\x1b" not in out.output and "\x07" not in out.output
