@@ -324,9 +324,7 @@ def main() -> int:
     remotes: dict[str, str] = {}
     started = time.time()
     try:
-        for spec in opts.remote or ["file"]:
-            name, _, url = spec.partition("=")
-            remotes[name] = url or REMOTES[name](root)
+        remotes.update(open_remotes(opts.remote, root))
         bench = Bench(root, opts.model, remotes, opts.rtt_ms, opts.batches, opts.device, opts.mode)
 
         def wanted(name: str) -> bool:
@@ -337,10 +335,7 @@ def main() -> int:
             scenarios = [sc for sc in scenarios if wanted(sc.name)]
         run_rounds(bench, scenarios, runs, started)
     finally:
-        for proxy in _PROXIES:
-            proxy.close()
-        for server in _SERVERS:
-            server.stop()
+        stop_servers()
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)
     command = "python bench/warm_start.py " + shlex.join(
@@ -356,6 +351,26 @@ def main() -> int:
         print(f"ratio vs {BASELINE}: {ratio:.2f}x  {name}")
     print(f"wrote the {opts.section} section of {opts.out}; command: {command.strip()}")
     return 0
+
+
+def open_remotes(specs: list[str] | None, root: Path) -> dict[str, str]:
+    """``--remote`` values (``file``, ``s3``, ``redis`` or ``NAME=URL``) as name -> URL,
+    starting the built-in servers they name (:func:`stop_servers` stops them)."""
+    remotes = {}
+    for spec in specs or ["file"]:
+        name, _, url = spec.partition("=")
+        remotes[name] = url or REMOTES[name](root)
+    return remotes
+
+
+def stop_servers() -> None:
+    """Close the proxies and stop the servers this process started."""
+    for proxy in _PROXIES:
+        proxy.close()
+    for server in _SERVERS:
+        server.stop()
+    _PROXIES.clear()
+    _SERVERS.clear()
 
 
 def run_rounds(

@@ -38,16 +38,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
 from bench.warm_start import (  # noqa: E402
-    _PROXIES,
-    _SERVERS,
     BASELINE,
-    REMOTES,
     Bench,
     Scenario,
     _cpu,
     new_machine_label,
+    open_remotes,
     prepare_and_define,
     run_rounds,
+    stop_servers,
     write_section,
 )
 
@@ -121,10 +120,7 @@ def phase_differences(new: Scenario, base: Scenario) -> list[tuple[str, float, f
 
 
 def run_case(case: Case, opts: argparse.Namespace, root: Path, started: float) -> None:
-    remotes = {}
-    for spec in opts.remote or ["file"]:
-        name, _, url = spec.partition("=")
-        remotes[name] = url or REMOTES[name](root)
+    remotes = open_remotes(opts.remote, root)
     bench = Bench(
         root, case.model, remotes, opts.rtt_ms, case.sizes, inference=case.step == "infer"
     )
@@ -204,12 +200,7 @@ def main() -> int:
             try:
                 run_case(case, opts, root, started)
             finally:
-                for proxy in _PROXIES:
-                    proxy.close()
-                for server in _SERVERS:
-                    server.stop()
-                _PROXIES.clear()
-                _SERVERS.clear()
+                stop_servers()
                 shutil.rmtree(root, ignore_errors=True)
     except KeyboardInterrupt:
         return 130

@@ -294,7 +294,6 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     from objcache.integrations.torch import phase_times
 
     result["phases"] = {k: list(v) for k, v in phase_times.snapshot().items()}
-    result["recompiles"] = [list(r) for r in phase_times.recompiles()]
     if args.torch_mega_save:
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
