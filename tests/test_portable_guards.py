@@ -130,6 +130,32 @@ def test_a_dict_is_checked_by_content_at_every_call() -> None:
     assert not check({})
 
 
+def test_the_compiler_settings_hold_at_the_first_call_as_a_normal_compile_fixes_them() -> None:
+    """The settings record is compared until the whole guard first holds; a mismatch is a
+    guard failure reported once; without a settings reader it never holds."""
+    now = {"digest": "other"}
+    failures: list[str] = []
+    records = [
+        pg.settings_record("writer"),
+        pg.Portable("G['ACT']", "BUILTIN_MATCH", pg.identity(math.sqrt) or ""),
+    ]
+    scope = {"ACT": math.sqrt}
+    check = pg.check_for(records, scope, lambda: now["digest"], failures.append)
+    assert not check({}) and not check({})
+    assert failures == ["settings"]  # once per kind
+    now["digest"] = "writer"
+    assert check({})
+    now["digest"] = "changed after the first compile"
+    assert check({})  # settled, as torch keeps a compiled frame's code
+    scope["ACT"] = math.exp
+    assert not check({})
+    assert failures == ["settings", "BUILTIN_MATCH"]
+    assert not pg.check_for(records, {"ACT": math.sqrt})({})  # no reader: never holds
+    assert pg.has_one_settings_record(records)
+    assert not pg.has_one_settings_record(records[1:])
+    assert not pg.has_one_settings_record([*records, pg.settings_record("x")])
+
+
 def test_records_travel_with_their_own_guards_state() -> None:
     records = (pg.Portable("G['ACT']", "BUILTIN_MATCH", "builtin:math.sqrt"),)
     state = b"torch's pickle\x00bytes"

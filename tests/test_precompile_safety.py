@@ -13,7 +13,11 @@ program runs every case at once (small functions, one compile each):
 * **reload**: a module file edited (same first line) and ``importlib.reload``-ed;
 * **cls**: ``@torch.compile`` on a class (torch's caching precompile crashed on it);
 * **autocast**: a function compiled inside ``torch.autocast`` on one machine and outside it
-  on another (the result's dtype differs).
+  on another (the result's dtype differs);
+* **backend**: the ``torch.compile`` backend chosen at start-up (a normal compile with a
+  custom backend runs that backend);
+* **settings**: ``torch._inductor.config.fallback_random`` chosen at start-up (with it a
+  normal compile draws eager's random numbers).
 """
 
 from __future__ import annotations
@@ -150,11 +154,46 @@ if os.environ.get("BREAK_INSTALL") == "1":
     ef._load_precompile_entry = failing_load
 before = {k for k in globals() if k.startswith("__")}
 compiled["brk"] = torch.compile(brk)
+if os.environ.get("BREAK_INSTALL") == "1":
+    ef._load_precompile_entry = real_load  # only brk's install breaks
 left = {
     "globals": sorted(k for k in globals() if k.startswith("__") and k not in before),
     "entries": sum(len(ef._debug_get_precompile_entries(c)) for c in loaded),
 }
 check("brk", brk, x)
+
+calls = []
+
+
+def counting(gm, example_inputs):
+    calls.append(1)
+    return gm.forward
+
+
+custom = os.environ.get("BACKEND") == "counting"
+
+
+def bk(x):
+    return torch.cos(x) * 5.5
+
+
+out = torch.compile(bk, backend=counting if custom else "inductor")(x)
+results["backend"] = [same(out, bk(x)) and (bool(calls) or not custom)]
+
+
+def noisy(x):
+    return x * 2.0 + torch.rand_like(x)
+
+
+fallback = os.environ.get("FALLBACK_RANDOM") == "1"
+with torch._inductor.config.patch(fallback_random=fallback):
+    torch.manual_seed(0)
+    ref = noisy(x)
+    compiled_noisy = torch.compile(noisy)
+    torch.manual_seed(0)
+    out = compiled_noisy(x)
+# with fallback_random a normal compile draws eager's numbers; without, its own
+results["settings"] = [bool(torch.equal(out, ref)) or not fallback]
 from torch._dynamo.utils import counters
 
 print("RESULT " + json.dumps({
@@ -230,10 +269,11 @@ def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> 
     function's entry is saved at exit, the two cell bodies each under its own key."""
     assert all_match(writer), writer
     assert writer["results"]["attr"] == [True, True]
-    # f and r twice, g, h, M.forward once per binding, Scaled.__call__, mm, brk's 3 graphs
-    assert writer["graphs"] == 13
+    # f and r twice, g, h, M.forward once per binding, Scaled.__call__, mm, brk's 3 graphs,
+    # bk, noisy
+    assert writer["graphs"] == 15
     entries = [p for p in (base / "store").glob("v1/*/precompile/*/*") if p.is_file()]
-    assert len(entries) == 10, entries
+    assert len(entries) == 12, entries
 
 
 def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) -> None:
@@ -248,7 +288,7 @@ def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) 
 def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, Any]) -> None:
     r = run(base, "same", act="relu", cells="relu,sigmoid", reload="relu,sigmoid", autocast="1")
     assert all_match(r), r
-    assert r["precompile"].get("hits") == 10 and r["precompile"].get("installed") == 10
+    assert r["precompile"].get("hits") == 12 and r["precompile"].get("installed") == 12
     assert r["graphs"] == 0, r
 
 
@@ -267,10 +307,18 @@ def test_another_startup_choice_recompiles_where_it_matters(
     base: Path, writer: dict[str, Any]
 ) -> None:
     """ACT and CFG chosen as sigmoid: the entries load, their portable guards fail, Dynamo
-    compiles those frames again; every result equals eager's."""
-    r = run(base, "other-act", act="sigmoid", cells="relu")
+    compiles those frames again; every result equals eager's. A custom backend chosen at
+    start-up is another key: that backend runs (torch's own caching precompile served the
+    writer's Inductor code to it). ``fallback_random`` set: the entry loads, its compiler
+    settings guard fails, Dynamo compiles with the reader's settings and draws eager's
+    random numbers, as a normal compile does (it was served the writer's draws)."""
+    r = run(base, "other-act", act="sigmoid", cells="relu", BACKEND="counting", FALLBACK_RANDOM="1")
+    assert r["results"]["backend"] == [True] and r["results"]["settings"] == [True], r
     assert all_match(r), r
-    assert r["graphs"] >= 2  # act and cfg traced again (their guards named relu)
+    assert r["graphs"] >= 4  # act, cfg, bk and noisy traced again
+    assert r["precompile"].get("guard_failed:settings") == 1, r["precompile"]
+    failed = {k for k in r["precompile"] if k.startswith("guard_failed:")}
+    assert failed - {"guard_failed:settings"}, r["precompile"]  # ACT's and CFG's guards
 
 
 def test_programs_without_a_source_file(base: Path, writer: dict[str, Any]) -> None:

@@ -267,27 +267,68 @@ def split(
 # --- reader ------------------------------------------------------------------------------------
 
 
-def check_for(records: Sequence[Portable], f_globals: Any) -> Callable[[Any], bool]:
-    """The root guard of one served guarded code: True while every record holds."""
+#: Source of the record naming the compiler settings a frame was compiled with
+#: (``compile_settings.settings_digest``).
+SETTINGS = "<compiler settings>"
+SETTINGS_KIND = "COMPILE_SETTINGS"
+
+
+def settings_record(digest: str) -> Portable:
+    return Portable(SETTINGS, SETTINGS_KIND, digest)
+
+
+def has_one_settings_record(records: Sequence[Portable]) -> bool:
+    return sum(r.source == SETTINGS for r in records) == 1
+
+
+def check_for(
+    records: Sequence[Portable],
+    f_globals: Any,
+    settings: Callable[[], str | None] | None = None,
+    failed: Callable[[str], None] | None = None,
+) -> Callable[[Any], bool]:
+    """The root guard of one served guarded code: True while every record holds. The
+    compiler settings record is checked until the whole guard first holds (a normal compile
+    fixes its settings at the frame's first compile); without a ``settings`` reader it never
+    holds. ``failed`` hears the first failure of each kind (``settings`` or the failing
+    record's guard kind)."""
+    expected_settings = [r.identity for r in records if r.source == SETTINGS]
+    settled = not expected_settings
+    reported: set[str] = set()
+
+    def fail(why: str) -> bool:
+        if failed is not None and why not in reported:
+            reported.add(why)
+            failed(why)
+        return False
+
     parsed = []
     for record in records:
+        if record.source == SETTINGS:
+            continue
         path = parse_source(record.source)
         if path is None:
             raise ValueError(f"unparseable portable guard source {record.source!r}")
-        parsed.append((path[0], path[1], record.identity))
+        parsed.append((path[0], path[1], record.identity, record.kind))
     #: per record, the last object that passed (see the module docstring)
     passed: list[Any] = [_MISSING] * len(parsed)
 
     def check(f_locals: Any) -> bool:
-        for i, (root, steps, expected) in enumerate(parsed):
+        nonlocal settled
+        if not settled:
+            now = settings() if settings is not None else None
+            if now is None or any(now != e for e in expected_settings):
+                return fail("settings")
+        for i, (root, steps, expected, kind) in enumerate(parsed):
             value = resolve(root, steps, f_locals, f_globals)
             if value is _MISSING:
-                return False
+                return fail(kind)
             if value is passed[i] and not isinstance(value, dict | list | tuple):
                 continue
             if identity(value) != expected:
-                return False
+                return fail(kind)
             passed[i] = value
+        settled = True
         return True
 
     return check
@@ -330,6 +371,8 @@ def detach(data: bytes) -> tuple[bytes, tuple[Portable, ...]] | None:
 
 def describe(records: Sequence[Portable]) -> list[str]:
     """The verbose parts torch prints when the root guard fails (recompile reasons)."""
-    return [f"objcache portable guard: {r.source} is {r.identity}" for r in records] or [
-        "objcache portable guards"
-    ]
+    return [
+        f"objcache portable guard: {r.source} {'are' if r.source == SETTINGS else 'is'} "
+        f"{r.identity}"
+        for r in records
+    ] or ["objcache portable guards"]

@@ -39,6 +39,7 @@ user's code.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import inspect
@@ -53,7 +54,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import portable_guards
+from objcache.integrations.torch import compile_settings, portable_guards
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -63,7 +64,7 @@ KIND = "precompile"
 #: The payload's format (and the key's first part): a dict naming the wrapped function's
 #: code digest and holding torch's ``PrecompileCacheEntry``, every guards state of which
 #: carries its portable guards (:func:`portable_guards.attach`).
-FORMAT = "objcache-precompile-v2"
+FORMAT = "objcache-precompile-v3"
 #: Seconds without a new frame compile or backend before the entries are saved.
 SETTLE_S = 2.0
 #: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
@@ -103,6 +104,12 @@ _changed = threading.Condition(_lock)
 _last_change = 0.0
 _saver: threading.Thread | None = None
 _pid = 0
+_UNSET: Any = object()
+#: The compiler identity of the ``torch.compile(...)`` wrapper now wrapping a function
+#: (:func:`_wrap_context_call`), read by :func:`_load`.
+_compiler: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "objcache_precompile_compiler", default=_UNSET
+)
 
 
 def wanted(environ: Any = None) -> bool:
@@ -124,13 +131,14 @@ def _module_source(name: str) -> bytes:
         return b""  # no source file (exec'd code): the code digest alone
 
 
-def entry_key(fn: Any, job: str) -> tuple[str, str]:
+def entry_key(fn: Any, job: str, compiler: str) -> tuple[str, str]:
     """``(torch's key, objcache key)`` of the function ``torch.compile`` wraps.
 
     torch's key is ``sha256(qualname, first line)``; the objcache key adds the job, the
     module name (torch installs the entry's globals into ``sys.modules[that name]``), the
-    code object (bytecode, names, constants, nested code) and the module's source text, so
-    an edit anywhere in the file, or another script, is another key.
+    code object (bytecode, names, constants, nested code), the module's source text, so
+    an edit anywhere in the file, or another script, is another key, and the compiler the
+    wrapper names (backend, mode, options: :func:`compile_settings.compiler_identity`).
     """
     from torch._dynamo.eval_frame import innermost_fn
     from torch._dynamo.package import CompilePackage
@@ -138,7 +146,7 @@ def entry_key(fn: Any, job: str) -> tuple[str, str]:
     inner = innermost_fn(fn)
     torch_key = str(CompilePackage.source_id_from_fn(fn))
     h = hashlib.sha256(FORMAT.encode() + b"\0")
-    for part in (torch_key, job, inner.__module__, inner.__qualname__):
+    for part in (torch_key, job, inner.__module__, inner.__qualname__, compiler):
         h.update(f"{part}\0".encode())
     portable_guards.code_into(inner.__code__, h)
     h.update(hashlib.sha256(_module_source(inner.__module__)).digest())
@@ -173,10 +181,16 @@ def _load(fn: Any) -> Any | None:
     if _code_of(fn) is None:
         counters["skipped:no_code"] += 1
         return None
+    compiler = _compiler.get()
+    if compiler is _UNSET or compiler is None:
+        counters[
+            "skipped:unknown_compiler" if compiler is _UNSET else "skipped:unportable_compiler"
+        ] += 1
+        return None
     counters["lookups"] += 1
     try:
         client = _client()
-        torch_key, key = entry_key(fn, client.job)
+        torch_key, key = entry_key(fn, client.job, compiler)
         payload = client.get(KIND, key)
     except Exception as exc:
         _failed("lookup", exc)
@@ -262,11 +276,14 @@ def _unpack(payload: bytes, torch_key: str, fn: Any) -> Any:
 
 
 def _all_guards_portable(dynamo: Any) -> bool:
-    return all(
-        portable_guards.detach(guarded.guards_state) is not None
-        for c in dynamo.codes
-        for guarded in c.guarded_codes
-    )
+    """Whether every guarded code carries its portable guards and exactly one compiler
+    settings record."""
+    for c in dynamo.codes:
+        for guarded in c.guarded_codes:
+            detached = portable_guards.detach(guarded.guards_state)
+            if detached is None or not portable_guards.has_one_settings_record(detached[1]):
+                return False
+    return True
 
 
 def _reset(package: Any, fn: Any, initialize: Callable[..., None], why: str, exc: Any) -> None:
@@ -396,6 +413,11 @@ def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[Bas
     ) -> Any:
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
+            settings = compile_settings.settings_digest()
+            if settings is None:
+                counters["unsaved:unportable_settings"] += 1
+                raise package_error("objcache: a compiler setting has no portable rendering")
+            records = (*records, portable_guards.settings_record(settings))
             state = original(self, builder, kept, *args, **kwargs)
         except portable_guards.Unportable as exc:
             counters[f"unsaved:dropped_guard:{exc.kind}"] += 1
@@ -428,6 +450,12 @@ def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     return load_guards_state
 
 
+def _guard_failed(why: str) -> None:
+    """A served guarded code's portable guard failed (counted once per code and kind):
+    Dynamo compiles that frame as without the entry."""
+    counters[f"guard_failed:{why}"] += 1
+
+
 def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
     """torch's guards of a served guarded code plus one root guard checking its portable
     replacements at every call; a guarded code without them is refused (raises: the
@@ -437,10 +465,12 @@ def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
         manager = original(guards_state, target_code, scope)
         with _lock:
             portable = _state_records.pop(id(guards_state), None)
-        if portable is None:
+        if portable is None or not portable_guards.has_one_settings_record(portable):
             raise RuntimeError("objcache: a served guarded code has no portable guards")
         if portable:
-            check = portable_guards.check_for(portable, scope)
+            check = portable_guards.check_for(
+                portable, scope, compile_settings.settings_digest, _guard_failed
+            )
             parts = portable_guards.describe(portable)
             try:
                 manager.root.add_lambda_guard(check, parts, None)
@@ -469,6 +499,32 @@ def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
     add_inlined_source.__objcache__ = True  # type: ignore[attr-defined]
     add_inlined_source.__wrapped__ = original  # type: ignore[attr-defined]
     return add_inlined_source
+
+
+def _wrap_context_call(original: Callable[..., Any]) -> Any:
+    """``_TorchDynamoContext.__call__`` (``torch.compile()`` wrapping a function, where torch
+    loads its precompile entry): names the wrapper's compiler for :func:`_load` and on its
+    package for :func:`_wrap_record_package`."""
+
+    def __call__(self: Any, fn: Any) -> Any:
+        package = getattr(self, "_package", None)
+        if package is None or package.is_initialized():
+            return original(self, fn)
+        try:
+            compiler = compile_settings.compiler_identity(self)
+        except Exception as exc:
+            _failed("compiler identity", exc)
+            compiler = None
+        package.__dict__["_objcache_compiler"] = compiler
+        token = _compiler.set(compiler)
+        try:
+            return original(self, fn)
+        finally:
+            _compiler.reset(token)
+
+    __call__.__objcache__ = True  # type: ignore[attr-defined]
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
 
 
 def _refuse_torch_store_write(*args: Any, **kwargs: Any) -> None:
@@ -534,11 +590,15 @@ def _wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], Non
         if why:
             counters[f"unsaved:{why}"] += 1  # torch's own record would fail the same way
             return
+        compiler = package.__dict__.get("_objcache_compiler")
+        if compiler is None:
+            counters["unsaved:unportable_compiler"] += 1
+            return
         try:
             original(package)
             fn = package._innermost_fn
             entry = package.cache_entry()  # this package's, whatever torch's key maps to
-            _, key = entry_key(fn, _client().job)
+            _, key = entry_key(fn, _client().job, compiler)
             with _lock:
                 _entries[key] = (fn, entry)
             _mark(key)
@@ -695,7 +755,12 @@ def apply(package_module: Any) -> None:
         for attr in ("_dynamo_cache_entries", "_backend_artifacts_by_key"):  # read by save()
             if not isinstance(getattr(context.PrecompileContext, attr, None), dict):
                 raise AttributeError(f"torch has no dict PrecompileContext.{attr}")
+        eval_frame = importlib.import_module("torch._dynamo.eval_frame")
+        context_cls = eval_frame._TorchDynamoContext
+        if not callable(getattr(eval_frame, "innermost_backend", None)):
+            raise AttributeError("torch has no eval_frame.innermost_backend")
         try:
+            _patch(context_cls, "__call__", _wrap_context_call(context_cls.__call__))
             _patch(cache, "load", _load)
             _patch(cache, "record_package", _wrap_record_package(cache.record_package))
             initialize = package_cls.initialize

@@ -1,0 +1,98 @@
+"""What a precompile entry was compiled with: the wrapper's compiler and the compiler
+settings, portable across processes (docs/torch.md, "Precompile entries: what a served entry
+still checks")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from objcache.integrations.torch import compile_settings as cs  # noqa: E402
+
+
+def _identity(fn: Any, **kwargs: Any) -> str | None:
+    """The identity of the context ``torch.compile(fn, **kwargs)`` builds (the same
+    backend wrappers, through ``torch._dynamo.optimize``)."""
+    import torch._dynamo.eval_frame as ef
+
+    mode, options, dynamic = kwargs.get("mode"), kwargs.get("options"), kwargs.get("dynamic")
+    backend = kwargs.get("backend", "inductor")
+    wrapper = (
+        torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        if backend == "inductor"
+        else torch._TorchCompileWrapper(backend, mode, options, dynamic)
+    )
+    context = torch._dynamo.optimize(backend=wrapper, dynamic=dynamic)
+    assert isinstance(context, ef._TorchDynamoContext)
+    return cs.compiler_identity(context)
+
+
+def my_backend(gm: Any, example_inputs: Any) -> Any:
+    return gm.forward
+
+
+def test_each_compiler_choice_is_its_own_identity() -> None:
+    def f(x: Any) -> Any:
+        return x + 1
+
+    default = _identity(f)
+    assert default is not None and default == _identity(f)
+    others = [
+        _identity(f, mode="max-autotune-no-cudagraphs"),
+        _identity(f, options={"fallback_random": True}),
+        _identity(f, dynamic=True),
+        _identity(f, backend="eager"),
+        _identity(f, backend="aot_eager"),
+        _identity(f, backend=my_backend),
+    ]
+    assert None not in others
+    assert len({default, *others}) == 1 + len(others)
+
+
+def test_a_backend_without_a_portable_name_has_no_identity() -> None:
+    assert _identity(lambda x: x, backend=lambda gm, ex: gm.forward) is None
+
+
+def test_the_settings_digest_follows_settings_that_change_code() -> None:
+    import torch._inductor.config as inductor_config
+
+    before = cs.settings_digest()
+    assert before is not None
+    with inductor_config.patch(fallback_random=not inductor_config.fallback_random):
+        assert cs.settings_digest() not in (None, before)
+    with inductor_config.patch(compile_threads=1):  # how, not what: torch's own cache key
+        assert cs.settings_digest() == before
+    with torch._dynamo.config.patch(caching_precompile=True):
+        assert cs.settings_digest() == before
+    with inductor_config.patch(post_grad_custom_post_pass=lambda graph: None):
+        assert cs.settings_digest() is None  # a custom pass without uuid(): no entry
+
+
+def test_the_settings_digest_is_the_same_in_another_process() -> None:
+    """Another hash seed, another compile thread count: the same digest (sets inside the
+    configs are ordered by the seed)."""
+    code = (
+        "from objcache.integrations.torch import compile_settings as cs\n"
+        "print(cs.settings_digest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "PYTHONHASHSEED": seed,
+                "TORCHINDUCTOR_COMPILE_THREADS": threads,
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed, threads in (("1", "1"), ("2", "2"))
+    }
+    assert len(digests) == 1 and "None" not in digests
