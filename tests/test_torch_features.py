@@ -57,6 +57,25 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         assert states["vLLM model info"].why == "vllm is not installed"
 
 
+def test_precompile_is_on_by_default_only_on_its_releases_and_zero_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from objcache.integrations.torch import precompile
+
+    release = torch.__version__.split("+", 1)[0]
+    monkeypatch.setattr(precompile, "DEFAULT_ON", frozenset({release}))
+    assert precompile.wanted({}) and precompile.wanted({"OBJCACHE_PRECOMPILE": "1"})
+    assert not precompile.wanted({"OBJCACHE_PRECOMPILE": "0"})
+    states = {s.part: s for s in features.report(environ={})}
+    assert states["precompile"].active, states["precompile"].why
+    off = {s.part: s for s in features.report(environ={"OBJCACHE_PRECOMPILE": "0"})}
+    assert off["precompile"].why == "OBJCACHE_PRECOMPILE=0"
+    monkeypatch.setattr(precompile, "DEFAULT_ON", frozenset({"0.0.0"}))
+    assert not precompile.wanted({}) and precompile.wanted({"OBJCACHE_PRECOMPILE": "yes"})
+
+
 def test_doctor_says_why_a_part_is_switched_off_by_the_environment() -> None:
     states = {s.part: s for s in features.report(environ={"OBJCACHE_GUARDED_CANDIDATES": "0"})}
     assert not states["guarded candidates"].active

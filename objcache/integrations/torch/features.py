@@ -283,8 +283,11 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             states.append(PartState(part, False, f"missing {', '.join(gone)}"))
             continue
         opt_in = _OPT_IN.get(part)
-        if opt_in is not None and not _truthy(env.get(opt_in)):
-            states.append(PartState(part, False, f"opt-in: {opt_in}=1 turns it on"))
+        if opt_in is not None and not _opted_in(part, env):
+            if _falsy(env.get(opt_in)):
+                states.append(PartState(part, False, f"{opt_in}={env[opt_in]}"))
+            else:
+                states.append(PartState(part, False, f"opt-in: {opt_in}=1 turns it on"))
             continue
         off_by = [v for v in _ENV_OFF.get(part, ()) if _falsy(env.get(v))]
         if off_by:
@@ -292,6 +295,15 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             continue
         states.append(PartState(part, True, ""))
     return states
+
+
+def _opted_in(part: str, env: dict[str, str]) -> bool:
+    """An opt-in part is on where its variable says so, or by default on this release."""
+    if part == "precompile":
+        from objcache.integrations.torch import precompile
+
+        return precompile.wanted(env)
+    return _truthy(env.get(_OPT_IN[part]))
 
 
 def _truthy(value: str | None) -> bool:

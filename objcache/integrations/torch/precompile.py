@@ -112,10 +112,28 @@ _compiler: contextvars.ContextVar[Any] = contextvars.ContextVar(
 )
 
 
+#: torch releases on which the part is on unless ``OBJCACHE_PRECOMPILE=0`` (docs/torch.md,
+#: "Precompile entries": the releases where the whole suite and the library-model bench
+#: were run with it on); elsewhere ``OBJCACHE_PRECOMPILE=1`` opts in.
+DEFAULT_ON: frozenset[str] = frozenset()
+
+
+def default_on() -> bool:
+    """Whether the torch release in this process has the part on by default (never
+    imports torch: without it there is nothing to carry)."""
+    torch = sys.modules.get("torch")
+    version = str(getattr(torch, "__version__", "")).split("+", 1)[0]
+    return version in DEFAULT_ON
+
+
 def wanted(environ: Any = None) -> bool:
-    """Whether ``OBJCACHE_PRECOMPILE`` opts in (the part is off by default)."""
+    """Whether the part is on: ``OBJCACHE_PRECOMPILE`` when set (``1`` on, ``0`` off), else
+    the release's default (:data:`DEFAULT_ON`)."""
     env = os.environ if environ is None else environ
-    return str(env.get("OBJCACHE_PRECOMPILE", "")).strip().lower() in _TRUE
+    value = str(env.get("OBJCACHE_PRECOMPILE", "")).strip().lower()
+    if value:
+        return value in _TRUE
+    return default_on()
 
 
 # --- keys --------------------------------------------------------------------------------------
