@@ -156,6 +156,17 @@ def test_the_compiler_settings_hold_at_the_first_call_as_a_normal_compile_fixes_
     assert not pg.has_one_settings_record([*records, pg.settings_record("x")])
 
 
+def test_a_check_that_meets_an_unexpected_object_fails_the_guard_and_never_raises() -> None:
+    class Hostile:
+        def __getattribute__(self, name: str) -> Any:
+            raise RuntimeError("no attribute for you")
+
+    failures: list[str] = []
+    records = [pg.Portable("G['ACT']", "ID_MATCH", pg.identity(math.sqrt) or "")]
+    check = pg.check_for(records, {"ACT": Hostile()}, None, failures.append)
+    assert check({}) is False and failures == ["error"]
+
+
 def test_records_travel_with_their_own_guards_state() -> None:
     records = (pg.Portable("G['ACT']", "BUILTIN_MATCH", "builtin:math.sqrt"),)
     state = b"torch's pickle\x00bytes"

@@ -17,7 +17,10 @@ program runs every case at once (small functions, one compile each):
 * **backend**: the ``torch.compile`` backend chosen at start-up (a normal compile with a
   custom backend runs that backend);
 * **settings**: ``torch._inductor.config.fallback_random`` chosen at start-up (with it a
-  normal compile draws eager's random numbers).
+  normal compile draws eager's random numbers);
+* **unportable**: a global object (an instance) the function calls: no portable name, so
+  never saved, and the compile goes on (torch 2.13 and 2.14 failed it when a frame's
+  package could not be saved).
 """
 
 from __future__ import annotations
@@ -194,6 +197,21 @@ with torch._inductor.config.patch(fallback_random=fallback):
     out = compiled_noisy(x)
 # with fallback_random a normal compile draws eager's numbers; without, its own
 results["settings"] = [bool(torch.equal(out, ref)) or not fallback]
+
+
+class Scale:
+    def __call__(self, x):
+        return x * 6.5
+
+
+SCALE = Scale()
+
+
+def unportable(x):
+    return SCALE(x) + 0.25
+
+
+check("unportable", unportable, x)
 from torch._dynamo.utils import counters
 
 print("RESULT " + json.dumps({
@@ -270,10 +288,12 @@ def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> 
     assert all_match(writer), writer
     assert writer["results"]["attr"] == [True, True]
     # f and r twice, g, h, M.forward once per binding, Scaled.__call__, mm, brk's 3 graphs,
-    # bk, noisy
-    assert writer["graphs"] == 15
+    # bk, noisy, unportable (never saved)
+    assert writer["graphs"] == 16
     entries = [p for p in (base / "store").glob("v1/*/precompile/*/*") if p.is_file()]
     assert len(entries) == 12, entries
+    unsaved = [k for k in writer["precompile"] if k.startswith("unsaved:dropped_guard:")]
+    assert unsaved, writer["precompile"]
 
 
 def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) -> None:
@@ -289,7 +309,8 @@ def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, 
     r = run(base, "same", act="relu", cells="relu,sigmoid", reload="relu,sigmoid", autocast="1")
     assert all_match(r), r
     assert r["precompile"].get("hits") == 12 and r["precompile"].get("installed") == 12
-    assert r["graphs"] == 0, r
+    # only the unsaved function is traced again
+    assert r["graphs"] == 1 and r["results"]["unportable"] == [True], r
 
 
 def test_the_second_cell_body_is_never_served_the_first(base: Path, writer: dict[str, Any]) -> None:
@@ -386,4 +407,4 @@ def test_an_install_that_fails_half_way_leaves_nothing_installed(
     assert all_match(r), r
     assert r["precompile"].get("rejected:install") == 1, r["precompile"]
     assert r["left"] == {"globals": [], "entries": 0}, r["left"]
-    assert r["graphs"] == 3  # brk compiled normally
+    assert r["graphs"] == 4  # brk compiled normally, and the unsaved function

@@ -110,7 +110,8 @@ PARTS: dict[str, tuple[Hook, ...]] = {
         *_hooks("method", "torch._dynamo.package", "PrecompileCacheEntry.from_cache_entry"),
         *_hooks("method", "torch._dynamo.precompile_context", "PrecompileContext.record_artifact"),
         *_hooks("method", "torch._dynamo.guards", "CheckFunctionManager.serialize_guards"),
-        *_hooks("class", "torch._dynamo.exc", "PackageError"),
+        *_hooks("method", "torch._dynamo.eval_frame", "_TorchDynamoContext.__call__"),
+        *_hooks("function", "torch._dynamo.eval_frame", "innermost_backend"),
     ),
     "guarded candidates": (
         *_hooks(

@@ -313,7 +313,7 @@ def check_for(
     #: per record, the last object that passed (see the module docstring)
     passed: list[Any] = [_MISSING] * len(parsed)
 
-    def check(f_locals: Any) -> bool:
+    def holds(f_locals: Any) -> bool:
         nonlocal settled
         if not settled:
             now = settings() if settings is not None else None
@@ -330,6 +330,14 @@ def check_for(
             passed[i] = value
         settled = True
         return True
+
+    def check(f_locals: Any) -> bool:
+        """Never raises into torch's guard evaluation: anything unexpected fails the guard
+        (Dynamo then compiles the frame as without the entry)."""
+        try:
+            return holds(f_locals)
+        except Exception:
+            return fail("error")
 
     return check
 

@@ -27,10 +27,12 @@ store, on torch's ``DynamoCache`` object, by objcache:
   save; a background thread saves them once compiles have settled for :data:`SETTLE_S`, and
   again at exit, before the client flushes. Unchanged entries are not put again. Nobody
   needs to call ``torch.compiler.save_cache_artifacts()``.
-* **guards**: with caching precompile on, torch raises a ``TypeError`` out of the user's
-  compile when a guard names a class defined in a local scope (``serialize_guards``); the
-  wrapper turns every failure there into torch's ``PackageError``, which makes torch bypass
-  the package and compile normally.
+* **guards**: ``serialize_guards`` never raises: a frame whose guards cannot be saved (a
+  dropped guard without a portable replacement, a setting without a portable rendering, a
+  class defined in a local scope, on which torch itself raises a ``TypeError``) marks its
+  package unsaveable and hands torch an empty state. Raising torch's ``PackageError`` there
+  made 2.13 and 2.14 fail the user's compile (an assertion on the missing state after their
+  own package bypass).
 
 Every failure is a counted miss, logged once; nothing raised here reaches torch or the
 user's code.
@@ -425,28 +427,47 @@ def _wrap_check_init(original: Callable[..., None], dynamo_config: Any) -> Any:
     return __init__
 
 
-def _wrap_serialize_guards(original: Callable[..., Any], package_error: type[BaseException]) -> Any:
+def _not_saved(output_graph: Any, why: str, detail: Any) -> bytes:
+    """A frame whose guards cannot be saved with their portable replacements: its package is
+    never saved (counted ``unsaved:<why>`` when it is recorded), the compile goes on. torch
+    2.13 and 2.14 assert on a ``None`` guards state even after their own package bypass, so
+    torch gets an empty state, which no save ever carries (:func:`_all_guards_portable`)."""
+    log.info("objcache: precompile entry not saved for this function: %s", detail)
+    package = getattr(output_graph, "package", None)
+    if package is not None:
+        package.__dict__.setdefault("_objcache_unsaveable", why)
+    else:
+        counters[f"unsaved:{why}"] += 1
+    return b""
+
+
+def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
+    """torch's guards serialization with the dropped guards replaced by portable records and
+    the compiler settings appended (:mod:`portable_guards`, :mod:`compile_settings`). It
+    never raises: a frame it cannot save that way is compiled and run as usual, unsaved."""
+
     def serialize_guards(
         self: Any, builder: Any, sorted_guards: Any, *args: Any, **kwargs: Any
     ) -> Any:
+        output_graph = args[0] if args else kwargs.get("output_graph")
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
-            settings = compile_settings.settings_digest()
-            if settings is None:
-                counters["unsaved:unportable_settings"] += 1
-                raise package_error("objcache: a compiler setting has no portable rendering")
-            records = (*records, portable_guards.settings_record(settings))
-            state = original(self, builder, kept, *args, **kwargs)
         except portable_guards.Unportable as exc:
-            counters[f"unsaved:dropped_guard:{exc.kind}"] += 1
-            log.info("objcache: precompile entry not saved for this frame: %s", exc)
-            raise package_error(f"objcache: {exc}") from exc
-        except package_error:
-            raise
+            return _not_saved(output_graph, f"dropped_guard:{exc.kind}", exc)
         except Exception as exc:
-            counters["guards_unsaveable"] += 1
-            raise package_error(f"objcache: guards cannot be saved: {exc!r}") from exc
-        return portable_guards.attach(state, records)
+            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        try:
+            settings = compile_settings.settings_digest()
+        except Exception as exc:
+            settings = None
+            _failed("compiler settings", exc)
+        if settings is None:
+            return _not_saved(output_graph, "unportable_settings", "a compiler setting")
+        try:
+            state = original(self, builder, kept, *args, **kwargs)
+        except Exception as exc:  # torch's own refusal (a class defined in a function)
+            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        return portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
 
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
@@ -767,7 +788,6 @@ def apply(package_module: Any) -> None:
             return
         context = importlib.import_module(CONTEXT)
         guards = importlib.import_module(GUARDS)
-        exc_module = importlib.import_module("torch._dynamo.exc")
         cache = package_module.DynamoCache
         package_cls = package_module.CompilePackage
         for attr in ("_dynamo_cache_entries", "_backend_artifacts_by_key"):  # read by save()
@@ -798,7 +818,7 @@ def apply(package_module: Any) -> None:
             _patch(
                 checker,
                 "serialize_guards",
-                _wrap_serialize_guards(checker.serialize_guards, exc_module.PackageError),
+                _wrap_serialize_guards(checker.serialize_guards),
             )
             dynamo_config = importlib.import_module("torch._dynamo.config")
             _patch(checker, "__init__", _wrap_check_init(checker.__init__, dynamo_config))
