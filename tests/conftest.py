@@ -7,6 +7,7 @@ start makes its tests error with the reason (never a skip).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +33,13 @@ class BucketServer(Protocol):
 
 
 hypothesis_profiles.load()
+
+#: Each test of the torch integration measures one part: precompile entries, on by default
+#: on the releases docs/torch.md names, would serve whole functions before the FX,
+#: AOTAutograd and kernel parts the other tests exercise. The precompile tests set
+#: OBJCACHE_PRECOMPILE=1 themselves; a run with it set in the environment runs every test
+#: with the part on (docs/testing.md, "Precompile entries in the suite").
+os.environ.setdefault("OBJCACHE_PRECOMPILE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -55,8 +55,22 @@ def test_each_compiler_choice_is_its_own_identity() -> None:
     assert len({default, *others}) == 1 + len(others)
 
 
-def test_a_backend_without_a_portable_name_has_no_identity() -> None:
-    assert _identity(lambda x: x, backend=lambda gm, ex: gm.forward) is None
+class _CallableBackend:
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        return gm.forward
+
+
+def test_a_backend_is_named_by_what_it_does_or_has_no_identity() -> None:
+    """A lambda backend is its code; an object with ``__call__`` has no portable name."""
+    first = _identity(lambda x: x, backend=lambda gm, ex: gm.forward)
+    other = _identity(lambda x: x, backend=lambda gm, ex: gm.forward if ex else None)
+    assert first is not None and other is not None and first != other
+    assert _identity(lambda x: x, backend=_CallableBackend()) is None
+
+
+class _PassWithoutUuid:
+    def __call__(self, graph: Any) -> None:
+        return None
 
 
 def test_the_settings_digest_follows_settings_that_change_code() -> None:
@@ -70,7 +84,7 @@ def test_the_settings_digest_follows_settings_that_change_code() -> None:
         assert cs.settings_digest() == before
     with torch._dynamo.config.patch(caching_precompile=True):
         assert cs.settings_digest() == before
-    with inductor_config.patch(post_grad_custom_post_pass=lambda graph: None):
+    with inductor_config.patch(post_grad_custom_post_pass=_PassWithoutUuid()):
         assert cs.settings_digest() is None  # a custom pass without uuid(): no entry
 
 

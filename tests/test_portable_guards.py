@@ -29,20 +29,84 @@ def test_identities_name_the_same_object_in_any_process() -> None:
     assert pg.identity(dict) == "class:builtins.dict"
     assert pg.identity({"act": "relu"}) != pg.identity({"act": "sigmoid"})
     assert pg.identity(None) == "const:NoneType:None"
+    assert pg.identity(_square.__code__) == pg.identity(_square.__code__)
+    assert pg.identity(_square.__code__) != pg.identity(_cube.__code__)
 
 
 def test_objects_without_a_portable_name_have_no_identity() -> None:
-    def local(x: Any) -> Any:
-        return x
-
     class Local:
         pass
 
-    assert pg.identity(local) is None  # defined in a function
-    assert pg.identity(lambda x: x) is None
+    scope: dict[str, Any] = {}
+    exec("def run_with_own_globals(x):\n    return x\n", scope)
+    assert pg.identity(scope["run_with_own_globals"]) is None  # exec'd, globals of its own
     assert pg.identity(Local) is None
     assert pg.identity(object()) is None  # an instance
     assert pg.identity({"f": object()}) is None
+
+
+def _make_aliased() -> Any:
+    def aliased(x: Any, k: Any = math.sqrt) -> Any:
+        return k(x)
+
+    return aliased
+
+
+#: Built in a function, held by this module under its own name (as ``boolean_dispatch``
+#: builds ``torch.nn.functional.max_pool2d``).
+aliased = _make_aliased()
+
+
+def _with_an_object_default(x: Any, k: Any = object()) -> Any:  # noqa: B008
+    return x
+
+
+def test_a_function_no_name_reaches_is_what_it_does() -> None:
+    """A lambda, a closure, the function a decorator wraps: its module (where its globals
+    are), qualified name, code, defaults and closure; another object doing the same is the
+    same identity, one doing something else is not."""
+
+    def local(x: Any) -> Any:
+        return x
+
+    name = pg.identity(aliased)
+    assert name is not None and f"{__name__}.aliased" in name  # where its module holds it
+    built_again = pg.identity(_make_aliased())  # not held: labelled by what it does
+    assert built_again is not None and f"{__name__}:_make_aliased.<locals>.aliased" in built_again
+    assert pg.identity(local) is not None
+    assert pg.identity(lambda x: x + 1) != pg.identity(lambda x: x + 2)
+    # its defaults are part of what it does
+    assert pg.identity(_with_an_object_default) is None
+
+
+class _WithStatic:
+    @staticmethod
+    def expand(x: Any) -> Any:
+        return x
+
+
+def test_a_staticmethod_is_reached_through_its_class_dict() -> None:
+    source = "dict(G['W'].__dict__)['expand'].__func__"
+    func = _WithStatic.__dict__["expand"].__func__
+    records = [pg.Portable(source, "CLOSURE_MATCH", pg.identity(func) or "")]
+    assert records[0].identity and pg.check_for(records, {"W": _WithStatic})({})
+    assert not pg.check_for(records, {"W": SimpleNamespace})({})
+
+
+def test_a_dicts_key_is_reached_by_its_position() -> None:
+    registry = {tuple: "t", list: "l"}
+    records = [pg.Portable("list(dict.keys(G['R']))[0]", "BUILTIN_MATCH", "class:builtins.tuple")]
+    assert pg.check_for(records, {"R": registry})({})
+    assert not pg.check_for(records, {"R": {list: "l", tuple: "t"}})({})
+
+
+def test_a_module_imported_by_name_is_its_name() -> None:
+    records = [pg.Portable("__import__('os').path", "ID_MATCH", pg.identity(os.path) or "")]
+    assert pg.check_for(records, {})({})
+    records = [pg.Portable("__import__('os').path", "ID_MATCH", pg.identity(math) or "")]
+    assert not pg.check_for(records, {})({})
+    missing = [pg.Portable("__import__('no_such_module_here')", "ID_MATCH", "module:x")]
+    assert not pg.check_for(missing, {})({})
 
 
 def test_a_closure_is_named_by_its_cells() -> None:
@@ -52,8 +116,10 @@ def test_a_closure_is_named_by_its_cells() -> None:
 
         return inner
 
-    # the inner function is local: no portable identity whatever it closes over
-    assert pg.identity(make(math.sqrt)) is None
+    # the inner function is local: named by what it closes over
+    assert pg.identity(make(math.sqrt)) == pg.identity(make(math.sqrt))
+    assert pg.identity(make(math.sqrt)) != pg.identity(make(math.exp))
+    assert pg.identity(make(object())) is None
 
 
 @pytest.mark.parametrize(
@@ -62,10 +128,40 @@ def test_a_closure_is_named_by_its_cells() -> None:
         ("G['ACT']", ("G", (("item", "ACT"),))),
         ("L['self'].act", ("L", (("item", "self"), ("attr", "act")))),
         ("G['CFG']['act']", ("G", (("item", "CFG"), ("item", "act")))),
-        ("type(L['x'])", None),
+        ("type(L['x'])", ("L", (("item", "x"), ("type", None)))),
+        (
+            "type(L['x']).__mro__[1]",
+            ("L", (("item", "x"), ("type", None), ("attr", "__mro__"), ("item", 1))),
+        ),
+        ("type(L['x'], L['y'])", None),
         ("G['a'][L['i']]", None),
         ("G.x", None),
-        ("__import__('os')", None),
+        ("__import__('os')", ("M", (("import", "os"),))),
+        (
+            "__import__('os').path.join",
+            ("M", (("import", "os"), ("attr", "path"), ("attr", "join"))),
+        ),
+        ("__import__(L['name'])", None),
+        (
+            "dict(G['m'].C.__dict__)['f'].__func__",
+            (
+                "G",
+                (
+                    ("item", "m"),
+                    ("attr", "C"),
+                    ("dict_of", None),
+                    ("item", "f"),
+                    ("attr", "__func__"),
+                ),
+            ),
+        ),
+        ("dict(G['m'].C)", None),
+        (
+            "list(dict.keys(__import__('os').environ))[0]",
+            ("M", (("import", "os"), ("attr", "environ"), ("keys", None), ("item", 0))),
+        ),
+        ("list(dict.values(G['d']))[0]", None),
+        ("__import__('os', None)", None),
         ("L[", None),
     ],
 )
@@ -177,3 +273,12 @@ def test_records_travel_with_their_own_guards_state() -> None:
     assert pg.detach(joined[:-1]) is None  # truncated
     assert pg.detach(joined.replace(b"[[", b"[{")) is None  # records of another shape
     assert pg.detach(b"\xff" * 3) is None
+
+
+def test_an_extension_function_bound_to_a_capsule_is_named_by_its_module() -> None:
+    """pybind11 binds ``torch._C`` functions to a capsule, not to their module: still the
+    object ``torch._C`` holds under that name (transformers' BERT guards on one)."""
+    torch = pytest.importorskip("torch")
+    fn = torch._C._get_tracing_state
+    assert not isinstance(getattr(fn, "__self__", None), type(torch))
+    assert pg.identity(fn) == "builtin:torch._C._get_tracing_state"

@@ -18,9 +18,9 @@ program runs every case at once (small functions, one compile each):
   custom backend runs that backend);
 * **settings**: ``torch._inductor.config.fallback_random`` chosen at start-up (with it a
   normal compile draws eager's random numbers);
-* **unportable**: a global object (an instance) the function calls: no portable name, so
-  never saved, and the compile goes on (torch 2.13 and 2.14 failed it when a frame's
-  package could not be saved).
+* **unportable**: a global function run with globals of its own (``exec``) that the
+  function calls: no portable identity, so never saved, and the compile goes on (torch 2.13
+  and 2.14 failed it when a frame's package could not be saved).
 """
 
 from __future__ import annotations
@@ -199,16 +199,13 @@ with torch._inductor.config.patch(fallback_random=fallback):
 results["settings"] = [bool(torch.equal(out, ref)) or not fallback]
 
 
-class Scale:
-    def __call__(self, x):
-        return x * 6.5
-
-
-SCALE = Scale()
+own_globals = {"__builtins__": __builtins__}
+exec("def helper(x):\\n    return x * 6.5\\n", own_globals)
+HELPER = own_globals["helper"]
 
 
 def unportable(x):
-    return SCALE(x) + 0.25
+    return HELPER(x) + 0.25
 
 
 check("unportable", unportable, x)

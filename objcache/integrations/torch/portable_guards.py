@@ -35,6 +35,7 @@ This module replaces each such guard by a portable one, or refuses the frame:
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import hashlib
 import json
@@ -115,28 +116,57 @@ def code_into(code: types.CodeType, h: Any) -> None:
             h.update(f"{type(const).__name__}:{const!r}\0".encode())
 
 
+def _reachable(value: Any, module: Any, path: str) -> str | None:
+    """``module.path`` where that module holds ``value`` under that dotted path, else None."""
+    if not isinstance(module, str):
+        return None
+    target: Any = sys.modules.get(module)
+    for part in path.split("."):
+        target = getattr(target, part, None)
+    return f"{module}.{path}" if target is value else None
+
+
 def _named(value: Any) -> str | None:
     """``module.qualname`` of a function, builtin or class that is reachable by that name
     (so that the name means the same object in another process), else None."""
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
-    if not isinstance(qualname, str) or "<" in qualname:
-        return None  # a lambda, or defined in a local scope: no portable name
+    if not isinstance(qualname, str):
+        return None
+    if "<" in qualname:
+        # a lambda, or defined in a local scope: reached only where its module holds it
+        # under its own name (``torch.nn.functional.max_pool2d``, built by a decorator)
+        name = getattr(value, "__name__", None)
+        if isinstance(value, types.FunctionType) and isinstance(name, str) and "<" not in name:
+            return _reachable(value, module, name)
+        return None
     if isinstance(value, types.BuiltinFunctionType | types.BuiltinMethodType):
         # builtins from C: their module and name are fixed by the implementation. One bound
-        # to an object (``registry.append``) names that object too: only a module or a
-        # class (``dict.fromkeys``) has a portable name
+        # to an object (``registry.append``) names that object too: only a module, a class
+        # (``dict.fromkeys``) or a module that holds it under its name (an extension's
+        # function whose ``__self__`` is a capsule: ``torch._C._get_tracing_state``) does
         bound = getattr(value, "__self__", None)
         if bound is None or isinstance(bound, types.ModuleType):
             return f"{module}.{qualname}"
-        owner = _named(bound) if isinstance(bound, type) else None
-        return None if owner is None else f"{owner}#{qualname}"
-    if not isinstance(module, str):
+        if isinstance(bound, type):
+            owner = _named(bound)
+            return None if owner is None else f"{owner}#{qualname}"
+        name = getattr(value, "__name__", None)  # pybind11 qualifies by its record type
+        return _reachable(value, module, name) if isinstance(name, str) else None
+    return _reachable(value, module, qualname)
+
+
+def _labelled(fn: types.FunctionType) -> str | None:
+    """``module:qualname`` of a Python function no name reaches (a lambda, a closure, the
+    function a decorator wraps), where its globals are its module's: what it does is then
+    its code, defaults and closure, which :func:`identity` adds; the module, which Dynamo
+    reaches by name, is the same module in any process. None for code run with globals of
+    its own (``exec``)."""
+    module = getattr(fn, "__module__", None)
+    held = sys.modules.get(module) if isinstance(module, str) else None
+    if held is None or fn.__globals__ is not getattr(held, "__dict__", None):
         return None
-    target: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    return f"{module}.{qualname}" if target is value else None
+    return f"{module}:{fn.__qualname__}"
 
 
 def identity(value: Any, depth: int = 0) -> str | None:
@@ -147,11 +177,19 @@ def identity(value: Any, depth: int = 0) -> str | None:
         return f"const:{type(value).__name__}:{value!r}"
     if isinstance(value, types.ModuleType):
         return f"module:{value.__name__}"
+    if isinstance(value, types.CodeType):  # a method's ``__code__``: what it does
+        return f"code:{code_digest(value)}"
     if isinstance(value, types.FunctionType):
-        name = _named(value)
+        name = _named(value) or _labelled(value)
         if name is None:
             return None
         cells: list[str] = []
+        defaults = [*(value.__defaults__ or ()), *sorted((value.__kwdefaults__ or {}).items())]
+        for default in defaults:
+            inner = identity(default, depth + 1)
+            if inner is None:
+                return None
+            cells.append(f"default={inner}")
         for cell in value.__closure__ or ():
             try:
                 inner = identity(cell.cell_contents, depth + 1)
@@ -194,8 +232,9 @@ Step = tuple[str, Any]
 
 
 def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
-    """``("L"|"G", steps)`` of a guard source made of constant subscripts and attributes
-    (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``), or None for anything else."""
+    """``("L"|"G"|"M", steps)`` of a guard source made of constant subscripts and attributes
+    (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``) or an import of a module by name
+    and its attributes (``__import__('torch')``, root ``M``), or None for anything else."""
     try:
         node: ast.expr = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError):
@@ -216,8 +255,71 @@ def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
             if steps[0][0] != "item":
                 return None
             return node.id, tuple(steps)
+        elif _type_of(node) is not None:  # ``type(X)``
+            steps.append(("type", None))
+            node = _type_of(node)  # type: ignore[assignment]
+        elif _keys_of(node) is not None:  # ``list(dict.keys(D))``: a dict's keys in order
+            steps.append(("keys", None))
+            node = _keys_of(node)  # type: ignore[assignment]
+        elif _class_dict_of(node) is not None:  # ``dict(C.__dict__)``: a class's own members
+            steps.append(("dict_of", None))
+            node = _class_dict_of(node)  # type: ignore[assignment]
+        elif _imported_name(node) is not None:  # ``__import__('torch')``, then attributes
+            steps.reverse()
+            return "M", (("import", _imported_name(node)), *steps)
         else:
             return None
+
+
+def _argument_of(node: ast.expr, function: str) -> ast.expr | None:
+    """``X`` of the expression ``function(X)`` (one positional argument), else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == function
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        return node.args[0]
+    return None
+
+
+def _type_of(node: ast.expr) -> ast.expr | None:
+    """``X`` of the expression ``type(X)``, else None."""
+    return _argument_of(node, "type")
+
+
+def _keys_of(node: ast.expr) -> ast.expr | None:
+    """``D`` of the expression ``list(dict.keys(D))``, else None."""
+    inner = _argument_of(node, "list")
+    if (
+        isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Attribute)
+        and isinstance(inner.func.value, ast.Name)
+        and inner.func.value.id == "dict"
+        and inner.func.attr == "keys"
+        and len(inner.args) == 1
+        and not inner.keywords
+    ):
+        return inner.args[0]
+    return None
+
+
+def _class_dict_of(node: ast.expr) -> ast.expr | None:
+    """``X`` of the expression ``dict(X.__dict__)`` (how Dynamo reaches a staticmethod or
+    classmethod object), else None."""
+    inner = _argument_of(node, "dict")
+    if isinstance(inner, ast.Attribute) and inner.attr == "__dict__":
+        return inner.value
+    return None
+
+
+def _imported_name(node: ast.expr) -> str | None:
+    """``name`` of the expression ``__import__('name')``, else None."""
+    inner = _argument_of(node, "__import__")
+    if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+        return inner.value
+    return None
 
 
 _MISSING = object()
@@ -229,7 +331,16 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
     value = f_locals if root == "L" else f_globals
     try:
         for how, key in steps:
-            value = value[key] if how == "item" else getattr(value, key)
+            if how == "import":  # what the guarded code's ``__import__(key)`` returns
+                value = builtins.__import__(key)
+            elif how == "dict_of":
+                value = dict(value.__dict__)
+            elif how == "keys":
+                value = list(dict.keys(value))
+            elif how == "type":
+                value = type(value)
+            else:
+                value = value[key] if how == "item" else getattr(value, key)
     except Exception:
         return _MISSING
     return value
