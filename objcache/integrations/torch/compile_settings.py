@@ -18,8 +18,10 @@ config. A normal compile would have produced other code there. Two checks close 
   reader compares it where torch checks guards, until it first holds, as a normal compile
   fixes its settings at the frame's first compile.
 
-Anything without a portable name (a lambda backend, a custom pass without ``uuid()``) gives
-None: the entry is neither served nor saved, and the compile goes on normally.
+Anything without a portable identity (a backend object with ``__call__``, a custom pass
+object without ``uuid()``) gives None: the entry is neither served nor saved, and the
+compile goes on normally. A lambda is named by what it does (its module, code, defaults and
+closure: :func:`portable_guards.identity`).
 """
 
 from __future__ import annotations
