@@ -77,6 +77,16 @@ def test_summary_round_trips_with_rank_bytes_and_lookup_time() -> None:
     assert row.misses == {"absent": 1}  # the remote tier's, not the local tier's
 
 
+def test_local_hits_count_the_runs_lookups_only_and_never_exceed_them() -> None:
+    body = good_summary()
+    local = next(t for t in body["tiers"].values() if not t["remote"])
+    # a lookup's guarded candidates are several local reads; other kinds are no lookups
+    local["kinds"] = {"fx-graph": {"hit": 9}, "manifest": {"hit": 4}}
+    row = report.Row.from_summary(summary.parse(summary.encode(body)))
+    assert row.lookups == 6
+    assert row.local_hits == 6
+
+
 @pytest.mark.parametrize(
     "hostile",
     [

@@ -40,8 +40,13 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "guarded candidates",
         "key cards",
         "vLLM model info",
+        "Triton host modules",
         "Triton",
     ]
+    # Triton is a dependency of the CI runs: its host modules are carried by default
+    assert states["Triton host modules"].active, states["Triton host modules"].why
+    off = {s.part: s for s in features.report(environ={"OBJCACHE_TRITON_HOST": "0"})}
+    assert off["Triton host modules"].why == "OBJCACHE_TRITON_HOST=0"
     for part in features.TORCH_PARTS:
         if part != "precompile":
             assert states[part].active, f"{part}: {states[part].why}"

@@ -158,12 +158,16 @@ class Row:
         for tier in remote:
             for outcomes in tier["kinds"].values():
                 misses.update({o: n for o, n in outcomes.items() if o != "hit"})
+        # reads of the run's lookups only (a lookup's candidates are several reads), and
+        # never more than its lookups
         local_hits = sum(
             outcomes.get("hit", 0)
             for t in body["tiers"].values()
             if not t["remote"]
-            for outcomes in t["kinds"].values()
+            for kind, outcomes in t["kinds"].items()
+            if kind in body["kinds"]
         )
+        local_hits = min(local_hits, sum(k["lookups"] for k in body["kinds"].values()))
         phases = body.get("phases") or None
         return cls(
             run=body["run"],

@@ -210,6 +210,13 @@ class Config:
         "`objcache explain` (docs/troubleshooting.md). 0: none.",
         default=True,
     )
+    triton_host: bool = _opt(
+        "OBJCACHE_TRITON_HOST",
+        "Carry the C extension modules Triton builds before its first kernel runs (the "
+        "driver's utilities, kernel launchers): a new machine loads them instead of running "
+        "the C compiler (docs/triton.md). 0: Triton builds them as without objcache.",
+        default=True,
+    )
     precompile: bool = _opt(
         "OBJCACHE_PRECOMPILE",
         "Turn on torch's caching precompile and carry its entries (Dynamo's bytecode, guards "

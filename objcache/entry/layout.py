@@ -40,6 +40,7 @@ KINDS: tuple[str, ...] = (
     "precompile",
     "run",
     "triton",
+    "triton-host",
 )
 
 _SAFE = "-_.:=+@~"

@@ -137,6 +137,9 @@ PARTS: dict[str, tuple[Hook, ...]] = {
             "_LazyRegisteredModel._save_modelinfo_to_cache",
         ),
     ),
+    "Triton host modules": _hooks(
+        "function", "triton.runtime.build", "get_cache_manager", "compile_module_from_src"
+    ),
     "Triton": (
         Hook("triton", "", "module"),
         *_hooks("class", "triton.runtime.cache", "RemoteCacheManager"),
@@ -144,7 +147,7 @@ PARTS: dict[str, tuple[Hook, ...]] = {
 }
 
 #: Parts of other packages, imported only where that package is (never by ``install()``).
-OTHER_PARTS: tuple[str, ...] = ("vLLM model info", "Triton")
+OTHER_PARTS: tuple[str, ...] = ("vLLM model info", "Triton host modules", "Triton")
 #: The parts torch itself carries.
 TORCH_PARTS: tuple[str, ...] = tuple(part for part in PARTS if part not in OTHER_PARTS)
 
@@ -257,6 +260,7 @@ _ENV_OFF: dict[str, tuple[str, ...]] = {
     "precompile": ("TORCH_CACHING_PRECOMPILE",),
     "guarded candidates": ("OBJCACHE_GUARDED_CANDIDATES",),
     "key cards": ("OBJCACHE_KEY_CARDS",),
+    "Triton host modules": ("OBJCACHE_TRITON_HOST",),
 }
 
 #: Parts that stay off unless this environment variable is true (docs/torch.md).

@@ -460,6 +460,14 @@ def _apply_vllm(module: Any) -> None:
         vllm.apply(module)
 
 
+def _apply_triton_host(module: Any) -> None:
+    """Triton's host-side modules through objcache (:mod:`objcache.integrations.triton_host`)."""
+    from objcache.integrations import triton_host
+
+    if features.off("Triton host modules") is None:
+        triton_host.apply(module)
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "flags": _apply_flags,
@@ -470,6 +478,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "aot_candidates": _apply_autograd_cache,
     "precompile": _apply_precompile,
     "vllm": _apply_vllm,
+    "triton_host": _apply_triton_host,
 }
 
 
@@ -621,6 +630,7 @@ def uninstall() -> None:
         precompile.uninstall()
         process_keys.uninstall()
         _uninstall_vllm()
+        _uninstall_triton_host()
         _installed_parts.clear()
         _flags_waiting.clear()
         _config_checked.clear()
@@ -637,6 +647,13 @@ def _uninstall_vllm() -> None:
         vllm.uninstall()
 
 
+def _uninstall_triton_host() -> None:
+    if "objcache.integrations.triton_host" in sys.modules:
+        from objcache.integrations import triton_host
+
+        triton_host.uninstall()
+
+
 def _save(mod_name: str, attr: str, value: Any) -> None:
     _saved.setdefault((mod_name, attr), value)
 
@@ -646,8 +663,10 @@ def stats() -> dict[str, Any]:
     from objcache.integrations.torch import kernels
 
     vllm = sys.modules.get("objcache.integrations.vllm")
+    host = sys.modules.get("objcache.integrations.triton_host")
     return {
         **({"vllm": dict(vllm.counters)} if vllm is not None else {}),
+        **({"triton_host": dict(host.counters)} if host is not None else {}),
         "hooks": dict(counters),
         "writethrough": dict(writethrough.counters),
         "time_saved_s": time_saved.snapshot(),

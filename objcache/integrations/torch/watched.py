@@ -25,6 +25,7 @@ Part = Literal[
     "aot_candidates",
     "precompile",
     "vllm",
+    "triton_host",
 ]
 
 #: torch module -> the part of the install applied once it is imported, in install order.
@@ -42,10 +43,15 @@ WATCHED: dict[str, Part] = {
     # vLLM's own caches (:mod:`objcache.integrations.vllm`): applied only where vLLM imports
     # it, never imported by ``install()``
     "vllm.model_executor.models.registry": "vllm",
+    # Triton's host-side modules (:mod:`objcache.integrations.triton_host`): applied where
+    # Triton is imported, never imported by ``install()``
+    "triton.runtime.build": "triton_host",
 }
 
 #: Watched modules of other packages than torch: hooked when imported, never imported.
-NOT_IMPORTED: frozenset[str] = frozenset({"vllm.model_executor.models.registry"})
+NOT_IMPORTED: frozenset[str] = frozenset(
+    {"vllm.model_executor.models.registry", "triton.runtime.build"}
+)
 
 _stop_listeners: list[Callable[[], None]] = []
 
