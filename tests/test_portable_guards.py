@@ -100,6 +100,19 @@ def test_a_dicts_key_is_reached_by_its_position() -> None:
     assert not pg.check_for(records, {"R": {list: "l", tuple: "t"}})({})
 
 
+def test_an_entry_keyed_by_an_object_is_reached_through_the_source_naming_its_key() -> None:
+    # how Dynamo names torch's pytree registry entry of a class: the class by its position
+    # among the registry's keys, then the entry under it
+    source = "G['R'][list(dict.keys(G['R']))[0]].flatten"
+    registry = {tuple: SimpleNamespace(flatten=math.sqrt), list: SimpleNamespace(flatten=math.exp)}
+    records = [pg.Portable(source, "ID_MATCH", pg.identity(math.sqrt) or "")]
+    assert records[0].identity and pg.check_for(records, {"R": registry})({})
+    # another order of registration: the key names another entry, the guard fails
+    swapped = {list: registry[list], tuple: registry[tuple]}
+    assert not pg.check_for(records, {"R": swapped})({})
+    assert not pg.check_for(records, {"R": {}})({})
+
+
 def test_a_module_imported_by_name_is_its_name() -> None:
     records = [pg.Portable("__import__('os').path", "ID_MATCH", pg.identity(os.path) or "")]
     assert pg.check_for(records, {})({})
@@ -134,7 +147,9 @@ def test_a_closure_is_named_by_its_cells() -> None:
             ("L", (("item", "x"), ("type", None), ("attr", "__mro__"), ("item", 1))),
         ),
         ("type(L['x'], L['y'])", None),
-        ("G['a'][L['i']]", None),
+        ("G['a'][L['i']]", ("G", (("item", "a"), ("item_at", ("L", (("item", "i"),)))))),
+        ("G['a'][L['i'] + 1]", None),
+        ("G['a'][G['b'][G['c'][G['d'][G['e']]]]]", None),  # nested deeper than MAX_NESTED
         ("G.x", None),
         ("__import__('os')", ("M", (("import", "os"),))),
         (

@@ -227,18 +227,29 @@ def identity(value: Any, depth: int = 0) -> str | None:
 
 # --- sources ---------------------------------------------------------------------------------
 
-#: One step from a root (``L`` or ``G``): ("item", key) or ("attr", name).
+#: One step from a root (``L``, ``G`` or ``M``): ("item", key), ("attr", name), ("item_at",
+#: (root, steps)) for a key another source names, or a call step ("type", "keys", ...).
 Step = tuple[str, Any]
+
+
+#: How deep a subscript may nest another source as its key (``X[list(dict.keys(D))[0]]``).
+MAX_NESTED = 3
 
 
 def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
     """``("L"|"G"|"M", steps)`` of a guard source made of constant subscripts and attributes
-    (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``) or an import of a module by name
-    and its attributes (``__import__('torch')``, root ``M``), or None for anything else."""
+    (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``), an import of a module by name
+    and its attributes (``__import__('torch')``, root ``M``), and subscripts whose key is
+    itself such a source (``M[...][list(dict.keys(G['C'].__dict__))[0]]``, how Dynamo names
+    a dict entry keyed by an object), or None for anything else."""
     try:
         node: ast.expr = ast.parse(source, mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+    return _parse(node, 0)
+
+
+def _parse(node: ast.expr, depth: int) -> tuple[str, tuple[Step, ...]] | None:
     steps: list[Step] = []
     while True:
         if isinstance(node, ast.Attribute):
@@ -249,6 +260,12 @@ def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
             if not isinstance(key, str | int):
                 return None
             steps.append(("item", key))
+            node = node.value
+        elif isinstance(node, ast.Subscript):  # the key is the object another source names
+            inner = _parse(node.slice, depth + 1) if depth < MAX_NESTED else None
+            if inner is None:
+                return None
+            steps.append(("item_at", inner))
             node = node.value
         elif isinstance(node, ast.Name) and node.id in ("L", "G") and steps:
             steps.reverse()
@@ -339,6 +356,12 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
                 value = list(dict.keys(value))
             elif how == "type":
                 value = type(value)
+            elif how == "item_at":  # a key that another source names
+                inner_root, inner_steps = key
+                inner = resolve(inner_root, inner_steps, f_locals, f_globals)
+                if inner is _MISSING:
+                    return _MISSING
+                value = value[inner]
             else:
                 value = value[key] if how == "item" else getattr(value, key)
     except Exception:

@@ -506,16 +506,16 @@ def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
             portable = _state_records.pop(id(guards_state), None)
         if portable is None or not portable_guards.has_one_settings_record(portable):
             raise RuntimeError("objcache: a served guarded code has no portable guards")
-        if portable:
-            check = portable_guards.check_for(
-                portable, scope, compile_settings.settings_digest, _guard_failed
-            )
-            parts = portable_guards.describe(portable)
-            try:
-                manager.root.add_lambda_guard(check, parts, None)
-            except TypeError:  # torch releases whose lambda guards take no user stack
-                manager.root.add_lambda_guard(check, parts)
-            counters["portable_guards"] += len(portable)
+        # never empty here: the settings record is always one of them
+        check = portable_guards.check_for(
+            portable, scope, compile_settings.settings_digest, _guard_failed
+        )
+        parts = portable_guards.describe(portable)
+        try:
+            manager.root.add_lambda_guard(check, parts, None)
+        except TypeError:  # torch releases whose lambda guards take no user stack
+            manager.root.add_lambda_guard(check, parts)
+        counters["portable_guards"] += len(portable)
         return manager
 
     load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
