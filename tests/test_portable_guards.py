@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os.path
 from types import SimpleNamespace
@@ -111,6 +113,22 @@ def test_an_entry_keyed_by_an_object_is_reached_through_the_source_naming_its_ke
     swapped = {list: registry[list], tuple: registry[tuple]}
     assert not pg.check_for(records, {"R": swapped})({})
     assert not pg.check_for(records, {"R": {}})({})
+
+
+def test_a_wrapper_is_named_by_its_own_code_not_by_what_functools_wraps_copied() -> None:
+    def deco(f: Any) -> Any:
+        @functools.wraps(f)  # the wrapper now says it is json.dumps, in module json
+        def wrapper(*args: Any) -> Any:
+            return f(*args)
+
+        return wrapper
+
+    dumps, loads = deco(json.dumps), deco(json.loads)
+    assert dumps.__module__ == "json" and dumps is not json.dumps
+    assert pg.identity(dumps) is not None
+    assert __name__ + ":" in (pg.identity(dumps) or "")
+    assert pg.identity(dumps) == pg.identity(deco(json.dumps))
+    assert pg.identity(dumps) != pg.identity(loads)
 
 
 def test_a_module_imported_by_name_is_its_name() -> None:

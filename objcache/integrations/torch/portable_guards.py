@@ -158,15 +158,18 @@ def _named(value: Any) -> str | None:
 
 def _labelled(fn: types.FunctionType) -> str | None:
     """``module:qualname`` of a Python function no name reaches (a lambda, a closure, the
-    function a decorator wraps), where its globals are its module's: what it does is then
+    function a decorator wraps), where its globals are a module's: what it does is then
     its code, defaults and closure, which :func:`identity` adds; the module, which Dynamo
-    reaches by name, is the same module in any process. None for code run with globals of
-    its own (``exec``)."""
-    module = getattr(fn, "__module__", None)
+    reaches by name, is the same module in any process. The module and qualified name are
+    the code's own (its globals' ``__name__``, ``co_qualname``), never what
+    ``functools.wraps`` copied onto a wrapper. None for code run with globals of its own
+    (``exec``)."""
+    scope = fn.__globals__
+    module = scope.get("__name__") if isinstance(scope, dict) else None
     held = sys.modules.get(module) if isinstance(module, str) else None
-    if held is None or fn.__globals__ is not getattr(held, "__dict__", None):
+    if held is None or scope is not getattr(held, "__dict__", None):
         return None
-    return f"{module}:{fn.__qualname__}"
+    return f"{module}:{getattr(fn.__code__, 'co_qualname', fn.__qualname__)}"
 
 
 def identity(value: Any, depth: int = 0) -> str | None:
