@@ -474,13 +474,37 @@ def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
     return serialize_guards
 
 
+def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
+    """``load(data)`` inside a tracing context of its own when none is on.
+
+    torch's guards state holds Dynamo's sources, and one of them (``ImportSource``, how Dynamo
+    names ``torch`` when it reaches the pytree registry, ``collections`` for a namedtuple)
+    installs a guard when it is built. Built by unpickling at ``torch.compile()``, outside
+    any trace, torch 2.13 raised ``TracingContext.get() must be called within an ongoing
+    trace`` and every frame that flattens a pytree (a library model's outputs) was refused.
+    The guard it installs is Dynamo's bookkeeping while tracing, an ``ID_MATCH`` on the
+    module, which caching precompile drops and objcache carries as a portable record
+    (``__import__('torch')``): here it lands in a scratch context that is thrown away. The
+    served code's guards are the saved guard tree plus the portable records, as before."""
+    try:
+        from torch._guards import TracingContext, tracing
+
+        if TracingContext.try_get() is not None:
+            return load(data)
+        scratch = tracing(TracingContext(None))
+    except Exception:  # a torch without these: as torch loads it
+        return load(data)
+    with scratch:
+        return load(data)
+
+
 def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     def load_guards_state(guards_state: bytes) -> Any:
         detached = portable_guards.detach(guards_state)
         if detached is None:  # never served by us: checked in _unpack, refused here too
             raise RuntimeError("objcache: a served guarded code carries no portable guards")
         torch_state, records = detached
-        state = original(torch_state)
+        state = _in_a_scratch_trace(original, torch_state)
         with _lock:
             _state_records[id(state)] = records
         return state
