@@ -315,3 +315,16 @@ def test_an_extension_function_bound_to_a_capsule_is_named_by_its_module() -> No
     fn = torch._C._get_tracing_state
     assert not isinstance(getattr(fn, "__self__", None), type(torch))
     assert pg.identity(fn) == "builtin:torch._C._get_tracing_state"
+
+
+def test_a_failed_guard_says_once_which_source_and_what_it_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    records = [pg.Portable("G['ACT']", "ID_MATCH", "builtin:torch.relu\x1b[31m")]
+    check = pg.check_for(records, {"ACT": math.sqrt})
+    with caplog.at_level("INFO", logger="objcache.torch"):
+        assert not check({}) and not check({})
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "ID_MATCH guard failed on G['ACT']" in line
+    assert "stored builtin:torch.relu?[31m" in line  # nothing from a store reaches a terminal
+    assert "here builtin:math.sqrt" in line

@@ -21,6 +21,9 @@ program runs every case at once (small functions, one compile each):
 * **tree**: a pytree flattened in the function (Dynamo names ``torch`` by an import source
   there, which torch 2.13 could not unpickle outside a trace: every such entry, a library
   model's outputs among them, was refused at install);
+* **ty**: ``type(x)`` of a tensor (Dynamo installs the ``torch`` module as a global of its
+  own, named by its id in the writer, and guards on it: every reader failed that guard and
+  traced the frame again);
 * **unportable**: a global function run with globals of its own (``exec``) that the
   function calls: no portable identity, so never saved, and the compile goes on (torch 2.13
   and 2.14 failed it when a frame's package could not be saved).
@@ -210,6 +213,13 @@ def tree(x):
 check("tree", tree, x)
 
 
+def ty(x):
+    return x * 3.0 if type(x) is torch.Tensor else x
+
+
+check("ty", ty, x)
+
+
 own_globals = {"__builtins__": __builtins__}
 exec("def helper(x):\\n    return x * 6.5\\n", own_globals)
 HELPER = own_globals["helper"]
@@ -296,10 +306,10 @@ def test_the_writer_keeps_its_own_guards(base: Path, writer: dict[str, Any]) -> 
     assert all_match(writer), writer
     assert writer["results"]["attr"] == [True, True]
     # f and r twice, g, h, M.forward once per binding, Scaled.__call__, mm, brk's 3 graphs,
-    # bk, noisy, tree, unportable (never saved)
-    assert writer["graphs"] == 17
+    # bk, noisy, tree, ty, unportable (never saved)
+    assert writer["graphs"] == 18
     entries = [p for p in (base / "store").glob("v1/*/precompile/*/*") if p.is_file()]
-    assert len(entries) == 13, entries
+    assert len(entries) == 14, entries
     unsaved = [k for k in writer["precompile"] if k.startswith("unsaved:dropped_guard:")]
     assert unsaved, writer["precompile"]
 
@@ -316,7 +326,7 @@ def test_a_compiled_class_compiles_its_call(base: Path, writer: dict[str, Any]) 
 def test_a_reader_with_the_same_choices_is_served(base: Path, writer: dict[str, Any]) -> None:
     r = run(base, "same", act="relu", cells="relu,sigmoid", reload="relu,sigmoid", autocast="1")
     assert all_match(r), r
-    assert r["precompile"].get("hits") == 13 and r["precompile"].get("installed") == 13
+    assert r["precompile"].get("hits") == 14 and r["precompile"].get("installed") == 14
     # only the unsaved function is traced again
     assert r["graphs"] == 1 and r["results"]["unportable"] == [True], r
 

@@ -39,11 +39,14 @@ import builtins
 import dataclasses
 import hashlib
 import json
+import logging
 import struct
 import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
+
+log = logging.getLogger("objcache.torch")
 
 #: Guard kinds torch drops under caching precompile (``CheckFunctionManager.__init__``) or
 #: cannot serialize (``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``).
@@ -433,10 +436,20 @@ def check_for(
     settled = not expected_settings
     reported: set[str] = set()
 
-    def fail(why: str) -> bool:
-        if failed is not None and why not in reported:
+    def fail(why: str, source: str = "", expected: str = "", found: str | None = None) -> bool:
+        if why not in reported:
             reported.add(why)
-            failed(why)
+            if failed is not None:
+                failed(why)
+            if source:  # what an operator needs to see why a served entry was traced again
+                log.info(
+                    "objcache: a served precompile entry's %s guard failed on %s: stored %s, "
+                    "here %s; Dynamo compiles the frame",
+                    why,
+                    _short(source),
+                    _short(expected),
+                    "absent" if found is None else _short(found),
+                )
         return False
 
     parsed = []
@@ -446,7 +459,7 @@ def check_for(
         path = parse_source(record.source)
         if path is None:
             raise ValueError(f"unparseable portable guard source {record.source!r}")
-        parsed.append((path[0], path[1], record.identity, record.kind))
+        parsed.append((path[0], path[1], record.identity, record.kind, record.source))
     #: per record, the last object that passed (see the module docstring)
     passed: list[Any] = [_MISSING] * len(parsed)
 
@@ -456,14 +469,15 @@ def check_for(
             now = settings() if settings is not None else None
             if now is None or any(now != e for e in expected_settings):
                 return fail("settings")
-        for i, (root, steps, expected, kind) in enumerate(parsed):
+        for i, (root, steps, expected, kind, source) in enumerate(parsed):
             value = resolve(root, steps, f_locals, f_globals)
             if value is _MISSING:
-                return fail(kind)
+                return fail(kind, source, expected)
             if value is passed[i] and not isinstance(value, dict | list | tuple):
                 continue
-            if identity(value) != expected:
-                return fail(kind)
+            found = identity(value)
+            if found != expected:
+                return fail(kind, source, expected, found or "no portable identity")
             passed[i] = value
         settled = True
         return True
@@ -477,6 +491,13 @@ def check_for(
             return fail("error")
 
     return check
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """``text`` for a log line: printable ASCII only (a source or identity may name anything
+    a program defined), at most ``limit`` characters."""
+    clean = "".join(c if 32 <= ord(c) < 127 else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
 
 
 # --- records beside their guards state -----------------------------------------------------

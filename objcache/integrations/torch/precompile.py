@@ -48,6 +48,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -467,11 +468,45 @@ def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
             state = original(self, builder, kept, *args, **kwargs)
         except Exception as exc:  # torch's own refusal (a class defined in a function)
             return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        _carry_module_globals(output_graph)
         return portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
 
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
     return serialize_guards
+
+
+#: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).
+_BY_ID = re.compile(r"^(___module_\w+)?_\d+_c\d+$")
+
+
+def _carry_module_globals(output_graph: Any) -> None:
+    """Name, as import sources of the frame's entry, the modules Dynamo installed as globals
+    of its own while tracing (``type(x)`` of a tensor guards ``G['_<id>_c<n>'].Tensor``, the
+    ``torch`` module installed by id; a module a resume reconstructs). torch's install puts
+    its import sources back into the reader's globals; globals installed by id it does not,
+    so every such guard failed on the reader (``guard_failed:CLASS_MATCH``) and the frame was
+    traced again. Only a module its own name reaches (``sys.modules``) is named, the same
+    module in any process; anything else stays as torch saves it (the guard fails, the frame
+    compiles). Never raises."""
+    try:
+        package = getattr(output_graph, "package", None)
+        scope = getattr(output_graph, "global_scope", None)
+        names = getattr(output_graph, "installed_globals", ())
+        if package is None or not isinstance(scope, dict):
+            return
+        for name in sorted(n for n in names if isinstance(n, str) and _BY_ID.match(n)):
+            value = scope.get(name)
+            module = getattr(value, "__name__", None)
+            if (
+                isinstance(value, types.ModuleType)
+                and isinstance(module, str)
+                and sys.modules.get(module) is value
+            ):
+                package.add_import_source(name, module)
+                counters["module_globals_carried"] += 1
+    except Exception as exc:
+        _failed("module globals", exc)
 
 
 def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
