@@ -247,3 +247,28 @@ def test_doctor_reports_the_topology_and_each_bad_tier_in_one_line(
     assert "this server is a replica" in failed["replica"][0], out
     assert "remove cluster=no" in failed["single"][0], out
     assert not [ln for ln in lines if ln.startswith("FAILED ") and good in ln], out
+
+
+def test_a_new_client_starts_while_the_primary_of_slot_0_is_dead(
+    own_cluster: RedisClusterServer, make_client: MakeClient
+) -> None:
+    """redis-py asks the primary of slot 0 for its command table when a client starts:
+    with that primary dead every new client failed, every call of the tier with it, and the
+    breaker opened although the other primaries served. A fresh client started through a
+    live node serves their keys."""
+    cluster = own_cluster
+    victim = next(n for n in cluster.primary_nodes() if any(0 in r for r in n.slots()))
+    named = next(n for n in cluster.primary_nodes() if n is not victim)
+    url = f"{named.url}?prefix=slot0/"
+    keys = [f"k{i}" for i in range(40)]
+    writer = make_client(url, timeout_ms=5000)
+    for i, key in enumerate(keys):
+        writer.put(KIND, key, value(i))
+    assert writer.flush(30) == 0
+    kept = [k for k in keys if not victim.serves(redis_key(writer, "slot0/", k))]
+    assert kept and len(kept) < len(keys)
+    victim.crash()
+
+    reader = make_client(url)  # a fresh client: it starts with the primary of slot 0 dead
+    assert reader.get_many(KIND, kept) == {k: value(keys.index(k)) for k in kept}
+    assert remote_stats(reader)["breaker"] == "closed"

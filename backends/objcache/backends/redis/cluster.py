@@ -62,6 +62,35 @@ def partial(error: BackendError, answered: Answered) -> BackendError:
     return error
 
 
+async def initialize(client: RedisCluster, host: str, port: int) -> None:
+    """``client.initialize()``, where a dead primary cannot fail it: redis-py reads the slot
+    map from the seed node, then asks its *default* node, the primary of slot 0, for its
+    COMMAND table. With that primary down every new client failed to start, so every call
+    of the tier failed and opened its breaker, though the other primaries served. Then the
+    table is asked of the seed node, which just answered (feature-detected: where this
+    redis-py has no such parts, the first failure stands)."""
+    try:
+        await client.initialize()
+        return
+    except (rex.ConnectionError, rex.TimeoutError, OSError) as first:
+        failure = first
+    manager = getattr(client, "nodes_manager", None)
+    parser = getattr(client, "commands_parser", None)
+    if manager is None or parser is None or not hasattr(client, "_initialize"):
+        raise failure
+    try:
+        await manager.initialize()
+        node = client.get_node(host=host, port=port)
+        if node is None:
+            raise failure
+        client.set_default_node(node)
+        await parser.initialize(node)
+        client._initialize = False
+    except BaseException:
+        await client.aclose()
+        raise failure from None
+
+
 async def cluster_enabled(client: aioredis.Redis) -> bool:
     """Whether the server says ``cluster_enabled:1``. A server that refuses INFO (an ACL user
     without it, a renamed command) is taken as standalone: were it a cluster node, its MOVED

@@ -220,12 +220,12 @@ async def _open_client(key: PoolKey) -> Pool:
             return Pool(client, gate)  # the detection's connection stays in the pool
         await client.aclose(close_connection_pool=True)
     found = cluster.open_cluster(kwargs)
+    seed = (kwargs["host"], int(kwargs.get("port", 6379)))
     try:
-        await found.initialize()
+        await cluster.initialize(found, *seed)
     except BaseException:
         await found.aclose()
         raise
-    seed = (kwargs["host"], int(kwargs.get("port", 6379)))
     return Pool(found, gate, seed=seed, answered=cluster.Answered())
 
 
