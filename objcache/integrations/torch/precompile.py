@@ -244,7 +244,7 @@ class _Mismatch(Exception):
         self.why = why
 
 
-def _same_code(serialized: Any, code: types.CodeType) -> bool:
+def same_code(serialized: Any, code: types.CodeType) -> bool:
     """Whether torch's ``SerializedCode`` of an entry is ``code`` (paths and line tables
     aside, which differ by machine)."""
     fields = (
@@ -258,7 +258,7 @@ def _same_code(serialized: Any, code: types.CodeType) -> bool:
         return False
     for mine, real in zip(consts, code.co_consts, strict=True):
         if isinstance(real, types.CodeType):
-            if not _same_code(mine, real):
+            if not same_code(mine, real):
                 return False
         elif type(mine) is not type(real) or (mine != real and mine == mine):  # NaN aside
             return False
@@ -285,7 +285,7 @@ def _unpack(payload: bytes, torch_key: str, fn: Any) -> Any:
     if (
         data.get("code") != portable_guards.code_digest(code)
         or not codes
-        or not _same_code(codes[0].python_code, code)
+        or not same_code(codes[0].python_code, code)
         or str(entry.dynamo.fn_first_lineno) != str(code.co_firstlineno)
     ):
         raise _Mismatch("code_mismatch", f"the entry is not the package of {code.co_name}")
@@ -771,7 +771,7 @@ def _complete_entry(key: str, final: bool) -> Any | None:
     from torch._dynamo.eval_frame import innermost_fn
 
     code = innermost_fn(fn).__code__
-    if not dynamo.codes or not _same_code(dynamo.codes[0].python_code, code):
+    if not dynamo.codes or not same_code(dynamo.codes[0].python_code, code):
         counters["unsaved:code_mismatch"] += 1  # never another function's package
         return None
     if not _all_guards_portable(dynamo):  # serialized without the portable split

@@ -25,6 +25,7 @@ Part = Literal[
     "aot_candidates",
     "precompile",
     "vllm",
+    "vllm_aot",
     "triton_host",
 ]
 
@@ -43,6 +44,7 @@ WATCHED: dict[str, Part] = {
     # vLLM's own caches (:mod:`objcache.integrations.vllm`): applied only where vLLM imports
     # it, never imported by ``install()``
     "vllm.model_executor.models.registry": "vllm",
+    "vllm.compilation.decorators": "vllm_aot",
     # Triton's host-side modules (:mod:`objcache.integrations.triton_host`): applied where
     # Triton is imported, never imported by ``install()``
     "triton.runtime.build": "triton_host",
@@ -50,7 +52,7 @@ WATCHED: dict[str, Part] = {
 
 #: Watched modules of other packages than torch: hooked when imported, never imported.
 NOT_IMPORTED: frozenset[str] = frozenset(
-    {"vllm.model_executor.models.registry", "triton.runtime.build"}
+    {"vllm.model_executor.models.registry", "vllm.compilation.decorators", "triton.runtime.build"}
 )
 
 _stop_listeners: list[Callable[[], None]] = []
