@@ -271,3 +271,18 @@ def test_vllms_failing_loader_is_told_from_a_fixed_one(source: str, unguarded: b
     from objcache.integrations.vllm import calls_finalize_unguarded
 
     assert calls_finalize_unguarded(source) is unguarded
+
+
+def test_nothing_is_placed_through_a_linked_folder(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    hashed = tmp_path / "torch_aot_compile" / H_OURS
+    hashed.mkdir(parents=True)
+    (hashed / "rank_0_0").symlink_to(elsewhere)
+    with pytest.raises(vllm_aot.Refused) as err:
+        vllm_aot._place(hashed / "rank_0_0" / "model", b"artifact")
+    assert err.value.why == "folder"
+    assert list(elsewhere.iterdir()) == []
+    vllm_aot._place(hashed / "rank_1_0" / "model", b"artifact")  # a real folder: placed
+    assert (hashed / "rank_1_0" / "model").read_bytes() == b"artifact"
+    assert [p.name for p in (hashed / "rank_1_0").iterdir()] == ["model"]

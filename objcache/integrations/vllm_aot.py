@@ -43,6 +43,7 @@ import io
 import logging
 import os
 import re
+import stat
 import threading
 import types
 from collections.abc import Callable
@@ -142,8 +143,12 @@ def _calls_finalize_unguarded(load: Callable[..., Any]) -> bool:
 
 
 def _place(path: Path, payload: bytes) -> None:
-    """Write ``payload`` at ``path`` (vLLM's file): a new file beside it, renamed over."""
+    """Write ``payload`` at ``path`` (vLLM's file): a new file beside it, renamed over, in a
+    real folder of this user's."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path.parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise Refused("folder")  # a link, or another user's folder: nothing written there
     tmp = path.with_name(f".{path.name}.objcache.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
