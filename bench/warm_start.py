@@ -224,6 +224,8 @@ class Bench:
         self.rtt_ms = rtt_ms
         self.salt = 1.0 + random.randrange(1 << 30) * 1e-12
         self.n = 0
+        #: Worker flags every run of this bench gets (baseline and objcache rows alike).
+        self.worker_flags: list[str] = []
 
     def fresh(self, label: str) -> Path:
         self.n += 1
@@ -254,7 +256,7 @@ class Bench:
         env.update(env_extra)
         shim_dir, log = make_gxx_shim(machine / f"shim-{time.monotonic_ns()}")
         env["PATH"] = f"{shim_dir}{os.pathsep}{env.get('PATH', '')}"
-        worker_args = ["--model", self.model, "--salt", repr(self.salt), *args]
+        worker_args = ["--model", self.model, "--salt", repr(self.salt), *self.worker_flags, *args]
         if self.batches:
             worker_args += ["--batches", self.batches]
         if self.inference:

@@ -234,6 +234,10 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     for name in WATCHED:
         if name not in NOT_IMPORTED:  # another package's (vLLM's): not what install() imports
             importlib.import_module(name)
+    if args.compiler_imported:
+        # what the first torch.compile() call imports (Inductor's compiler, 0.8 s on a
+        # 2-vCPU machine), paid alike by every start: out of the first step when asked
+        importlib.import_module("torch._inductor.compile_fx")
     if args.objcache == "install":
         import objcache
 
@@ -385,6 +389,11 @@ def worker_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", help="cpu, or cuda: model and inputs there")
     p.add_argument("--mode", default="", help="torch.compile's mode (e.g. max-autotune)")
+    p.add_argument(
+        "--compiler-imported",
+        action="store_true",
+        help="import Inductor's compiler (torch._inductor.compile_fx) before the first step",
+    )
     p.add_argument("--mega-save", default="")
     p.add_argument("--mega-load", default="")
     p.add_argument("--torch-mega-save", default="")
