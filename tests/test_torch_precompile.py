@@ -283,3 +283,45 @@ def test_a_save_before_the_lazy_backward_still_carries_the_training_backend(
     assert b["graphs"] == 0  # Dynamo traced nothing, backward included
     assert b["precompile"].get("hits") == 1 and b["precompile"].get("installed") == 1
     assert "Backend not found" not in a_err  # torch's log of a backend left out
+
+
+AOT_SCRIPT = """\
+import json, sys
+import torch
+import objcache
+
+objcache.install()
+from objcache.integrations.torch import precompile
+
+
+def f(x, w):
+    return torch.relu(x @ w) * 2 + 1
+
+
+x, w = torch.randn(4, 8), torch.randn(8, 8)
+compiled = torch.compile(f, fullgraph=True).aot_compile(((x, w), {}))
+compiled.save_compiled_function(sys.argv[1])
+with open(sys.argv[1], "rb") as file:
+    loaded = torch.compiler.load_compiled_function(file)
+print("RESULT " + json.dumps({
+    "on": precompile.installed(),
+    "match": bool(torch.allclose(loaded(x, w), f(x, w))),
+    "precompile": dict(precompile.counters),
+}), flush=True)
+"""
+
+
+def test_torchs_own_aot_compile_saves_and_loads_with_the_part_on(tmp_path: Path) -> None:
+    """torch's ``aot_compile`` artifacts go through the guard functions the part wraps: they
+    pass through untouched (a state of torch's own, not a package objcache served), so a
+    program's own save and load work with ``OBJCACHE_PRECOMPILE=1`` as without it."""
+    e = ts.compile_env(tmp_path / "m", f"file://{tmp_path / 'store'}")
+    e.update(OBJCACHE_PRECOMPILE="1")
+    out = subprocess.run(
+        [sys.executable, "-c", AOT_SCRIPT, str(tmp_path / "fn.bin")],
+        env=e, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads([x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    assert result["on"] and result["match"], result
+    assert not any(k.startswith(("errors:", "rejected:")) for k in result["precompile"]), result

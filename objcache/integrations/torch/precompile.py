@@ -113,6 +113,12 @@ _UNSET: Any = object()
 _compiler: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "objcache_precompile_compiler", default=_UNSET
 )
+#: True while torch installs a package objcache served (:func:`_wrap_install`): only then do
+#: the guard loaders expect objcache's portable guards. torch's ``aot_compile`` load goes
+#: through the same functions with a state of its own, which they pass through untouched.
+_installing_served: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "objcache_precompile_installing_served", default=False
+)
 
 
 #: torch releases on which the part is on unless ``OBJCACHE_PRECOMPILE=0`` (docs/torch.md,
@@ -401,6 +407,7 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
             original(self, backends)
             return
         scopes = _install_scopes(self)
+        token = _installing_served.set(True)
         try:
             original(self, backends)
             counters["installed"] += 1
@@ -408,6 +415,8 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
             _undo_install(self, scopes)
             _reset(self, fn, initialize, "install", exc)
             self.__dict__.pop("_objcache_fresh", None)
+        finally:
+            _installing_served.reset(token)
 
     install.__objcache__ = True  # type: ignore[attr-defined]
     install.__wrapped__ = original  # type: ignore[attr-defined]
@@ -451,6 +460,9 @@ def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
         self: Any, builder: Any, sorted_guards: Any, *args: Any, **kwargs: Any
     ) -> Any:
         output_graph = args[0] if args else kwargs.get("output_graph")
+        if getattr(output_graph, "package", None) is None:
+            # not a frame of a precompile package (torch's aot_compile saves its own way)
+            return original(self, builder, sorted_guards, *args, **kwargs)
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
         except portable_guards.Unportable as exc:
@@ -535,6 +547,8 @@ def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
 
 def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     def load_guards_state(guards_state: bytes) -> Any:
+        if not _installing_served.get():
+            return original(guards_state)  # not an entry objcache served (aot_compile's load)
         detached = portable_guards.detach(guards_state)
         if detached is None:  # never served by us: checked in _unpack, refused here too
             raise RuntimeError("objcache: a served guarded code carries no portable guards")
@@ -560,6 +574,8 @@ def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
     install is rejected and put back)."""
 
     def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
+        if not _installing_served.get():
+            return original(guards_state, target_code, scope)
         manager = original(guards_state, target_code, scope)
         with _lock:
             portable = _state_records.pop(id(guards_state), None)
