@@ -421,11 +421,6 @@ def causes_by_run(explanation: Explanation) -> dict[str, Counter[str]]:
     return out
 
 
-def top_causes(explanation: Explanation, limit: int = 3) -> list[tuple[str, int, int]]:
-    """``(cause, misses, hosts)`` of the biggest causes: for ``objcache report``'s column."""
-    return [(c.cause, c.misses, len(c.hosts)) for c in explanation.causes()[:limit]]
-
-
 # --- rendering -------------------------------------------------------------------------------
 
 

@@ -660,18 +660,14 @@ class TieredCache:
 
     async def put_object(self, okey: str, payload: bytes) -> None:
         """Store locally now and remotely in the background. Never raises for tier errors."""
-        await self._put(okey, payload, encoded=False)
+        await self._put(okey, payload)
 
-    async def put_entry(self, okey: str, entry: bytes) -> None:
-        """Store already-encoded bytes (push/pull paths move entries without re-encoding)."""
-        await self._put(okey, entry, encoded=True)
-
-    async def _put(self, okey: str, data: bytes, *, encoded: bool) -> None:
+    async def _put(self, okey: str, data: bytes) -> None:
         """A lookup's write: in the run's manifest, with the environment file."""
         self.recorded.add(okey)
         if self._remote_writable():
             self._ensure_env_file()
-        await self.write(okey, data, encoded=encoded)
+        await self.write(okey, data)
 
     async def put_remote(self, kind: str, key: str, payload: bytes) -> bool:
         """Queue ``payload`` for the remote write targets only (write-behind, CREATE mode):

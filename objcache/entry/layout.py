@@ -84,11 +84,6 @@ def encode_key(key: str) -> str:
     return f"{head}{MAPPED_MARK}{digest}"
 
 
-def is_mapped(segment: str) -> bool:
-    """Whether ``segment`` is a mapped name (:func:`encode_key`) rather than a key's own."""
-    return len(segment) > MAX_PLAIN_SEGMENT
-
-
 def decode_key(segment: str) -> str:
     """The key of a plain segment; for a mapped one, its readable head and digest."""
     return unquote(segment)

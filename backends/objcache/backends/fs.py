@@ -277,9 +277,6 @@ class FsStore:
     def path(self, key: str) -> str:
         return os.path.join(self.root, key)
 
-    def key_of(self, path: str) -> str:
-        return os.path.relpath(path, self.root).replace(os.sep, "/")
-
     def _distrust(self, st: os.stat_result) -> str | None:
         """Why a folder or file of the store with this stat cannot be trusted, or None:
         owned by another user, or writable by others (or, unless the store is group-shared,

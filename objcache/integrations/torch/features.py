@@ -352,16 +352,3 @@ def in_force(environ: dict[str, str] | None = None) -> list[PartState]:
             for s in states
         ]
     return states
-
-
-def doctor_lines(environ: dict[str, str] | None = None) -> list[str]:
-    """What ``objcache doctor`` prints: the active parts, then one line per part that is off."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return ["torch parts: torch is not installed"]
-    states = in_force(environ)
-    active = [s.part for s in states if s.active]
-    lines = [f"torch parts active: {', '.join(active) or 'none'}"]
-    lines += [f"torch part off: {s.part}: {s.why}" for s in states if not s.active]
-    return lines
