@@ -1,8 +1,12 @@
 """The synchronous face of objcache, shared process-wide.
 
 ``get_client()`` builds one :class:`TieredCache` per process (again in a forked child) from
-:class:`Config` and serves it through the :class:`Bridge`. Every method has a deadline and
-returns a value: a failure is a miss, counted in ``stats()``, never an exception into torch.
+:class:`Config` and serves it through the :class:`Bridge`. Every method has a deadline. The
+lookups and writes torch's hooks call (``get``, ``put`` and the record calls) return a value:
+a failure is a miss, counted in ``stats()``, never an exception into torch. The batch and
+maintenance calls (``get_many``, ``put_many``, ``write``, ``listing``) raise
+:class:`BridgeTimeout` on a missed deadline: their callers (prefetch, the CLI) count their
+own failures.
 """
 
 from __future__ import annotations
