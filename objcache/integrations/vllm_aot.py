@@ -110,15 +110,17 @@ def _forward_code(model: Any) -> types.CodeType | None:
 def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize: bool) -> None:
     """Raise :class:`Refused` unless ``payload`` (verified by the codec) is an artifact of
     ``code`` that this torch accepts and vLLM can finish loading."""
-    from torch._dynamo.aot_compile import AOTCompileUnpickler
+    from torch._dynamo import aot_compile
     from torch._dynamo.package import SystemInfo
 
     from objcache.integrations.torch.precompile import same_code
 
     if len(payload) > MAX_BYTES:
         raise Refused("oversized")
+    # torch 2.15 puts a format header before the pickle; torch's own opener checks it
+    opener = getattr(aot_compile, "_open_aot_compile_payload", io.BytesIO)
     try:
-        state = AOTCompileUnpickler({}, io.BytesIO(payload)).load()  # verified first
+        state = aot_compile.AOTCompileUnpickler({}, opener(payload)).load()  # verified first
     except Exception:
         raise Refused("unreadable") from None
     if not isinstance(state, dict) or not isinstance(state.get("compiled_fn"), tuple):
