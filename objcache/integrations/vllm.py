@@ -50,7 +50,7 @@ MAX_BYTES = 64 * 1024
 _FORMAT = "objcache-vllm-modelinfo-v1"
 
 counters: Counter[str] = Counter()
-_failed = FailureLog(
+failed = FailureLog(
     log,
     "vllm",
     counters,
@@ -68,7 +68,7 @@ def _client() -> Any:
     return objcache.get_client()
 
 
-def _vllm_version() -> str:
+def vllm_version() -> str:
     import sys
 
     return str(getattr(sys.modules.get("vllm"), "__version__", "unknown"))
@@ -77,7 +77,7 @@ def _vllm_version() -> str:
 def modelinfo_key(module_name: str, class_name: str, module_hash: str) -> str:
     """objcache key of one model class's inspection result (vLLM's module hash included)."""
     h = hashlib.sha256(_FORMAT.encode() + b"\0")
-    for part in (_vllm_version(), module_name, class_name, module_hash):
+    for part in (vllm_version(), module_name, class_name, module_hash):
         h.update(f"{part}\0".encode())
     return h.hexdigest()
 
@@ -135,7 +135,7 @@ def _served(model: Any, module_hash: str, info_cls: type) -> Any | None:
         counters[f"rejected:modelinfo_{exc.why}"] += 1
         log.info("objcache: vLLM model-inspection entry refused (%s): inspecting", exc.why)
     except Exception as exc:
-        _failed("modelinfo lookup", exc)
+        failed("modelinfo lookup", exc)
     return None
 
 
@@ -151,7 +151,7 @@ def _wrap_load(original: Callable[..., Any], save: Callable[..., None], info_cls
             try:
                 save(self, info, module_hash)  # vLLM's own file: the next start is local
             except Exception as exc:
-                _failed("modelinfo write-through", exc)
+                failed("modelinfo write-through", exc)
         return info
 
     return _marked(_load_modelinfo_from_cache, original)
@@ -168,7 +168,7 @@ def _wrap_save(original: Callable[..., None]) -> Any:
             _client().put(KIND_MODELINFO, key, payload)
             counters["modelinfo_stored"] += 1
         except Exception as exc:
-            _failed("modelinfo store", exc)
+            failed("modelinfo store", exc)
 
     return _marked(_save_modelinfo_to_cache, original)
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.integrations.patching import Patches
-from objcache.integrations.vllm import _failed, _vllm_version, calls_finalize_unguarded, counters
+from objcache.integrations.vllm import calls_finalize_unguarded, counters, failed, vllm_version
 
 log = logging.getLogger("objcache.vllm")
 
@@ -88,7 +88,7 @@ def artifact_key(path: str | os.PathLike[str]) -> str | None:
     ):
         return None
     h = hashlib.sha256(_FORMAT.encode() + b"\0")
-    for part in (_vllm_version(), p.parent.parent.name, p.parent.name):
+    for part in (vllm_version(), p.parent.parent.name, p.parent.name):
         h.update(f"{part}\0".encode())
     return h.hexdigest()
 
@@ -167,7 +167,7 @@ def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:
     try:
         payload = _client().get(KIND, key)
     except Exception as exc:
-        _failed("AOT artifact lookup", exc)
+        failed("AOT artifact lookup", exc)
         return False
     if payload is None:
         counters["aot_misses"] += 1
@@ -181,7 +181,7 @@ def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:
         log.info("objcache: vLLM AOT artifact not placed (%s): vLLM compiles", exc.why)
         return False
     except Exception as exc:
-        _failed("AOT artifact placement", exc)
+        failed("AOT artifact placement", exc)
         return False
     counters["aot_hits"] += 1
     return True
@@ -202,7 +202,7 @@ def _store(model: Any) -> None:
         _client().put(KIND, key, payload)
         counters["aot_stored"] += 1
     except Exception as exc:
-        _failed("AOT artifact store", exc)
+        failed("AOT artifact store", exc)
 
 
 def _wrap_save(original: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -240,7 +240,7 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             else:
                 served = _serve(model, aot_compilation_path, key, strict_finalize)
         except Exception as exc:
-            _failed("AOT artifact", exc)
+            failed("AOT artifact", exc)
         loaded = original(model, aot_compilation_path)
         if served and loaded is None:
             counters["aot_load_failed"] += 1
