@@ -231,7 +231,7 @@ def test_the_rank_is_part_of_the_key() -> None:
 )
 def test_a_verified_entry_that_is_no_artifact_is_refused(payload: bytes, why: str) -> None:
     pytest.importorskip("torch")
-    with pytest.raises(vllm_aot.Refused) as err:
+    with pytest.raises(vllm_aot.Rejected) as err:
         vllm_aot.check_artifact(payload, test_the_rank_is_part_of_the_key.__code__, False)
     assert err.value.why == why
 
@@ -241,7 +241,7 @@ def test_an_oversized_artifact_is_refused_before_it_is_read(
 ) -> None:
     pytest.importorskip("torch")
     monkeypatch.setattr(vllm_aot, "MAX_BYTES", 8)
-    with pytest.raises(vllm_aot.Refused) as err:
+    with pytest.raises(vllm_aot.Rejected) as err:
         vllm_aot.check_artifact(b"\x80" * 9, None, False)
     assert err.value.why == "oversized"
 
@@ -279,7 +279,7 @@ def test_nothing_is_placed_through_a_linked_folder(tmp_path: Path) -> None:
     hashed = tmp_path / "torch_aot_compile" / H_OURS
     hashed.mkdir(parents=True)
     (hashed / "rank_0_0").symlink_to(elsewhere)
-    with pytest.raises(vllm_aot.Refused) as err:
+    with pytest.raises(vllm_aot.Rejected) as err:
         vllm_aot._place(hashed / "rank_0_0" / "model", b"artifact")
     assert err.value.why == "folder"
     assert list(elsewhere.iterdir()) == []

@@ -1,8 +1,12 @@
-"""The ledger of what one integration part patched in another package, to put it back."""
+"""What one integration part patches in another package: the wrappers, marked as objcache's,
+and the ledger that puts the originals back."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _ABSENT: Any = object()
 
@@ -29,3 +33,11 @@ class Patches:
 
     def __bool__(self) -> bool:
         return bool(self._done)
+
+
+def marked(wrapper: F, original: Callable[..., Any]) -> F:
+    """``wrapper`` marked as objcache's (``__objcache__``: an apply finds it already there) and
+    pointing at what it wraps (``__wrapped__``)."""
+    wrapper.__objcache__ = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.patching import Patches
+from objcache.integrations.patching import Patches, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.triton")
@@ -179,9 +179,7 @@ def _wrap(original: Callable[[Any], Any], build: Any, file_manager: type) -> Any
             _failed("wrap", exc)
             return manager
 
-    get_cache_manager.__objcache__ = True  # type: ignore[attr-defined]
-    get_cache_manager.__wrapped__ = original  # type: ignore[attr-defined]
-    return get_cache_manager
+    return marked(get_cache_manager, original)
 
 
 def apply(build: Any) -> bool:

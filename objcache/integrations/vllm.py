@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from objcache.integrations.patching import Patches
+from objcache.integrations.patching import Patches, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.vllm")
@@ -83,7 +83,8 @@ def modelinfo_key(module_name: str, class_name: str, module_hash: str) -> str:
 
 
 class Rejected(ValueError):
-    """A stored model-inspection entry that is not served (counted ``rejected:<why>``)."""
+    """A stored vLLM entry (model inspection, AOT artifact) that is not served or placed
+    (counted ``rejected:<why>``)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)
@@ -154,7 +155,7 @@ def _wrap_load(original: Callable[..., Any], save: Callable[..., None], info_cls
                 failed("modelinfo write-through", exc)
         return info
 
-    return _marked(_load_modelinfo_from_cache, original)
+    return marked(_load_modelinfo_from_cache, original)
 
 
 def _wrap_save(original: Callable[..., None]) -> Any:
@@ -170,13 +171,7 @@ def _wrap_save(original: Callable[..., None]) -> Any:
         except Exception as exc:
             failed("modelinfo store", exc)
 
-    return _marked(_save_modelinfo_to_cache, original)
-
-
-def _marked(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    wrapper.__objcache__ = True  # type: ignore[attr-defined]
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return marked(_save_modelinfo_to_cache, original)
 
 
 def apply(registry: Any) -> bool:

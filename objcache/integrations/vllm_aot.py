@@ -50,8 +50,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from objcache.integrations.patching import Patches
-from objcache.integrations.vllm import calls_finalize_unguarded, counters, failed, vllm_version
+from objcache.integrations.patching import Patches, marked
+from objcache.integrations.vllm import (
+    Rejected,
+    calls_finalize_unguarded,
+    counters,
+    failed,
+    vllm_version,
+)
 
 log = logging.getLogger("objcache.vllm")
 
@@ -93,14 +99,6 @@ def artifact_key(path: str | os.PathLike[str]) -> str | None:
     return h.hexdigest()
 
 
-class Refused(ValueError):
-    """A verified artifact that is not placed (counted ``rejected:aot_<why>``)."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
 def _forward_code(model: Any) -> types.CodeType | None:
     forward = getattr(type(model), "forward", None)
     code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
@@ -108,7 +106,7 @@ def _forward_code(model: Any) -> types.CodeType | None:
 
 
 def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize: bool) -> None:
-    """Raise :class:`Refused` unless ``payload`` (verified by the codec) is an artifact of
+    """Raise :class:`Rejected` unless ``payload`` (verified by the codec) is an artifact of
     ``code`` that this torch accepts and vLLM can finish loading."""
     from torch._dynamo import aot_compile
     from torch._dynamo.package import SystemInfo
@@ -116,24 +114,24 @@ def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize:
     from objcache.integrations.torch.precompile import same_code
 
     if len(payload) > MAX_BYTES:
-        raise Refused("oversized")
+        raise Rejected("oversized")
     # torch 2.15 puts a format header before the pickle; torch's own opener checks it
     opener = getattr(aot_compile, "_open_aot_compile_payload", io.BytesIO)
     try:
         state = aot_compile.AOTCompileUnpickler({}, opener(payload)).load()  # verified first
     except Exception:
-        raise Refused("unreadable") from None
+        raise Rejected("unreadable") from None
     if not isinstance(state, dict) or not isinstance(state.get("compiled_fn"), tuple):
-        raise Refused("unreadable")
+        raise Rejected("unreadable")
     if code is None or not same_code(state.get("original_code"), code):
-        raise Refused("code_mismatch")
+        raise Rejected("code_mismatch")
     try:
         SystemInfo.current().check_compatibility(state["system_info"], state["device_type"])
     except Exception:
-        raise Refused("system") from None
+        raise Rejected("system") from None
     owner = getattr(state["compiled_fn"][0], "__self__", None)
     if strict_finalize and not hasattr(owner, "finalize_loading"):
-        raise Refused("load_would_fail")
+        raise Rejected("load_would_fail")
 
 
 def _calls_finalize_unguarded(load: Callable[..., Any]) -> bool:
@@ -150,7 +148,7 @@ def _place(path: Path, payload: bytes) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.lstat(path.parent)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise Refused("folder")  # a link, or another user's folder: nothing written there
+        raise Rejected("folder")  # a link, or another user's folder: nothing written there
     tmp = path.with_name(f".{path.name}.objcache.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -175,7 +173,7 @@ def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:
     try:
         check_artifact(bytes(payload), _forward_code(model), strict_finalize)
         _place(Path(path), bytes(payload))
-    except Refused as exc:
+    except Rejected as exc:
         prefix = "skipped" if exc.why == "load_would_fail" else "rejected"
         counters[f"{prefix}:aot_{exc.why}"] += 1
         log.info("objcache: vLLM AOT artifact not placed (%s): vLLM compiles", exc.why)
@@ -197,7 +195,7 @@ def _store(model: Any) -> None:
         with os.fdopen(fd, "rb") as f:
             payload = f.read(MAX_BYTES + 1)
         if len(payload) > MAX_BYTES:
-            counters["aot_unsaved:oversized"] += 1
+            counters["unsaved:aot_oversized"] += 1
             return
         _client().put(KIND, key, payload)
         counters["aot_stored"] += 1
@@ -210,7 +208,7 @@ def _wrap_save(original: Callable[[Any], None]) -> Callable[[Any], None]:
         original(self)
         _store(self)
 
-    return _marked(save_aot_compiled_function, original)
+    return marked(save_aot_compiled_function, original)
 
 
 def _hook_save(model: Any) -> None:
@@ -234,7 +232,7 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
                 _hook_save(model)
             key = artifact_key(aot_compilation_path)
             if key is None:
-                counters["aot_skipped:path"] += 1
+                counters["skipped:aot_path"] += 1
             elif os.path.exists(aot_compilation_path):
                 counters["aot_local"] += 1
             else:
@@ -246,13 +244,7 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             counters["aot_load_failed"] += 1
         return loaded
 
-    return _marked(_try_load_aot_compiled_fn, original)
-
-
-def _marked(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    wrapper.__objcache__ = True  # type: ignore[attr-defined]
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return marked(_try_load_aot_compiled_fn, original)
 
 
 def apply(decorators: Any) -> bool:

@@ -443,11 +443,7 @@ def _not_saved(output_graph: Any, why: str, detail: Any) -> bytes:
     2.13 and 2.14 assert on a ``None`` guards state even after their own package bypass, so
     torch gets an empty state, which no save ever carries (:func:`_all_guards_portable`)."""
     log.info("objcache: precompile entry not saved for this function: %s", detail)
-    package = getattr(output_graph, "package", None)
-    if package is not None:
-        package.__dict__.setdefault("_objcache_unsaveable", why)
-    else:
-        counters[f"unsaved:{why}"] += 1
+    output_graph.package.__dict__.setdefault("_objcache_unsaveable", why)
     return b""
 
 
