@@ -55,22 +55,24 @@ class Net(nn.Module):
 
 torch.manual_seed(0)
 net = Net()
-x = torch.randn(int(sys.argv[1]), 8)
-with torch.no_grad():
-    ref = net(x)
-    out = torch.compile(net)(x)
+compiled = torch.compile(net)
+match = True
+for batch in sys.argv[1].split(","):  # one call per batch size, in order
+    x = torch.randn(int(batch), 8)
+    with torch.no_grad():
+        match = match and bool(torch.allclose(compiled(x), net(x)))
 from torch._dynamo.utils import counters
 from objcache.integrations.torch import precompile
 
 print("RESULT " + json.dumps({{
     "graphs": int(counters["stats"]["unique_graphs"]),
-    "match": bool(torch.allclose(out, ref)),
+    "match": match,
     "precompile": dict(precompile.counters),
 }}), flush=True)
 """
 
 
-def run(machine: Path, store: Path, *, scale: str = "2.0", batch: int = 3, **env: str) -> Any:
+def run(machine: Path, store: Path, *, scale: str = "2.0", batch: int | str = 3, **env: str) -> Any:
     e = ts.compile_env(machine, f"file://{store}")
     e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_SIGNING_KEY=KEY, OBJCACHE_PREFETCH="0", **env)
     script = machine / "net.py"
@@ -185,6 +187,29 @@ def test_an_entry_torch_rejects_is_a_counted_miss(pc: World) -> None:
     assert f["precompile"].get("hits") == 1
     assert f["precompile"].get("rejected:initialize") == 1
     assert f["match"] and f["graphs"] == 1
+
+
+def test_a_static_variant_a_dynamic_one_covers_is_left_out_of_the_entry(tmp_path: Path) -> None:
+    """A writer called at batch 2 then 4 compiles a static variant, then a dynamic one; the
+    entry carries only the dynamic one and its backend (a warm machine never has the static
+    one), and a new machine runs both sizes with it: nothing traced, eager's outputs."""
+    from objcache.entry.layout import decode_key
+
+    store = tmp_path / "store"
+    a = run(tmp_path / "a", store, batch="2,4")
+    assert a["match"] and a["graphs"] == 2
+    client = _client(store, tmp_path / "inspect")
+    try:
+        (path,) = entry_files(store)
+        payload = pickle.loads(client.get("precompile", decode_key(path.name)) or b"")
+    finally:
+        client.close()
+    (code,) = payload["entry"].dynamo.codes
+    assert len(code.guarded_codes) == 1 and len(code.backend_ids) == 1
+    assert code.backend_ids[0] in code.guarded_codes[0].dynamo_code.co_names
+    b = run(tmp_path / "b", store, batch="2,4")
+    assert b["match"] and b["graphs"] == 0
+    assert b["precompile"].get("hits") == 1 and b["precompile"].get("installed") == 1
 
 
 def test_an_entry_is_not_served_to_another_cpu_isa(pc: World) -> None:

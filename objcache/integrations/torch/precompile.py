@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import compile_settings, portable_guards
+from objcache.integrations.torch import compile_settings, portable_guards, superseded_codes
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -477,7 +477,9 @@ def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
         except Exception as exc:  # torch's own refusal (a class defined in a function)
             return _not_saved(output_graph, "guards_unsaveable", repr(exc))
         _carry_module_globals(output_graph)
-        return portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
+        state = portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
+        superseded_codes.record(state, superseded_codes.shapes_of(output_graph))
+        return state
 
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
@@ -753,8 +755,9 @@ def _save(final: bool) -> int:
         return _save_locked(final)
 
 
-def _complete_entry(key: str, final: bool) -> Any | None:
-    """torch's ``PrecompileCacheEntry`` of one function, or None while a backend is missing.
+def _complete_entry(key: str, final: bool) -> tuple[int, dict[str, Any]] | None:
+    """torch's ``PrecompileCacheEntry`` of one function in objcache's payload, with how many
+    variants it leaves out (:mod:`superseded_codes`); None while a backend is missing.
 
     A training step compiles its backward lazily, at the first ``backward()``: its backend is
     recorded (``record_artifact``) seconds after the frame's package. torch's
@@ -789,9 +792,15 @@ def _complete_entry(key: str, final: bool) -> Any | None:
     if not _all_guards_portable(dynamo):  # serialized without the portable split
         counters["unsaved:no_portable_guards"] += 1
         return None
-    # torch marks the copies, never the live package's codes
-    copy = dataclasses.replace(dynamo, codes=[dataclasses.replace(c) for c in dynamo.codes])
-    return {
+    # torch marks the copies, never the live package's codes; a static variant a later
+    # dynamic one covers is left out (superseded_codes)
+    codes, left_out = [], 0
+    for c in dynamo.codes:
+        kept, dropped = superseded_codes.without_superseded(c)
+        left_out += dropped
+        codes.append(kept)
+    copy = dataclasses.replace(dynamo, codes=codes)
+    return left_out, {
         "format": FORMAT,
         "code": portable_guards.code_digest(code),
         "entry": PrecompileCacheEntry.from_cache_entry(copy, backends),
@@ -809,16 +818,16 @@ def _save_locked(final: bool) -> int:
         return 0
     from torch._dynamo import convert_frame
 
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, tuple[int, bytes]] = {}
     with getattr(convert_frame, "compile_lock", contextlib.nullcontext()):
         for key in dirty:
             entry = _complete_entry(key, final)
             if entry is not None:
-                blobs[key] = pickle.dumps(entry)
+                blobs[key] = entry[0], pickle.dumps(entry[1])
     client = _client()
     cap = client.cache.caps.for_kind(KIND)
     put = 0
-    for key, blob in blobs.items():
+    for key, (left_out, blob) in blobs.items():
         digest = hashlib.sha256(blob).hexdigest()
         if _stored.get(key) == digest:
             continue
@@ -828,6 +837,7 @@ def _save_locked(final: bool) -> int:
         client.put(KIND, key, blob)
         _stored[key] = digest
         counters["puts"] += 1
+        counters["superseded_variants_left_out"] += left_out
         put += 1
     return put
 
@@ -943,6 +953,7 @@ def uninstall() -> None:
         _patched.clear()
         _served.clear()
         _state_records.clear()
+        superseded_codes.forget()
         _dirty.clear()
         _waiting.clear()
 

@@ -1,0 +1,130 @@
+"""Which of a precompile entry's compiled variants a later dynamic-shape variant replaces
+(docs/torch.md, "Precompile entries", "Variants a dynamic one replaces").
+
+A function first called at one input size and then at another is compiled twice by a cold
+process: a static variant, then, after Dynamo's automatic-dynamic recompile, a variant with
+symbolic sizes. torch's package keeps both, and its install loads every variant's compiled
+modules before the first call. A warm machine never has the static one (its PGO profile
+makes the size dynamic at the first compile), so a new machine served both pays a load a
+warm one does not (two of four modules for a training step).
+
+At save, a static variant is left out of the carried entry where a later variant of the
+same code *covers* it: the same inputs by source, each of the same rank, every size the
+later variant keeps static equal, every size it made symbolic at least 2 in the static
+one (Dynamo specializes 0 and 1, so those get no such cover). The shape view is taken from
+Dynamo's tracked fakes when the guards are serialized. Dropping a variant never changes a
+result: an input the later variant's guards refuse is traced and compiled as usual (a
+counted recompile), and an input they accept is computed as a warm machine computes it.
+The writer's own process keeps every variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from typing import Any
+
+#: A size torch keeps symbolic in a variant (``None``) or the static size it guards on.
+Size = int | None
+#: Per tracked input source: its sizes (a symbolic scalar is a one-element tuple).
+Shapes = dict[str, tuple[Size, ...]]
+
+_lock = threading.Lock()
+#: Shapes of the variants serialized in this process, by the digest of their guards state.
+_shapes: dict[bytes, Shapes] = {}
+
+
+def _source_name(source: Any) -> str:
+    name = source.name
+    return str(name() if callable(name) else name)
+
+
+def _size(value: Any) -> Size:
+    import torch
+
+    if isinstance(value, int | torch.SymInt) and not isinstance(value, bool):
+        if isinstance(value, int):
+            return value
+        known = value.node.maybe_as_int()  # None where the size is symbolic
+        return None if known is None else int(known)
+    raise TypeError(type(value).__name__)
+
+
+def shapes_of(output_graph: Any) -> Shapes | None:
+    """The sizes of a frame's tracked inputs, or None where any is not a plain size (then
+    the variant is never dropped nor used to drop another). Never raises."""
+    try:
+        import torch
+
+        shapes: Shapes = {}
+        for tracked in output_graph.tracked_fakes:
+            fake = tracked.fake
+            if isinstance(fake, torch.Tensor):
+                sizes = tuple(_size(s) for s in fake.size())
+            else:
+                sizes = (_size(fake),)
+            name = _source_name(tracked.source)
+            if shapes.get(name, sizes) != sizes:
+                return None
+            shapes[name] = sizes
+        return shapes
+    except Exception:
+        return None
+
+
+def record(guards_state: bytes, shapes: Shapes | None) -> None:
+    """Remember the shape view of a variant by its guards state (the bytes torch stores)."""
+    if shapes is None:
+        return
+    with _lock:
+        _shapes[hashlib.sha256(guards_state).digest()] = shapes
+
+
+def _is_dynamic(shapes: Shapes) -> bool:
+    return any(size is None for sizes in shapes.values() for size in sizes)
+
+
+def covers(later: Shapes, static: Shapes) -> bool:
+    """Whether a dynamic variant's shapes accept every input a static variant was compiled
+    for (module docstring)."""
+    if _is_dynamic(static) or not _is_dynamic(later) or later.keys() != static.keys():
+        return False
+    for name, sizes in later.items():
+        seen = static[name]
+        if len(seen) != len(sizes):
+            return False
+        for size, value in zip(sizes, seen, strict=True):
+            if value is None or (value < 2 if size is None else value != size):
+                return False
+    return True
+
+
+def without_superseded(code_entry: Any) -> tuple[Any, int]:
+    """A copy of one code's ``_DynamoCodeCacheEntry`` without the static variants a later
+    variant covers, nor the backends only they call; and how many variants it left out."""
+    guarded = list(code_entry.guarded_codes)
+    with _lock:
+        views = [_shapes.get(hashlib.sha256(g.guards_state).digest()) for g in guarded]
+    superseded = {
+        i
+        for i, view in enumerate(views)
+        if view is not None
+        and any(later is not None and covers(later, view) for later in views[i + 1 :])
+    }
+    if not superseded:
+        return dataclasses.replace(code_entry), 0
+    kept = [g for i, g in enumerate(guarded) if i not in superseded]
+    called = {n for g in kept for n in g.dynamo_code.co_names}
+    dropped = {n for i in superseded for n in guarded[i].dynamo_code.co_names}
+    backends = [b for b in code_entry.backend_ids if b in called or b not in dropped]
+    return (
+        dataclasses.replace(code_entry, guarded_codes=kept, backend_ids=backends),
+        len(superseded),
+    )
+
+
+def forget() -> None:
+    """Drop every recorded view (the part's uninstall; tests)."""
+    with _lock:
+        _shapes.clear()
