@@ -253,6 +253,9 @@ class Bench:
             # torch keeps dynamic-shape profiles (PGO) only under a job id: give every run,
             # objcache or not, the same one
             env["TORCH_COMPILE_JOB_ID"] = "bench-warm-start"
+        # each row measures what it names: precompile entries only where the row turns them
+        # on, whatever the release's default (docs/torch.md, "Precompile entries")
+        env["OBJCACHE_PRECOMPILE"] = "0"
         env.update(env_extra)
         shim_dir, log = make_gxx_shim(machine / f"shim-{time.monotonic_ns()}")
         env["PATH"] = f"{shim_dir}{os.pathsep}{env.get('PATH', '')}"

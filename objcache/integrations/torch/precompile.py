@@ -122,9 +122,10 @@ _installing_served: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 #: torch releases on which the part is on unless ``OBJCACHE_PRECOMPILE=0`` (docs/torch.md,
-#: "Precompile entries": the releases where the whole suite and the library-model bench
-#: were run with it on); elsewhere ``OBJCACHE_PRECOMPILE=1`` opts in.
-DEFAULT_ON: frozenset[str] = frozenset()
+#: "Precompile entries": every safety case holds, the suite's compiling tests ran with it on,
+#: and block and every library model of the bench reach the target); elsewhere
+#: ``OBJCACHE_PRECOMPILE=1`` opts in.
+DEFAULT_ON: frozenset[str] = frozenset({"2.15.0"})
 
 
 def default_on() -> bool:
