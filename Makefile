@@ -29,8 +29,11 @@ lint: venv
 	$(BIN)/ruff format --check objcache backends tests bench
 	$(BIN)/mypy --strict objcache backends/objcache/backends tests/support
 
+# Two workers, each test file whole on one of them (its module-scoped compiles shared):
+# docs/testing.md, "Time". TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: venv system-deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # The timing- and concurrency-sensitive test files, STRESS_RUNS times, with a busy loop holding
 # one core (docs/testing.md, "Flakes"); not part of `test`. STRESS_FILES="tests/x.py ..."

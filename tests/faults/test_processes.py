@@ -200,7 +200,9 @@ def test_write_behind_flushes_everything_on_normal_exit(
     assert proc.returncode == 0, err
     assert int(out.split()[1]) > 0  # writes were still queued at the end of the script
     assert "not flushed" not in err
-    probe = Client(Config.from_env({}, **{**config, "local_dir": tmp_path / "probe"}))
+    # the probe's own stats file: its close would replace the writer's stats
+    probe_config = {**config, "local_dir": tmp_path / "probe", "stats_file": tmp_path / "p.json"}
+    probe = Client(Config.from_env({}, **probe_config))
     ns = probe.cache.namespace
     for i in range(n):
         entry = store.raw_get(ns.object_key(KIND, f"wb-{i}"))

@@ -161,8 +161,14 @@ def test_a_crashed_primary_costs_the_deadline_then_its_replica_serves(
         lambda: reader.get(KIND, lost[0]) == value(keys.index(lost[0])),
         what="a key of the crashed primary served by its promoted replica",
     )
-    assert reader.get_many(KIND, keys) == {k: value(i) for i, k in enumerate(keys)}
-    assert reader.bridge.call(lambda: tier.put(okey + "-new", b"new"), 10) is True
+    # every key, each node's share within the 250 ms deadline (a loaded machine can miss it
+    # once: a partial answer, never a wrong one)
+    every = {k: value(i) for i, k in enumerate(keys)}
+    wait_until(lambda: reader.get_many(KIND, keys) == every, what="every key served again")
+    wait_until(
+        lambda: reader.bridge.call(lambda: tier.put(okey + "-new", b"new"), 10) is True,
+        what="a write to the promoted replica",
+    )
     assert remote_stats(reader)["breaker"] == "closed"
 
 
