@@ -27,12 +27,12 @@ store, on torch's ``DynamoCache`` object, by objcache:
   save; a background thread saves them once compiles have settled for :data:`SETTLE_S`, and
   again at exit, before the client flushes. Unchanged entries are not put again. Nobody
   needs to call ``torch.compiler.save_cache_artifacts()``.
-* **guards**: ``serialize_guards`` never raises: a frame whose guards cannot be saved (a
-  dropped guard without a portable replacement, a setting without a portable rendering, a
-  class defined in a local scope, on which torch itself raises a ``TypeError``) marks its
-  package unsaveable and hands torch an empty state. Raising torch's ``PackageError`` there
-  made 2.13 and 2.14 fail the user's compile (an assertion on the missing state after their
-  own package bypass).
+* **guards** (:mod:`precompile_guards`): ``serialize_guards`` never raises: a frame whose
+  guards cannot be saved (a dropped guard without a portable replacement, a setting without
+  a portable rendering, a class defined in a local scope, on which torch itself raises a
+  ``TypeError``) marks its package unsaveable and hands torch an empty state. Raising
+  torch's ``PackageError`` there made 2.13 and 2.14 fail the user's compile (an assertion
+  on the missing state after their own package bypass).
 
 Every failure is a counted miss, logged once; nothing raised here reaches torch or the
 user's code.
@@ -48,7 +48,6 @@ import inspect
 import logging
 import os
 import pickle
-import re
 import sys
 import threading
 import time
@@ -57,7 +56,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import compile_settings, portable_guards, superseded_codes
+from objcache.integrations.torch import (
+    compile_settings,
+    portable_guards,
+    precompile_guards,
+    superseded_codes,
+)
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -98,9 +102,6 @@ _entries: dict[str, tuple[Any, Any]] = {}
 _dirty: set[str] = set()
 #: objcache keys saved before their backend was recorded: saved at exit if nothing marks them.
 _waiting: set[str] = set()
-#: id(unpickled guards state) -> the portable guards that trailed its bytes, between
-#: torch's two load steps (``load_guards_state``, then ``load_guard_manager``).
-_state_records: dict[int, tuple[portable_guards.Portable, ...]] = {}
 #: objcache key -> digest of the bytes last stored or loaded (no put of the same bytes).
 _stored: dict[str, str] = {}
 _changed = threading.Condition(_lock)
@@ -112,12 +113,6 @@ _UNSET: Any = object()
 #: (:func:`_wrap_context_call`), read by :func:`_load`.
 _compiler: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "objcache_precompile_compiler", default=_UNSET
-)
-#: True while torch installs a package objcache served (:func:`_wrap_install`): only then do
-#: the guard loaders expect objcache's portable guards. torch's ``aot_compile`` load goes
-#: through the same functions with a state of its own, which they pass through untouched.
-_installing_served: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "objcache_precompile_installing_served", default=False
 )
 
 
@@ -408,7 +403,7 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
             original(self, backends)
             return
         scopes = _install_scopes(self)
-        token = _installing_served.set(True)
+        token = precompile_guards.installing_served.set(True)
         try:
             original(self, backends)
             counters["installed"] += 1
@@ -417,183 +412,11 @@ def _wrap_install(original: Callable[..., None], initialize: Callable[..., None]
             _reset(self, fn, initialize, "install", exc)
             self.__dict__.pop("_objcache_fresh", None)
         finally:
-            _installing_served.reset(token)
+            precompile_guards.installing_served.reset(token)
 
     install.__objcache__ = True  # type: ignore[attr-defined]
     install.__wrapped__ = original  # type: ignore[attr-defined]
     return install
-
-
-def _wrap_check_init(original: Callable[..., None], dynamo_config: Any) -> Any:
-    """``CheckFunctionManager.__init__`` with torch's caching-precompile guard filter off:
-    the live process keeps every guard a normal compile has (the saved copy leaves them out
-    in :func:`_wrap_serialize_guards`, each replaced by a portable one)."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        with dynamo_config.patch(caching_precompile=False):
-            original(self, *args, **kwargs)
-
-    __init__.__objcache__ = True  # type: ignore[attr-defined]
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __init__
-
-
-def _not_saved(output_graph: Any, why: str, detail: Any) -> bytes:
-    """A frame whose guards cannot be saved with their portable replacements: its package is
-    never saved (counted ``unsaved:<why>`` when it is recorded), the compile goes on. torch
-    2.13 and 2.14 assert on a ``None`` guards state even after their own package bypass, so
-    torch gets an empty state, which no save ever carries (:func:`_all_guards_portable`)."""
-    log.info("objcache: precompile entry not saved for this function: %s", detail)
-    output_graph.package.__dict__.setdefault("_objcache_unsaveable", why)
-    return b""
-
-
-def _wrap_serialize_guards(original: Callable[..., Any]) -> Any:
-    """torch's guards serialization with the dropped guards replaced by portable records and
-    the compiler settings appended (:mod:`portable_guards`, :mod:`compile_settings`). It
-    never raises: a frame it cannot save that way is compiled and run as usual, unsaved."""
-
-    def serialize_guards(
-        self: Any, builder: Any, sorted_guards: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        output_graph = args[0] if args else kwargs.get("output_graph")
-        if getattr(output_graph, "package", None) is None:
-            # not a frame of a precompile package (torch's aot_compile saves its own way)
-            return original(self, builder, sorted_guards, *args, **kwargs)
-        try:
-            kept, records = portable_guards.split(sorted_guards, builder.get)
-        except portable_guards.Unportable as exc:
-            return _not_saved(output_graph, f"dropped_guard:{exc.kind}", exc)
-        except Exception as exc:
-            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
-        try:
-            settings = compile_settings.settings_digest()
-        except Exception as exc:
-            settings = None
-            _failed("compiler settings", exc)
-        if settings is None:
-            return _not_saved(output_graph, "unportable_settings", "a compiler setting")
-        try:
-            state = original(self, builder, kept, *args, **kwargs)
-        except Exception as exc:  # torch's own refusal (a class defined in a function)
-            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
-        _carry_module_globals(output_graph)
-        state = portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
-        superseded_codes.record(state, superseded_codes.shapes_of(output_graph))
-        return state
-
-    serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
-    serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
-    return serialize_guards
-
-
-#: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).
-_BY_ID = re.compile(r"^(___module_\w+)?_\d+_c\d+$")
-
-
-def _carry_module_globals(output_graph: Any) -> None:
-    """Name, as import sources of the frame's entry, the modules Dynamo installed as globals
-    of its own while tracing (``type(x)`` of a tensor guards ``G['_<id>_c<n>'].Tensor``, the
-    ``torch`` module installed by id; a module a resume reconstructs). torch's install puts
-    its import sources back into the reader's globals; globals installed by id it does not,
-    so every such guard failed on the reader (``guard_failed:CLASS_MATCH``) and the frame was
-    traced again. Only a module its own name reaches (``sys.modules``) is named, the same
-    module in any process; anything else stays as torch saves it (the guard fails, the frame
-    compiles). Never raises."""
-    try:
-        package = getattr(output_graph, "package", None)
-        scope = getattr(output_graph, "global_scope", None)
-        names = getattr(output_graph, "installed_globals", ())
-        if package is None or not isinstance(scope, dict):
-            return
-        for name in sorted(n for n in names if isinstance(n, str) and _BY_ID.match(n)):
-            value = scope.get(name)
-            module = getattr(value, "__name__", None)
-            if (
-                isinstance(value, types.ModuleType)
-                and isinstance(module, str)
-                and sys.modules.get(module) is value
-            ):
-                package.add_import_source(name, module)
-                counters["module_globals_carried"] += 1
-    except Exception as exc:
-        _failed("module globals", exc)
-
-
-def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
-    """``load(data)`` inside a tracing context of its own when none is on.
-
-    torch's guards state holds Dynamo's sources, and one of them (``ImportSource``, how Dynamo
-    names ``torch`` when it reaches the pytree registry, ``collections`` for a namedtuple)
-    installs a guard when it is built. Built by unpickling at ``torch.compile()``, outside
-    any trace, torch 2.13 raised ``TracingContext.get() must be called within an ongoing
-    trace`` and every frame that flattens a pytree (a library model's outputs) was refused.
-    The guard it installs is Dynamo's bookkeeping while tracing, an ``ID_MATCH`` on the
-    module, which caching precompile drops and objcache carries as a portable record
-    (``__import__('torch')``): here it lands in a scratch context that is thrown away. The
-    served code's guards are the saved guard tree plus the portable records, as before."""
-    try:
-        from torch._guards import TracingContext, tracing
-
-        if TracingContext.try_get() is not None:
-            return load(data)
-        scratch = tracing(TracingContext(None))
-    except Exception:  # a torch without these: as torch loads it
-        return load(data)
-    with scratch:
-        return load(data)
-
-
-def _wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
-    def load_guards_state(guards_state: bytes) -> Any:
-        if not _installing_served.get():
-            return original(guards_state)  # not an entry objcache served (aot_compile's load)
-        detached = portable_guards.detach(guards_state)
-        if detached is None:  # never served by us: checked in _unpack, refused here too
-            raise RuntimeError("objcache: a served guarded code carries no portable guards")
-        torch_state, records = detached
-        state = _in_a_scratch_trace(original, torch_state)
-        with _lock:
-            _state_records[id(state)] = records
-        return state
-
-    load_guards_state.__objcache__ = True  # type: ignore[attr-defined]
-    return load_guards_state
-
-
-def _guard_failed(why: str) -> None:
-    """A served guarded code's portable guard failed (counted once per code and kind):
-    Dynamo compiles that frame as without the entry."""
-    counters[f"guard_failed:{why}"] += 1
-
-
-def _wrap_load_guard_manager(original: Callable[..., Any]) -> Any:
-    """torch's guards of a served guarded code plus one root guard checking its portable
-    replacements at every call; a guarded code without them is refused (raises: the
-    install is rejected and put back)."""
-
-    def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
-        if not _installing_served.get():
-            return original(guards_state, target_code, scope)
-        manager = original(guards_state, target_code, scope)
-        with _lock:
-            portable = _state_records.pop(id(guards_state), None)
-        if portable is None or not portable_guards.has_one_settings_record(portable):
-            raise RuntimeError("objcache: a served guarded code has no portable guards")
-        # never empty here: the settings record is always one of them
-        check = portable_guards.check_for(
-            portable, scope, compile_settings.settings_digest, _guard_failed
-        )
-        parts = portable_guards.describe(portable)
-        try:
-            manager.root.add_lambda_guard(check, parts, None)
-        except TypeError:  # torch releases whose lambda guards take no user stack
-            manager.root.add_lambda_guard(check, parts)
-        counters["portable_guards"] += len(portable)
-        return manager
-
-    load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
-    return load_guard_manager
 
 
 def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
@@ -900,15 +723,28 @@ def apply(package_module: Any) -> None:
             _patch(
                 checker,
                 "serialize_guards",
-                _wrap_serialize_guards(checker.serialize_guards),
+                precompile_guards.wrap_serialize_guards(
+                    checker.serialize_guards, counters, _failed
+                ),
             )
             dynamo_config = importlib.import_module("torch._dynamo.config")
-            _patch(checker, "__init__", _wrap_check_init(checker.__init__, dynamo_config))
-            for name, wrap in (
-                ("load_guards_state", _wrap_load_guards_state),
-                ("load_guard_manager", _wrap_load_guard_manager),
-            ):
-                _patch(package_module, name, wrap(getattr(package_module, name)))
+            _patch(
+                checker,
+                "__init__",
+                precompile_guards.wrap_check_init(checker.__init__, dynamo_config),
+            )
+            _patch(
+                package_module,
+                "load_guards_state",
+                precompile_guards.wrap_load_guards_state(package_module.load_guards_state),
+            )
+            _patch(
+                package_module,
+                "load_guard_manager",
+                precompile_guards.wrap_load_guard_manager(
+                    package_module.load_guard_manager, counters
+                ),
+            )
             for name in ("write", "_write_to_local_cache"):
                 if callable(getattr(cache, name, None)):
                     _patch(cache, name, _refuse_torch_store_write)
@@ -953,7 +789,7 @@ def uninstall() -> None:
                     setattr(obj, attr, value)
         _patched.clear()
         _served.clear()
-        _state_records.clear()
+        precompile_guards.forget()
         superseded_codes.forget()
         _dirty.clear()
         _waiting.clear()
