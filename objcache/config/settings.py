@@ -222,8 +222,8 @@ class Config:
         "Turn on torch's caching precompile and carry its entries (Dynamo's bytecode, guards "
         "and compiled graphs per torch.compile'd function) through objcache, signed and keyed "
         "by the function's source: a new machine skips Dynamo's tracing. Unset, the torch "
-        "release's default: on for torch 2.15.0, where every safety case holds and the "
-        "library-model bench meets its target, off (opt-in) elsewhere; 0 turns it off "
+        "release's default: on for torch 2.14.1 and 2.15.0, where every safety case holds and "
+        "the library-model bench meets its target, off (opt-in) elsewhere; 0 turns it off "
         '(docs/torch.md, "Precompile entries").',
         default=False,
     )

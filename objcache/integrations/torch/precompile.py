@@ -120,7 +120,7 @@ _compiler: contextvars.ContextVar[Any] = contextvars.ContextVar(
 #: "Precompile entries": every safety case holds, the suite's compiling tests ran with it on,
 #: and block and every library model of the bench reach the target); elsewhere
 #: ``OBJCACHE_PRECOMPILE=1`` opts in.
-DEFAULT_ON: frozenset[str] = frozenset({"2.15.0"})
+DEFAULT_ON: frozenset[str] = frozenset({"2.14.1", "2.15.0"})
 
 
 def default_on() -> bool:
