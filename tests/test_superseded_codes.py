@@ -115,6 +115,28 @@ def test_shapes_that_cannot_be_read_are_none() -> None:
         types.SimpleNamespace(fake=torch.empty(2, 3), source=types.SimpleNamespace(name="x")),
         types.SimpleNamespace(fake=5, source=types.SimpleNamespace(name=lambda: "n")),
     ]
-    assert sc.shapes_of(types.SimpleNamespace(tracked_fakes=fakes)) == {"x": (2, 3), "n": (5,)}
+    x = "x torch.float32 cpu grad=False"
+    assert sc.shapes_of(types.SimpleNamespace(tracked_fakes=fakes)) == {x: (2, 3), "n": (5,)}
     clash = [*fakes, types.SimpleNamespace(fake=torch.empty(4), source=fakes[0].source)]
     assert sc.shapes_of(types.SimpleNamespace(tracked_fakes=clash)) is None
+
+
+def test_another_dtype_or_requires_grad_is_never_covered() -> None:
+    torch = pytest.importorskip("torch")
+
+    def view(t: Any) -> sc.Shapes:
+        source = types.SimpleNamespace(name="L['x']")
+        shapes = sc.shapes_of(
+            types.SimpleNamespace(tracked_fakes=[types.SimpleNamespace(fake=t, source=source)])
+        )
+        assert shapes is not None
+        return shapes
+
+    static = view(torch.empty(2, 8))
+
+    def dynamic_of(shapes: sc.Shapes) -> sc.Shapes:
+        return {name: (None, 8) for name in shapes}
+
+    assert sc.covers(dynamic_of(static), static)
+    for other in (torch.empty(2, 8, dtype=torch.float16), torch.empty(2, 8, requires_grad=True)):
+        assert not sc.covers(dynamic_of(view(other)), static)

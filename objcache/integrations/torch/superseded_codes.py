@@ -9,7 +9,8 @@ makes the size dynamic at the first compile), so a new machine served both pays 
 warm one does not (two of four modules for a training step).
 
 At save, a static variant is left out of the carried entry where a later variant of the
-same code *covers* it: the same inputs by source, each of the same rank, every size the
+same code *covers* it: the same inputs by source (a tensor's dtype, device type and
+``requires_grad`` too), each of the same rank, every size the
 later variant keeps static equal, every size it made symbolic at least 2 in the static
 one (Dynamo specializes 0 and 1, so those get no such cover). The shape view is taken from
 Dynamo's tracked fakes when the guards are serialized. Dropping a variant never changes a
@@ -27,7 +28,8 @@ from typing import Any
 
 #: A size torch keeps symbolic in a variant (``None``) or the static size it guards on.
 Size = int | None
-#: Per tracked input source: its sizes (a symbolic scalar is a one-element tuple).
+#: Per tracked input (its source; a tensor's dtype, device type and ``requires_grad``):
+#: its sizes (a symbolic scalar is a one-element tuple).
 Shapes = dict[str, tuple[Size, ...]]
 
 _lock = threading.Lock()
@@ -60,11 +62,13 @@ def shapes_of(output_graph: Any) -> Shapes | None:
         shapes: Shapes = {}
         for tracked in output_graph.tracked_fakes:
             fake = tracked.fake
+            name = _source_name(tracked.source)
             if isinstance(fake, torch.Tensor):
                 sizes = tuple(_size(s) for s in fake.size())
+                # what else torch guards on per tensor: another of these never covers
+                name += f" {fake.dtype} {fake.device.type} grad={fake.requires_grad}"
             else:
                 sizes = (_size(fake),)
-            name = _source_name(tracked.source)
             if shapes.get(name, sizes) != sizes:
                 return None
             shapes[name] = sizes
