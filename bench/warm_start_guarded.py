@@ -85,6 +85,8 @@ def compiles(base: Path, lengths: list[int]) -> list[dict[str, Any]]:
 async def _lookup_cost(url: str, rounds: int, sizes: tuple[int, ...]) -> dict[str, float]:
     from objcache.client import build_cache
     from objcache.config.settings import Config
+    from objcache.core.candidates import get_candidates, put_candidate
+    from objcache.core.writes import put
 
     with tempfile.TemporaryDirectory() as tmp:
         config = Config(tiers=url, local_dir=Path(tmp), prefetch=False)
@@ -93,8 +95,8 @@ async def _lookup_cost(url: str, rounds: int, sizes: tuple[int, ...]) -> dict[st
         for n in sizes:
             key = f"pt2:fx-graph-v1::fbench{n}:c1"
             for i in range(n):
-                await cache.put_candidate("fx-graph", key, os.urandom(64 << 10) + bytes([i]))
-        await cache.put("fx-graph", "pt2:fx-graph-v1::fsingle:c1", os.urandom(64 << 10))
+                await put_candidate(cache, "fx-graph", key, os.urandom(64 << 10) + bytes([i]))
+        await put(cache, "fx-graph", "pt2:fx-graph-v1::fsingle:c1", os.urandom(64 << 10))
         await cache.flush(60)
         cache.local = None  # remote-only: every lookup pays the round trips
         single: list[float] = []
@@ -103,7 +105,7 @@ async def _lookup_cost(url: str, rounds: int, sizes: tuple[int, ...]) -> dict[st
             for n in sizes:
                 key = f"pt2:fx-graph-v1::fbench{n}:c1"
                 t = time.perf_counter()
-                found = await cache.get_candidates("fx-graph", key)
+                found = await get_candidates(cache, "fx-graph", key)
                 listed[n].append((time.perf_counter() - t) * 1000)
                 assert len(found) == n, (n, len(found))
             t = time.perf_counter()

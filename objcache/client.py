@@ -11,6 +11,7 @@ own failures.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import concurrent.futures
 import contextlib
@@ -30,11 +31,14 @@ from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import logs
 from objcache.config.fingerprint import env_id, fingerprint
 from objcache.config.settings import Config, user_cache_dir
+from objcache.core import candidates, reads, tiered_records, writes
+from objcache.core.candidates import Candidate
 from objcache.core.manifest import default_job_name, prefetch, record_run
 from objcache.core.nodelease import NodeLeases
 from objcache.core.records import Change
 from objcache.core.tier import Tier
-from objcache.core.tiered import Candidate, Remote, TieredCache, Written
+from objcache.core.tiered import TieredCache
+from objcache.core.writes import Remote, Written
 from objcache.entry.layout import Namespace
 from objcache.observe import process_stats
 from objcache.observe.publish import publish
@@ -135,17 +139,19 @@ class Client:
 
     def get(self, kind: str, key: str) -> bytes | None:
         started = time.perf_counter()
-        hit = self.cache.read_local_sync(kind, key)
+        hit = reads.read_local_sync(self.cache, kind, key)
         if hit is not None:
             payload, okey, size = hit
             ms = (time.perf_counter() - started) * 1000
-            self.bridge.loop.call_soon_threadsafe(self.cache.note_local_hit, kind, okey, size, ms)
+            self.bridge.loop.call_soon_threadsafe(
+                reads.note_local_hit, self.cache, kind, okey, size, ms
+            )
             return payload
         return self._run(lambda: self.cache.get(kind, key), None)
 
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
-        self._run(lambda: self.cache.put(kind, key, payload), None)
+        self._run(lambda: writes.put(self.cache, kind, key, payload), None)
 
     def put_local(self, kind: str, key: str, payload: bytes) -> None:
         """Stored on this machine only: never published, never in the prefetch manifest
@@ -182,12 +188,16 @@ class Client:
         """
         scale = 2.0 if follow is not None else 1.0
         return self.bridge.call(
-            lambda: self.cache.get_many(kind, keys, follow), self.call_timeout_s * scale
+            lambda: reads.get_many(self.cache, kind, keys, follow), self.call_timeout_s * scale
         )
 
     def put_many(self, kind: str, items: dict[str, bytes]) -> None:
         """:meth:`put` of every item, concurrently in one call; raises like :meth:`get_many`."""
-        self.bridge.call(lambda: self.cache.put_many(kind, items), self.call_timeout_s)
+
+        async def put_all() -> None:
+            await asyncio.gather(*(writes.put(self.cache, kind, k, p) for k, p in items.items()))
+
+        self.bridge.call(put_all, self.call_timeout_s)
 
     def write(
         self,
@@ -198,10 +208,10 @@ class Client:
         remote: Remote = Remote.BEHIND,
         local: bool = True,
     ) -> Written:
-        """:meth:`TieredCache.write`, within OBJCACHE_FLUSH_TIMEOUT_S (a direct write waits
+        """:func:`objcache.core.writes.write`, within OBJCACHE_FLUSH_TIMEOUT_S (a direct write waits
         for every remote tier); a missed deadline raises :class:`BridgeTimeout`."""
         return self.bridge.call(
-            lambda: self.cache.write(okey, payload, mode=mode, remote=remote, local=local),
+            lambda: writes.write(self.cache, okey, payload, mode=mode, remote=remote, local=local),
             self.config.flush_timeout_s + 5,
         )
 
@@ -209,7 +219,9 @@ class Client:
         """``(tier name, object)`` of every object of ``kind`` in this environment, tier by
         tier in order, and the tiers that could not list (skipped, counted); raises like
         :meth:`write`."""
-        return self.bridge.call(lambda: self.cache.listing(kind), self.config.flush_timeout_s + 5)
+        return self.bridge.call(
+            lambda: reads.listing(self.cache, kind), self.config.flush_timeout_s + 5
+        )
 
     def leave_out_of_manifest(self, kind: str, key: str) -> None:
         """Keep (kind, key) out of this run's prefetch manifest (objcache/manifest.py)."""
@@ -217,18 +229,18 @@ class Client:
         self.bridge.loop.call_soon_threadsafe(self.cache.recorded.discard, okey)
 
     def get_record(self, kind: str, key: str) -> bytes | None:
-        """A record's value (nearest remote tier first; see TieredCache.get_record)."""
-        return self._run(lambda: self.cache.get_record(kind, key), None)
+        """A record's value (nearest remote tier first; see objcache/core/tiered_records.py)."""
+        return self._run(lambda: tiered_records.get_record(self.cache, kind, key), None)
 
     def update_record(self, kind: str, key: str, change: Change) -> None:
         """Read-modify-write of a record: local now, remote tiers in the background."""
-        self._run(lambda: self.cache.update_record(kind, key, change), None)
+        self._run(lambda: tiered_records.update_record(self.cache, kind, key, change), None)
 
     def get_candidates(self, kind: str, key: str) -> list[Candidate]:
         """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""
         try:
             return self.bridge.call(
-                lambda: self.cache.get_candidates(kind, key), 2 * self.call_timeout_s
+                lambda: candidates.get_candidates(self.cache, kind, key), 2 * self.call_timeout_s
             )
         except BridgeTimeout:
             self.timeouts += 1
@@ -236,11 +248,11 @@ class Client:
 
     def put_candidate(self, kind: str, key: str, payload: bytes) -> None:
         """Store one guarded candidate of ``key`` (local now, remote in the background)."""
-        self._run(lambda: self.cache.put_candidate(kind, key, payload), "")
+        self._run(lambda: candidates.put_candidate(self.cache, kind, key, payload), "")
 
     def adopt_candidate(self, candidate: Candidate) -> None:
         """Keep a candidate that passed its guards in the local tier."""
-        self._run(lambda: self.cache.adopt_candidate(candidate), None)
+        self._run(lambda: candidates.adopt_candidate(self.cache, candidate), None)
 
     def flush(self, timeout: float | None = None) -> int:
         t = self.config.flush_timeout_s if timeout is None else timeout

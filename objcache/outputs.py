@@ -20,6 +20,7 @@ from objcache.bridge import Bridge
 from objcache.config.settings import Config
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
+from objcache.core.writes import write
 from objcache.observe import keycards, process_stats
 from objcache.observe import run_summary as summary
 
@@ -87,10 +88,10 @@ class RunObserver:
                 okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
                 return await self._write_separately(okey, summary.encode(body))
             if misses is not None:
-                await self.cache.write(*misses, local=False)
-            return await self.cache.put_remote(
-                summary.KIND, f"{job}/{self.run_id}", summary.encode(body)
-            )
+                await write(self.cache, *misses, local=False)
+            # Remote only: bookkeeping no lookup of this machine reads.
+            okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
+            return (await write(self.cache, okey, summary.encode(body), local=False)).queued
         except Exception:
             log.debug("objcache: writing the run summary failed", exc_info=True)
             return False

@@ -15,6 +15,7 @@ import pytest
 
 from objcache.client import Client
 from objcache.config.settings import Config
+from objcache.core.reads import read_local_sync
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -197,7 +198,7 @@ def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_
     assert pull.returncode == 0, pull.stderr
     client = Client(Config.from_env({**env, "OBJCACHE_TIERS": "", "OBJCACHE_LOCAL_DIR": fresh}))
     try:
-        assert client.cache.read_local_sync("fx-graph", "key-7") is not None
+        assert read_local_sync(client.cache, "fx-graph", "key-7") is not None
     finally:
         client.close()
 

@@ -32,7 +32,9 @@ from objcache.cli import main as cli
 from objcache.client import Client, build_cache
 from objcache.config.settings import Config
 from objcache.core.manifest import Manifest, compact, list_manifests, read_job, write_run
+from objcache.core.reads import read_local_sync
 from objcache.core.tiered import TieredCache
+from objcache.core.writes import put
 from objcache.entry.codec import Codec
 from tests.cloud_support import s3_url
 from tests.conftest import BucketServer
@@ -228,7 +230,7 @@ async def test_far_hit_is_backfilled_into_near_region(
     seed = cache_for(s3_url(moto_s3, "cache", bucket=far_bucket), tmp_path / "seed")
     caches.append(seed)
     value = os.urandom(200_000)
-    await seed.put("fx-graph", "only-far", value)
+    await put(seed, "fx-graph", "only-far", value)
     assert await seed.flush(30) == 0
     okey = seed.namespace.object_key("fx-graph", "only-far")
 
@@ -289,15 +291,15 @@ async def test_write_to_nearest_plus_home(
                 found.append(name)
         return found
 
-    await cache.put("fx-graph", "k1", b"one" * 1000)
+    await put(cache, "fx-graph", "k1", b"one" * 1000)
     assert await cache.flush(30) == 0
     assert await where("k1") == ["redis", "home"]
 
     redis_proxy.refuse()  # the region's redis goes down
-    await cache.put("fx-graph", "k2", b"two" * 1000)
+    await put(cache, "fx-graph", "k2", b"two" * 1000)
     await cache.flush(30)
     assert redis_tier.breaker_open()
-    await cache.put("fx-graph", "k3", b"three" * 1000)
+    await put(cache, "fx-graph", "k3", b"three" * 1000)
     assert await cache.flush(30) == 0
     redis_proxy.passthrough()
     assert await where("k2") == ["home"], "the failed nearest write is not redirected"
@@ -386,7 +388,7 @@ def test_every_cli_command_on_a_real_store(
     fresh = str(tmp_path / "fresh")
     assert "already there" in run("pull", "--tier", seeded, OBJCACHE_LOCAL_DIR=fresh)
     reader = Client(Config.from_env(tiers="", local_dir=fresh))
-    assert all(reader.cache.read_local_sync("fx-graph", k) for k in keys)
+    assert all(read_local_sync(reader.cache, "fx-graph", k) for k in keys)
     reader.close()
     by_job = run("pull", "--job", "fleetcli", OBJCACHE_LOCAL_DIR=str(tmp_path / "fresh2"))
     assert "6 fetched" in by_job, by_job
@@ -459,7 +461,7 @@ async def test_lookup_right_after_a_remote_hit_issues_no_second_get(
     caches.extend([seed, cache])
     values = {f"k{i}": os.urandom(300_000) for i in range(5)}
     for key, value in values.items():
-        await seed.put("fx-graph", key, value)
+        await put(seed, "fx-graph", key, value)
     assert await seed.flush(30) == 0
     for key, value in values.items():
         assert await cache.get("fx-graph", key) == value

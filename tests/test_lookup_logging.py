@@ -12,7 +12,9 @@ import pytest
 from objcache.backends.base import PutMode
 from objcache.client import Client, build_cache
 from objcache.config.settings import Config
+from objcache.core.lookup_log import new_trail
 from objcache.core.tiered import TieredCache
+from objcache.core.writes import put
 
 LINE = re.compile(
     r"lookup kind=(?P<kind>\S+) outcome=(?P<outcome>\S+) (?:cause=(?P<cause>\S+) )?"
@@ -54,7 +56,7 @@ async def test_debug_logs_each_lookup_and_info_each_miss_cause_once(
     writer = build_cache(config(tmp_path, "a"))
     assert await writer.get("fx-graph", "k1") is None
     assert await writer.get("fx-graph", "k2") is None
-    await writer.put("fx-graph", "k1", b"v" * 300)
+    await put(writer, "fx-graph", "k1", b"v" * 300)
     await writer.close(30)
     remote = writer.remotes[0].name
     first = lookups(caplog)
@@ -90,7 +92,7 @@ async def test_nothing_is_collected_or_logged_below_info(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="objcache")
     cache: TieredCache = build_cache(config(tmp_path, "a"))
-    assert cache._trail() is None
+    assert new_trail() is None
     assert await cache.get("fx-graph", "k") is None
     await cache.close(30)
     assert lookups(caplog) == [] and causes(caplog) == []

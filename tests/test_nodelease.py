@@ -24,6 +24,7 @@ import pytest
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs import FsStore
+from objcache.core.leased_lookup import LEASED_ELSEWHERE
 from objcache.core.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,
@@ -36,7 +37,7 @@ from objcache.core.nodelease import (
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.singleflight import SingleFlight
 from objcache.core.tier import Tier
-from objcache.core.tiered import LEASED_ELSEWHERE, TieredCache
+from objcache.core.tiered import TieredCache
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
 from tests.memory_backend import MemoryBackend

@@ -16,6 +16,7 @@ pgo = pytest.importorskip("torch._dynamo.pgo")
 
 from objcache.client import build_cache  # noqa: E402
 from objcache.config.settings import Config  # noqa: E402
+from objcache.core.tiered_records import get_record, update_record  # noqa: E402
 from objcache.integrations.torch import pgo_join  # noqa: E402
 from tests.support.servers import CONTRACT_SERVERS, LocalFolder  # noqa: E402
 
@@ -83,13 +84,13 @@ async def test_eight_hosts_racing_on_one_profile_leave_the_join(
     try:
         await asyncio.gather(
             *(
-                h.update_record("pgo", "job", pgo_join.change_for(profile_with_dynamic_dim(i)))
+                update_record(h, "pgo", "job", pgo_join.change_for(profile_with_dynamic_dim(i)))
                 for i, h in enumerate(hosts)
             )
         )
         for h in hosts:
             assert await h.flush(10) == 0
-        assert dynamic_dims(await hosts[0].get_record("pgo", "job")) == set(range(DIMS))
+        assert dynamic_dims(await get_record(hosts[0], "pgo", "job")) == set(range(DIMS))
     finally:
         for h in hosts:
             await h.close()

@@ -23,6 +23,8 @@ import pytest
 from objcache.client import Client, build_cache
 from objcache.config.settings import Config
 from objcache.core.manifest import COMPACT_AFTER, write_run
+from objcache.core.tiered_records import update_record
+from objcache.core.writes import put
 from tests.cloud_support import s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import SeaweedS3
@@ -181,7 +183,7 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
     # The job's run manifests sit in both tiers (manifests are listed from the first tier);
     # the entry they list only in the far one, so a hit there back-fills the near one.
     seed = build_cache(Config(tiers=far, local_dir=tmp_path / "seed", prefetch=False))
-    await seed.put("fx-graph", "seeded", b"far value" * 100)
+    await put(seed, "fx-graph", "seeded", b"far value" * 100)
     await seed.close(30)
     both = f"{s3_url(seaweed_s3, prefix)},{far}"
     runs = build_cache(Config(tiers=both, local_dir=tmp_path / "runs", prefetch=False))
@@ -206,8 +208,8 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
         assert result["fetched"] == 1 and result["compacted"], result
         assert await cache.get("fx-graph", "seeded") == b"far value" * 100
         for i in range(5):
-            await cache.put("fx-graph", f"new-{i}", os.urandom(1000))
-        await cache.update_record("pgo", "profile", lambda current: b"joined")  # a record
+            await put(cache, "fx-graph", f"new-{i}", os.urandom(1000))
+        await update_record(cache, "pgo", "profile", lambda current: b"joined")  # a record
         assert await cache.flush(30) == 0
         assert await record_run(cache, "job") is not None  # a run manifest was written
     finally:

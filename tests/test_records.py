@@ -14,6 +14,7 @@ from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.records import Change
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
+from objcache.core.tiered_records import get_record, update_record
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
 from tests.memory_backend import MemoryBackend
@@ -44,16 +45,16 @@ async def test_hosts_updating_one_record_leave_the_join(tmp_path: Path) -> None:
     hosts = [host(tmp_path, f"h{i}", store) for i in range(8)]
     try:
         await asyncio.gather(
-            *(h.update_record(KIND, "k", add(f"d{i}")) for i, h in enumerate(hosts))
+            *(update_record(h, KIND, "k", add(f"d{i}")) for i, h in enumerate(hosts))
         )
         for h in hosts:
             assert await h.flush(10) == 0
         fresh = host(tmp_path, "fresh", store)
-        assert members(await fresh.get_record(KIND, "k")) == [f"d{i}" for i in range(8)]
+        assert members(await get_record(fresh, KIND, "k")) == [f"d{i}" for i in range(8)]
         remote = [h.remotes[0].stats for h in hosts]
         assert sum(s.records["stored"] for s in remote) == 8
         # the local tier holds what this host wrote; the remote tier wins on a read
-        assert members(await hosts[2].get_record(KIND, "k")) == [f"d{i}" for i in range(8)]
+        assert members(await get_record(hosts[2], KIND, "k")) == [f"d{i}" for i in range(8)]
         await fresh.close()
     finally:
         for h in hosts:
@@ -62,10 +63,10 @@ async def test_hosts_updating_one_record_leave_the_join(tmp_path: Path) -> None:
 
 async def test_the_local_record_is_read_when_no_remote_tier_has_one(tmp_path: Path) -> None:
     cache = host(tmp_path, "h", tmp_path / "store")
-    await cache.update_record(KIND, "k", add("local"))
+    await update_record(cache, KIND, "k", add("local"))
     await cache.flush(10)
     assert await cache.remotes[0].delete(cache.namespace.object_key(KIND, "k"))
-    assert members(await cache.get_record(KIND, "k")) == ["local"]
+    assert members(await get_record(cache, KIND, "k")) == ["local"]
     await cache.close()
 
 
@@ -77,12 +78,12 @@ async def test_an_unreadable_record_is_a_counted_miss_replaced_by_the_next_write
     okey = cache.namespace.object_key(KIND, "k")
     (store / okey).parent.mkdir(parents=True)
     (store / okey).write_bytes(b"OBJC garbage, not an entry")
-    assert await cache.get_record(KIND, "k") is None
+    assert await get_record(cache, KIND, "k") is None
     assert cache.remotes[0].stats.misses["corrupt"] == 1
-    await cache.update_record(KIND, "k", add("fresh"))
+    await update_record(cache, KIND, "k", add("fresh"))
     await cache.flush(10)
     assert cache.stats.records_unreadable[KIND] == 1
-    assert members(await cache.get_record(KIND, "k")) == ["fresh"]
+    assert members(await get_record(cache, KIND, "k")) == ["fresh"]
     await cache.close()
 
 
@@ -90,7 +91,7 @@ async def test_a_store_without_records_is_counted_never_raised(tmp_path: Path) -
     policy = RetryPolicy(timeout_s=1.0, retries=0)
     remote = Tier(MemoryBackend("mem://r"), policy, CircuitBreaker(3, 60))
     cache = TieredCache(None, [remote], Codec(), Namespace("e"))
-    await cache.update_record(KIND, "k", add("x"))
+    await update_record(cache, KIND, "k", add("x"))
     await cache.flush(5)
     assert remote.stats.records["unsupported"] == 1
 

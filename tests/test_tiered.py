@@ -24,10 +24,14 @@ from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs import QUARANTINE_DIR
 from objcache.backends.records_contract import Versioned
 from objcache.config.urls import parse_tier_url
+from objcache.core.candidates import candidate_digest, get_candidates
 from objcache.core.nodelease import Claim, NodeLeases, lease_path
 from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.reads import note_local_hit, read_local_sync
 from objcache.core.tier import Tier, TierFlags
-from objcache.core.tiered import OFFLOAD_BYTES, PRIORITY_GRACE_S, TieredCache, candidate_digest
+from objcache.core.tiered import OFFLOAD_BYTES, PRIORITY_GRACE_S, TieredCache
+from objcache.core.tiered_records import get_record, update_record
+from objcache.core.writes import put, write
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
@@ -162,7 +166,7 @@ async def test_faster_tiers_are_backfilled_but_not_when_read_only() -> None:
     seed(far2, "k", b"v")
     ro, _ = make(near2, far2, read_only=True)
     assert await ro.get("fx-graph", "k") == b"v"
-    await ro.put("fx-graph", "other", b"x")
+    await put(ro, "fx-graph", "other", b"x")
     await ro.flush(5)
     assert mem(near2).calls["put"] == 0 and mem(far2).calls["put"] == 0
 
@@ -248,7 +252,7 @@ async def test_writes_go_local_now_and_remote_behind() -> None:
     remote = tier("mem://r")
     mem(remote).hold_until = gate = asyncio.Event()  # the remote write cannot finish yet
     cache, local = make(remote)
-    await asyncio.wait_for(cache.put("fx-graph", "k", b"v"), 30)  # remote write does not block
+    await asyncio.wait_for(put(cache, "fx-graph", "k", b"v"), 30)  # remote write does not block
     okey = NS.object_key("fx-graph", "k")
     assert okey in mem(local).data and okey not in mem(remote).data
     gate.set()
@@ -265,7 +269,7 @@ async def test_write_behind_coalesces_and_drops_over_the_bound() -> None:
     import os
 
     for i in range(20):
-        await cache.put("fx-graph", f"k{i}", os.urandom(1500) if i else big)
+        await put(cache, "fx-graph", f"k{i}", os.urandom(1500) if i else big)
     assert cache.stats.write_behind_dropped > 0
     left = await cache.close(flush_timeout=0.2)
     assert left > 0
@@ -275,7 +279,7 @@ async def test_remote_put_failure_never_raises_and_is_counted() -> None:
     remote = tier("mem://r")
     mem(remote).fault = "permanent"
     cache, _ = make(remote)
-    await cache.put("fx-graph", "k", b"v")
+    await put(cache, "fx-graph", "k", b"v")
     assert await cache.flush(5) == 0
     assert remote.stats.put_errors["error"] >= 1
 
@@ -285,7 +289,7 @@ async def test_create_mode_keeps_the_first_remote_writer() -> None:
     okey = NS.object_key("fx-graph", "k")
     assert await remote.put(okey, CODEC.encode(b"first", okey), PutMode.CREATE)
     cache, _ = make(remote)
-    await cache.put("fx-graph", "k", b"second")
+    await put(cache, "fx-graph", "k", b"second")
     await cache.flush(5)
     assert CODEC.decode(mem(remote).data[okey], okey) == b"first"
     assert remote.stats.put_skipped_exists == 1
@@ -298,7 +302,7 @@ async def test_write_only_and_size_limited_tiers() -> None:
     cache, _ = make(wo, small)
     assert await cache.get("fx-graph", "k") is None
     assert mem(wo).calls["get"] == 0
-    await cache.put("fx-graph", "big", bytes(range(256)) * 4)
+    await put(cache, "fx-graph", "big", bytes(range(256)) * 4)
     await cache.flush(5)
     assert small.stats.put_errors["too_large"] == 1
     assert NS.object_key("fx-graph", "big") in mem(wo).data
@@ -309,7 +313,7 @@ async def test_nearest_write_policy_writes_region_and_home() -> None:
     home.flags = TierFlags(home=True)
     local = tier("mem://local")
     cache = TieredCache(local, [regional, eu, home], CODEC, NS, write_to="nearest")
-    await cache.put("fx-graph", "k", b"v")
+    await put(cache, "fx-graph", "k", b"v")
     await cache.flush(5)
     okey = NS.object_key("fx-graph", "k")
     assert okey in mem(regional).data and okey in mem(home).data
@@ -328,16 +332,16 @@ async def test_local_fast_path_serves_only_verified_hits_and_counts_them(tmp_pat
     okey = NS.object_key("fx-graph", "k")
     entry = CODEC.encode(b"payload", okey)
     assert await disk.put(okey, entry)
-    assert cache.read_local_sync("fx-graph", "k") == (b"payload", okey, len(entry))
-    assert cache.read_local_sync("fx-graph", "absent") is None
+    assert read_local_sync(cache, "fx-graph", "k") == (b"payload", okey, len(entry))
+    assert read_local_sync(cache, "fx-graph", "absent") is None
     assert await disk.put(NS.object_key("fx-graph", "bad"), entry[:-1] + b"!")
-    assert cache.read_local_sync("fx-graph", "bad") is None, "the async path quarantines it"
-    cache.note_local_hit("fx-graph", okey, len(entry), 0.5)
+    assert read_local_sync(cache, "fx-graph", "bad") is None, "the async path quarantines it"
+    note_local_hit(cache, "fx-graph", okey, len(entry), 0.5)
     assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (1, 1)
     assert cache.stats.served_by[local.name] == 1 and local.stats.hits == 1
     assert local.stats.bytes_read == len(entry) and okey in cache.recorded
     assert [t["local"] for t in cache.stats_dict()["tiers"]] == [True]
-    assert TieredCache(tier("mem://local"), [], CODEC, NS).read_local_sync("fx-graph", "k") is None
+    assert read_local_sync(TieredCache(tier("mem://local"), [], CODEC, NS), "fx-graph", "k") is None
     await disk.close()
 
 
@@ -347,7 +351,7 @@ async def test_local_fast_path_hits_add_up(tmp_path: Path) -> None:
     cache = TieredCache(local, [], CODEC, NS)
     okey = NS.object_key("fx-graph", "k")
     for ms in (0.5, 3.0):
-        cache.note_local_hit("fx-graph", okey, 10, ms)
+        note_local_hit(cache, "fx-graph", okey, 10, ms)
     assert (cache.stats.gets["fx-graph"], cache.stats.hits["fx-graph"]) == (2, 2)
     assert (cache.stats.served_by[local.name], local.stats.hits) == (2, 2)
     assert local.stats.bytes_read == 20 and local.stats.kinds["fx-graph"]["hit"] == 2
@@ -386,12 +390,12 @@ async def test_disk_local_tier_serves_the_fast_path_and_quarantines(tmp_path: Pa
     assert isinstance(disk, LocalStore)
     local = Tier(disk, RetryPolicy(timeout_s=1.0), CircuitBreaker(3, 60))
     cache = TieredCache(local, [], CODEC, NS)
-    await cache.put("fx-graph", "good", b"payload")
-    hit = cache.read_local_sync("fx-graph", "good")
+    await put(cache, "fx-graph", "good", b"payload")
+    hit = read_local_sync(cache, "fx-graph", "good")
     assert hit is not None and hit[0] == b"payload"
     bad = NS.object_key("fx-graph", "bad")
     await disk.put(bad, b"not an entry")
-    assert cache.read_local_sync("fx-graph", "bad") is None
+    assert read_local_sync(cache, "fx-graph", "bad") is None
     assert await cache.get("fx-graph", "bad") is None
     assert await disk.exists(bad) is False
     assert len(list((tmp_path / QUARANTINE_DIR).iterdir())) == 1
@@ -402,7 +406,7 @@ def test_a_plain_local_tier_has_no_fast_path() -> None:
     cache, local = make()
     assert not isinstance(local.backend, LocalStore)
     seed(local, "k", b"v")
-    assert cache.read_local_sync("fx-graph", "k") is None
+    assert read_local_sync(cache, "fx-graph", "k") is None
 
 
 def test_an_integration_failure_is_counted_every_time_and_logged_once(
@@ -425,7 +429,7 @@ async def test_puts_skipped_by_an_open_breaker_are_counted() -> None:
         broken.breaker.failure()
     assert broken.breaker_open()
     for i in range(4):
-        await cache.put("fx-graph", f"k{i}", b"v")
+        await put(cache, "fx-graph", f"k{i}", b"v")
     await cache.flush(5)
     assert broken.stats.put_errors["breaker"] == 4 + 1  # and the ENV.json
     assert healthy.stats.puts == 4 + 1  # and the ENV.json
@@ -751,12 +755,12 @@ async def test_a_verifying_machine_reads_its_own_unsigned_local_entries(tmp_path
     codec = verify_only_codec()
     local = disk_tier(tmp_path)
     cache = TieredCache(local, [], codec, Namespace("e"))
-    await cache.put("fx-graph", "k", b"mine")
-    hit = cache.read_local_sync("fx-graph", "k")
+    await put(cache, "fx-graph", "k", b"mine")
+    hit = read_local_sync(cache, "fx-graph", "k")
     assert hit is not None and hit[0] == b"mine"
     for item in (b"a", b"b"):
-        await cache.update_record("pgo", "r", appending(item))
-    assert await cache.get_record("pgo", "r") == b"a,b"
+        await update_record(cache, "pgo", "r", appending(item))
+    assert await get_record(cache, "pgo", "r") == b"a,b"
     assert not cache.stats.records_unreadable
 
 
@@ -768,9 +772,9 @@ async def test_a_forged_unsigned_remote_record_is_replaced_not_joined() -> None:
     cache = TieredCache(None, [remote], Codec(signing_keys=(key,)), NS)
     okey = NS.object_key("pgo", "r")
     mem(remote).data[okey] = Codec().encode(b"forged", okey)  # unsigned
-    await cache.update_record("pgo", "r", appending(b"mine"))
+    await update_record(cache, "pgo", "r", appending(b"mine"))
     await cache.flush(5)
-    assert await cache.get_record("pgo", "r") == b"mine"
+    assert await get_record(cache, "pgo", "r") == b"mine"
     assert cache.stats.records_unreadable == Counter({"pgo": 1})
 
 
@@ -779,16 +783,16 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
 ) -> None:
     local = disk_tier(tmp_path)
     cache = TieredCache(local, [tier("mem://r")], CODEC, NS)
-    assert await cache.get_record("pgo", "r") is None
+    assert await get_record(cache, "pgo", "r") is None
     assert cache.stats.hits["pgo"] == 0
     unchanged: list[bytes | None] = []
-    await cache.update_record("pgo", "r", lambda cur: unchanged.append(cur))  # returns None
-    assert unchanged == [None] and await cache.get_record("pgo", "r") is None
+    await update_record(cache, "pgo", "r", lambda cur: unchanged.append(cur))  # returns None
+    assert unchanged == [None] and await get_record(cache, "pgo", "r") is None
     for item in (b"a", b"b"):
-        await cache.update_record("pgo", "r", appending(item))
+        await update_record(cache, "pgo", "r", appending(item))
     await cache.flush(5)
     for _ in range(2):
-        assert await cache.get_record("pgo", "r") == b"a,b"
+        assert await get_record(cache, "pgo", "r") == b"a,b"
     assert cache.stats.gets["pgo"] == 4 and cache.stats.hits["pgo"] == 2
     okey = NS.object_key("pgo", "r")  # in the local tier only (the remote has no records)
     store = local.backend
@@ -796,24 +800,24 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     good = store.store.read(okey)
     assert good is not None
     store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
-    assert await cache.get_record("pgo", "r") is None
+    assert await get_record(cache, "pgo", "r") is None
     assert local.stats.misses["corrupt"] == 1
     # an unreadable local record is counted, then replaced by the next update
     store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
-    await cache.update_record("pgo", "r", appending(b"c"))
+    await update_record(cache, "pgo", "r", appending(b"c"))
     assert cache.stats.records_unreadable == Counter({"pgo": 1})
     store.store.write(okey, b"garbage", PutMode.OVERWRITE)
-    await cache.update_record("pgo", "r", appending(b"d"))
+    await update_record(cache, "pgo", "r", appending(b"d"))
     assert cache.stats.records_unreadable == Counter({"pgo": 2})
 
 
 async def test_fast_path_hits_are_counted_once_each(tmp_path: Path) -> None:
     local = disk_tier(tmp_path, "?max_bytes=1M")
     cache = TieredCache(local, [], CODEC, NS)
-    await cache.put("fx-graph", "k", b"v")
+    await put(cache, "fx-graph", "k", b"v")
     okey = NS.object_key("fx-graph", "k")
     for _ in range(2):
-        cache.note_local_hit("fx-graph", okey, 10, 1.0)
+        note_local_hit(cache, "fx-graph", okey, 10, 1.0)
     assert cache.stats.lookups_served_by == {local.name: 2}
     assert cache.stats.hits["fx-graph"] == 2 and local.stats.bytes_read == 20
     assert isinstance(local.backend, DiskBackend)
@@ -837,18 +841,24 @@ async def test_lookups_are_counted_once_each() -> None:
     assert cache.stats.lookup.total == 3 and 0.01 < cache.stats.lookup.sum_ms < 60_000
 
 
-async def test_put_remote_queues_for_the_remote_tiers_only() -> None:
+async def remote_only(cache: TieredCache, kind: str, key: str, payload: bytes) -> bool:
+    """The run summary's write (objcache/outputs.py): queued for the remote tiers only."""
+    okey = cache.namespace.object_key(kind, key)
+    return (await write(cache, okey, payload, local=False)).queued
+
+
+async def test_a_remote_only_write_queues_for_the_remote_tiers_only() -> None:
     remote = tier("mem://r")
     cache, local = make(remote)
-    assert await cache.put_remote("summary", "run-1", b"report")
+    assert await remote_only(cache, "summary", "run-1", b"report")
     await cache.flush(5)
     okey = NS.object_key("summary", "run-1")
     assert CODEC.decode(mem(remote).data[okey], okey) == b"report"
     assert not mem(local).data
     reader, _ = make(tier("mem://r2"), read_only=True)
-    assert not await reader.put_remote("summary", "run-1", b"report")
+    assert not await remote_only(reader, "summary", "run-1", b"report")
     frozen, _ = make(tier("mem://r3", flags=TierFlags(read_only=True)))
-    assert not await frozen.put_remote("summary", "run-1", b"report")
+    assert not await remote_only(frozen, "summary", "run-1", b"report")
     await reader.flush(5)
     await frozen.flush(5)
     assert not mem(reader.remotes[0]).data and not mem(frozen.remotes[0]).data
@@ -858,7 +868,7 @@ async def test_a_payload_over_the_offload_size_round_trips() -> None:
     remote = tier("mem://r")
     cache, local = make(remote)
     big = random.Random(7).randbytes(OFFLOAD_BYTES + 1)
-    await cache.put("fx-graph", "big", big)
+    await put(cache, "fx-graph", "big", big)
     await cache.flush(5)
     okey = NS.object_key("fx-graph", "big")
     assert CODEC.decode(mem(remote).data[okey], okey) == big
@@ -888,16 +898,16 @@ async def test_a_write_through_tells_the_waiting_processes_it_landed(tmp_path: P
     okey = seed(remote, "k", b"payload")
     entry = mem(remote).data[okey]
     cache = leased_cache(tmp_path, remote)
-    assert cache._local_store is not None and cache.leases is not None
+    assert cache.local_store is not None and cache.leases is not None
     claim, lease = await cache.leases.claim(okey)
     assert claim is Claim.HELD and lease is not None
     other = NodeLeases(str(tmp_path), hold_s=30)  # another rank of the node
-    store = cache._local_store
+    store = cache.local_store
     waiter = asyncio.ensure_future(
         other.lookup(okey, read=functools.partial(store.read_sync, okey), look_first=False)
     )
     await blocked_on(lease_path(str(tmp_path), okey))
-    await cache._write_through(okey, entry, lease)
+    await cache.write_through(okey, entry, lease)
     assert await asyncio.wait_for(waiter, 60) == (Claim.LANDED, None, entry)
     assert cache.stats.write_through == 1
     await cache.close()
@@ -920,7 +930,7 @@ async def test_a_write_through_that_did_not_land_lets_the_waiters_fetch(tmp_path
     assert claim is Claim.HELD and lease is not None
     waiter = asyncio.ensure_future(NodeLeases(str(tmp_path), hold_s=30).claim(okey))
     await blocked_on(lease_path(str(tmp_path), okey))
-    await cache._write_through(okey, mem(remote).data[okey], lease)
+    await cache.write_through(okey, mem(remote).data[okey], lease)
     claim, theirs = await asyncio.wait_for(waiter, 60)
     assert claim is Claim.HELD and theirs is not None  # it fetches for itself, now
     await theirs.release("")
@@ -932,7 +942,7 @@ async def test_a_lookup_that_waited_is_served_what_the_holder_found(tmp_path: Pa
     remote = tier("mem://r")
     hit, miss = seed(remote, "hit", b"payload"), NS.object_key("fx-graph", "miss")
     cache = leased_cache(tmp_path, remote)
-    store = cache._local_store
+    store = cache.local_store
     assert isinstance(store, DiskBackend) and cache.local is not None
     other = NodeLeases(str(tmp_path), hold_s=30)
     for okey, outcome in ((hit, "hit"), (miss, "miss")):
@@ -991,7 +1001,7 @@ async def test_a_write_through_whose_write_failed_lets_the_waiters_fetch(tmp_pat
         os.rename(folder / name, tmp_path / name)
     folder.rmdir()
     folder.write_bytes(b"not a folder")
-    await cache._write_through(okey, mem(remote).data[okey], lease)
+    await cache.write_through(okey, mem(remote).data[okey], lease)
     # Another process's claim (its lease path now runs through a file) is not told it landed.
     waiter = NodeLeases(str(tmp_path), hold_s=30).claim(okey)
     claim, theirs = await asyncio.wait_for(waiter, 30)
@@ -1007,7 +1017,7 @@ async def test_local_puts_overwrite_and_are_recorded_and_env_json_is_readable() 
     local = tier("mem://local")
     cache = TieredCache(local, [remote], CODEC, NS, env_fields={"torch": "2", "cuda": "12"})
     for payload in (b"first", b"second"):
-        await cache.put("fx-graph", "k", payload)
+        await put(cache, "fx-graph", "k", payload)
     okey = NS.object_key("fx-graph", "k")
     assert CODEC.decode(mem(local).data[okey], okey) == b"second"
     assert cache.recorded == {okey}
@@ -1030,7 +1040,7 @@ async def test_only_writable_tiers_count_puts_skipped_by_their_breaker() -> None
         for _ in range(3):
             t.breaker.failure()
         assert t.breaker_open()
-    await cache.put("fx-graph", "k", b"v")
+    await put(cache, "fx-graph", "k", b"v")
     await cache.flush(5)
     assert writable.stats.put_errors["breaker"] >= 1
     assert read_only.stats.put_errors["breaker"] == 0
@@ -1044,7 +1054,7 @@ async def test_failed_candidate_listings_are_counted_and_logged_naming_the_listi
     cache, _ = make(broken)
     with caplog.at_level(logging.DEBUG, logger="objcache"):
         for _ in range(2):
-            assert await cache.get_candidates("fx-graph", "k", include_single=False) == []
+            assert await get_candidates(cache, "fx-graph", "k", include_single=False) == []
     assert broken.stats.misses["list"] == 2
     assert any("list failed" in r.getMessage() for r in caplog.records), caplog.records
 
@@ -1114,10 +1124,10 @@ async def test_a_leased_lookup_that_raises_lets_its_lease_go(tmp_path: Path) -> 
     okey = seed(remote, "k", b"v")
     cache = leased_cache(tmp_path, remote)
 
-    async def broken(okey: str, reasons: list[str] | None = None) -> None:
+    async def broken(okey: str, cap: int, reasons: list[str] | None = None) -> None:
         raise RuntimeError("a bug in the remote race")
 
-    cache._race_remotes = broken  # type: ignore[method-assign,assignment]
+    cache.race_remotes = broken  # type: ignore[method-assign,assignment]
     with pytest.raises(RuntimeError):
         await cache.get_object(okey)
     claim, lease = await asyncio.wait_for(NodeLeases(str(tmp_path), hold_s=90).claim(okey), 30)
@@ -1179,7 +1189,7 @@ async def test_candidate_fetches_stay_within_their_concurrency() -> None:
         payload = b"v%d" % i
         okey = NS.candidate_key("fx-graph", "k", candidate_digest(payload))
         mem(remote).data[okey] = CODEC.encode(payload, okey)
-    found = await cache.get_candidates("fx-graph", "k", concurrency=1, include_single=False)
+    found = await get_candidates(cache, "fx-graph", "k", concurrency=1, include_single=False)
     assert len(found) == 4 and Counting.peak == 1
 
 
@@ -1191,7 +1201,7 @@ async def test_a_remote_candidate_over_its_cap_is_not_transferred() -> None:
     payload = random.Random(5).randbytes(300)
     okey = NS.candidate_key("fx-graph", "k", candidate_digest(payload))
     mem(remote).data[okey] = CODEC.encode(payload, okey)
-    assert await cache.get_candidates("fx-graph", "k", include_single=False) == []
+    assert await get_candidates(cache, "fx-graph", "k", include_single=False) == []
     assert remote.stats.bytes_read == 0 and remote.stats.misses["too_large"] == 1
 
 

@@ -25,9 +25,15 @@ from typing import Any
 import pytest
 
 from objcache.backends.base import ObjectInfo
+from objcache.core.candidates import (
+    adopt_candidate,
+    candidate_digest,
+    get_candidates,
+    put_candidate,
+)
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier, TierFlags
-from objcache.core.tiered import TieredCache, candidate_digest
+from objcache.core.tiered import TieredCache
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace, parse_object_key
@@ -81,9 +87,9 @@ def seed_candidate(t: Tier, payload: bytes, key: str = KEY) -> str:
 async def test_put_candidate_is_content_addressed_and_deduplicated() -> None:
     local, remote = tier("mem://local"), tier("mem://r")
     cache = TieredCache(local, [remote], CODEC, NS)
-    a = await cache.put_candidate("fx-graph", KEY, b"variant-a")
-    again = await cache.put_candidate("fx-graph", KEY, b"variant-a")
-    b = await cache.put_candidate("fx-graph", KEY, b"variant-b")
+    a = await put_candidate(cache, "fx-graph", KEY, b"variant-a")
+    again = await put_candidate(cache, "fx-graph", KEY, b"variant-a")
+    b = await put_candidate(cache, "fx-graph", KEY, b"variant-b")
     await cache.flush(5)
     assert a == again != b
     stored = sorted(k for k in mem(remote).data if k.startswith(NS.object_prefix("fx-graph", KEY)))
@@ -103,7 +109,7 @@ async def test_get_candidates_lists_every_tier_local_first_and_verifies() -> Non
     corrupt = NS.candidate_key("fx-graph", KEY, candidate_digest(b"X"))
     mem(near).data[corrupt] = CODEC.encode(b"X", corrupt)[:-1] + b"!"
     seed_candidate(far, b"other key", key=KEY + "2")  # another key's folder is not listed
-    found = await cache.get_candidates("fx-graph", KEY)
+    found = await get_candidates(cache, "fx-graph", KEY)
     assert found[0].okey == in_local and found[0].local
     assert {c.payload for c in found} == {b"L", b"N", b"F"}
     assert {c.okey: c.tier for c in found}[both] == "mem://near"
@@ -116,7 +122,7 @@ async def test_get_candidates_lists_every_tier_local_first_and_verifies() -> Non
     # Nothing is written through until a candidate is adopted.
     assert set(mem(local).data) == {in_local}
     remote = next(c for c in found if c.okey == only_far)
-    await cache.adopt_candidate(remote)
+    await adopt_candidate(cache, remote)
     await cache.flush(5)
     assert only_far in mem(local).data and only_far in cache.recorded
 
@@ -127,11 +133,11 @@ async def test_get_candidates_is_bounded_and_survives_a_broken_tier() -> None:
     cache = TieredCache(local, [broken, good], CODEC, NS)
     for i in range(20):
         seed_candidate(good, f"v{i}".encode())
-    found = await cache.get_candidates("fx-graph", KEY, limit=16)
+    found = await get_candidates(cache, "fx-graph", KEY, limit=16)
     assert len(found) == 16
     assert mem(good).calls["get"] == 16 + 1
     assert broken.stats.misses["list"] == 1
-    assert await cache.get_candidates("fx-graph", "pt2:none") == []
+    assert await get_candidates(cache, "fx-graph", "pt2:none") == []
 
 
 async def test_the_single_value_of_a_key_comes_last_unless_already_a_candidate() -> None:
@@ -142,15 +148,15 @@ async def test_the_single_value_of_a_key_comes_last_unless_already_a_candidate()
     mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(
         b"S", NS.object_key("fx-graph", KEY)
     )
-    found = await cache.get_candidates("fx-graph", KEY)
+    found = await get_candidates(cache, "fx-graph", KEY)
     assert [c.payload for c in found] == [b"C", b"S"]
     assert found[-1].okey == NS.object_key("fx-graph", KEY)
     mem(remote).data[NS.object_key("fx-graph", KEY)] = CODEC.encode(
         b"C", NS.object_key("fx-graph", KEY)
     )
     cache2 = TieredCache(tier("mem://local2"), [remote], CODEC, NS)
-    assert [c.payload for c in await cache2.get_candidates("fx-graph", KEY)] == [b"C"]
-    without = await cache2.get_candidates("fx-graph", KEY, include_single=False)
+    assert [c.payload for c in await get_candidates(cache2, "fx-graph", KEY)] == [b"C"]
+    without = await get_candidates(cache2, "fx-graph", KEY, include_single=False)
     assert [c.okey for c in without] == [found[0].okey]
 
 
@@ -165,7 +171,7 @@ async def test_get_candidates_accounts_each_lookup_once() -> None:
     single = NS.object_key("fx-graph", KEY)
     mem(remote).data[single] = CODEC.encode(b"S", single)
     for _ in range(2):
-        found = await cache.get_candidates("fx-graph", KEY, concurrency=1)
+        found = await get_candidates(cache, "fx-graph", KEY, concurrency=1)
         assert [c.payload for c in found][-1] == b"S"
     assert cache.stats.gets["fx-graph"] == 2 and cache.stats.hits["fx-graph"] == 2
     assert cache.stats.lookups_served_by == {"mem://local": 2}
@@ -411,10 +417,10 @@ async def test_the_newest_candidates_are_the_ones_fetched_within_the_limit() -> 
     assert isinstance(backend, Dated)
     for age, payload in enumerate((b"newest", b"middle", b"oldest")):
         backend.mtimes[seed_candidate(remote, payload)] = 1000.0 - age
-    found = await cache.get_candidates("fx-graph", KEY, limit=2, include_single=False)
+    found = await get_candidates(cache, "fx-graph", KEY, limit=2, include_single=False)
     assert [c.payload for c in found] == [b"newest", b"middle"]
     assert [c.mtime for c in found] == [1000.0, 999.0]
-    assert await cache.get_candidates("fx-graph", KEY, limit=0, include_single=False) == []
+    assert await get_candidates(cache, "fx-graph", KEY, limit=0, include_single=False) == []
     assert remote.stats.hits == 2 and remote.stats.kinds["fx-graph"]["hit"] == 2
 
 
@@ -423,7 +429,7 @@ async def test_a_key_s_single_value_is_left_out_when_asked() -> None:
     cache = TieredCache(local, [remote], CODEC, NS)
     single = NS.object_key("fx-graph", KEY)
     mem(remote).data[single] = CODEC.encode(b"single", single)
-    assert await cache.get_candidates("fx-graph", KEY, include_single=False) == []
+    assert await get_candidates(cache, "fx-graph", KEY, include_single=False) == []
     assert mem(remote).calls["get"] == 0
 
 
@@ -432,7 +438,7 @@ async def test_write_only_tiers_hold_no_candidates_for_lookups() -> None:
     write_only.flags = TierFlags(write_only=True)
     cache = TieredCache(local, [write_only], CODEC, NS)
     seed_candidate(write_only, b"C")
-    assert await cache.get_candidates("fx-graph", KEY) == []
+    assert await get_candidates(cache, "fx-graph", KEY) == []
     assert mem(write_only).calls["list"] == 0
 
 
@@ -444,7 +450,7 @@ async def test_remote_candidates_are_capped_local_ones_are_not() -> None:
     big = os.urandom(200)
     in_local = seed_candidate(local, big)
     in_remote = seed_candidate(remote, big + b"!")
-    found = await cache.get_candidates("fx-graph", KEY, include_single=False)
+    found = await get_candidates(cache, "fx-graph", KEY, include_single=False)
     assert [c.okey for c in found] == [in_local]
     assert remote.stats.misses["too_large"] == 1 and in_remote in mem(remote).data
 
@@ -456,10 +462,10 @@ async def test_adopting_a_local_candidate_writes_nothing() -> None:
     cache = TieredCache(local, [remote], CODEC, NS)
     single = NS.object_key("fx-graph", KEY)
     mem(local).data[single] = CODEC.encode(b"single", single)
-    [found] = await cache.get_candidates("fx-graph", KEY)
+    [found] = await get_candidates(cache, "fx-graph", KEY)
     assert found.local and found.payload == b"single"
     puts = mem(local).calls["put"]
-    await cache.adopt_candidate(found)
+    await adopt_candidate(cache, found)
     await cache.flush(5)
     assert mem(local).calls["put"] == puts
     assert CODEC.decode(mem(local).data[single], single) == b"single"

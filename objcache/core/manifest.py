@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objcache.core.tiered import LEASED_ELSEWHERE, Remote, TieredCache
+from objcache.core.leased_lookup import LEASED_ELSEWHERE
+from objcache.core.tiered import TieredCache
+from objcache.core.writes import Remote, put, write
 from objcache.entry.layout import parse_object_key
 from objcache.errors import EntryError
 
@@ -126,7 +128,7 @@ async def write_run(
     """Write a run manifest, named ``<job>/<run_id>`` when given (the run's summary id)."""
     name = f"{job}/{run_id}" if run_id else _run_name(job)
     manifest = Manifest(job, frozenset(keys), time.time())
-    await cache.put(KIND, name, manifest.to_bytes())
+    await put(cache, KIND, name, manifest.to_bytes())
     return name
 
 
@@ -140,7 +142,7 @@ async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str
     payload = Manifest(job, frozenset(keys), time.time()).to_bytes()
     # Written directly, not through write-behind: a failed or refused put (error, breaker,
     # max_size) is not "left pending", so only each tier's own answer proves it is stored.
-    written = await cache.write(okey, payload, remote=Remote.DIRECT)
+    written = await write(cache, okey, payload, remote=Remote.DIRECT)
     if not written.everywhere:
         return False  # the merged manifest is not safely stored everywhere: keep the runs
     for run in runs:

@@ -2,7 +2,8 @@
 
 Bounded in bytes; a second put of a pending key replaces the pending bytes (coalescing);
 a put that would exceed the bound is dropped, counted and logged once. ``flush`` waits for
-everything pending within a deadline and reports what it could not write.
+everything pending within a deadline and reports what it could not write. Which remote tiers
+a write goes to is :func:`write_targets` (``write_to``; docs/architecture.md, "Write path").
 """
 
 from __future__ import annotations
@@ -12,12 +13,38 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from objcache.backends.base import PutMode
+from objcache.core.tier import Tier
 from objcache.observe.metrics import CacheStats
 
 log = logging.getLogger("objcache")
 
 #: Writes one object key's bytes to every target tier.
 Writer = Callable[[str, bytes], Awaitable[None]]
+
+
+def write_targets(remotes: list[Tier], write_to: str) -> list[Tier]:
+    """Remote tiers a new entry goes to.
+
+    ``write_to="all"``: every writable tier. ``"nearest"``: the first writable tier whose
+    breaker is closed, plus every ``home`` tier (multi-region fleets: write to the
+    region, and to the home bucket that seeds the others).
+    """
+    healthy = [t for t in remotes if t.writable and not t.breaker_open()]
+    if write_to == "all":
+        return healthy
+    nearest = healthy[:1]
+    return nearest + [t for t in healthy if t.flags.home and t not in nearest]
+
+
+async def write_remotes(remotes: list[Tier], write_to: str, okey: str, entry: bytes) -> None:
+    """A :data:`Writer`: ``entry`` to the write targets in CREATE mode; a writable tier
+    skipped for its open breaker is counted, not silently passed over."""
+    for tier in remotes:
+        if tier.writable and tier.breaker_open():
+            tier.put_skipped("breaker")
+    targets = write_targets(remotes, write_to)
+    await asyncio.gather(*(t.put(okey, entry, PutMode.CREATE) for t in targets))
 
 
 class WriteBehind:

@@ -34,6 +34,7 @@ from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.records import Change, Outcome, read_modify_write
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
+from objcache.core.tiered_records import get_record, update_record
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
@@ -303,7 +304,7 @@ async def test_an_oversized_record_is_not_read_and_the_next_writer_replaces_it(
     assert await probe.backend.put(okey, b"x" * PLANTED, PutMode.OVERWRITE)
     probe.reset()
     seen: list[bytes | None] = []
-    await cache.update_record(KIND, "k", _recording(seen))
+    await update_record(cache, KIND, "k", _recording(seen))
     assert await cache.flush(30) == 0
     # the planted object's size was known before its body: not read whole (one byte past
     # the cap at most, plus protocol overhead)
@@ -311,13 +312,13 @@ async def test_an_oversized_record_is_not_read_and_the_next_writer_replaces_it(
     assert seen == [None]
     assert tier.stats.misses["too_large"] == 1
     assert tier.stats.records["stored"] == 1, dict(tier.stats.records)
-    assert await cache.get_record(KIND, "k") == b"fresh"
+    assert await get_record(cache, KIND, "k") == b"fresh"
     assert await probe.backend.get(okey) is not None
     # and the writer after it reads the record it left, as usual
-    await cache.update_record(KIND, "k", _recording(seen, b"fresher"))
+    await update_record(cache, KIND, "k", _recording(seen, b"fresher"))
     assert await cache.flush(30) == 0
     assert seen == [None, b"fresh"]
-    assert await cache.get_record(KIND, "k") == b"fresher"
+    assert await get_record(cache, KIND, "k") == b"fresher"
 
 
 @pytest.mark.parametrize("planted", [b"OBJC garbage, not an entry", b""], ids=["garbage", "empty"])
@@ -328,12 +329,12 @@ async def test_an_undecodable_record_is_a_counted_miss_replaced_by_the_next_writ
     okey = cache.namespace.object_key(KIND, "k")
     await probe.backend.put(okey, planted, PutMode.OVERWRITE)
     seen: list[bytes | None] = []
-    await cache.update_record(KIND, "k", _recording(seen))
+    await update_record(cache, KIND, "k", _recording(seen))
     assert await cache.flush(30) == 0
     assert seen == [None]
     assert cache.stats.records_unreadable[KIND] == 1
     assert tier.stats.records["stored"] == 1, dict(tier.stats.records)
-    assert await cache.get_record(KIND, "k") == b"fresh"
+    assert await get_record(cache, KIND, "k") == b"fresh"
 
 
 async def test_a_record_decodes_within_the_kind_cap_not_the_global_limit(tmp_path: Path) -> None:
@@ -345,11 +346,11 @@ async def test_a_record_decodes_within_the_kind_cap_not_the_global_limit(tmp_pat
     assert len(bomb) < CAP
     await backend.put(okey, bomb, PutMode.OVERWRITE)
     seen: list[bytes | None] = []
-    await cache.update_record(KIND, "k", _recording(seen))
+    await update_record(cache, KIND, "k", _recording(seen))
     assert await cache.flush(30) == 0
     assert seen == [None]
     assert cache.stats.records_unreadable[KIND] == 1
-    assert await cache.get_record(KIND, "k") == b"fresh"
+    assert await get_record(cache, KIND, "k") == b"fresh"
 
 
 async def test_a_record_change_runs_off_the_event_loop(tmp_path: Path) -> None:
@@ -362,7 +363,7 @@ async def test_a_record_change_runs_off_the_event_loop(tmp_path: Path) -> None:
         threads.append(threading.get_ident())
         return b"fresh"
 
-    await cache.update_record(KIND, "k", change)
+    await update_record(cache, KIND, "k", change)
     assert await cache.flush(30) == 0
     assert threads and loop_thread not in threads
 
@@ -376,10 +377,10 @@ async def test_an_oversized_local_record_is_refused_before_it_is_read(tmp_path: 
     cache = TieredCache(local, [], Codec(), Namespace("e"), caps=SizeCaps(per_kind={KIND: CAP}))
     okey = cache.namespace.object_key(KIND, "k")
     await local.backend.put(okey, b"x" * PLANTED, PutMode.OVERWRITE)
-    assert await cache.get_record(KIND, "k") is None
+    assert await get_record(cache, KIND, "k") is None
     assert local.stats.misses["too_large"] == 1
-    await cache.update_record(KIND, "k", _recording([]))
-    assert await cache.get_record(KIND, "k") == b"fresh"
+    await update_record(cache, KIND, "k", _recording([]))
+    assert await get_record(cache, KIND, "k") == b"fresh"
     await cache.close()
 
 

@@ -11,7 +11,7 @@ recompile.
 With objcache installed (and ``OBJCACHE_GUARDED_CANDIDATES`` not ``0``):
 
 * a put stores the raw pickle as its own content-addressed object
-  ``.../<shard>/<key>!/<digest>`` (:meth:`objcache.core.tiered.TieredCache.put_candidate`,
+  ``.../<shard>/<key>!/<digest>`` (:func:`objcache.core.candidates.put_candidate`,
   CREATE mode, so equal bytes from many processes make one object);
 * ``iterate_over_candidates`` is replaced on ``FxGraphCache`` and ``AOTAutogradCache``: it
   yields torch's local entries first, exactly as torch does, then every candidate objcache

@@ -36,8 +36,8 @@ _saved_attrs: dict[tuple[type, str], Any] = {}
 def _env_fields() -> dict[str, str]:
     import objcache
 
-    fields = getattr(objcache.get_client().cache, "_env_fields", None)
-    if isinstance(fields, dict):
+    fields = getattr(objcache.get_client().cache, "env_fields", None)
+    if isinstance(fields, dict) and fields:
         return {str(k): str(v) for k, v in fields.items()}
     from objcache.config.fingerprint import fingerprint
 
@@ -96,6 +96,7 @@ def published(client: Any, kind: str, key: str) -> None:
     card = take_pending(kind, key)
     if card is None or kind not in CARD_KIND:
         return
+    from objcache.core.writes import write
     from objcache.entry.layout import Namespace
 
     cache = client.cache
@@ -109,7 +110,7 @@ def published(client: Any, kind: str, key: str) -> None:
                 return
             graph, digest = written_key(card, run)
             okey = Namespace(CARDS_ENV).candidate_key(CARD_KIND[kind], graph, digest)
-            if (await cache.write(okey, payload, local=False)).queued:
+            if (await write(cache, okey, payload, local=False)).queued:
                 counters[f"stored:{kind}"] += 1
         except Exception as exc:
             failed("store", exc)

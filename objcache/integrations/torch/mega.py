@@ -43,7 +43,7 @@ from objcache.errors import ObjcacheError
 
 if TYPE_CHECKING:
     from objcache.client import Client
-    from objcache.core.tiered import Written
+    from objcache.core.writes import Written
 
 MAGIC = b"OCMB"
 FORMAT = 1
@@ -201,7 +201,7 @@ def write_overwrite(client: Client, okey: str, payload: bytes) -> Written:
     """Write ``okey`` to the local tier and, with OVERWRITE, to every writable remote tier
     (awaited: the caller reports how many stored it)."""
     from objcache.backends.base import PutMode
-    from objcache.core.tiered import Remote
+    from objcache.core.writes import Remote
 
     return client.write(okey, payload, mode=PutMode.OVERWRITE, remote=Remote.DIRECT)
 
