@@ -81,7 +81,7 @@ def bench_store_read(n: int) -> dict[str, float]:
     ``O_NOFOLLOW`` walk used where the kernel has no ``openat2`` (docs/security.md)."""
     import timeit
 
-    from objcache.backends import fs as _fs
+    from objcache.backends import fs_store as _fs
     from objcache.backends.base import PutMode
 
     okey = "v1/0123456789abcdef/fx-graph/ab/key"

@@ -40,7 +40,7 @@ from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, Written
 from objcache.entry.layout import Namespace
-from objcache.observe import process_stats
+from objcache.observe import keycards, process_stats
 from objcache.observe.publish import publish
 from objcache.outputs import RunObserver
 
@@ -346,6 +346,11 @@ def get_client(config: Config | None = None) -> Client:
             _client_pid = pid
             process_stats.run_group()  # named before this process starts others
         return _client
+
+
+# Whether key cards are kept is this client's configuration: observe reads it through the
+# switch handed in here, never by calling up into the client (docs/architecture.md, "Layers").
+keycards.configure(lambda: get_client().config.key_cards)
 
 
 def reset_client() -> None:

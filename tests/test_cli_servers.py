@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from objcache.backends.fs import RESERVED
+from objcache.backends.fs_folders import RESERVED
 from objcache.client import Client
 from objcache.config.settings import Config
 from tests.cloud_support import gcs_url, s3_url

@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from objcache.backends import fs as _fs
+from objcache.backends import fs_store as _fs
 from objcache.backends.base import PutMode
 from objcache.backends.disk import store as disk
 from objcache.backends.disk.store import DiskBackend
-from objcache.backends.fs import QUARANTINE_DIR, FsStore, check_key
+from objcache.backends.fs_folders import LEASE_PREFIX, check_key
+from objcache.backends.fs_store import QUARANTINE_DIR, FsStore
 from objcache.backends.options import opt_int
 from objcache.config.urls import parse_tier_url
 from objcache.errors import BackendError, ConfigError, InvalidKey, TransientBackendError
@@ -307,7 +308,7 @@ def test_only_stale_temp_and_lease_files_are_swept(tmp_path: Path) -> None:
     now = time.time()
     names = {
         f"{_fs.TMP_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
-        f"{_fs.LEASE_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
+        f"{LEASE_PREFIX}stale": now - _fs.STALE_AFTER_S - 1,
         f"{_fs.TMP_PREFIX}boundary": now - _fs.STALE_AFTER_S,
         f"{_fs.TMP_PREFIX}fresh": now - 60,
         f"{_fs.LOCK_PREFIX}old": now - _fs.STALE_AFTER_S - 1,

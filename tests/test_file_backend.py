@@ -24,9 +24,11 @@ from typing import Any
 import pytest
 
 from objcache.backends import create_backend
-from objcache.backends import fs as _fs
+from objcache.backends import fs_store as _fs
 from objcache.backends.base import ObjectInfo, PutMode
-from objcache.backends.fs import RESERVED, FsBackend
+from objcache.backends.fs import FsBackend, os_error
+from objcache.backends.fs_folders import RESERVED
+from objcache.backends.fs_openat2 import OpenAt2
 from objcache.config.urls import parse_tier_url
 from objcache.errors import InvalidKey, PermanentBackendError, TransientBackendError
 from tests.support.waiting import until
@@ -380,9 +382,9 @@ async def test_fsync_policy(
 
 def test_os_errors_are_typed() -> None:
     for code in (errno.ESTALE, errno.EIO, errno.ETIMEDOUT, errno.EAGAIN):
-        assert isinstance(_fs.os_error(OSError(code, "x"), "t", "get"), TransientBackendError)
+        assert isinstance(os_error(OSError(code, "x"), "t", "get"), TransientBackendError)
     for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT):
-        err = _fs.os_error(OSError(code, "x"), "file:///c", "put k")
+        err = os_error(OSError(code, "x"), "file:///c", "put k")
         assert type(err) is PermanentBackendError
         assert str(err) == "file:///c: put k: x"
 
@@ -420,7 +422,7 @@ def test_openat2_opens_beneath_its_folder_through_no_symlink(tmp_path: Path) -> 
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "f").write_bytes(b"outside")
     (tmp_path / "link").symlink_to(tmp_path / "out")
-    opener = _fs._OpenAt2()
+    opener = OpenAt2()
     assert opener.usable
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -445,7 +447,7 @@ def test_openat2_is_only_tried_on_linux(monkeypatch: pytest.MonkeyPatch) -> None
     """Its system call number is Linux's: on another kernel the same machine name (macOS on
     x86_64) must not make it usable."""
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert _fs._OpenAt2().usable is False
+    assert OpenAt2().usable is False
 
 
 # --- entries, symlinked names and listings ----------------------------------------------

@@ -189,6 +189,30 @@ def test_cards_can_be_switched_off() -> None:
     assert not Config.from_env({"OBJCACHE_KEY_CARDS": "0"}).key_cards
 
 
+def test_the_client_hands_observe_its_key_card_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """observe asks the switch the client layer handed in, never the client itself
+    (docs/architecture.md, "Layers"); a switch that fails keeps no cards and is counted."""
+    from objcache import client
+    from objcache.config.settings import Config
+
+    class Fake:
+        config = Config.from_env({"OBJCACHE_KEY_CARDS": "0"})
+
+    monkeypatch.setattr(client, "get_client", lambda: Fake())
+    assert keycards.enabled() is False
+    Fake.config = Config.from_env({})
+    assert keycards.enabled() is True
+    saved = keycards._switch[0]
+    keycards.reset()
+    try:
+        keycards.configure(lambda: 1 / 0 > 0)
+        assert keycards.enabled() is False
+        assert keycards.counters["errors:config"] == 1
+    finally:
+        keycards.configure(saved)
+        keycards.reset()
+
+
 class ObjcacheFx:
     objcache_kind = "fx-graph"
 

@@ -178,7 +178,8 @@ def upward_imports(known: dict[str, Path]) -> list[str]:
     return bad
 
 
-def cycles(known: dict[str, Path]) -> list[list[str]]:
+def import_graph(known: dict[str, Path]) -> dict[str, set[str]]:
+    """Per module, the modules it imports at import time (not under ``TYPE_CHECKING``)."""
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         for imp in imports_of(name, path, known):
@@ -188,6 +189,11 @@ def cycles(known: dict[str, Path]) -> list[list[str]]:
                 target = target.rpartition(".")[0]
             if imp.at_import and not imp.type_only and target not in (name, "objcache"):
                 graph[name].add(target)
+    return graph
+
+
+def cycles(known: dict[str, Path]) -> list[list[str]]:
+    graph = import_graph(known)
     found: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -209,6 +215,84 @@ def cycles(known: dict[str, Path]) -> list[list[str]]:
     return found
 
 
+#: What the layers between the backends and the client (observe, core) may use of the backends
+#: layer: the storage contract and the helpers the stores share, never a store nor its async
+#: face; the node leases use the filesystem store's folder walk, not the store
+#: (docs/architecture.md, "Adding a backend").
+BACKEND_HELPERS = frozenset(
+    {
+        "objcache.backends.base",
+        "objcache.backends.records_contract",
+        "objcache.backends.shared",
+        "objcache.backends.fs_folders",
+    }
+)
+#: What the registry (objcache/config/registry.py) imports at run time to find the specs: the
+#: backends package and each folder's package.
+WALKED = "objcache.backends"
+
+
+def _layer(name: str) -> int:
+    return next(i for i, (n, _) in enumerate(LAYERS) if n == name)
+
+
+def stores_reached_from_below(known: dict[str, Path]) -> list[str]:
+    """Imports of the backends layer from observe or core beyond :data:`BACKEND_HELPERS`."""
+    low, high = _layer("backends"), _layer("client")
+    return [
+        f"{path.relative_to(ROOT)}:{imp.line}: {name} imports {imp.target}"
+        for name, path in known.items()
+        if low < layer_of(name) < high
+        for imp in imports_of(name, path, known)
+        if not imp.type_only and layer_of(imp.target) == low and imp.target not in BACKEND_HELPERS
+    ]
+
+
+def calls_up_through_the_root(known: dict[str, Path]) -> list[str]:
+    """Imports of the root package ``objcache`` (``objcache.get_client()``, ...) below the
+    client's layer: a call up into the client."""
+    return [
+        f"{path.relative_to(ROOT)}:{imp.line}: {name} imports objcache"
+        for name, path in known.items()
+        if layer_of(name) < _layer("client")
+        for imp in imports_of(name, path, known)
+        if imp.target == "objcache" and not imp.type_only
+    ]
+
+
+def loaded_by_the_walk(known: dict[str, Path]) -> dict[str, set[str]]:
+    """Per package the registry's walk imports (``objcache.backends`` and each folder's), the
+    objcache modules importing it loads (imports run at import time, followed through)."""
+    graph = import_graph(known)
+    walked = [
+        n
+        for n, p in known.items()
+        if p.name == "__init__.py" and (n == WALKED or n.rpartition(".")[0] == WALKED)
+    ]
+    loaded: dict[str, set[str]] = {}
+    for package in walked:
+        seen: set[str] = set()
+        todo = list(graph[package])
+        while todo:
+            nxt = todo.pop()
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.extend(graph.get(nxt, ()))
+        loaded[package] = seen
+    return loaded
+
+
+def walk_leaks(known: dict[str, Path]) -> list[str]:
+    """What a walked package loads that leads back to the registry (the two would import
+    each other) or runs code of the backends layer or above (describing a backend would)."""
+    return [
+        f"{package} loads {module}"
+        for package, loaded in sorted(loaded_by_the_walk(known).items())
+        for module in sorted(loaded)
+        if module == "objcache.config.registry" or layer_of(module) >= _layer("backends")
+    ]
+
+
 def test_every_module_is_in_a_layer() -> None:
     for name in modules():
         layer_of(name)
@@ -228,6 +312,23 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert bad == []
 
 
+def test_observe_and_core_reach_no_store_only_the_contract_and_helpers() -> None:
+    assert stores_reached_from_below(modules()) == []
+
+
+def test_no_module_below_the_client_calls_up_through_the_root_package() -> None:
+    assert calls_up_through_the_root(modules()) == []
+
+
+def test_the_registry_and_the_packages_it_walks_do_not_import_each_other() -> None:
+    """docs/architecture.md, "Adding a backend": the registry imports ``objcache.backends`` and
+    each folder's package to read the specs; those load nothing that imports the registry,
+    and no backend code."""
+    loaded = loaded_by_the_walk(modules())
+    assert "objcache.backends" in loaded and "objcache.backends.disk" in loaded
+    assert walk_leaks(modules()) == []
+
+
 @pytest.fixture
 def tree_with(tmp_path: Path) -> Path:
     """A copy of the two source trees to plant a violation in."""
@@ -244,12 +345,17 @@ def _sources(root: Path) -> dict[str, Path]:
 
 def test_the_checks_catch_a_planted_violation(tree_with: Path) -> None:
     """Each check fails on the violation it is for: the tests above can fail."""
-    tier = tree_with / "objcache/core/tier.py"
-    tier.write_text(tier.read_text() + "\nfrom objcache.cli.ops import bounded\n")
-    codec = tree_with / "objcache/entry/codec.py"
-    codec.write_text(codec.read_text() + "\nfrom objcache.entry.caps import _planted\n")
-    caps = tree_with / "objcache/entry/caps.py"
-    caps.write_text(caps.read_text() + "\nfrom objcache.entry import codec\n")
+    planted = {
+        "objcache/core/tier.py": "from objcache.cli.ops import bounded",
+        "objcache/entry/codec.py": "from objcache.entry.caps import _planted",
+        "objcache/entry/caps.py": "from objcache.entry import codec",
+        "objcache/core/nodelease.py": "from objcache.backends.fs_store import FsStore",
+        "objcache/observe/keycards.py": "import objcache",
+        "backends/__init__.py": "from objcache.config import registry",
+    }
+    for where, line in planted.items():
+        path = tree_with / where
+        path.write_text(f"{path.read_text()}\n{line}\n")
     known = modules(_sources(tree_with))
     global ROOT
     saved, ROOT = ROOT, tree_with
@@ -257,6 +363,14 @@ def test_the_checks_catch_a_planted_violation(tree_with: Path) -> None:
         assert any(
             "objcache.core.tier (core) imports objcache.cli.ops" in b for b in upward_imports(known)
         )
+        assert any(
+            "imports objcache.backends.fs_store" in b for b in stores_reached_from_below(known)
+        )
+        assert any(
+            "objcache.observe.keycards imports objcache" in b
+            for b in calls_up_through_the_root(known)
+        )
+        assert "objcache.backends loads objcache.config.registry" in walk_leaks(known)
         assert ["objcache.entry.caps", "objcache.entry.codec", "objcache.entry.caps"] in cycles(
             known
         )

@@ -23,7 +23,7 @@ import pytest
 
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
-from objcache.backends.fs import FsStore
+from objcache.backends.fs_store import FsStore
 from objcache.core.leased_lookup import LEASED_ELSEWHERE
 from objcache.core.nodelease import (
     POLL_FIRST_S,

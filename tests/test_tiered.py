@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from objcache.backends.base import LocalStore, PutMode
 from objcache.backends.disk.store import DiskBackend
-from objcache.backends.fs import QUARANTINE_DIR
+from objcache.backends.fs_store import QUARANTINE_DIR
 from objcache.backends.records_contract import Versioned
 from objcache.config.urls import parse_tier_url
 from objcache.core.candidates import candidate_digest, get_candidates

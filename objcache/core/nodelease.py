@@ -5,7 +5,7 @@ beside the entry, ``<dir>/.objcache-lease-<name>`` (the reserved prefix keeps it
 listings). See docs/architecture.md, "One remote fetch per node".
 
 Lease files are reached as the local tier reaches its entries (docs/security.md, "Local
-filesystem"): the key is checked first, then :meth:`FsStore.open_lease` walks from the
+filesystem"): the key is checked first, then :meth:`FsFolders.open_lease` walks from the
 root, which must pass the store's owner and mode check, one ``O_NOFOLLOW`` folder at a time
 (folders created 0700, any folder another user owns or others can write refused), and
 creates the file 0600 relative to its folder's fd. That fd is kept with the file: every
@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from objcache.backends.fs import LEASE_PREFIX, FsStore, check_key
+from objcache.backends.fs_folders import LEASE_PREFIX, O_CLOEXEC, O_NOFOLLOW, FsFolders, check_key
 from objcache.backends.shared import to_daemon_thread
 from objcache.errors import BackendError
 
@@ -65,9 +65,6 @@ RECORD_BYTES = 256
 POLL_FRACTION = 0.125
 POLL_FIRST_S = 0.001
 POLL_MAX_S = 0.016
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class _File:
@@ -195,10 +192,10 @@ def lease_path(root: str, key: str) -> str:
 class NodeLeases:
     """Lease files of one local-tier directory."""
 
-    def __init__(self, root: str, *, hold_s: float, store: FsStore | None = None) -> None:
+    def __init__(self, root: str, *, hold_s: float, store: FsFolders | None = None) -> None:
         self.root = os.path.abspath(root)
-        #: The local tier's store (its folder walk and checks); one of its own if not given.
-        self.store = store or FsStore(self.root, fsync=False, touch_on_read=False)
+        #: The local tier's folders (its store's walk and checks); its own if not given.
+        self.store = store or FsFolders(self.root)
         #: How long a holder may take: its deadline is now + hold_s. Waiters wait at most
         #: this long too.
         self.hold_s = hold_s
@@ -334,7 +331,7 @@ def _wake_on_release(file: _File, read: Read | None = None) -> _Waker | None:
             # returned and its fd number been reused, the identities differ and no lock is
             # taken.
             st = os.fstat(fd)
-            own = os.open(name, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW, dir_fd=directory)
+            own = os.open(name, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW, dir_fd=directory)
             try:
                 mine = os.fstat(own)
                 if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
@@ -364,14 +361,14 @@ def _owner() -> dict[str, object]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _open(store: FsStore, key: str) -> _File:
+def _open(store: FsFolders, key: str) -> _File:
     """The lease file of ``key``, opened (created) through the store's folder walk."""
     directory, name, fd = store.open_lease(key)
     return _File(directory, name, fd, lease_path(store.root, key))
 
 
 def _open_and_try(
-    store: FsStore, key: str, hold_s: float, read: Read | None = None, look_first: bool = False
+    store: FsFolders, key: str, hold_s: float, read: Read | None = None, look_first: bool = False
 ) -> tuple[_File | None, _Step]:
     """Look for the entry, then open the lease file and make a first attempt, in one
     worker-thread hop. No file is opened (None) when the entry is there already."""

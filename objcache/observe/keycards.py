@@ -25,7 +25,7 @@ import re
 import socket
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -476,12 +476,21 @@ _state_lock = threading.Lock()
 counters: Counter[str] = Counter()
 
 
+#: Reads ``OBJCACHE_KEY_CARDS`` of the process-wide client: handed in by the client layer
+#: (:func:`configure`), as observe never calls up into the client (docs/architecture.md,
+#: "Layers"). Until then, no cards are kept.
+_switch: list[Callable[[], bool]] = [lambda: False]
+
+
+def configure(switch: Callable[[], bool]) -> None:
+    """Ask ``switch`` from now on whether the process-wide client keeps cards."""
+    _switch[0] = switch
+
+
 def enabled() -> bool:
     """Whether the process-wide client keeps cards (``OBJCACHE_KEY_CARDS``)."""
-    import objcache
-
     try:
-        return bool(objcache.get_client().config.key_cards)
+        return bool(_switch[0]())
     except Exception as exc:
         failed("config", exc)
         return False

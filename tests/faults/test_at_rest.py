@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from objcache.backends.fs import QUARANTINE_DIR
+from objcache.backends.fs_store import QUARANTINE_DIR
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.entry.codec import Codec

@@ -17,7 +17,7 @@ import pytest
 
 from objcache.backends import create_backend
 from objcache.backends.base import Backend
-from objcache.backends.fs import TMP_PREFIX
+from objcache.backends.fs_store import TMP_PREFIX
 from objcache.client import Client
 from objcache.config.fingerprint import fingerprint
 from objcache.config.settings import Config

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from objcache.backends import fs as _fs
+from objcache.backends import fs_store as _fs
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
-from objcache.backends.fs import LEASE_PREFIX, FsStore
+from objcache.backends.fs_folders import LEASE_PREFIX
+from objcache.backends.fs_store import FsStore
 from objcache.config.urls import parse_tier_url
 from objcache.core.manifest import Manifest, ManifestError, prefetch
 from objcache.core.nodelease import Claim, NodeLeases

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from objcache.backends import create_backend
-from objcache.backends import fs as _fs
+from objcache.backends import fs_store as _fs
 from objcache.backends.base import Backend, PutMode
 from objcache.backends.records_contract import Versioned
 from objcache.config.urls import parse_tier_url

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from objcache.backends import create_backend
-from objcache.backends import fs as _fs
+from objcache.backends import fs_store as _fs
 from objcache.backends.base import PutMode
 from objcache.client import Client
 from objcache.config.settings import Config

@@ -726,7 +726,7 @@ def test_red_team_a_folder_of_a_shared_file_store_swapped_for_a_symlink(
     wrote into with a symlink to a place of their choosing: later writes, reads, deletes and
     listings must stay inside the store (every level is walked with ``O_NOFOLLOW``; reads
     use one ``openat2`` where the kernel has it, and the walk where it does not)."""
-    from objcache.backends import fs as _fs
+    from objcache.backends import fs_store as _fs
 
     if not openat2:
         monkeypatch.setattr(_fs._openat2, "usable", False)

@@ -26,7 +26,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from objcache.backends.base import PutMode, TierSpec
-from objcache.backends.fs import FsBackend, FsStore, check_key, os_error
+from objcache.backends.fs import FsBackend, os_error
+from objcache.backends.fs_folders import check_key
+from objcache.backends.fs_store import FsStore
 from objcache.backends.options import opt_int
 from objcache.errors import BackendError
 

@@ -2,7 +2,7 @@
 plain local folder). It is also the embedded default store when nothing is configured.
 
 Same semantics as every backend (first-writer-wins CREATE across processes and NFS
-clients, atomic OVERWRITE); see :mod:`objcache.backends.fs` for how. Entries are fsynced
+clients, atomic OVERWRITE); see :mod:`objcache.backends.fs_store` for how. Entries are fsynced
 before they are published (``?fsync=0`` turns it off): on NFS this makes the server commit
 the data before the name appears, so another machine never reads a name whose data a
 server crash lost. Folders are not fsynced: losing a just-published name is a cache miss.
