@@ -395,7 +395,7 @@ def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellatio
     import asyncio
     import signal
 
-    from objcache.cli.main import _run
+    from objcache.cli.common import run_async
 
     async def stubborn() -> str:
         asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGINT)
@@ -406,7 +406,7 @@ def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellatio
         return "ran"
 
     with pytest.raises(KeyboardInterrupt):
-        _run(stubborn())
+        run_async(stubborn())
 
 
 @pytest.mark.parametrize(
@@ -432,8 +432,8 @@ def test_a_hostile_mega_pointer_is_one_line_and_exit_2(
 
 
 def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
-    """One way to open a store in the CLI: ``_open`` (the command's deadline, no retries,
-    bounded concurrency). No command module calls ``create_backend`` anywhere else."""
+    """One way to open a store in the CLI: ``common.open_tier`` (the command's deadline, no
+    retries, bounded concurrency). No command module calls ``create_backend`` anywhere else."""
     import ast
 
     cli_dir = Path(__file__).resolve().parents[1] / "objcache" / "cli"
@@ -449,7 +449,7 @@ def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
                     "build_backend",
                 ):
                     callers.append(f"{path.name}:{fn.name}")
-    assert sorted(set(callers)) == ["main.py:_open"], callers
+    assert sorted(set(callers)) == ["common.py:open_tier"], callers
 
 
 def test_push_refuses_an_inductor_dir_others_could_have_filled(run: Run, tmp_path: Path) -> None:
