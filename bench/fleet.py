@@ -336,7 +336,7 @@ def bench_torch_warm(
     machine (fresh objcache, Inductor and temp dirs) without prefetch, another with it, and
     the seeding machine again (warm-local: everything already on its disks)."""
     try:
-        from objcache.integrations.torch import demo
+        from objcache.integrations.torch import demo_jobs
     except ImportError:
         return None
     bucket, job = "bench-torch", f"torchwarm-{random.randrange(1 << 30):08x}"
@@ -349,7 +349,7 @@ def bench_torch_warm(
 
     def machine(name: str, endpoint: str | None, prefetch: bool) -> dict[str, str]:
         tiers = s3_url(server, "c", bucket=bucket, endpoint_url=endpoint)  # sets AWS_* first
-        env = demo.machine_env(str(work / name))
+        env = demo_jobs.machine_env(str(work / name))
         env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
         env.update(
             OBJCACHE_TIERS=tiers,
@@ -361,19 +361,19 @@ def bench_torch_warm(
 
     def run(label: str, env: dict[str, str]) -> dict[str, Any]:
         proxy.reset_counters()
-        j = demo.run_job(args, env, timeout=900)
+        j = demo_jobs.run_job(args, env, timeout=900)
         if not j.ok:
             tail = "\n".join(j.stderr_tail[-15:])
             raise SystemExit(f"torch {label} run failed: {j.result.get('error')}\n{tail}")
-        down, _ = demo.remote_bytes(j.result)
+        down, _ = demo_jobs.remote_bytes(j.result)
         r = {
             "wall": j.wall_s,
             "first_step": j.result["first_step_s"],
-            "hits": demo.objcache_hits(j.result),
+            "hits": demo_jobs.objcache_hits(j.result),
             "gets": proxy.count_requests("GET", f"/{bucket}/c/v1/"),
             "down": down,
             "match": j.result.get("match"),
-            "gxx": demo.gxx_builds(j.result),
+            "gxx": demo_jobs.gxx_builds(j.result),
             "misses": [
                 dict(t["misses"])
                 for t in j.result.get("stats", {}).get("tiers", [])

@@ -71,7 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
-from objcache.integrations.torch.demo import Job, machine_env, model_name, run_job  # noqa: E402
+from objcache.integrations.torch.demo_jobs import Job, machine_env, run_job  # noqa: E402
+from objcache.integrations.torch.demo_worker import model_name  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
 

@@ -119,9 +119,9 @@ def main() -> int:
     if "profile" not in steps:
         return 0
     # one cProfile of each side (the profiler's cost is in both)
-    import objcache.integrations.torch.demo as demo
+    import objcache.integrations.torch.demo_jobs as demo_jobs
 
-    original = demo.run_job
+    original = demo_jobs.run_job
     for label, machine, args, tiers in (
         ("warm", torch_machine, ["--objcache", "off"], ""),
         ("new", bench.fresh("new"), ["--objcache", "install"], store),

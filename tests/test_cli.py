@@ -327,11 +327,11 @@ def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
     from objcache.core import manifest
     from objcache.entry.layout import KINDS
     from objcache.integrations import triton, triton_host, vllm, vllm_aot
-    from objcache.integrations.torch import features, kernels, mega, precompile
+    from objcache.integrations.torch import features, kernels, mega, precompile_entry
     from objcache.observe import run_summary as summary
 
     written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
-    written |= {kernels.VERDICT_KIND, precompile.KIND, triton_host.KIND}
+    written |= {kernels.VERDICT_KIND, precompile_entry.KIND, triton_host.KIND}
     written |= {vllm.KIND_MODELINFO, vllm_aot.KIND}
     assert written | set(features.PART_OF_KIND) <= set(KINDS)
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from objcache.config.settings import Config, reference_markdown, user_cache_dir
+from objcache.config.reference import reference_markdown
+from objcache.config.settings import Config, user_cache_dir
 from objcache.config.urls import flag, parse_tier_list, parse_tier_url, redact
 from objcache.entry.signing import generate_key_file
 from objcache.errors import ConfigError

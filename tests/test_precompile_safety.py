@@ -57,7 +57,7 @@ import objcache
 
 objcache.install()
 from torch import nn
-from objcache.integrations.torch import precompile
+from objcache.integrations.torch import precompile_entry
 
 ACT = getattr(torch, os.environ["ACT"])
 CFG = {"act": os.environ["ACT"]}
@@ -235,7 +235,7 @@ from torch._dynamo.utils import counters
 print("RESULT " + json.dumps({
     "results": results,
     "graphs": int(counters["stats"]["unique_graphs"]),
-    "precompile": dict(precompile.counters),
+    "precompile": dict(precompile_entry.counters),
     "left": left,
 }), flush=True)
 """

@@ -62,12 +62,12 @@ for batch in sys.argv[1].split(","):  # one call per batch size, in order
     with torch.no_grad():
         match = match and bool(torch.allclose(compiled(x), net(x)))
 from torch._dynamo.utils import counters
-from objcache.integrations.torch import precompile
+from objcache.integrations.torch import precompile_entry
 
 print("RESULT " + json.dumps({{
     "graphs": int(counters["stats"]["unique_graphs"]),
     "match": match,
-    "precompile": dict(precompile.counters),
+    "precompile": dict(precompile_entry.counters),
 }}), flush=True)
 """
 
@@ -241,7 +241,7 @@ import objcache
 
 objcache.install()
 from torch import nn
-from objcache.integrations.torch import precompile
+from objcache.integrations.torch import precompile_entry, precompile_save
 
 
 class Net(nn.Module):
@@ -262,7 +262,7 @@ ref.backward()
 loss = torch.compile(net)(x).sum()
 if sys.argv[1] == "save-before-backward":
     # what the background saver does when compiles pause for 2 s before the first backward
-    precompile.save()
+    precompile_save.save()
 loss.backward()  # the backward graph is compiled here (lazily), its backend recorded
 from torch._dynamo.utils import counters
 
@@ -270,7 +270,7 @@ grads = [torch.allclose(p.grad, r.grad) for p, r in zip(net.parameters(), ref_ne
 print("RESULT " + json.dumps({
     "graphs": int(counters["stats"]["unique_graphs"]),
     "match": bool(torch.allclose(loss, ref)) and all(grads),
-    "precompile": dict(precompile.counters),
+    "precompile": dict(precompile_entry.counters),
 }), flush=True)
 """
 
@@ -316,7 +316,7 @@ import torch
 import objcache
 
 objcache.install()
-from objcache.integrations.torch import precompile
+from objcache.integrations.torch import precompile, precompile_entry
 
 
 def f(x, w):
@@ -331,7 +331,7 @@ with open(sys.argv[1], "rb") as file:
 print("RESULT " + json.dumps({
     "on": precompile.installed(),
     "match": bool(torch.allclose(loaded(x, w), f(x, w))),
-    "precompile": dict(precompile.counters),
+    "precompile": dict(precompile_entry.counters),
 }), flush=True)
 """
 

@@ -214,19 +214,19 @@ def test_a_config_entry_holding_its_override_as_a_value_is_set_and_restored() ->
     and left every torch part off on 2.11) and uninstall() puts the attribute back."""
     from types import SimpleNamespace
 
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.torch import patch_ledger
 
     module = SimpleNamespace(
         __name__="fake_config", flag=None, _config={"flag": SimpleNamespace(user_override=object())}
     )
-    saved_before = dict(hooks._saved)
-    hooks._set_config(module, "flag", True)
+    saved_before = dict(patch_ledger.saved)
+    patch_ledger.set_config(module, "flag", True)
     try:
         assert module.flag is True
-        assert hooks._saved[("fake_config", "flag")] is None
+        assert patch_ledger.saved[("fake_config", "flag")] is None
     finally:
-        hooks._saved.clear()
-        hooks._saved.update(saved_before)
+        patch_ledger.saved.clear()
+        patch_ledger.saved.update(saved_before)
 
 
 # --- the cache classes against a real store -------------------------------------------------
@@ -729,11 +729,11 @@ def test_a_process_that_exits_right_after_writing_still_uploads(tmp_path: Path) 
 def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from objcache.integrations.torch import demo
+    from objcache.integrations.torch import demo, demo_jobs
 
     machines: list[str] = []
 
-    def fake_run_job(args: Any, env: Any, **kw: Any) -> demo.Job:
+    def fake_run_job(args: Any, env: Any, **kw: Any) -> demo_jobs.Job:
         machines.append(env["TORCHINDUCTOR_CACHE_DIR"])
         assert env["TMPDIR"].startswith(os.path.dirname(env["TORCHINDUCTOR_CACHE_DIR"]))
         kw["on_stage"]("compile")
@@ -749,7 +749,7 @@ def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
             },
             "integration": {"kernels": {"builds": (10, 0, 0)[n]}},
         }
-        return demo.Job(result, 1.0, 0)
+        return demo_jobs.Job(result, 1.0, 0)
 
     monkeypatch.setattr(demo, "run_job", fake_run_job)
     monkeypatch.setenv("COLUMNS", "200")
@@ -796,7 +796,7 @@ def test_demo_models_are_built_in_or_from_a_library() -> None:
     one-line usage error, before torch is imported."""
     import argparse
 
-    from objcache.integrations.torch.demo import model_name
+    from objcache.integrations.torch.demo_worker import model_name
 
     for ok in (
         "tiny",
@@ -818,15 +818,15 @@ def test_torch_stock_models_compile_and_infer_like_eager(tmp_path: Path) -> None
     --inference), built and stepped eagerly: shapes and gradients as the bench needs."""
     import argparse
 
-    from objcache.integrations.torch import demo
+    from objcache.integrations.torch import demo_worker
 
-    for name in demo.TORCH_MODELS:
-        model, x = demo.build_model(f"torch:{name}", 1.0)
-        out, grads = demo._step(model, x)
+    for name in demo_worker.TORCH_MODELS:
+        model, x = demo_worker.build_model(f"torch:{name}", 1.0)
+        out, grads = demo_worker._step(model, x)
         assert out.shape[0] == x.shape[0] and len(grads) == len(list(model.parameters()))
-        out, grads = demo._infer(model, demo.make_input(f"torch:{name}", 3))
+        out, grads = demo_worker._infer(model, demo_worker.make_input(f"torch:{name}", 3))
         assert out.shape[0] == 3 and grads == [] and not out.requires_grad
-    args = demo.worker_parser().parse_args(["--worker", "--inference"])
+    args = demo_worker.worker_parser().parse_args(["--worker", "--inference"])
     assert isinstance(args, argparse.Namespace) and args.inference
 
 

@@ -85,7 +85,7 @@ def bootstrap(argv: Sequence[str]) -> int:
         import site
 
         site.addsitedir(site_dir)  # processes objcache-autoload.pth like an installed package
-    from objcache.integrations.torch.demo import worker_main
+    from objcache.integrations.torch.demo_worker import worker_main
 
     return worker_main(list(argv))
 
@@ -144,7 +144,7 @@ def is_isa_probe(build: str) -> bool:
 
 def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a fresh simulated machine under ``root`` using ``tiers``."""
-    from objcache.integrations.torch.demo import machine_env
+    from objcache.integrations.torch.demo_jobs import machine_env
 
     env = machine_env(str(root), base)
     env.update(
@@ -164,7 +164,7 @@ def run_compile(
     env: Mapping[str, str], args: Sequence[str] = (), *, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Run the workload in a subprocess; returns its result dict (asserts it ran)."""
-    from objcache.integrations.torch.demo import run_job
+    from objcache.integrations.torch.demo_jobs import run_job
 
     command = [sys.executable, "-c", BOOTSTRAP.format(root=str(ROOT))]
     job = run_job(["--model", "tiny", *args], env, command=command, timeout=timeout)

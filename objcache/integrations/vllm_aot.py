@@ -111,7 +111,7 @@ def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize:
     from torch._dynamo import aot_compile
     from torch._dynamo.package import SystemInfo
 
-    from objcache.integrations.torch.precompile import same_code
+    from objcache.integrations.torch.precompile_entry import same_code
 
     if len(payload) > MAX_BYTES:
         raise Rejected("oversized")

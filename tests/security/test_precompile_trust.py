@@ -65,39 +65,39 @@ class _Stub:
 def test_a_bad_payload_is_a_counted_miss(
     monkeypatch: pytest.MonkeyPatch, payload: bytes, why: str
 ) -> None:
-    from objcache.integrations.torch import precompile
+    from objcache.integrations.torch import precompile_entry, precompile_serve
 
-    monkeypatch.setattr(precompile, "_client", lambda: _Stub(payload))
-    before = precompile.counters[f"rejected:{why}"]
-    token = precompile._compiler.set("inductor:trust")  # as torch.compile() wrapping it
+    monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(payload))
+    before = precompile_entry.counters[f"rejected:{why}"]
+    token = precompile_serve.current_compiler.set("inductor:trust")  # as torch.compile() does
     try:
-        assert precompile._load(compiled_function) is None
+        assert precompile_serve.load(compiled_function) is None
     finally:
-        precompile._compiler.reset(token)
-    assert precompile.counters[f"rejected:{why}"] == before + 1
+        precompile_serve.current_compiler.reset(token)
+    assert precompile_entry.counters[f"rejected:{why}"] == before + 1
 
 
 def test_no_entry_is_looked_up_outside_a_known_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch loading an entry where no ``torch.compile()`` wrapper named its compiler, or
     for a backend without a portable name: never looked up, counted."""
-    from objcache.integrations.torch import precompile
+    from objcache.integrations.torch import precompile_entry, precompile_serve
 
-    monkeypatch.setattr(precompile, "_client", lambda: _Stub(b"never read"))
-    before = dict(precompile.counters)
-    assert precompile._load(compiled_function) is None
-    token = precompile._compiler.set(None)
+    monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(b"never read"))
+    before = dict(precompile_entry.counters)
+    assert precompile_serve.load(compiled_function) is None
+    token = precompile_serve.current_compiler.set(None)
     try:
-        assert precompile._load(compiled_function) is None
+        assert precompile_serve.load(compiled_function) is None
     finally:
-        precompile._compiler.reset(token)
-    after = precompile.counters
+        precompile_serve.current_compiler.reset(token)
+    after = precompile_entry.counters
     assert after["skipped:unknown_compiler"] == before.get("skipped:unknown_compiler", 0) + 1
     assert after["skipped:unportable_compiler"] == before.get("skipped:unportable_compiler", 0) + 1
     assert after["lookups"] == before.get("lookups", 0)
 
 
 def test_the_key_follows_the_source_not_only_the_qualname() -> None:
-    from objcache.integrations.torch import precompile
+    from objcache.integrations.torch import precompile_entry
 
     def f(x: Any) -> Any:
         return x + 1
@@ -107,9 +107,9 @@ def test_the_key_follows_the_source_not_only_the_qualname() -> None:
     exec(compile("\n" * (f.__code__.co_firstlineno - 1) + g_source, __file__, "exec"), scope)
     g = scope["f"]
     g.__qualname__ = f.__qualname__
-    torch_f, key_f = precompile.entry_key(f, "job", "inductor")
-    torch_g, key_g = precompile.entry_key(g, "job", "inductor")
+    torch_f, key_f = precompile_entry.entry_key(f, "job", "inductor")
+    torch_g, key_g = precompile_entry.entry_key(g, "job", "inductor")
     assert torch_f == torch_g  # torch's own key: qualname and first line only
     assert key_f != key_g
-    assert precompile.entry_key(f, "other-job", "inductor")[1] != key_f
-    assert precompile.entry_key(f, "job", "backend:eager")[1] != key_f
+    assert precompile_entry.entry_key(f, "other-job", "inductor")[1] != key_f
+    assert precompile_entry.entry_key(f, "job", "backend:eager")[1] != key_f

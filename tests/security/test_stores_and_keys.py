@@ -631,20 +631,20 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
     from torch._inductor import utils as iutils
 
     import objcache
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.torch import hooks, remote_cache_classes
 
     for _, _, env in hooks.FLAGS:
         monkeypatch.delenv(env, raising=False)
     monkeypatch.delenv("OBJCACHE_ENABLE", raising=False)
     monkeypatch.delenv("OBJCACHE_TIERS", raising=False)
-    real_make = hooks._make_cache_class
+    real_make = remote_cache_classes.make_cache_class
 
     def make(original: Any, kind: str, *args: Any) -> Any:
         if kind == "pgo":  # the last class to be swapped
             raise TypeError("RemoteDynamoPGOCache changed shape")
         return real_make(original, kind, *args)
 
-    monkeypatch.setattr(hooks, "_make_cache_class", make)
+    monkeypatch.setattr(remote_cache_classes, "make_cache_class", make)
     redis_used: list[str] = []
 
     def spy(self: object, cache_id: str) -> None:

@@ -11,13 +11,12 @@ and a process that never compiles never imports torch's compiler stack because o
 Inductor's compile workers are Python processes too: they load the same ``.pth``.
 
 ``OBJCACHE_ENABLE=0`` (or false/no/off) switches the zero-code path off even when
-``OBJCACHE_TIERS`` is set: a one-variable kill switch.
+``OBJCACHE_TIERS`` is set: a one-variable kill switch (:func:`.zero_code_switch.enabled`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -26,25 +25,13 @@ from types import ModuleType
 from typing import Any
 
 from objcache.integrations.torch.watched import WATCHED, on_stop_watching
+from objcache.integrations.torch.zero_code_switch import enabled
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+__all__ = ["activate", "disable", "enabled"]
 
 _lock = threading.RLock()
 _finder: _PostImportFinder | None = None
 _disabled = False
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the zero-code path is on: ``OBJCACHE_TIERS`` set, or ``OBJCACHE_ENABLE`` true.
-
-    An explicit false ``OBJCACHE_ENABLE`` wins over ``OBJCACHE_TIERS``.
-    """
-    env = os.environ if environ is None else environ
-    flag = env.get("OBJCACHE_ENABLE", "").strip().lower()
-    if flag in _FALSE:
-        return False
-    return flag in _TRUE or bool(env.get("OBJCACHE_TIERS", "").strip())
 
 
 class _PostImportFinder:

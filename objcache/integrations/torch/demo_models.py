@@ -1,10 +1,9 @@
 """The demo's built-in models, defined at module level (imports torch).
 
 torch's caching precompile cannot save a package whose guards name a class defined inside a
-function (docs/torch.md, "Precompile entries"), so the models
-``objcache.integrations.torch.demo`` builds live here rather than inside
-:func:`objcache.integrations.torch.demo.build_model`. Their ``forward`` methods close
-over nothing (see :func:`objcache.integrations.torch.demo.build_model` on PGO and closures).
+function (docs/torch.md, "Precompile entries"), so the models the demo's worker builds
+live here rather than inside :func:`objcache.integrations.torch.demo_worker.build_model`.
+Their ``forward`` methods close over nothing (see that function on PGO and closures).
 """
 
 from __future__ import annotations

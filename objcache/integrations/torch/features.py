@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from objcache.integrations.torch.zero_code_switch import enabled
+
 log = logging.getLogger("objcache.torch")
 
 HookKind = Literal["module", "class", "method", "function", "flag"]
@@ -50,7 +52,7 @@ _CODECACHE = "torch._inductor.codecache"
 _AOT = "torch._functorch._aot_autograd.autograd_cache"
 _AUTOTUNE = "torch._inductor.runtime.autotune_cache"
 
-#: What every remote-cache part subclasses (``hooks._make_cache_class``).
+#: What every remote-cache part subclasses (``remote_cache_classes.make_cache_class``).
 _REMOTE_BASE = _hooks("class", _RC, "RemoteCache", "RemoteCacheBackend", "RemoteCacheJsonSerde")
 
 #: Part -> the hooks it needs, in the order ``objcache doctor`` prints them.
@@ -331,8 +333,6 @@ def in_force(environ: dict[str, str] | None = None) -> list[PartState]:
     """:func:`report` with objcache's own switches applied: with the zero-code path off
     (``OBJCACHE_ENABLE=0``, or neither it nor ``OBJCACHE_TIERS`` set) no part is on in a new
     process, and Triton's part needs ``OBJCACHE_TRITON`` (imports torch)."""
-    from objcache.integrations.torch.autoload import enabled
-
     env = dict(os.environ) if environ is None else environ
     states = report(env)
     if not enabled(env):

@@ -4,19 +4,13 @@ torch resolves its remote cache classes **by name at call time**
 (``torch._inductor.remote_cache.create_cache`` does ``getattr(this_module, oss_cache_cls)``),
 so replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCache``,
 ``RemoteAutotuneCache``, ``RemoteBundledAutotuneCache`` and ``RemoteDynamoPGOCache`` with
-subclasses routes every cache object torch creates from then on, each with its ``cache_id``.
-The subclasses work at the *value* level (``RedisRemoteCache._get`` / ``_put``): torch's
-JSON/base64 envelope is never built on a put, the raw pickle is stored (:mod:`.serde`), and
-a hit is written through to Inductor's local cache (:mod:`.writethrough`). Their
-``backend`` is an :class:`ObjcacheBackend` (a real ``RemoteCacheBackend[bytes]``) for code
-that talks to the backend directly, and a ``backend_override_cls`` set on them (torch's own
-test mocks) still wins.
+subclasses (:mod:`.remote_cache_classes`, working at the value level) routes every cache
+object torch creates from then on, each with its ``cache_id``. Everything this module
+changes on torch is recorded in :mod:`.patch_ledger` and put back from there.
 
-Nothing here raises into torch: a raising ``_put`` breaks AOTAutograd (the error escapes
-``loss.backward()``: the ``remote_cache.put`` in ``AOTAutogradCache.save`` is outside any
-try) and PGO. Every failure is a counted miss, logged once. Gets are bounded by the
-client's deadline; puts write the local objcache tier and go remote through the
-write-behind queue.
+Nothing here raises into torch: every failure is a counted miss, logged once. Gets are
+bounded by the client's deadline; puts write the local objcache tier and go remote through
+the write-behind queue.
 
 The install is made of *parts*, one per torch module (:data:`.watched.WATCHED`), so that the
 zero-code path (:mod:`.autoload`) can apply each part when its module is first imported,
@@ -29,7 +23,6 @@ import logging
 import os
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -38,40 +31,22 @@ from objcache.integrations.torch import (
     candidates,
     features,
     keycards,
-    pgo_join,
+    patch_ledger,
     phase_times,  # noqa: F401  (imported: run summaries read its figures, outputs._phases)
     precompile,
+    precompile_entry,
     process_keys,
-    serde,
+    remote_cache_classes,
     time_saved,
     watched,
     writethrough,
 )
+from objcache.integrations.torch.remote_cache_classes import CACHE_CLASSES, counters, failed
 from objcache.integrations.torch.watched import WATCHED, Part
 from objcache.observe import keycards as cards
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
-
-#: torch class name -> objcache kind.
-CACHE_CLASSES: dict[str, str] = {
-    "RemoteFxGraphCache": "fx-graph",
-    "RemoteAOTAutogradCache": "aot-autograd",
-    "RemoteAutotuneCache": "autotune",
-    "RemoteBundledAutotuneCache": "bundled-autotune",
-    "RemoteDynamoPGOCache": "pgo",
-}
-
-#: objcache kind -> torch's cache_id, for the kinds with a fixed one (the autotune cache id
-#: is a per-kernel hash). Sources: ``FxGraphCache.get_remote_cache``,
-#: ``AOTAutogradCache.get_remote_cache``, ``torch._dynamo.pgo.get_remote_cache``,
-#: ``AutotuneCacheBundler.begin_compile``.
-CACHE_IDS: dict[str, str] = {
-    "fx-graph": "fx-graph-v1",
-    "aot-autograd": "autograd-experimental",
-    "pgo": "dynamo-pgo",
-    "bundled-autotune": "bundled-autotune-v1",
-}
 
 #: (config module, attribute, environment variable that, when present, wins).
 FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -99,8 +74,6 @@ FLAGS: tuple[tuple[str, str, str], ...] = (
 JOB_ID_ENV = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
 
 _lock = threading.RLock()
-#: What install() changed: (module name, attribute) -> previous value.
-_saved: dict[tuple[str, str], Any] = {}
 _installed_parts: set[str] = set()
 #: The module whose cache classes are swapped; the flags wait for it (:func:`_apply_flags`).
 REMOTE_CACHES = "torch._inductor.remote_cache"
@@ -108,15 +81,6 @@ REMOTE_CACHES = "torch._inductor.remote_cache"
 _flags_waiting: list[Any] = []
 #: Environment variables install() set (for child processes), removed by uninstall().
 _env_set: set[str] = set()
-#: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
-counters: Counter[str] = Counter()
-_failed = FailureLog(
-    log,
-    "torch",
-    counters,
-    "errors:",
-    "objcache: %s failed; torch goes on without objcache there: %r",
-)
 _swap_failed = FailureLog(
     log,
     "torch",
@@ -124,99 +88,6 @@ _swap_failed = FailureLog(
     "errors:",
     "objcache: %s failed, put back; torch's remote-cache flags stay off: %r",
 )
-
-
-# --- the value-level cache classes -----------------------------------------------------------
-
-
-def _make_backend_class(base: type) -> type:
-    class ObjcacheBackend(base):  # type: ignore[misc]
-        """``RemoteCacheBackend[bytes]`` speaking torch's JSON envelope on top of objcache."""
-
-        def __init__(self, kind: str = "blob") -> None:
-            super().__init__()
-            self.kind = kind
-
-        def _get(self, key: str) -> bytes | None:
-            try:
-                payload = objcache.get_client().get(self.kind, key)
-                return None if payload is None else serde.envelope_bytes(self.kind, payload)
-            except Exception as exc:
-                _failed(f"backend get ({self.kind})", exc)
-                return None
-
-        def _put(self, key: str, data: bytes) -> None:
-            try:
-                objcache.get_client().put(
-                    self.kind, key, serde.pack_envelope_bytes(self.kind, data)
-                )
-            except Exception as exc:
-                _failed(f"backend put ({self.kind})", exc)
-
-    return ObjcacheBackend
-
-
-def _make_cache_class(original: type, kind: str, backend_cls: type, json_serde: type) -> type:
-    from torch._inductor.remote_cache import RemoteCache
-
-    class ObjcacheRemoteCache(original):  # type: ignore[misc]
-        objcache_kind = kind
-
-        def __init__(self, cache_id: str) -> None:
-            # RedisRemoteCache.__init__ would insist on the redis package; objcache does not
-            # need it. Same key format as RedisRemoteCache.__init__.
-            RemoteCache.__init__(self, backend_cls(kind), json_serde())
-            self._key_fmt = f"pt2:{cache_id}::{{key}}:c1"
-
-        def _get(self, key: str, sample: Any) -> Any:
-            if type(self).backend_override_cls is not None:
-                return super()._get(key, sample)
-            counters[f"gets:{kind}"] += 1
-            try:
-                if kind in pgo_join.RECORD_KINDS:
-                    payload = objcache.get_client().get_record(kind, self._get_key(key))
-                else:
-                    payload = objcache.get_client().get(kind, self._get_key(key))
-                if payload is None:
-                    return None
-                value, raw = serde.unpack(kind, payload)
-            except Exception as exc:
-                _failed(f"get ({kind})", exc)
-                return None
-            counters[f"hits:{kind}"] += 1
-            if raw is not None:
-                writethrough.write_through(kind, key, raw)
-            return value
-
-        def _put(self, key: str, value: Any, sample: Any) -> None:
-            if type(self).backend_override_cls is not None:
-                super()._put(key, value, sample)
-                return
-            try:
-                client = objcache.get_client()
-                payload = serde.pack(kind, value)
-                if kind in pgo_join.RECORD_KINDS:
-                    # a join with every other writer's profile, never last-writer-wins
-                    client.update_record(kind, self._get_key(key), pgo_join.change_for(payload))
-                elif process_keys.is_nonce_key(kind, key):
-                    client.put_local(kind, self._get_key(key), payload)
-                    process_keys.counters["local_only:nonce_key"] += 1
-                elif kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
-                    client.put_candidate(kind, self._get_key(key), payload)
-                else:
-                    client.put(kind, self._get_key(key), payload)
-                counters[f"puts:{kind}"] += 1
-                if kind in cards.CARD_KIND:
-                    keycards.published(client, kind, key)
-            except Exception as exc:
-                _failed(f"put ({kind})", exc)
-
-    # torch reports cache stats under type(self).__name__: keep torch's names there.
-    ObjcacheRemoteCache.__name__ = original.__name__
-    ObjcacheRemoteCache.__qualname__ = original.__qualname__
-    ObjcacheRemoteCache.__module__ = __name__
-    ObjcacheRemoteCache.__doc__ = f"torch's {original.__name__}, stored in objcache ({kind})."
-    return ObjcacheRemoteCache
 
 
 def _apply_remote_cache(module: Any) -> None:
@@ -227,7 +98,7 @@ def _apply_remote_cache(module: Any) -> None:
     no signature). On any failure, the classes swapped so far and the flags set are put
     back before the error goes on to :func:`apply_part`.
     """
-    saved_before = set(_saved)
+    saved_before = set(patch_ledger.saved)
     # Only the classes of parts whose hooks are all there (docs/torch.md, "Feature detection").
     wanted = {
         name: kind
@@ -236,23 +107,21 @@ def _apply_remote_cache(module: Any) -> None:
     }
     try:
         if wanted:
-            backend_cls = _make_backend_class(module.RemoteCacheBackend)
+            backend_cls = remote_cache_classes.make_backend_class(module.RemoteCacheBackend)
             module.ObjcacheBackend = backend_cls
         for name, kind in wanted.items():
             current = getattr(module, name)
             if getattr(current, "objcache_kind", None):
                 continue
-            _save(module.__name__, name, current)
-            cls = _make_cache_class(current, kind, backend_cls, module.RemoteCacheJsonSerde)
+            patch_ledger.save(module.__name__, name, current)
+            cls = remote_cache_classes.make_cache_class(
+                current, kind, backend_cls, module.RemoteCacheJsonSerde
+            )
             setattr(module, name, cls)
         for config_module in _flags_waiting:
             _set_flags(config_module)
     except BaseException:
-        for key in reversed([k for k in _saved if k not in saved_before]):
-            mod = sys.modules.get(key[0])
-            value = _saved.pop(key)
-            if mod is not None:
-                _restore(mod, key[1], value)
+        patch_ledger.undo_since(saved_before)
         if hasattr(module, "ObjcacheBackend"):
             del module.ObjcacheBackend
         raise
@@ -294,11 +163,11 @@ def _set_flags(module: Any) -> None:
             continue
         if attr == "caching_precompile":
             if precompile.wanted() and getattr(module, attr, None) is False:
-                _set_config(module, attr, True)
+                patch_ledger.set_config(module, attr, True)
             continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
             continue
-        _set_config(module, attr, True)
+        patch_ledger.set_config(module, attr, True)
     if module.__name__ == "torch._dynamo.config":
         _apply_job_id()
 
@@ -311,44 +180,7 @@ def _apply_job_id() -> None:
     cconfig = sys.modules.get("torch.compiler.config")
     if cconfig is None or getattr(cconfig, "job_id", None) is not None:
         return
-    _set_config(cconfig, "job_id", job)
-
-
-def _set_config(module: Any, attr: str, value: Any) -> None:
-    """Set a torch config value, remembering the raw override so uninstall restores it.
-
-    torch config modules keep a user override per entry (``ConfigModule.__setattr__``);
-    restoring "unset" is not the same as setting the default value back, so the raw
-    override is saved and put back as it was.
-    """
-    entry = getattr(module, "_config", {}).get(attr)
-    override: Any = getattr(entry, "user_override", None)
-    # torch >= 2.13 keeps the override in a context-variable-like holder (``get``/``set``);
-    # older releases keep the value itself, or a bare sentinel object when unset: those are
-    # restored by setting the attribute back
-    holder = getattr(override, "get", None), getattr(override, "set", None)
-    if callable(holder[0]) and callable(holder[1]):
-        _save(module.__name__, f"config:{attr}", holder[0]())
-    else:
-        _save(module.__name__, attr, getattr(module, attr))
-    setattr(module, attr, value)
-
-
-def _restore(mod: Any, attr: str, value: Any) -> None:
-    if attr.startswith("config:"):
-        mod._config[attr[len("config:") :]].user_override.set(value)
-        dirty = getattr(mod, "_hash_dirty_var", None)
-        if dirty is not None:
-            dirty.set(True)
-        mark = getattr(mod, "_mark_get_dict_dirty", None)
-        if mark is not None:
-            mark(attr[len("config:") :])
-    elif attr == "AutotuneCache._read":
-        mod.AutotuneCache._read = value
-    elif attr == "AutotuneCacheBundler.begin_compile":
-        mod.AutotuneCacheBundler.begin_compile = value
-    else:
-        setattr(mod, attr, value)
+    patch_ledger.set_config(cconfig, "job_id", job)
 
 
 # --- parts -----------------------------------------------------------------------------------
@@ -358,14 +190,16 @@ def _apply_autotune(module: Any) -> None:
     if features.off("autotune") is None:
         cls = module.AutotuneCache
         if not getattr(cls._read, "__objcache__", False):
-            _save(module.__name__, "AutotuneCache._read", cls._read)
+            patch_ledger.save(module.__name__, "AutotuneCache._read", cls._read)
             cls._read = writethrough.wrap_autotune_read(cls._read)
     if features.off("bundled autotune") is not None:
         return
     bundler = module.AutotuneCacheBundler
     if getattr(getattr(bundler.__dict__["begin_compile"], "__func__", None), "__objcache__", False):
         return
-    _save(module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"])
+    patch_ledger.save(
+        module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"]
+    )
     bundler.begin_compile = classmethod(_guarded_begin_compile(bundler.begin_compile))
 
 
@@ -442,14 +276,8 @@ def _apply_precompile(module: Any) -> None:
     try:
         precompile.apply(package)
     except BaseException:
-        _undo_flag("torch._dynamo.config", "caching_precompile")
+        patch_ledger.undo_flag("torch._dynamo.config", "caching_precompile")
         raise
-
-
-def _undo_flag(mod_name: str, attr: str) -> None:
-    for saved in ((mod_name, f"config:{attr}"), (mod_name, attr)):
-        if saved in _saved and (mod := sys.modules.get(mod_name)) is not None:
-            _restore(mod, saved[1], _saved.pop(saved))
 
 
 def _apply_vllm(module: Any) -> None:
@@ -505,7 +333,7 @@ def _undo_flags_of_parts_off() -> None:
     """
     for mod_name, attr, _env in FLAGS:
         if features.missing(features.PART_OF_FLAG[attr]):
-            _undo_flag(mod_name, attr)
+            patch_ledger.undo_flag(mod_name, attr)
 
 
 _config_checked: list[bool] = []
@@ -539,13 +367,13 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
             APPLY[WATCHED[module_name]](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
-            (_swap_failed if module_name == REMOTE_CACHES else _failed)(
+            (_swap_failed if module_name == REMOTE_CACHES else failed)(
                 f"install ({module_name})", exc
             )
         try:
             _undo_flags_of_parts_off()
         except Exception as exc:
-            _failed("install (flags of parts off)", exc)
+            failed("install (flags of parts off)", exc)
 
 
 def install(config: Any | None = None) -> None:
@@ -571,7 +399,7 @@ def install(config: Any | None = None) -> None:
             try:
                 module = importlib.import_module(name)
             except Exception as exc:
-                _failed(f"import {name}", exc)
+                failed(f"import {name}", exc)
                 continue
             apply_part(name, module)
         if config is None:
@@ -603,7 +431,7 @@ def start_client() -> None:
     try:
         objcache.get_client()
     except Exception as exc:
-        _failed("client", exc)
+        failed("client", exc)
 
 
 def installed() -> bool:
@@ -619,15 +447,7 @@ def uninstall() -> None:
 
     with _lock:
         watched.stop_watching()
-        for (mod_name, attr), value in reversed(list(_saved.items())):
-            mod = sys.modules.get(mod_name)
-            if mod is None:
-                continue
-            try:
-                _restore(mod, attr, value)
-            except Exception as exc:
-                _failed(f"uninstall ({mod_name}.{attr})", exc)
-        _saved.clear()
+        patch_ledger.undo_all(failed)
         rc = sys.modules.get("torch._inductor.remote_cache")
         if rc is not None and hasattr(rc, "ObjcacheBackend"):
             del rc.ObjcacheBackend
@@ -667,10 +487,6 @@ def _uninstall_triton_host() -> None:
         triton_host.uninstall()
 
 
-def _save(mod_name: str, attr: str, value: Any) -> None:
-    _saved.setdefault((mod_name, attr), value)
-
-
 def stats() -> dict[str, Any]:
     """This process's integration counters (hook calls, write-through, kernel layer)."""
     from objcache.integrations.torch import kernels
@@ -685,7 +501,7 @@ def stats() -> dict[str, Any]:
         "time_saved_s": time_saved.snapshot(),
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
-        "precompile": dict(precompile.counters),
+        "precompile": dict(precompile_entry.counters),
         "process_keys": dict(process_keys.counters),
         "key_cards": dict(cards.counters),
     }

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from objcache.integrations.torch.hooks import CACHE_IDS
+from objcache.integrations.torch.remote_cache_classes import CACHE_IDS
 
 #: Mega-Cache artifact type -> objcache kind.
 ARTIFACT_KINDS = {"inductor": "fx-graph", "aot_autograd": "aot-autograd", "pgo": "pgo"}
