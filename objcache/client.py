@@ -24,8 +24,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from objcache.backends import create_backend
-from objcache.backends.base import ObjectInfo, PutMode, TierSpec
+from objcache import stores
+from objcache.backends.base import ObjectInfo, PutMode
 from objcache.backends.fs import FsBackend
 from objcache.bridge import Bridge, BridgeTimeout
 from objcache.config import logs
@@ -36,7 +36,6 @@ from objcache.core.candidates import Candidate
 from objcache.core.manifest import default_job_name, prefetch, record_run
 from objcache.core.nodelease import NodeLeases
 from objcache.core.records import Change
-from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, Written
 from objcache.entry.layout import Namespace
@@ -63,22 +62,9 @@ def sync_deadline_s(cache: TieredCache) -> float:
 def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> TieredCache:
     """A TieredCache for ``config`` (no I/O happens until the first call)."""
     fields = fingerprint() if env_fields is None else env_fields
-    local_spec = TierSpec(
-        url=f"disk://{config.local_dir}",
-        scheme="disk",
-        location="",
-        path=str(config.local_dir),
-        options={"max_bytes": str(config.local_max_bytes)},
-    )
-    common: dict[str, Any] = {
-        "timeout_ms": config.timeout_ms,
-        "retries": config.retries,
-        "breaker_failures": config.breaker_failures,
-        "breaker_cooldown_s": config.breaker_cooldown_s,
-    }
-    local = Tier.from_backend(create_backend(local_spec), **common)
+    local = stores.open_tier(stores.local_spec(config, evict=True), config)
     remotes = [
-        Tier.from_backend(create_backend(spec), read_only=config.read_only, **common)
+        stores.open_tier(spec, config, read_only=config.read_only)
         for spec in config.effective_tiers()
     ]
     leases = None

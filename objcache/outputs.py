@@ -14,15 +14,14 @@ import sys
 import time
 from typing import Any
 
-from objcache.backends import create_backend
 from objcache.backends.base import PutMode
 from objcache.bridge import Bridge
 from objcache.config.settings import Config
-from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import write
 from objcache.observe import keycards, process_stats
 from objcache.observe import run_summary as summary
+from objcache.stores import open_tier
 
 log = logging.getLogger("objcache")
 
@@ -103,13 +102,7 @@ class RunObserver:
         spec = self.config.summaries_url
         assert spec is not None
         entry = self.cache.codec.encode(payload, okey)
-        tier = Tier.from_backend(
-            create_backend(spec),
-            timeout_ms=self.config.timeout_ms,
-            retries=self.config.retries,
-            breaker_failures=self.config.breaker_failures,
-            breaker_cooldown_s=self.config.breaker_cooldown_s,
-        )
+        tier = open_tier(spec, self.config)
         try:
             return await tier.put(okey, entry, PutMode.CREATE)
         finally:

@@ -431,27 +431,6 @@ def test_a_hostile_mega_pointer_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("objcache: error: mega load: "), r.stderr
 
 
-def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
-    """One way to open a store in the CLI: ``common.open_tier`` (the command's deadline, no
-    retries, bounded concurrency). No command module calls ``create_backend`` anywhere else."""
-    import ast
-
-    cli_dir = Path(__file__).resolve().parents[1] / "objcache" / "cli"
-    callers: list[str] = []
-    for path in sorted(cli_dir.glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
-                    "create_backend",
-                    "build_backend",
-                ):
-                    callers.append(f"{path.name}:{fn.name}")
-    assert sorted(set(callers)) == ["common.py:open_tier"], callers
-
-
 def test_push_refuses_an_inductor_dir_others_could_have_filled(run: Run, tmp_path: Path) -> None:
     """A symlinked or group-writable ``--inductor-dir`` is a one-line error, exit 2, and
     nothing is published."""

@@ -16,6 +16,7 @@ from objcache.backends.base import Backend
 from objcache.cli import common
 from objcache.cli.common import JsonOpt, TierOpt, UserError, out
 from objcache.config.settings import Config
+from objcache.stores import open_tier
 
 # --- report ------------------------------------------------------------------------------
 
@@ -49,10 +50,12 @@ def report(
     since_s = _since(since)
     # the summaries location, where one is configured (docs/operations.md, "Fleet report")
     source = config.summaries_url if tier is None else None
-    backend = common.open_tier(source or common.tier_specs(config, tier)[0], config)
+    backend = open_tier(source or common.tier_specs(config, tier)[0], config, mode="command")
     # written key cards are in the tiers, runs' missed cards beside the summaries
     cards = (
-        backend if source is None else common.open_tier(common.tier_specs(config, tier)[0], config)
+        backend
+        if source is None
+        else open_tier(common.tier_specs(config, tier)[0], config, mode="command")
     )
     bar, advance = common.progress_bar(0, "report")
     codec = common.codec_of(config)
@@ -139,11 +142,11 @@ def explain(
 
     config = common.load_config()
     since_epoch = _since_epoch(_since(since))
-    backend = common.open_tier(common.tier_specs(config, tier)[0], config)
+    backend = open_tier(common.tier_specs(config, tier)[0], config, mode="command")
     # a run's missed cards are beside its summary: in the summaries location where one is
     # configured (docs/operations.md, "Fleet report"); written cards are in the tiers
     source = config.summaries_url if tier is None else None
-    runs_at = common.open_tier(source, config) if source is not None else backend
+    runs_at = open_tier(source, config, mode="command") if source is not None else backend
     closing = [backend] if runs_at is backend else [backend, runs_at]
     if timing:
         _explain_time(runs_at, closing, config, job, run, env, since, runs, as_json)

@@ -20,6 +20,7 @@ from objcache.config.fingerprint import env_id, fingerprint
 from objcache.config.settings import Config
 from objcache.config.urls import flag
 from objcache.observe.plaintext import text
+from objcache.stores import local_spec, open_tier
 
 # --- doctor ------------------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
     """Say what is in force (enabled, torch parts, signing, verification, read-only, unknown
     variables), then check that every tier can be read, written in create mode and deleted."""
     config = common.load_config()
-    specs = [common.local_spec(config), *common.tier_specs(config, tier)]
+    specs = [local_spec(config), *common.tier_specs(config, tier)]
     codec = common.codec_of(config)
     state = _in_force(config)
     if not as_json:
@@ -117,7 +118,7 @@ def doctor(tier: TierOpt = None, as_json: JsonOpt = False) -> None:
     failed = 0
 
     async def check(spec: TierSpec) -> ops.ProbeResult:
-        backend = common.open_tier(spec, config)
+        backend = open_tier(spec, config, mode="command")
         write = not (config.read_only or flag(spec, "read_only"))
         try:
             return await asyncio.wait_for(

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from objcache.backends.base import Backend, TierSpec
+from objcache.backends.base import Backend
 from objcache.cli import common, ops
 from objcache.cli.common import DryRun, JsonOpt, TierOpt, UserError, err, out
 from objcache.config.fingerprint import env_id
@@ -21,6 +21,7 @@ from objcache.config.urls import parse_tier_list
 from objcache.entry.layout import KINDS
 from objcache.errors import ConfigError, ObjcacheError
 from objcache.observe.plaintext import text
+from objcache.stores import disk_spec, local_spec, open_tier
 
 # --- ls ----------------------------------------------------------------------------------
 
@@ -38,7 +39,7 @@ def ls(
     """List entries (or environments) in a tier."""
     config = common.load_config()
     spec = common.tier_specs(config, tier)[0]
-    backend = common.open_tier(spec, config)
+    backend = open_tier(spec, config, mode="command")
     if envs:
         found = common.run_async(
             common.close_after([backend], ops.environments(backend, common.codec_of(config)))
@@ -221,8 +222,8 @@ def push(
     src_dir = source or config.local_dir
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
-    src = common.open_tier(TierSpec(f"disk://{src_dir}", "disk", "", str(src_dir), {}), config)
-    targets = [common.open_tier(s, config) for s in specs]
+    src = open_tier(disk_spec(src_dir), config, mode="command")
+    targets = [open_tier(s, config, mode="command") for s in specs]
     report = _copy(
         src,
         targets,
@@ -278,9 +279,13 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> 
             common.warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
         return
     spec = common.tier_specs(config, tier)[0]
-    local = common.open_tier(common.local_spec(config), config)
+    local = open_tier(local_spec(config), config, mode="command")
     report = _copy(
-        common.open_tier(spec, config), [local], None if all_envs else env_id(), "pull", config
+        open_tier(spec, config, mode="command"),
+        [local],
+        None if all_envs else env_id(),
+        "pull",
+        config,
     )
     if report.failed or report.refused:
         common.warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
@@ -314,7 +319,7 @@ def gc(
     keep = None if keep_env is None else {env_id() if e == "current" else e for e in keep_env}
 
     async def plan_all() -> list[ops.GcPlan]:
-        backends = [common.open_tier(s, config) for s in specs]
+        backends = [open_tier(s, config, mode="command") for s in specs]
         return await common.close_after(
             backends,
             asyncio.gather(
@@ -358,7 +363,7 @@ def gc(
     bar, advance = common.progress_bar(total, "gc")
 
     async def run() -> list[int]:
-        backends = [common.open_tier(s, config) for s in specs]
+        backends = [open_tier(s, config, mode="command") for s in specs]
 
         async def one(i: int, backend: Backend) -> int:
             return await ops.run_gc(backend, plans[i], advance, read_only=config.read_only)
@@ -394,12 +399,12 @@ def verify(
 ) -> None:
     """Check every entry's digest (and signature, when signing keys are set)."""
     config = common.load_config()
-    spec = parse_tier_list(tier, "--tier")[0] if tier else common.local_spec(config)
+    spec = parse_tier_list(tier, "--tier")[0] if tier else local_spec(config)
     # The local tier is this machine's own: a read-only configuration protects remote tiers.
     read_only = config.read_only and bool(tier)
     if delete:
         ops.refuse_read_only("verify --delete", [spec], read_only=read_only)
-    backend = common.open_tier(spec, config)
+    backend = open_tier(spec, config, mode="command")
     bar, advance = common.progress_bar(0, "verify")
 
     async def run() -> ops.VerifyReport:

@@ -1,8 +1,9 @@
 """What every ``objcache`` command shares: the consoles and how a line or JSON reaches them,
-the common options, the configuration, the tiers a command acts on and how it opens them, the
-event loop a command runs on, progress bars and sizes (docs/architecture.md, "Modules, top to
-bottom"). The commands are in the ``commands_*`` modules beside this one; ``main`` gathers
-them into the ``objcache`` app."""
+the common options, the configuration, the tiers a command acts on (each opened by
+:func:`objcache.stores.open_tier` in its ``"command"`` mode), the event loop a command runs
+on, progress bars and sizes (docs/architecture.md, "Modules, top to bottom"). The commands
+are in the ``commands_*`` modules beside this one; ``main`` gathers them into the
+``objcache`` app."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from objcache.backends import create_backend
 from objcache.backends.base import Backend, TierSpec
 from objcache.cli import ops
 from objcache.config.settings import Config
@@ -105,21 +105,8 @@ def write_targets(config: Config, tier: str | None, action: str) -> list[TierSpe
     return writable
 
 
-def open_tier(spec: TierSpec, config: Config) -> Backend:
-    """The backend of ``spec`` with every call (each listing page too) bounded by the tier's
-    deadline (``?timeout_ms=``, else OBJCACHE_TIMEOUT_MS), as in the cache itself: a
-    command's tier, no retries, no breaker (docs/architecture.md, "Policies")."""
-    from objcache.core.tier import Tier
-
-    return Tier.for_command(create_backend(spec), timeout_ms=config.timeout_ms).bounded()
-
-
 def warn(message: str) -> None:
     print_line(err, f"objcache: warning: {message}")
-
-
-def local_spec(config: Config) -> TierSpec:
-    return TierSpec(f"disk://{config.local_dir}", "disk", "", str(config.local_dir), {})
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -112,8 +112,8 @@ class Tier:
 
     @classmethod
     def for_command(cls, backend: Backend, *, timeout_ms: int) -> Tier:
-        """A maintenance command's tier (objcache/cli.py): the tier's deadline, no retries
-        (a command reports the first error), no breaker (every call is tried)."""
+        """A maintenance command's tier (opened by objcache/stores.py): the tier's deadline,
+        no retries (a command reports the first error), no breaker (every call is tried)."""
         policy = RetryPolicy(timeout_s=deadline_s(backend.spec, timeout_ms), retries=0)
         return cls(backend, policy, NoBreaker())
 
