@@ -85,7 +85,7 @@ def redis_cluster(
     test_servers: Callable[[type[RedisClusterServer]], RedisClusterServer],
 ) -> RedisClusterServer:
     """3 primaries and 3 replicas, shared by the session: tests that crash a node start their
-    own (tests/test_redis_cluster.py)."""
+    own (tests/faults/test_redis_cluster.py)."""
     return test_servers(RedisClusterServer)
 
 
@@ -140,7 +140,8 @@ def make_bucket(request: pytest.FixtureRequest) -> Iterator[Callable[[BucketServ
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The shared torch.compile runs (one cold compile per session, see test_torch_compile)."""
-    from tests.test_torch_compile import World
+    """The shared torch.compile runs (one cold compile per session, see
+    tests/integrations/torch/test_compile.py)."""
+    from tests.integrations.torch.test_compile import World
 
     return World(tmp_path_factory.mktemp("torch-compile"))

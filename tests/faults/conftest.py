@@ -23,7 +23,7 @@ from objcache.bridge import Bridge
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.config.urls import parse_tier_url
-from tests.cloud_support import gcs_url, s3_url
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 

@@ -38,7 +38,7 @@ from objcache.core.tiered_records import get_record, update_record
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
-from tests.cloud_support import gcs_url, s3_url
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
 
