@@ -43,29 +43,29 @@ def make(url: str) -> GCSBackend:
 
 
 @pytest.fixture
-def prefix() -> str:
+def gcs_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
-def proxy(fake_gcs: FakeGCS, fault_proxy: MakeProxy) -> FaultProxy:
+def gcs_proxy(fake_gcs: FakeGCS, fault_proxy: MakeProxy) -> FaultProxy:
     return fault_proxy(fake_gcs.host, fake_gcs.port)
 
 
 @pytest.fixture
-async def via_proxy(
-    fake_gcs: FakeGCS, proxy: FaultProxy, prefix: str
+async def gcs_via_proxy(
+    fake_gcs: FakeGCS, gcs_proxy: FaultProxy, gcs_prefix: str
 ) -> AsyncIterator[Callable[..., GCSBackend]]:
     made: list[GCSBackend] = []
 
     def factory(**options: Any) -> GCSBackend:
-        backend = make(gcs_url(fake_gcs, prefix, endpoint=proxy.url(), **options))
+        backend = make(gcs_url(fake_gcs, gcs_prefix, endpoint=gcs_proxy.url(), **options))
         made.append(backend)
         return backend
 
     yield factory
-    proxy.passthrough()
-    proxy.bandwidth_bps = 0
+    gcs_proxy.passthrough()
+    gcs_proxy.bandwidth_bps = 0
     for backend in made:
         await backend.close()
 
@@ -74,13 +74,13 @@ async def via_proxy(
 
 
 async def test_construction_does_no_io_and_instances_share_one_client(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
     tasks = asyncio.all_tasks()
-    a, b = via_proxy(), via_proxy()
+    a, b = gcs_via_proxy(), gcs_via_proxy()
     assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    proxy.settle()
-    assert proxy.connections == 0, "nor connect"
+    gcs_proxy.settle()
+    assert gcs_proxy.connections == 0, "nor connect"
     assert a.client_key not in SHARED.clients, "nor create a client"
     await a.put("k", b"v")
     assert await b.get("k") == b"v"
@@ -94,7 +94,7 @@ async def test_construction_does_no_io_and_instances_share_one_client(
 
 
 async def test_a_miss_costs_one_request(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
     """No hidden traffic: no retries, no background bucket-metadata lookups.
 
@@ -102,21 +102,21 @@ async def test_a_miss_costs_one_request(
     the backend's pool that is alive after the calls is one (one that ended has had its
     request counted)."""
     threads = set(threading.enumerate())
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     assert await backend.get("absent") is None  # the first 404 also checks the bucket
-    proxy.reset_counters()
+    gcs_proxy.reset_counters()
     assert await backend.get("absent") is None
     assert await backend.exists("absent") is False
     started = {t for t in set(threading.enumerate()) - threads if not t.name.startswith("gcs_")}
     assert not started, f"background threads: {started}"
-    assert len(proxy.http_requests) == 2, proxy.http_requests
+    assert len(gcs_proxy.http_requests) == 2, gcs_proxy.http_requests
 
 
 async def test_storage_emulator_host_is_honoured(
-    fake_gcs: FakeGCS, prefix: str, monkeypatch: pytest.MonkeyPatch
+    fake_gcs: FakeGCS, gcs_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"{fake_gcs.host}:{fake_gcs.port}")
-    url = gcs_url(fake_gcs, prefix).split("?", 1)[0]  # no endpoint option
+    url = gcs_url(fake_gcs, gcs_prefix).split("?", 1)[0]  # no endpoint option
     backend = make(url)
     assert backend.client_key.endpoint == fake_gcs.endpoint
     assert await backend.put("k", b"v") is True
@@ -127,23 +127,23 @@ async def test_storage_emulator_host_is_honoured(
 
 
 async def test_large_entry_goes_resumable_and_round_trips(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     data = os.urandom(20 * MiB)  # > 8 MiB: resumable
     assert await backend.put("big", data) is True
-    assert proxy.count_requests("POST", "/upload/storage/v1/b/") == 1
-    assert any("uploadType=resumable" in r.path for r in proxy.http_requests)
+    assert gcs_proxy.count_requests("POST", "/upload/storage/v1/b/") == 1
+    assert any("uploadType=resumable" in r.path for r in gcs_proxy.http_requests)
     got = await backend.get("big")
     assert got is not None and hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 
 
 async def test_small_entry_is_one_multipart_request(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     await backend.put("small", b"x" * 1000)
-    uploads = [r for r in proxy.http_requests if r.path.startswith("/upload/")]
+    uploads = [r for r in gcs_proxy.http_requests if r.path.startswith("/upload/")]
     assert len(uploads) == 1 and "uploadType=multipart" in uploads[0].path
     assert "ifGenerationMatch=0" in uploads[0].path
 
@@ -155,9 +155,9 @@ async def test_small_entry_is_one_multipart_request(
     strict=False,
 )
 async def test_concurrent_large_creates_have_one_winner(
-    via_proxy: Callable[..., GCSBackend],
+    gcs_via_proxy: Callable[..., GCSBackend],
 ) -> None:
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     values = [bytes([i]) * (10 * MiB) for i in range(3)]
     results = await asyncio.gather(*(backend.put("race", v) for v in values))
     assert sorted(results) == [False, False, True]
@@ -165,29 +165,29 @@ async def test_concurrent_large_creates_have_one_winner(
 
 
 async def test_large_create_of_existing_key_uploads_nothing(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     assert await backend.put("k", b"a" * (9 * MiB)) is True
-    proxy.reset_counters()
+    gcs_proxy.reset_counters()
     assert await backend.put("k", b"b" * (9 * MiB)) is False
-    assert proxy.bytes_to_server < 64 * 1024
+    assert gcs_proxy.bytes_to_server < 64 * 1024
     assert await backend.get("k") == b"a" * (9 * MiB)
 
 
 @pytest.mark.parametrize("size", [2 * MiB, 12 * MiB], ids=["multipart", "resumable"])
 async def test_reset_mid_upload_leaves_nothing(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend], size: int
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend], size: int
 ) -> None:
-    backend = via_proxy()
-    proxy.bandwidth_bps = 8 * MiB
+    backend = gcs_via_proxy()
+    gcs_proxy.bandwidth_bps = 8 * MiB
     put = asyncio.ensure_future(backend.put("partial", os.urandom(size)))
-    await until(lambda: proxy.bytes_to_server > size // 4, what="a quarter uploaded")
-    proxy.reset_after(0)  # the answer to the upload is cut by a TCP RST
+    await until(lambda: gcs_proxy.bytes_to_server > size // 4, what="a quarter uploaded")
+    gcs_proxy.reset_after(0)  # the answer to the upload is cut by a TCP RST
     with pytest.raises(TransientBackendError):
         await asyncio.wait_for(put, 60)
-    proxy.passthrough()
-    proxy.bandwidth_bps = 0
+    gcs_proxy.passthrough()
+    gcs_proxy.bandwidth_bps = 0
     # The server may have received every byte before the reset: then the object is
     # whole. What must never exist is a part of it.
     got = await backend.get("partial")
@@ -229,10 +229,10 @@ async def test_no_application_default_credentials_is_permanent(
 
 
 async def test_refused_connection_is_transient_and_fast(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy(connect_timeout=10)
-    proxy.refuse()
+    backend = gcs_via_proxy(connect_timeout=10)
+    gcs_proxy.refuse()
     started = time.monotonic()
     with pytest.raises(TransientBackendError):
         await backend.get("k")
@@ -244,28 +244,28 @@ async def test_refused_connection_is_transient_and_fast(
 
 
 async def test_blackhole_is_one_bounded_attempt(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy(read_timeout=1, connect_timeout=1)
-    proxy.blackhole()  # before the first call: each attempt opens its own connection
+    backend = gcs_via_proxy(read_timeout=1, connect_timeout=1)
+    gcs_proxy.blackhole()  # before the first call: each attempt opens its own connection
     started = time.monotonic()
     with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
         await backend.get("k")
     elapsed = time.monotonic() - started
-    proxy.settle()
-    assert proxy.connections == 1, "one attempt: a second one would connect again"
+    gcs_proxy.settle()
+    assert gcs_proxy.connections == 1, "one attempt: a second one would connect again"
     assert elapsed > 0.9, "it waited out the 1 s read timeout"
     assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
 
 
 async def test_blackhole_get_returns_within_tier_deadline(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
     # The read timeout bounds the abandoned worker thread; without the deadline one
     # attempt alone would wait it out (10 s).
-    backend = via_proxy(read_timeout=10)
+    backend = gcs_via_proxy(read_timeout=10)
     await backend.put("k", b"v")
-    proxy.blackhole()
+    gcs_proxy.blackhole()
     tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
     started = time.monotonic()
     assert await tier.get("k") == (None, "timeout")
@@ -274,15 +274,15 @@ async def test_blackhole_get_returns_within_tier_deadline(
 
 
 async def test_reset_mid_body_is_transient(
-    proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
 ) -> None:
-    backend = via_proxy()
+    backend = gcs_via_proxy()
     data = os.urandom(2 * MiB)
     await backend.put("body", data)
-    proxy.reset_after(256 * 1024)
+    gcs_proxy.reset_after(256 * 1024)
     with pytest.raises(TransientBackendError):
         await asyncio.wait_for(backend.get("body"), 60)
-    proxy.passthrough()
+    gcs_proxy.passthrough()
     assert await backend.get("body") == data
 
 
@@ -341,14 +341,16 @@ async def test_503_is_transient_and_retried_only_by_the_policy(
 # --- listing and fan-out -------------------------------------------------------------
 
 
-async def test_list_follows_pages(proxy: FaultProxy, via_proxy: Callable[..., GCSBackend]) -> None:
-    backend = via_proxy()
+async def test_list_follows_pages(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
     backend.list_page_size = 2
     for i in range(5):
         await backend.put(f"l/{i}", b"x" * i)
-    proxy.reset_counters()
+    gcs_proxy.reset_counters()
     assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
-    assert proxy.count_requests("GET") == 3
+    assert gcs_proxy.count_requests("GET") == 3
 
 
 # --- classification of conditions the emulator cannot produce -------------------------

@@ -43,26 +43,19 @@ def backend(url: str, **options: object) -> RedisBackend:
 
 
 @pytest.fixture
-def prefix() -> str:
+def redis_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}/"
 
 
 @pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(host=redis_server.host, port=redis_server.port)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-async def b(redis_server: RedisServer, prefix: str) -> AsyncIterator[RedisBackend]:
-    made = backend(redis_server.url, prefix=prefix)
+async def b(redis_server: RedisServer, redis_prefix: str) -> AsyncIterator[RedisBackend]:
+    made = backend(redis_server.url, prefix=redis_prefix)
     yield made
     await made.close()
 
 
 @pytest.fixture
-def proxy(redis_server: RedisServer, fault_proxy: MakeProxy) -> FaultProxy:
+def redis_proxy(redis_server: RedisServer, fault_proxy: MakeProxy) -> FaultProxy:
     return fault_proxy(redis_server.host, redis_server.port)
 
 
@@ -71,19 +64,19 @@ def proxied(proxy: FaultProxy, prefix: str, **options: object) -> RedisBackend:
 
 
 async def test_construction_does_no_io_and_instances_share_one_pool(
-    proxy: FaultProxy, prefix: str
+    redis_proxy: FaultProxy, redis_prefix: str
 ) -> None:
     tasks = asyncio.all_tasks()
-    a, b2 = proxied(proxy, prefix), proxied(proxy, prefix)
+    a, b2 = proxied(redis_proxy, redis_prefix), proxied(redis_proxy, redis_prefix)
     assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    proxy.settle()
-    assert proxy.connections == 0, "nor connect"
+    redis_proxy.settle()
+    assert redis_proxy.connections == 0, "nor connect"
     assert CLIENTS.peek(a.pool_key) is None
     await a.put("k", b"v")
     assert await b2.get("k") == b"v"
     client = CLIENTS.peek(a.pool_key)
     assert client is not None and client is CLIENTS.peek(b2.pool_key)
-    assert proxy.connections == 1  # sequential calls reuse one pooled connection
+    assert redis_proxy.connections == 1  # sequential calls reuse one pooled connection
     await a.close()
     assert CLIENTS.peek(a.pool_key) is client, "the other instance still uses the pool"
     await a.close()  # idempotent
@@ -99,8 +92,8 @@ async def test_closed_instance_reopens_on_next_call(b: RedisBackend) -> None:
     assert await b.get("k") == b"v"
 
 
-async def test_unix_socket_url(redis_server: RedisServer, prefix: str) -> None:
-    made = backend(redis_server.unix_url, prefix=prefix)
+async def test_unix_socket_url(redis_server: RedisServer, redis_prefix: str) -> None:
+    made = backend(redis_server.unix_url, prefix=redis_prefix)
     try:
         assert await made.put("u", b"over unix") is True
         assert await made.get("u") == b"over unix"
@@ -109,31 +102,31 @@ async def test_unix_socket_url(redis_server: RedisServer, prefix: str) -> None:
 
 
 async def test_ttl_is_set_on_create_and_overwrite(
-    redis_server: RedisServer, raw: redis.Redis, prefix: str
+    redis_server: RedisServer, redis_client: redis.Redis, redis_prefix: str
 ) -> None:
-    made = backend(redis_server.url, prefix=prefix, ttl=120)
+    made = backend(redis_server.url, prefix=redis_prefix, ttl=120)
     try:
         await made.put("c", b"1")
         await made.put("o", b"1", PutMode.OVERWRITE)
-        assert 100 < raw.ttl(f"{prefix}c") <= 120
-        assert 100 < raw.ttl(f"{prefix}o") <= 120
+        assert 100 < redis_client.ttl(f"{redis_prefix}c") <= 120
+        assert 100 < redis_client.ttl(f"{redis_prefix}o") <= 120
     finally:
         await made.close()
-    await (plain := backend(redis_server.url, prefix=prefix)).put("n", b"1")
+    await (plain := backend(redis_server.url, prefix=redis_prefix)).put("n", b"1")
     await plain.close()
-    assert raw.ttl(f"{prefix}n") == -1  # no ttl option: no expiry
+    assert redis_client.ttl(f"{redis_prefix}n") == -1  # no ttl option: no expiry
 
 
-async def test_too_large_raises_before_sending(proxy: FaultProxy, prefix: str) -> None:
-    made = proxied(proxy, prefix, max_size=1000)
+async def test_too_large_raises_before_sending(redis_proxy: FaultProxy, redis_prefix: str) -> None:
+    made = proxied(redis_proxy, redis_prefix, max_size=1000)
     try:
         await made.put("small", b"x" * 1000)
-        sent = proxy.bytes_to_server
+        sent = redis_proxy.bytes_to_server
         with pytest.raises(EntryTooLarge):
             await made.put("big", b"x" * 1001)
         with pytest.raises(EntryTooLarge):
             await made.put("big", b"x" * 1001, PutMode.OVERWRITE)
-        assert proxy.bytes_to_server == sent, "nothing may be sent for an oversized value"
+        assert redis_proxy.bytes_to_server == sent, "nothing may be sent for an oversized value"
         assert await made.get("big") is None
     finally:
         await made.close()
@@ -143,9 +136,9 @@ async def test_default_max_size_is_64_mib(b: RedisBackend) -> None:
     assert b.max_size == 64 << 20
 
 
-async def test_too_large_sends_tier_to_next(redis_server: RedisServer, prefix: str) -> None:
+async def test_too_large_sends_tier_to_next(redis_server: RedisServer, redis_prefix: str) -> None:
     tier = Tier(
-        backend(redis_server.url, prefix=prefix, max_size=10),
+        backend(redis_server.url, prefix=redis_prefix, max_size=10),
         RetryPolicy(timeout_s=1.0, retries=2),
         CircuitBreaker(failures=1),
     )
@@ -190,8 +183,10 @@ def test_glob_escape() -> None:
     assert glob_escape("a*b?c[d]e\\f") == "a\\*b\\?c\\[d\\]e\\\\f"
 
 
-async def test_list_skips_foreign_types(b: RedisBackend, raw: redis.Redis, prefix: str) -> None:
-    raw.rpush(f"{prefix}alist", b"x")
+async def test_list_skips_foreign_types(
+    b: RedisBackend, redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    redis_client.rpush(f"{redis_prefix}alist", b"x")
     await b.put("mine", b"v")
     assert {i.key async for i in b.list()} == {"mine"}
 
@@ -200,14 +195,14 @@ async def test_list_skips_foreign_types(b: RedisBackend, raw: redis.Redis, prefi
 
 
 async def test_blackholed_server_get_returns_within_tier_deadline(
-    proxy: FaultProxy, prefix: str
+    redis_proxy: FaultProxy, redis_prefix: str
 ) -> None:
     """redis-py's default retries took 26.7 s to fail here; the tier deadline rules."""
-    made = proxied(proxy, prefix)
+    made = proxied(redis_proxy, redis_prefix)
     tier = Tier(made, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(failures=100))
     try:
         await made.put("k", b"v")  # a pooled connection exists, then the server vanishes
-        proxy.blackhole()
+        redis_proxy.blackhole()
         # Without the deadline a get waits out the 5 s socket timeout, per attempt.
         started = time.monotonic()
         data, reason = await tier.get("k")
@@ -215,7 +210,7 @@ async def test_blackholed_server_get_returns_within_tier_deadline(
         assert (data, reason) == (None, "timeout")
         assert elapsed < 4, f"get took {elapsed:.2f}s with a 0.5s tier deadline"
         # a fresh connection (connect succeeds, handshake never answers) is bounded too
-        fresh = proxied(proxy, prefix + "fresh/")
+        fresh = proxied(redis_proxy, redis_prefix + "fresh/")
         started = time.monotonic()
         assert await Tier(fresh, RetryPolicy(0.5, 2), CircuitBreaker(100)).get("k") == (
             None,
@@ -225,34 +220,34 @@ async def test_blackholed_server_get_returns_within_tier_deadline(
         assert elapsed < 4, f"get took {elapsed:.2f}s with a 0.5s tier deadline"
         await fresh.close()
     finally:
-        proxy.passthrough()
+        redis_proxy.passthrough()
         await made.close()
 
 
 async def test_blackhole_socket_timeout_is_transient_without_retries(
-    proxy: FaultProxy, prefix: str
+    redis_proxy: FaultProxy, redis_prefix: str
 ) -> None:
-    made = proxied(proxy, prefix, socket_timeout=1, connect_timeout=1)
+    made = proxied(redis_proxy, redis_prefix, socket_timeout=1, connect_timeout=1)
     try:
         await made.put("k", b"v")  # on the one pooled connection
-        proxy.blackhole()
-        proxy.reset_counters()
+        redis_proxy.blackhole()
+        redis_proxy.reset_counters()
         started = time.monotonic()
         with pytest.raises(TransientBackendError):
             await made.get("k")
         elapsed = time.monotonic() - started
-        proxy.settle()
-        assert proxy.connections == 0, "one attempt: a retry would reconnect"
+        redis_proxy.settle()
+        assert redis_proxy.connections == 0, "one attempt: a retry would reconnect"
         assert elapsed > 0.9, "it waited out the 1 s socket timeout"
         assert elapsed < 4, "the configured 1 s socket timeout, not the default 5 s"
     finally:
-        proxy.passthrough()
+        redis_proxy.passthrough()
         await made.close()
 
 
-async def test_refused_is_transient_and_fast(proxy: FaultProxy, prefix: str) -> None:
-    made = proxied(proxy, prefix, connect_timeout=10)
-    proxy.refuse()
+async def test_refused_is_transient_and_fast(redis_proxy: FaultProxy, redis_prefix: str) -> None:
+    made = proxied(redis_proxy, redis_prefix, connect_timeout=10)
+    redis_proxy.refuse()
     try:
         started = time.monotonic()
         with pytest.raises(TransientBackendError):
@@ -263,48 +258,50 @@ async def test_refused_is_transient_and_fast(proxy: FaultProxy, prefix: str) -> 
         # not fit; a busy machine does.
         assert time.monotonic() - started < 5
     finally:
-        proxy.passthrough()
+        redis_proxy.passthrough()
         await made.close()
 
 
-async def test_reset_mid_reply_is_transient(proxy: FaultProxy, prefix: str) -> None:
-    made = proxied(proxy, prefix)
+async def test_reset_mid_reply_is_transient(redis_proxy: FaultProxy, redis_prefix: str) -> None:
+    made = proxied(redis_proxy, redis_prefix)
     try:
         await made.put("big", b"z" * (1 << 20))
-        proxy.reset_after(64 * 1024)
+        redis_proxy.reset_after(64 * 1024)
         with pytest.raises(TransientBackendError):
             await asyncio.wait_for(made.get("big"), 60)
-        proxy.passthrough()
+        redis_proxy.passthrough()
         assert await made.get("big") == b"z" * (1 << 20)  # the pool recovers
     finally:
-        proxy.passthrough()
+        redis_proxy.passthrough()
         await made.close()
 
 
-async def test_oom_is_transient(b: RedisBackend, raw: redis.Redis) -> None:
-    old = raw.config_get("maxmemory*")
-    raw.config_set("maxmemory-policy", "noeviction")
-    raw.config_set("maxmemory", 1)
+async def test_oom_is_transient(b: RedisBackend, redis_client: redis.Redis) -> None:
+    old = redis_client.config_get("maxmemory*")
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", 1)
     try:
         with pytest.raises(TransientBackendError, match="OOM"):
             await b.put("k", b"v")
         assert await b.get("k") is None  # reads still work
     finally:
-        raw.config_set("maxmemory", old["maxmemory"])
-        raw.config_set("maxmemory-policy", old["maxmemory-policy"])
+        redis_client.config_set("maxmemory", old["maxmemory"])
+        redis_client.config_set("maxmemory-policy", old["maxmemory-policy"])
     assert await b.put("k", b"v") is True
 
 
 @pytest.fixture
-def acl_users(raw: redis.Redis) -> Iterator[str]:
+def acl_users(redis_client: redis.Redis) -> Iterator[str]:
     """Two ACL users: ``ok`` (password pw, keys acl/*) and ``narrow`` (keys other/*)."""
     tag = uuid.uuid4().hex[:6]
-    raw.acl_setuser(f"ok{tag}", enabled=True, passwords=["+pw"], keys=["acl/*"], commands=["+@all"])
-    raw.acl_setuser(
+    redis_client.acl_setuser(
+        f"ok{tag}", enabled=True, passwords=["+pw"], keys=["acl/*"], commands=["+@all"]
+    )
+    redis_client.acl_setuser(
         f"narrow{tag}", enabled=True, passwords=["+pw"], keys=["other/*"], commands=["+@all"]
     )
     yield tag
-    raw.acl_deluser(f"ok{tag}", f"narrow{tag}")
+    redis_client.acl_deluser(f"ok{tag}", f"narrow{tag}")
 
 
 async def test_wrong_password_is_permanent(redis_server: RedisServer, acl_users: str) -> None:
@@ -393,12 +390,12 @@ def test_topology_counts_live_primaries_replicas_and_covered_slots() -> None:
 
 
 async def test_a_cluster_node_is_detected_and_the_option_forces_either_way(
-    redis_cluster: RedisClusterServer, redis_server: RedisServer, prefix: str
+    redis_cluster: RedisClusterServer, redis_server: RedisServer, redis_prefix: str
 ) -> None:
-    found = backend(redis_cluster.url, prefix=prefix)
-    forced = backend(redis_cluster.nodes[-1].url, prefix=prefix, cluster="yes")
-    single = backend(redis_cluster.url, prefix=prefix, cluster="no")
-    wrong = backend(redis_server.url, prefix=prefix, cluster="yes")
+    found = backend(redis_cluster.url, prefix=redis_prefix)
+    forced = backend(redis_cluster.nodes[-1].url, prefix=redis_prefix, cluster="yes")
+    single = backend(redis_cluster.url, prefix=redis_prefix, cluster="no")
+    wrong = backend(redis_server.url, prefix=redis_prefix, cluster="yes")
     keys = [f"k{i}" for i in range(20)]  # on every primary
     try:
         for key in keys:
@@ -431,14 +428,14 @@ def test_a_cluster_url_takes_no_database_but_0_and_no_unix_socket() -> None:
 
 
 async def test_moved_and_ask_during_a_slot_migration_are_followed_within_the_call(
-    redis_cluster: RedisClusterServer, prefix: str
+    redis_cluster: RedisClusterServer, redis_prefix: str
 ) -> None:
     """A slot moves from one primary to another under a client that knows the old map:
     ASK while it migrates, MOVED once it has moved; both followed inside one call."""
-    b = backend(redis_cluster.url, prefix=prefix, timeout_ms=2000)
+    b = backend(redis_cluster.url, prefix=redis_prefix, timeout_ms=2000)
     try:
         assert await b.put("{moving}old", b"old") is True  # one slot: the hash tag's
-        source = redis_cluster.owner(f"{prefix}{{moving}}old")
+        source = redis_cluster.owner(f"{redis_prefix}{{moving}}old")
         target = next(n for n in redis_cluster.primary_nodes() if n is not source)
         slot = int(source.command("CLUSTER", "KEYSLOT", "{moving}"))
         source_id, target_id = source.command("CLUSTER", "MYID"), target.command("CLUSTER", "MYID")
@@ -448,14 +445,14 @@ async def test_moved_and_ask_during_a_slot_migration_are_followed_within_the_cal
         assert await asyncio.wait_for(b.put("{moving}new", b"new"), 2) is True
         assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
         source.command(
-            "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", f"{prefix}{{moving}}old"
+            "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", f"{redis_prefix}{{moving}}old"
         )
         for node in redis_cluster.primary_nodes():
             node.command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
         # the client's map still names the source, which answers MOVED
         assert await asyncio.wait_for(b.get("{moving}old"), 2) == b"old"
         assert await asyncio.wait_for(b.get("{moving}new"), 2) == b"new"
-        assert redis_cluster.owner(f"{prefix}{{moving}}old") is target
+        assert redis_cluster.owner(f"{redis_prefix}{{moving}}old") is target
     finally:
         await b.delete("{moving}old")
         await b.delete("{moving}new")

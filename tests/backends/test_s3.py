@@ -40,37 +40,31 @@ def make(url: str) -> S3Backend:
     return S3Backend(parse_tier_url(url))
 
 
-@pytest.fixture(params=["seaweed_s3", "moto_s3"])
-def s3(request: pytest.FixtureRequest) -> S3Server:
-    server: S3Server = request.getfixturevalue(request.param)
-    return server
-
-
 @pytest.fixture
-def prefix() -> str:
+def s3_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
-def proxy(s3: S3Server, fault_proxy: MakeProxy) -> FaultProxy:
-    port = int(s3.endpoint_url.rsplit(":", 1)[1])
+def s3_proxy(s3_server: S3Server, fault_proxy: MakeProxy) -> FaultProxy:
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
     return fault_proxy("127.0.0.1", port)
 
 
 @pytest.fixture
-async def via_proxy(
-    s3: S3Server, proxy: FaultProxy, prefix: str
+async def s3_via_proxy(
+    s3_server: S3Server, s3_proxy: FaultProxy, s3_prefix: str
 ) -> AsyncIterator[Callable[..., S3Backend]]:
-    """Factory of backends whose traffic goes through ``proxy``, closed afterwards."""
+    """Factory of backends whose traffic goes through ``s3_proxy``, closed afterwards."""
     made: list[S3Backend] = []
 
     def factory(**options: Any) -> S3Backend:
-        backend = make(s3_url(s3, prefix, endpoint_url=proxy.url(), **options))
+        backend = make(s3_url(s3_server, s3_prefix, endpoint_url=s3_proxy.url(), **options))
         made.append(backend)
         return backend
 
     yield factory
-    proxy.passthrough()
+    s3_proxy.passthrough()
     for backend in made:
         await backend.close()
 
@@ -84,13 +78,13 @@ def uploads_left(s3: S3Server, prefix: str) -> list[str]:
 
 
 async def test_construction_does_no_io_and_instances_share_one_client(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
     tasks = asyncio.all_tasks()
-    a, b = via_proxy(), via_proxy()
+    a, b = s3_via_proxy(), s3_via_proxy()
     assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    proxy.settle()
-    assert proxy.connections == 0, "nor connect"
+    s3_proxy.settle()
+    assert s3_proxy.connections == 0, "nor connect"
     assert CLIENTS.peek(a.client_key) is None, "nor create a client"
     await a.put("k", b"v")
     assert await b.get("k") == b"v"
@@ -106,9 +100,9 @@ async def test_construction_does_no_io_and_instances_share_one_client(
 
 
 async def test_concurrent_first_calls_create_one_client(
-    via_proxy: Callable[..., S3Backend],
+    s3_via_proxy: Callable[..., S3Backend],
 ) -> None:
-    backends = [via_proxy() for _ in range(8)]
+    backends = [s3_via_proxy() for _ in range(8)]
     await asyncio.gather(*(b.get(f"k{i}") for i, b in enumerate(backends)))
     clients = {id(CLIENTS.peek(b.client_key)) for b in backends}
     assert len(clients) == 1
@@ -118,20 +112,23 @@ async def test_concurrent_first_calls_create_one_client(
 
 
 async def test_large_entry_goes_multipart_and_round_trips(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend], s3: S3Server, prefix: str
+    s3_proxy: FaultProxy,
+    s3_via_proxy: Callable[..., S3Backend],
+    s3_server: S3Server,
+    s3_prefix: str,
 ) -> None:
-    backend = via_proxy()
+    backend = s3_via_proxy()
     data = os.urandom(17 * MiB)  # > 16 MiB threshold: 8 + 8 + 1 MiB parts
     assert await backend.put("big", data, PutMode.OVERWRITE) is True
-    parts = [r for r in proxy.http_requests if r.method == "PUT" and "partNumber=" in r.path]
+    parts = [r for r in s3_proxy.http_requests if r.method == "PUT" and "partNumber=" in r.path]
     assert len(parts) == 3
     got = await backend.get("big")
     assert got is not None and hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
-    assert uploads_left(s3, prefix) == []
+    assert uploads_left(s3_server, s3_prefix) == []
 
 
 async def test_concurrent_large_creates_store_one_whole_entry(
-    via_proxy: Callable[..., S3Backend], s3: S3Server, prefix: str
+    s3_via_proxy: Callable[..., S3Backend], s3_server: S3Server, s3_prefix: str
 ) -> None:
     """Racing multipart CREATEs of one key: what every server here guarantees.
 
@@ -142,73 +139,79 @@ async def test_concurrent_large_creates_store_one_whole_entry(
     everywhere: at least one writer wins, the stored object is one winner's whole entry
     (never a mix of parts), and no upload is left behind.
     """
-    backend = via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
+    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
     values = [bytes([i]) * (11 * MiB) for i in range(3)]
     results = await asyncio.gather(*(backend.put("race", v) for v in values))
     assert any(results)
     stored = await backend.get("race")
     assert stored in [v for v, won in zip(values, results, strict=True) if won]
-    assert uploads_left(s3, prefix) == [], "losing uploads must be aborted"
+    assert uploads_left(s3_server, s3_prefix) == [], "losing uploads must be aborted"
 
 
 async def test_large_create_of_existing_key_uploads_nothing(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
-    backend = via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
+    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
     assert await backend.put("k", b"a" * (7 * MiB)) is True
-    proxy.reset_counters()
+    s3_proxy.reset_counters()
     assert await backend.put("k", b"b" * (7 * MiB)) is False
-    assert proxy.bytes_to_server < 64 * 1024
+    assert s3_proxy.bytes_to_server < 64 * 1024
     assert await backend.get("k") == b"a" * (7 * MiB)
 
 
 async def test_reset_mid_upload_leaves_nothing(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend], s3: S3Server, prefix: str
+    s3_proxy: FaultProxy,
+    s3_via_proxy: Callable[..., S3Backend],
+    s3_server: S3Server,
+    s3_prefix: str,
 ) -> None:
-    backend = via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
-    proxy.bandwidth_bps = 8 * MiB  # per connection: each 5 MiB part takes ~0.6 s
+    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
+    s3_proxy.bandwidth_bps = 8 * MiB  # per connection: each 5 MiB part takes ~0.6 s
     put = asyncio.ensure_future(backend.put("partial", os.urandom(16 * MiB)))
-    await until(lambda: proxy.count_requests("PUT") >= 2, what="two part uploads")
+    await until(lambda: s3_proxy.count_requests("PUT") >= 2, what="two part uploads")
     # Every response is now cut by a TCP RST: the parts fail (aiohttp's one re-send of an
     # idempotent PUT too), and so does the first attempt to abort the upload.
-    proxy.reset_after(0)
+    s3_proxy.reset_after(0)
     with pytest.raises(TransientBackendError):
         await asyncio.wait_for(put, 60)
-    proxy.passthrough()
-    proxy.bandwidth_bps = 0
+    s3_proxy.passthrough()
+    s3_proxy.bandwidth_bps = 0
     assert await backend.get("partial") is None
     assert await backend.exists("partial") is False
     # the abort keeps trying in the background once the network is back
-    await until(lambda: not uploads_left(s3, prefix), what="the upload aborted")
+    await until(lambda: not uploads_left(s3_server, s3_prefix), what="the upload aborted")
     assert [i async for i in backend.list()] == []
 
 
 async def test_cancelled_upload_is_aborted(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend], s3: S3Server, prefix: str
+    s3_proxy: FaultProxy,
+    s3_via_proxy: Callable[..., S3Backend],
+    s3_server: S3Server,
+    s3_prefix: str,
 ) -> None:
     """The tier deadline cancels a slow upload: the abort still happens."""
-    backend = via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
-    proxy.bandwidth_bps = 4 * MiB
+    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
+    s3_proxy.bandwidth_bps = 4 * MiB
     tier = Tier(backend, RetryPolicy(timeout_s=0.8, retries=0), CircuitBreaker(100))
     assert await tier.put("slow", os.urandom(16 * MiB)) is False
     assert tier.stats.put_errors["timeout"] == 1
-    proxy.bandwidth_bps = 0
-    await until(lambda: not uploads_left(s3, prefix), what="the cancelled upload aborted")
+    s3_proxy.bandwidth_bps = 0
+    await until(lambda: not uploads_left(s3_server, s3_prefix), what="the cancelled upload aborted")
     assert await backend.get("slow") is None
 
 
 # --- errors --------------------------------------------------------------------------
 
 
-async def test_missing_bucket_is_permanent_and_says_what_to_do(s3: S3Server) -> None:
-    backend = make(s3_url(s3, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
+async def test_missing_bucket_is_permanent_and_says_what_to_do(s3_server: S3Server) -> None:
+    backend = make(s3_url(s3_server, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
     calls: dict[str, Callable[[], Awaitable[object]]] = {
         "get": lambda: backend.get("k"),
         "exists": lambda: backend.exists("k"),
         "delete": lambda: backend.delete("k"),
         "list": lambda: backend.list().__anext__(),
     }
-    if not isinstance(s3, SeaweedS3):  # SeaweedFS creates the bucket on a PUT by an admin
+    if not isinstance(s3_server, SeaweedS3):  # SeaweedFS creates the bucket on a PUT by an admin
         calls["put"] = lambda: backend.put("k", b"v")
     try:
         for op, call in calls.items():
@@ -246,20 +249,24 @@ async def test_wrong_credentials_are_permanent(
 
 
 async def test_no_credentials_is_permanent(
-    s3: S3Server, proxy: FaultProxy, prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    s3_server: S3Server,
+    s3_proxy: FaultProxy,
+    s3_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
 ) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    backend = make(s3_url(s3, prefix, endpoint_url=proxy.url(), profile=""))
+    backend = make(s3_url(s3_server, s3_prefix, endpoint_url=s3_proxy.url(), profile=""))
     try:
         with pytest.raises(PermanentBackendError, match="no usable AWS credentials"):
             await asyncio.wait_for(backend.get("k"), 60)
     finally:
         await backend.close()
-    unknown = make(s3_url(s3, prefix, endpoint_url=proxy.url(), profile="nobody"))
+    unknown = make(s3_url(s3_server, s3_prefix, endpoint_url=s3_proxy.url(), profile="nobody"))
     try:
         with pytest.raises(PermanentBackendError, match="ProfileNotFound"):
             await unknown.get("k")
@@ -268,10 +275,10 @@ async def test_no_credentials_is_permanent(
 
 
 async def test_refused_connection_is_transient_and_fast(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
-    backend = via_proxy(connect_timeout=10)
-    proxy.refuse()
+    backend = s3_via_proxy(connect_timeout=10)
+    s3_proxy.refuse()
     started = time.monotonic()
     with pytest.raises(TransientBackendError):
         await backend.get("k")
@@ -283,26 +290,26 @@ async def test_refused_connection_is_transient_and_fast(
 
 
 async def test_blackhole_is_one_bounded_attempt(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
-    backend = via_proxy(read_timeout=1, connect_timeout=1)
-    proxy.blackhole()  # before the first call: each attempt opens its own connection
+    backend = s3_via_proxy(read_timeout=1, connect_timeout=1)
+    s3_proxy.blackhole()  # before the first call: each attempt opens its own connection
     started = time.monotonic()
     with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
         await backend.get("k")
     elapsed = time.monotonic() - started
-    proxy.settle()
-    assert proxy.connections == 1, "one attempt: a second one would connect again"
+    s3_proxy.settle()
+    assert s3_proxy.connections == 1, "one attempt: a second one would connect again"
     assert elapsed > 0.9, "it waited out the 1 s read timeout"
     assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
 
 
 async def test_blackhole_get_returns_within_tier_deadline(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
-    backend = via_proxy()  # default socket timeouts (20 s read): the deadline must rule
+    backend = s3_via_proxy()  # default socket timeouts (20 s read): the deadline must rule
     await backend.put("k", b"v")
-    proxy.blackhole()
+    s3_proxy.blackhole()
     tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
     started = time.monotonic()
     assert await tier.get("k") == (None, "timeout")
@@ -311,15 +318,15 @@ async def test_blackhole_get_returns_within_tier_deadline(
 
 
 async def test_reset_mid_body_is_transient(
-    proxy: FaultProxy, via_proxy: Callable[..., S3Backend]
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
 ) -> None:
-    backend = via_proxy()
+    backend = s3_via_proxy()
     data = os.urandom(2 * MiB)
     await backend.put("body", data)
-    proxy.reset_after(256 * 1024)
+    s3_proxy.reset_after(256 * 1024)
     with pytest.raises(TransientBackendError):
         await asyncio.wait_for(backend.get("body"), 60)
-    proxy.passthrough()
+    s3_proxy.passthrough()
     assert await backend.get("body") == data, "the client recovers on the next call"
 
 
@@ -382,14 +389,16 @@ async def test_throttling_is_transient_and_retried_only_by_the_policy(
 # --- listing and fan-out -------------------------------------------------------------
 
 
-async def test_list_follows_pages(proxy: FaultProxy, via_proxy: Callable[..., S3Backend]) -> None:
-    backend = via_proxy()
+async def test_list_follows_pages(
+    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
+) -> None:
+    backend = s3_via_proxy()
     backend.list_page_size = 2
     for i in range(5):
         await backend.put(f"l/{i}", b"x" * i)
-    proxy.reset_counters()
+    s3_proxy.reset_counters()
     assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
-    assert proxy.count_requests("GET") == 3
+    assert s3_proxy.count_requests("GET") == 3
 
 
 # --- classification of conditions the test servers cannot produce --------------------

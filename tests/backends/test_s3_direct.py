@@ -221,14 +221,14 @@ class BotoCalls:
 
 
 @pytest.fixture
-async def backend(seaweed_s3: S3Server, prefix: str) -> AsyncIterator[S3Backend]:
-    b = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix)))
+async def backend(seaweed_s3: S3Server, direct_prefix: str) -> AsyncIterator[S3Backend]:
+    b = S3Backend(parse_tier_url(s3_url(seaweed_s3, direct_prefix)))
     yield b
     await b.close()
 
 
 @pytest.fixture
-def prefix() -> str:
+def direct_prefix() -> str:
     return f"d{uuid.uuid4().hex[:10]}"
 
 
@@ -254,9 +254,9 @@ async def test_per_entry_calls_take_the_direct_path(
 
 @servers
 async def test_direct_0_sends_everything_through_botocore(
-    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch
+    seaweed_s3: S3Server, direct_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix, direct="0")))
+    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, direct_prefix, direct="0")))
     try:
         await backend.exists("warm-up")
         client = CLIENTS.peek(backend.client_key)
@@ -288,11 +288,15 @@ def s3_error(code: str) -> bytes:
     ],
 )
 async def test_a_redirect_or_refusal_hands_the_bucket_back_to_botocore(
-    seaweed_s3: S3Server, prefix: str, monkeypatch: pytest.MonkeyPatch, status: int, code: str
+    seaweed_s3: S3Server,
+    direct_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    code: str,
 ) -> None:
     port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
     shim = ThrottleShim(port, status=status, body=s3_error(code), content_type="application/xml")
-    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, prefix, endpoint_url=shim.url)))
+    backend = S3Backend(parse_tier_url(s3_url(seaweed_s3, direct_prefix, endpoint_url=shim.url)))
     try:
         assert await backend.put("k", b"v") is True
         client = CLIENTS.peek(backend.client_key)
@@ -352,13 +356,13 @@ def test_the_payload_is_signed_over_plain_http(base: str, expected: str) -> None
 
 @servers
 async def test_request_time_too_skewed_is_a_clock_error_that_leaves_the_breaker_closed(
-    seaweed_s3: S3Server, prefix: str, tmp_path: Path
+    seaweed_s3: S3Server, direct_prefix: str, tmp_path: Path
 ) -> None:
     port = int(seaweed_s3.endpoint_url.rsplit(":", 1)[1])
     shim = ThrottleShim(
         port, status=403, body=s3_error("RequestTimeTooSkewed"), content_type="application/xml"
     )
-    url = s3_url(seaweed_s3, prefix, endpoint_url=shim.url)
+    url = s3_url(seaweed_s3, direct_prefix, endpoint_url=shim.url)
     backend = S3Backend(parse_tier_url(url))
     try:
         assert await backend.put("k", b"v") is True
@@ -384,7 +388,7 @@ async def test_request_time_too_skewed_is_a_clock_error_that_leaves_the_breaker_
 
 
 async def test_a_name_the_store_refuses_is_an_invalid_key_that_leaves_the_breaker_closed(
-    seaweed_s3: S3Server, prefix: str, tmp_path: Path
+    seaweed_s3: S3Server, direct_prefix: str, tmp_path: Path
 ) -> None:
     """SeaweedFS's KeyTooLongError (S3's InvalidObjectName) is the caller's input, not the
     tier's health: ``invalid_key`` misses, and the next ordinary put still goes through."""
@@ -392,7 +396,7 @@ async def test_a_name_the_store_refuses_is_an_invalid_key_that_leaves_the_breake
     shim = ThrottleShim(
         port, status=400, body=s3_error("KeyTooLongError"), content_type="application/xml"
     )
-    url = s3_url(seaweed_s3, prefix, endpoint_url=shim.url)
+    url = s3_url(seaweed_s3, direct_prefix, endpoint_url=shim.url)
     config = Config.from_env(
         {}, tiers=url, local_dir=tmp_path / "local", prefetch=False, breaker_failures=3
     )

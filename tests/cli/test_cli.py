@@ -22,7 +22,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
+def cli_env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "OBJCACHE_TIERS": f"file://{tmp_path}/store",
@@ -34,11 +34,11 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def run(env: dict[str, str]) -> Run:
+def run_cli(cli_env: dict[str, str]) -> Run:
     def _run(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "objcache.cli", *args],
-            env={**env, **(extra or {})},
+            env={**cli_env, **(extra or {})},
             capture_output=True,
             text=True,
             timeout=120,
@@ -56,43 +56,43 @@ def populate(env: dict[str, str], n: int = 5) -> Client:
     return client
 
 
-def test_doctor_ok_and_failing_tier(run: Run, tmp_path: Path) -> None:
-    ok = run("doctor")
+def test_doctor_ok_and_failing_tier(run_cli: Run, tmp_path: Path) -> None:
+    ok = run_cli("doctor")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ok" in ok.stdout and "FAILED" not in ok.stdout
-    bad = run("doctor", extra={"OBJCACHE_TIERS": "file:///proc/objcache-cannot-write"})
+    bad = run_cli("doctor", extra={"OBJCACHE_TIERS": "file:///proc/objcache-cannot-write"})
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout
 
 
-def test_log_level_debug_logs_to_stderr(run: Run) -> None:
+def test_log_level_debug_logs_to_stderr(run_cli: Run) -> None:
     broken = {"OBJCACHE_TIERS": "file:///proc/objcache-cannot-write"}
-    quiet = run("doctor", extra=broken)
+    quiet = run_cli("doctor", extra=broken)
     assert "DEBUG" not in quiet.stderr
-    loud = run("doctor", extra={**broken, "OBJCACHE_LOG_LEVEL": "debug"})
+    loud = run_cli("doctor", extra={**broken, "OBJCACHE_LOG_LEVEL": "debug"})
     assert loud.returncode == 1
     assert " objcache DEBUG probe of file:///proc/objcache-cannot-write failed" in loud.stderr
-    bad = run("doctor", extra={"OBJCACHE_LOG_LEVEL": "LOUD"})
+    bad = run_cli("doctor", extra={"OBJCACHE_LOG_LEVEL": "LOUD"})
     assert bad.returncode == 2 and "log_level must be one of DEBUG" in bad.stderr
 
 
-def test_doctor_names_a_failing_tier_once_per_line(run: Run) -> None:
+def test_doctor_names_a_failing_tier_once_per_line(run_cli: Run) -> None:
     url = "file:///proc/objcache-cannot-write"
-    bad = run("doctor", extra={"OBJCACHE_TIERS": url})
+    bad = run_cli("doctor", extra={"OBJCACHE_TIERS": url})
     failed = [line for line in bad.stdout.splitlines() if line.startswith("FAILED ")]
     assert len(failed) == 1 and failed[0].count(url) == 1, bad.stdout
 
 
-def test_pull_from_a_missing_store_warns_and_exits_0(run: Run, tmp_path: Path) -> None:
-    r = run("pull", "--tier", f"file://{tmp_path}/does-not-exist")
+def test_pull_from_a_missing_store_warns_and_exits_0(run_cli: Run, tmp_path: Path) -> None:
+    r = run_cli("pull", "--tier", f"file://{tmp_path}/does-not-exist")
     assert r.returncode == 0, r.stdout + r.stderr
-    bad_usage = run("pull", "--tier", "sx3://b/p")
+    bad_usage = run_cli("pull", "--tier", "sx3://b/p")
     assert bad_usage.returncode == 2
 
 
-def test_tables_are_not_wrapped_without_a_terminal(run: Run, tmp_path: Path) -> None:
+def test_tables_are_not_wrapped_without_a_terminal(run_cli: Run, tmp_path: Path) -> None:
     url = f"file://{tmp_path}/{'a-long-directory-name-' * 6}store"
-    r = run("doctor", extra={"OBJCACHE_TIERS": url, "COLUMNS": ""})
+    r = run_cli("doctor", extra={"OBJCACHE_TIERS": url, "COLUMNS": ""})
     assert r.returncode == 0, r.stdout + r.stderr
     row = next((line for line in r.stdout.splitlines() if url in line), None)
     assert row is not None and "ok" in row, r.stdout
@@ -117,23 +117,23 @@ def test_boolean_flags_look_and_parse_like_flags() -> None:
     assert "--delete " in runner.invoke(cli.app, ["verify", "--help"]).output
 
 
-def test_bad_config_is_one_line_exit_2(run: Run) -> None:
-    r = run("ls", extra={"OBJCACHE_TIERS": "redis://h:1/0,sx3://b/p"})
+def test_bad_config_is_one_line_exit_2(run_cli: Run) -> None:
+    r = run_cli("ls", extra={"OBJCACHE_TIERS": "redis://h:1/0,sx3://b/p"})
     assert r.returncode == 2
     assert r.stderr.strip() == "objcache: error: unknown scheme 'sx3' in OBJCACHE_TIERS[1]"
     assert "Traceback" not in r.stderr
 
 
-def test_ls_stats_verify_and_gc(run: Run, env: dict[str, str], tmp_path: Path) -> None:
-    populate(env)
-    listing = run("ls", "--json")
+def test_ls_stats_verify_and_gc(run_cli: Run, cli_env: dict[str, str], tmp_path: Path) -> None:
+    populate(cli_env)
+    listing = run_cli("ls", "--json")
     assert listing.returncode == 0, listing.stderr
     keys = {e["key"] for e in json.loads(listing.stdout)}
     assert {f"key-{i}" for i in range(5)} <= keys
-    envs = json.loads(run("ls", "--envs", "--json").stdout)
+    envs = json.loads(run_cli("ls", "--envs", "--json").stdout)
     assert len(envs) == 1 and next(iter(envs.values()))["fields"]["python"]
 
-    stats = json.loads(run("stats", "--json").stdout)
+    stats = json.loads(run_cli("stats", "--json").stdout)
     assert stats["cache"]["hits"] == {"fx-graph": 1}
     assert any(t["puts"] >= 5 for t in stats["tiers"])
 
@@ -141,41 +141,45 @@ def test_ls_stats_verify_and_gc(run: Run, env: dict[str, str], tmp_path: Path) -
     victim = next((tmp_path / "store").rglob("key-3"))
     victim.write_bytes(victim.read_bytes()[:-3] + b"xyz")
     store = f"file://{tmp_path}/store"
-    v = run("verify", "--tier", store)
+    v = run_cli("verify", "--tier", store)
     assert v.returncode == 1 and "corrupt" in v.stdout and "1 bad" in v.stdout
-    assert run("verify", "--tier", store, "--delete").returncode == 0
+    assert run_cli("verify", "--tier", store, "--delete").returncode == 0
     assert not victim.exists()
 
-    dry = run("gc", "--keep-env", "someotherenv", "--dry-run")
+    dry = run_cli("gc", "--keep-env", "someotherenv", "--dry-run")
     assert dry.returncode == 0 and "would delete" in dry.stdout
     assert len(list((tmp_path / "store").rglob("key-*"))) == 4, "dry run deletes nothing"
-    real = run("gc", "--keep-env", "someotherenv", "--yes")
+    real = run_cli("gc", "--keep-env", "someotherenv", "--yes")
     assert real.returncode == 0
     assert list((tmp_path / "store").rglob("key-*")) == []
 
 
-def test_gc_acts_on_every_configured_tier(run: Run, env: dict[str, str], tmp_path: Path) -> None:
+def test_gc_acts_on_every_configured_tier(
+    run_cli: Run, cli_env: dict[str, str], tmp_path: Path
+) -> None:
     tiers = f"file://{tmp_path}/store,file://{tmp_path}/second"
-    populate({**env, "OBJCACHE_TIERS": tiers})
+    populate({**cli_env, "OBJCACHE_TIERS": tiers})
     for store in ("store", "second"):
         assert len(list((tmp_path / store).rglob("key-*"))) == 5
-    r = run("gc", "--keep-env", "someotherenv", "--yes", extra={"OBJCACHE_TIERS": tiers})
+    r = run_cli("gc", "--keep-env", "someotherenv", "--yes", extra={"OBJCACHE_TIERS": tiers})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("to delete") == 2 and "deleted" in r.stdout
     for store in ("store", "second"):
         assert list((tmp_path / store).rglob("key-*")) == [], store
-    one = run("gc", "--tier", f"file://{tmp_path}/store", "--older-than", "0", "--yes")
+    one = run_cli("gc", "--tier", f"file://{tmp_path}/store", "--older-than", "0", "--yes")
     assert one.returncode == 0 and one.stdout.count("to delete") == 1
 
 
-def test_stats_summary_after_a_warm_run(run: Run, env: dict[str, str], tmp_path: Path) -> None:
-    populate(env)  # the first machine: writes the store
-    fresh = Client(Config.from_env({**env, "OBJCACHE_LOCAL_DIR": str(tmp_path / "fresh")}))
+def test_stats_summary_after_a_warm_run(
+    run_cli: Run, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    populate(cli_env)  # the first machine: writes the store
+    fresh = Client(Config.from_env({**cli_env, "OBJCACHE_LOCAL_DIR": str(tmp_path / "fresh")}))
     assert fresh.get("fx-graph", "key-1") is not None  # from the store
     assert fresh.get("fx-graph", "key-1") is not None  # now local
     assert fresh.get("fx-graph", "nope") is None
     fresh.close()
-    r = run("stats")
+    r = run_cli("stats")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("stats of job clitest on ") and "(pid " in lines[0], lines[0]
@@ -186,55 +190,59 @@ def test_stats_summary_after_a_warm_run(run: Run, env: dict[str, str], tmp_path:
     assert "None" not in r.stdout
 
 
-def test_push_then_pull_into_a_fresh_machine(run: Run, env: dict[str, str], tmp_path: Path) -> None:
-    populate(env, n=20)
+def test_push_then_pull_into_a_fresh_machine(
+    run_cli: Run, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    populate(cli_env, n=20)
     seeded = f"file://{tmp_path}/seeded"
-    push = run("push", "--tier", seeded)
+    push = run_cli("push", "--tier", seeded)
     assert push.returncode == 0, push.stderr
     assert "20 copied" in push.stdout or "21 copied" in push.stdout
-    again = run("push", "--tier", seeded)
+    again = run_cli("push", "--tier", seeded)
     assert "0 copied" in again.stdout
     fresh = str(tmp_path / "fresh-local")
-    pull = run("pull", "--tier", seeded, extra={"OBJCACHE_LOCAL_DIR": fresh})
+    pull = run_cli("pull", "--tier", seeded, extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert pull.returncode == 0, pull.stderr
-    client = Client(Config.from_env({**env, "OBJCACHE_TIERS": "", "OBJCACHE_LOCAL_DIR": fresh}))
+    client = Client(Config.from_env({**cli_env, "OBJCACHE_TIERS": "", "OBJCACHE_LOCAL_DIR": fresh}))
     try:
         assert read_local_sync(client.cache, "fx-graph", "key-7") is not None
     finally:
         client.close()
 
 
-def test_progress_shows_bytes_and_rate(run: Run, env: dict[str, str], tmp_path: Path) -> None:
-    populate(env, n=4)
-    r = run("push", "--tier", f"file://{tmp_path}/seeded", extra={"OBJCACHE_PROGRESS": "1"})
+def test_progress_shows_bytes_and_rate(
+    run_cli: Run, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    populate(cli_env, n=4)
+    r = run_cli("push", "--tier", f"file://{tmp_path}/seeded", extra={"OBJCACHE_PROGRESS": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     bar = next(line for line in r.stderr.splitlines() if line.startswith("push"))
     assert re.search(r"\b6/6 [0-9.]+ (B|KiB) at [0-9.]+ (B|KiB|MiB)/s", bar), bar  # +manifest, ENV
 
 
-def test_pull_by_job_manifest(run: Run, env: dict[str, str], tmp_path: Path) -> None:
-    populate(env, n=3)  # closing the client writes the run's manifest for job clitest
+def test_pull_by_job_manifest(run_cli: Run, cli_env: dict[str, str], tmp_path: Path) -> None:
+    populate(cli_env, n=3)  # closing the client writes the run's manifest for job clitest
     fresh = str(tmp_path / "fresh-local")
-    r = run("pull", "--job", "clitest", extra={"OBJCACHE_LOCAL_DIR": fresh})
+    r = run_cli("pull", "--job", "clitest", extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 fetched" in r.stdout
-    missing = run("pull", "--job", "nosuchjob", extra={"OBJCACHE_LOCAL_DIR": fresh})
+    missing = run_cli("pull", "--job", "nosuchjob", extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert missing.returncode == 0, "warming is best-effort: a boot script goes on cold"
     assert "warning: pull: job nosuchjob has no manifest" in missing.stderr
 
 
-def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run: Run) -> None:
-    unknown = run("demo", "--model", "resnet18")
+def test_demo_refuses_an_unknown_or_missing_model_in_one_line(run_cli: Run) -> None:
+    unknown = run_cli("demo", "--model", "resnet18")
     assert unknown.returncode != 0
     assert "unknown model 'resnet18'" in unknown.stderr and "Traceback" not in unknown.stderr
-    missing = run("demo", "--model", "nosuchlibrary:x")
+    missing = run_cli("demo", "--model", "nosuchlibrary:x")
     assert missing.returncode != 0 and "unknown model" in missing.stderr
     if importlib.util.find_spec("timm") is None:  # the dev venv does not install it
-        absent = run("demo", "--model", "timm:resnet18")
+        absent = run_cli("demo", "--model", "timm:resnet18")
         assert absent.returncode != 0 and "timm is not installed" in absent.stderr
 
 
-def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
+def test_doctor_says_what_is_in_force_as_json(run_cli: Run, tmp_path: Path) -> None:
     from objcache.entry.signing import generate_key_file
 
     public = generate_key_file(tmp_path / "ci.pem")
@@ -244,7 +252,7 @@ def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
         "OBJCACHE_VERIFY_KEYS": public,
         "OBJCACHE_SIGNING_KEY_FILE": str(tmp_path / "ci.pem"),
     }
-    r = run("doctor", "--json", extra=extra)
+    r = run_cli("doctor", "--json", extra=extra)
     assert r.returncode == 0, r.stdout + r.stderr
     state = json.loads(r.stdout)
     assert state["enabled"] is False
@@ -263,19 +271,19 @@ def test_doctor_says_what_is_in_force_as_json(run: Run, tmp_path: Path) -> None:
     assert state["read_only"] is False
     assert public.removeprefix("ed25519:") not in r.stdout  # ids, never key material
     assert [t["ok"] for t in state["tiers"]] == [True, True]
-    text = run("doctor", extra=extra)
+    text = run_cli("doctor", extra=extra)
     assert "verification: unsigned entries refused; keys " + key_id in text.stdout
     assert "unknown variables: OBJCACHE_TIER (did you mean OBJCACHE_TIERS?)" in text.stdout
 
 
-def test_doctor_is_honest_when_triton_is_off(run: Run) -> None:
-    r = run("doctor", "--json", extra={"OBJCACHE_ENABLE": "1"})
+def test_doctor_is_honest_when_triton_is_off(run_cli: Run) -> None:
+    r = run_cli("doctor", "--json", extra={"OBJCACHE_ENABLE": "1"})
     state = json.loads(r.stdout)
     assert "Triton" not in state["torch_parts"]["active"]
 
 
-def test_a_misspelt_verify_variable_stops_every_command(run: Run) -> None:
-    r = run("doctor", extra={"OBJCACHE_VERIFY_KEY": "ed25519:AAAA"})
+def test_a_misspelt_verify_variable_stops_every_command(run_cli: Run) -> None:
+    r = run_cli("doctor", extra={"OBJCACHE_VERIFY_KEY": "ed25519:AAAA"})
     assert r.returncode == 2
     assert r.stderr.startswith(
         "objcache: error: OBJCACHE_VERIFY_KEY is not an objcache option; "
@@ -284,29 +292,31 @@ def test_a_misspelt_verify_variable_stops_every_command(run: Run) -> None:
 
 
 def test_every_command_that_prints_a_result_takes_json(
-    run: Run, env: dict[str, str], tmp_path: Path
+    run_cli: Run, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    populate(env)
+    populate(cli_env)
     store = f"file://{tmp_path}/store"
-    pushed = run("push", "--tier", f"file://{tmp_path}/other", "--json")
+    pushed = run_cli("push", "--tier", f"file://{tmp_path}/other", "--json")
     assert pushed.returncode == 0, pushed.stderr
     push = json.loads(pushed.stdout)
     assert push["command"] == "push" and push["copied"] >= 5 and push["failed"] == 0
-    verified = json.loads(run("verify", "--tier", store, "--json").stdout)
+    verified = json.loads(run_cli("verify", "--tier", store, "--json").stdout)
     assert verified["tier"] == store and verified["checked"] >= 5 and verified["bad"] == []
-    planned = json.loads(run("gc", "--keep-env", "someotherenv", "--dry-run", "--json").stdout)
+    planned = json.loads(run_cli("gc", "--keep-env", "someotherenv", "--dry-run", "--json").stdout)
     assert [p["tier"] for p in planned] == [store]
     assert len(planned[0]["delete"]) >= 5 and planned[0]["deleted"] == 0
-    dry = run("gc", "--keep-env", "someotherenv", "--dry-run")
+    dry = run_cli("gc", "--keep-env", "someotherenv", "--dry-run")
     lines = [line for line in dry.stdout.splitlines() if "would delete" in line]
     assert lines and all(line.startswith(f"  {store}: would delete v1/") for line in lines)
-    bundles = run("mega", "ls", "--json")
+    bundles = run_cli("mega", "ls", "--json")
     assert bundles.returncode == 0 and json.loads(bundles.stdout) == []
 
 
-def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[str, str]) -> None:
-    populate(env)
-    typo = run("ls", "--kind", "fxgraph")
+def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(
+    run_cli: Run, cli_env: dict[str, str]
+) -> None:
+    populate(cli_env)
+    typo = run_cli("ls", "--kind", "fxgraph")
     assert typo.returncode == 2, typo.stdout + typo.stderr
     assert typo.stderr.startswith(
         "objcache: error: --kind: unknown kind 'fxgraph': "
@@ -316,11 +326,11 @@ def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(run: Run, env: dict[
     assert (
         len(typo.stderr.strip().splitlines()) == 1 and "fx-graph, isa-probe, kernel" in typo.stderr
     )
-    assert run("ls", "--kind", "fx-graph").stdout.count("key-") == 5
-    client = Client(Config.from_env(env))
+    assert run_cli("ls", "--kind", "fx-graph").stdout.count("key-") == 5
+    client = Client(Config.from_env(cli_env))
     client.put("blob", "mine", b"a client's own kind")
     client.close()
-    own = run("ls", "--kind", "blob", "--json")
+    own = run_cli("ls", "--kind", "blob", "--json")
     assert own.returncode == 0 and [e["key"] for e in json.loads(own.stdout)] == ["mine"]
 
 
@@ -337,8 +347,8 @@ def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
     assert written | set(features.PART_OF_KIND) <= set(KINDS)
 
 
-def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> None:
-    r = run("mega", "save", "m")
+def test_mega_save_from_the_command_line_points_to_the_python_api(run_cli: Run) -> None:
+    r = run_cli("mega", "save", "m")
     assert r.returncode == 2, r.stdout + r.stderr
     [line] = r.stderr.strip().splitlines()
     assert (
@@ -346,7 +356,7 @@ def test_mega_save_from_the_command_line_points_to_the_python_api(run: Run) -> N
         and "objcache.integrations.torch.mega.save(NAME)" in line
     )
     assert "nothing to save" not in line and "objcache push" in line
-    shown = run("mega", "--help")
+    shown = run_cli("mega", "--help")
     assert shown.returncode == 0 and "objcache.integrations.torch.mega.save(NAME)" in shown.stdout
     assert not re.search(r"^\s+save\b", shown.stdout, re.MULTILINE), shown.stdout
     assert re.search(r"^\s+load\b", shown.stdout, re.MULTILINE), shown.stdout
@@ -414,18 +424,18 @@ def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellatio
     "pointer", [b"[1, 2, 3]", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe", b"{" * 70_000]
 )
 def test_a_hostile_mega_pointer_is_one_line_and_exit_2(
-    run: Run, env: dict[str, str], pointer: bytes
+    run_cli: Run, cli_env: dict[str, str], pointer: bytes
 ) -> None:
     """Any fleet node can write a bundle's pointer: a list, JSON nested past Python's
     recursion limit, bytes that are not JSON, an oversized one."""
     from objcache.integrations.torch import mega
 
-    client = Client(Config.from_env(env))
+    client = Client(Config.from_env(cli_env))
     try:
         mega.write_overwrite(client, mega.pointer_key("planted"), pointer)
     finally:
         client.close()
-    r = run("mega", "load", "planted")
+    r = run_cli("mega", "load", "planted")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
@@ -453,7 +463,9 @@ def test_every_command_opens_its_stores_with_the_command_deadline() -> None:
     assert sorted(set(callers)) == ["common.py:open_tier"], callers
 
 
-def test_push_refuses_an_inductor_dir_others_could_have_filled(run: Run, tmp_path: Path) -> None:
+def test_push_refuses_an_inductor_dir_others_could_have_filled(
+    run_cli: Run, tmp_path: Path
+) -> None:
     """A symlinked or group-writable ``--inductor-dir`` is a one-line error, exit 2, and
     nothing is published."""
     real = tmp_path / "inductor"
@@ -461,11 +473,11 @@ def test_push_refuses_an_inductor_dir_others_could_have_filled(run: Run, tmp_pat
     (real / "fxgraph" / "ab" / "fkey" / "entry").write_bytes(b"\x80graph")
     link = tmp_path / "inductor-link"
     link.symlink_to(real)
-    r = run("push", "--inductor-dir", str(link))
+    r = run_cli("push", "--inductor-dir", str(link))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "is a symlink" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     real.chmod(0o777)
-    r = run("push", "--inductor-dir", str(real))
+    r = run_cli("push", "--inductor-dir", str(real))
     assert r.returncode == 2 and "writable by group or others" in r.stderr, r.stderr
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("*fkey*"))

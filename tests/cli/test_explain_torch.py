@@ -104,7 +104,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+def explain_world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(tmp_path_factory.mktemp("explain"))
 
 
@@ -112,26 +112,26 @@ def differing(result: dict[str, Any]) -> set[str]:
     return {d["component"] for m in result["details"] for d in m["differences"]}
 
 
-def test_the_writer_publishes_a_card_per_fx_entry(world: World) -> None:
-    a = world.writer
+def test_the_writer_publishes_a_card_per_fx_entry(explain_world: World) -> None:
+    a = explain_world.writer
     assert a["ok"]
-    cards = list(world.store.glob("v1/keycards/fx-card/*/*!/*"))
-    entries = list(world.store.glob("v1/*/fx-graph/*/*"))
+    cards = list(explain_world.store.glob("v1/keycards/fx-card/*/*!/*"))
+    entries = list(explain_world.store.glob("v1/*/fx-graph/*/*"))
     assert cards and len(cards) == len(entries), (cards, entries)
 
 
-def test_an_inductor_flag_is_named(world: World) -> None:
-    assert world.config_flag["ok"]
-    result = world.explained("explain-b1")
+def test_an_inductor_flag_is_named(explain_world: World) -> None:
+    assert explain_world.config_flag["ok"]
+    result = explain_world.explained("explain-b1")
     assert result["misses"] >= 1
     assert differing(result) == {"inductor_config.size_asserts"}
     lines = [d["line"] for m in result["details"] for d in m["differences"]]
     assert set(lines) == {"inductor_config.size_asserts: True → False"}
 
 
-def test_an_input_shape_is_named(world: World) -> None:
-    assert world.input_shape["ok"]
-    result = world.explained("explain-b2")
+def test_an_input_shape_is_named(explain_world: World) -> None:
+    assert explain_world.input_shape["ok"]
+    result = explain_world.explained("explain-b2")
     assert result["misses"] >= 1
     names = differing(result)
     assert names and all(n.startswith("example_inputs[") for n in names), names
@@ -140,26 +140,26 @@ def test_an_input_shape_is_named(world: World) -> None:
     assert [c["cause"] for c in result["causes"]] == ["example_inputs differs"]
 
 
-def test_the_cpu_isa_of_the_environment_is_named(world: World) -> None:
-    other = world.other_isa
-    assert world.cpu_isa["ok"]
-    result = world.explained("explain-b3")
+def test_the_cpu_isa_of_the_environment_is_named(explain_world: World) -> None:
+    other = explain_world.other_isa
+    assert explain_world.cpu_isa["ok"]
+    result = explain_world.explained("explain-b3")
     assert result["misses"] >= 1
     assert differing(result) == {"env:cpu_isa"}
     lines = {d["line"] for m in result["details"] for d in m["differences"]}
     assert all(line.endswith(f"→ {other}") for line in lines), lines
 
 
-def test_a_graph_change_is_a_first_compile(world: World) -> None:
-    assert world.graph_change["ok"]
-    result = world.explained("explain-b4")
+def test_a_graph_change_is_a_first_compile(explain_world: World) -> None:
+    assert explain_world.graph_change["ok"]
+    result = explain_world.explained("explain-b4")
     assert result["misses"] >= 1
     assert {c["cause"] for c in result["causes"]} == {"first compile of this graph in the store"}
 
 
-def test_the_text_output_groups_misses_by_cause(world: World) -> None:
-    _ = world.config_flag
-    out = world.explain("explain-b1")
+def test_the_text_output_groups_misses_by_cause(explain_world: World) -> None:
+    _ = explain_world.config_flag
+    out = explain_world.explain("explain-b1")
     assert out.returncode == 0, out.stderr
     print(out.stdout)  # pasted into docs/troubleshooting.md
     assert "inductor_config.size_asserts differs" in out.stdout

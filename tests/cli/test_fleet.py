@@ -310,7 +310,7 @@ async def test_write_to_nearest_plus_home(
 
 
 @pytest.fixture(params=["s3", "redis"])
-def store(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str], str]]]:
+def fleet_store(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str], str]]]:
     """``(kind, url(prefix))`` for a real store."""
     if request.param == "s3":
         server: SeaweedS3 = request.getfixturevalue("seaweed_s3")
@@ -339,12 +339,12 @@ def corrupt(kind: str, url: str, okey: str, server: Any) -> None:
 
 
 def test_every_cli_command_on_a_real_store(
-    store: tuple[str, Callable[[str], str]],
+    fleet_store: tuple[str, Callable[[str], str]],
     request: pytest.FixtureRequest,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    kind, url_of = store
+    kind, url_of = fleet_store
     server = request.getfixturevalue("seaweed_s3" if kind == "s3" else "redis_server")
     prefix = f"fleet-{uid()}"
     url, seeded = url_of(prefix), url_of(f"{prefix}-seeded")

@@ -57,7 +57,7 @@ class Store:
 
 
 @pytest.fixture
-def store(
+def counted_s3_store(
     seaweed_s3: SeaweedS3, fault_proxy: Callable[[str, int], FaultProxy], tmp_path: Path
 ) -> Store:
     prefix = f"ro-{uuid.uuid4().hex[:10]}"
@@ -111,60 +111,64 @@ def assert_refused(r: subprocess.CompletedProcess[str], why: str) -> None:
 
 @pytest.mark.parametrize(("name", "args"), COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_write_commands_refuse_a_read_only_config(
-    store: Store, name: str, args: Callable[[str], list[str]]
+    counted_s3_store: Store, name: str, args: Callable[[str], list[str]]
 ) -> None:
-    r = store.run(*args(store.proxied), OBJCACHE_READ_ONLY="1")
+    r = counted_s3_store.run(*args(counted_s3_store.proxied), OBJCACHE_READ_ONLY="1")
     assert_refused(r, "OBJCACHE_READ_ONLY")
-    assert writes(store.proxy) == []
+    assert writes(counted_s3_store.proxy) == []
 
 
 @pytest.mark.parametrize(("name", "args"), COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_write_commands_refuse_a_read_only_tier(
-    store: Store, name: str, args: Callable[[str], list[str]]
+    counted_s3_store: Store, name: str, args: Callable[[str], list[str]]
 ) -> None:
-    url = read_only_tier(store.proxied)
-    r = store.run(*args(url), OBJCACHE_TIERS=url)
+    url = read_only_tier(counted_s3_store.proxied)
+    r = counted_s3_store.run(*args(url), OBJCACHE_TIERS=url)
     assert_refused(r, "read_only=1")
-    assert writes(store.proxy) == []
+    assert writes(counted_s3_store.proxy) == []
 
 
-def test_control_the_same_commands_write_without_read_only(store: Store) -> None:
+def test_control_the_same_commands_write_without_read_only(counted_s3_store: Store) -> None:
     """The counter sees writes when they happen: push copies, gc deletes."""
-    other = store.proxied.replace("/ro-", "/ro-other-", 1)
-    assert store.run("push", "--tier", other).returncode == 0
-    assert any(w.startswith("PUT") for w in writes(store.proxy))
-    store.proxy.reset_counters()
-    r = store.run("gc", "--older-than", "0", "--yes")
+    other = counted_s3_store.proxied.replace("/ro-", "/ro-other-", 1)
+    assert counted_s3_store.run("push", "--tier", other).returncode == 0
+    assert any(w.startswith("PUT") for w in writes(counted_s3_store.proxy))
+    counted_s3_store.proxy.reset_counters()
+    r = counted_s3_store.run("gc", "--older-than", "0", "--yes")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert any(w.startswith("DELETE") for w in writes(store.proxy))
+    assert any(w.startswith("DELETE") for w in writes(counted_s3_store.proxy))
 
 
-def test_configured_read_only_tiers_are_skipped_not_written(store: Store, tmp_path: Path) -> None:
+def test_configured_read_only_tiers_are_skipped_not_written(
+    counted_s3_store: Store, tmp_path: Path
+) -> None:
     """With a writable tier beside a read-only one, push writes only the writable one."""
     writable = f"file://{tmp_path}/second"
-    tiers = f"{read_only_tier(store.proxied)},{writable}"
-    r = store.run("push", OBJCACHE_TIERS=tiers)
+    tiers = f"{read_only_tier(counted_s3_store.proxied)},{writable}"
+    r = counted_s3_store.run("push", OBJCACHE_TIERS=tiers)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "skipping read-only tier" in r.stderr
-    assert writes(store.proxy) == []
+    assert writes(counted_s3_store.proxy) == []
     assert list((tmp_path / "second").rglob("key-*"))
 
 
 @pytest.mark.parametrize("how", ["config", "tier"])
-def test_pull_by_job_compacts_nothing_when_read_only(store: Store, how: str) -> None:
+def test_pull_by_job_compacts_nothing_when_read_only(counted_s3_store: Store, how: str) -> None:
     extra = (
         {"OBJCACHE_READ_ONLY": "1"}
         if how == "config"
-        else {"OBJCACHE_TIERS": read_only_tier(store.proxied)}
+        else {"OBJCACHE_TIERS": read_only_tier(counted_s3_store.proxied)}
     )
-    r = store.run("pull", "--job", "rojob", **extra)
+    r = counted_s3_store.run("pull", "--job", "rojob", **extra)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fetched" in r.stdout
-    assert writes(store.proxy) == []
-    store.proxy.reset_counters()
-    control = store.run("pull", "--job", "rojob")  # more runs than COMPACT_AFTER: compacts
+    assert writes(counted_s3_store.proxy) == []
+    counted_s3_store.proxy.reset_counters()
+    control = counted_s3_store.run(
+        "pull", "--job", "rojob"
+    )  # more runs than COMPACT_AFTER: compacts
     assert control.returncode == 0, control.stdout + control.stderr
-    assert any(w.startswith("DELETE") for w in writes(store.proxy))
+    assert any(w.startswith("DELETE") for w in writes(counted_s3_store.proxy))
 
 
 # --- the cache itself: a ?read_only=1 tier is never written ---------------------------------
@@ -223,15 +227,17 @@ async def test_read_only_tier_gets_no_put_backfill_or_manifest(
 
 
 @pytest.mark.parametrize("typo", ["read_onyl=1", "endpointurl=http://127.0.0.1:9", "regoin=x"])
-def test_mistyped_tier_option_is_refused_before_any_request(store: Store, typo: str) -> None:
+def test_mistyped_tier_option_is_refused_before_any_request(
+    counted_s3_store: Store, typo: str
+) -> None:
     """``?read_onyl=1`` once left the tier writable and ``?endpointurl=`` sent requests to
     AWS: now the command stops at the configuration, naming the option."""
-    url = f"{store.proxied}&{typo}"
-    r = store.run("push", "--tier", url, OBJCACHE_TIERS=url)
+    url = f"{counted_s3_store.proxied}&{typo}"
+    r = counted_s3_store.run("push", "--tier", url, OBJCACHE_TIERS=url)
     assert r.returncode == 2, r.stdout + r.stderr
     name = typo.split("=")[0]
     assert r.stderr.count("\n") == 1 and f"unknown option {name!r}; did you mean" in r.stderr
-    assert store.proxy.http_requests == []
+    assert counted_s3_store.proxy.http_requests == []
 
 
 # --- a read-only fleet still reports: run summaries to a separate location -------------------
@@ -244,30 +250,30 @@ print(sum(client.get("fx-graph", key) is not None for key in ("key-0", "key-1", 
 
 
 def test_read_only_run_writes_its_summary_only_to_the_summaries_location_at_exit(
-    store: Store, tmp_path: Path
+    counted_s3_store: Store, tmp_path: Path
 ) -> None:
     """``OBJCACHE_READ_ONLY=1`` with ``OBJCACHE_SUMMARIES_URL``: the process looks up and
     exits; its tiers get zero write requests, the summaries location exactly one object (the
     run summary, written at exit), and ``objcache report`` finds the run there."""
     summaries = tmp_path / "summaries"
     extra = {"OBJCACHE_READ_ONLY": "1", "OBJCACHE_SUMMARIES_URL": f"file://{summaries}"}
-    env = {**store.env, **extra, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**counted_s3_store.env, **extra, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", LOOKUPS], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2"]
-    assert store.proxy.count_requests("GET") >= 1, "the tiers were read"
-    assert writes(store.proxy) == []
+    assert counted_s3_store.proxy.count_requests("GET") >= 1, "the tiers were read"
+    assert writes(counted_s3_store.proxy) == []
     written = [p for p in summaries.rglob("*") if p.is_file()]
     assert len(written) == 1 and "/run/" in str(written[0]), written
 
-    r = store.run("report", "--job", "rojob", "--json", **extra)
+    r = counted_s3_store.run("report", "--job", "rojob", "--json", **extra)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = json.loads(r.stdout)["runs"]
     assert [(run["hits"], run["lookups"]) for run in runs] == [(2, 3)]
     assert runs[0]["env_fields"]["torch"]  # the environment travels with the summary
-    assert writes(store.proxy) == []
+    assert writes(counted_s3_store.proxy) == []
 
     # Without a summaries location, read-only keeps its promise: nothing is written.
     control = subprocess.run(
@@ -278,5 +284,5 @@ def test_read_only_run_writes_its_summary_only_to_the_summaries_location_at_exit
         timeout=120,
     )
     assert control.returncode == 0, control.stderr
-    assert writes(store.proxy) == []
+    assert writes(counted_s3_store.proxy) == []
     assert len([p for p in summaries.rglob("*") if p.is_file()]) == 1

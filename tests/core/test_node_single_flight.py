@@ -10,7 +10,6 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,6 @@ ENTRIES = 60
 SIZE = 60_000
 
 
-@pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(host=redis_server.host, port=redis_server.port)
-    yield client
-    client.close()
-
-
 def server_gets(raw: redis.Redis) -> int:
     """Reads of values: tiers read through a size cap (GETRANGE), records and tools by GET."""
     stats: dict[str, Any] = raw.info("commandstats")
@@ -56,7 +48,7 @@ def seed(url: str, work: Path, job: str, keys: list[str]) -> None:
 
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no-prefetch", "prefetch"])
 def test_ranks_of_a_node_fetch_each_entry_once(
-    redis_server: RedisServer, raw: redis.Redis, tmp_path: Path, prefetch: bool
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path, prefetch: bool
 ) -> None:
     job = f"node-{uuid.uuid4().hex[:8]}"
     url = f"{redis_server.url}?prefix={job}"
@@ -73,10 +65,10 @@ def test_ranks_of_a_node_fetch_each_entry_once(
     }
     go = tmp_path / "go"
     procs = start_ranks([spec] * RANKS, go)
-    raw.config_resetstat()
+    redis_client.config_resetstat()
     go.touch()
     ranks = results(procs)
-    gets = server_gets(raw)
+    gets = server_gets(redis_client)
     assert [r["hits"] for r in ranks] == [ENTRIES] * RANKS, [
         (r["seconds"], r["prefetch"], r["cache"]["node_leases"], r["misses"]) for r in ranks
     ]
@@ -87,7 +79,7 @@ def test_ranks_of_a_node_fetch_each_entry_once(
 
 
 def test_other_ranks_get_the_entry_when_the_holder_is_killed_mid_fetch(
-    redis_server: RedisServer, raw: redis.Redis, tmp_path: Path
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """The holder reaches Redis through a black-holed proxy and hangs in its GET with the
     lease held; it is SIGKILLed; the waiting ranks take the lease over and get the entry
@@ -111,7 +103,7 @@ def test_other_ranks_get_the_entry_when_the_holder_is_killed_mid_fetch(
             waiters = start_ranks(
                 [{**waiter, "timeout_ms": int(deadline_s * 1000)}] * 3, tmp_path / "go"
             )
-            raw.config_resetstat()
+            redis_client.config_resetstat()
             (tmp_path / "go").touch()
             inode = lease_file.stat().st_ino
             wait_until(lambda: blocked_count(inode) == 3, what="three ranks waiting")
@@ -125,7 +117,7 @@ def test_other_ranks_get_the_entry_when_the_holder_is_killed_mid_fetch(
     assert [r["wrong"] for r in ranks] == [0, 0, 0]
     assert max(r["done_at"] for r in ranks) - killed_at < deadline_s / 2
     assert sum(r["cache"]["node_leases"].get("took_over", 0) for r in ranks) == 1
-    assert server_gets(raw) == 1
+    assert server_gets(redis_client) == 1
 
 
 def _wait_for_lease(node: Path, pid: int) -> Path:

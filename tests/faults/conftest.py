@@ -1,6 +1,6 @@
 """Fixtures of the fault suite: one real store per test behind a FaultProxy.
 
-``store`` is parametrized over redis, s3 (SeaweedFS) and gcs (fake-gcs-server). It hands
+``proxied_store`` is parametrized over redis, s3 (SeaweedFS) and gcs (fake-gcs-server). It hands
 out Clients whose only remote tier goes through the proxy, with small deadlines so the
 suite stays fast, and raw (proxy-free) access to the same objects for planting or
 tampering with data at rest.
@@ -157,7 +157,7 @@ def _store_factory(
 
 
 @pytest.fixture(params=["redis", "s3", "gcs"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+def proxied_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s = _store_factory(request.param, request, tmp_path)
     yield s
     s.close()

@@ -103,7 +103,7 @@ def make_client(tmp_path: Path, local: str = "local") -> Client:
 
 
 @pytest.fixture
-def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Probe]:
+def triton_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Probe]:
     monkeypatch.setattr(objcache.client, "fingerprint", lambda: FIELDS)
     monkeypatch.setenv(ot.ENV_CACHE_DIR, str(tmp_path / "tc"))
     client = make_client(tmp_path)
@@ -132,28 +132,28 @@ def test_backend_is_a_triton_remote_cache_backend(monkeypatch: pytest.MonkeyPatc
     assert cls.__name__ == "ObjcacheTritonBackend"
 
 
-def test_artifacts_are_stored_under_key_slash_filename(probe: Probe) -> None:
-    store_all(probe)
+def test_artifacts_are_stored_under_key_slash_filename(triton_probe: Probe) -> None:
+    store_all(triton_probe)
     for name, data in CHILDREN.items():
-        assert probe.client.get("triton", f"{KEY}/{name}") == data
+        assert triton_probe.client.get("triton", f"{KEY}/{name}") == data
     assert ot.stats()["puts"] == len(CHILDREN) + 1
 
 
-def test_local_tier_answers_without_a_remote_round_trip(probe: Probe) -> None:
-    store_all(probe)
-    backend = ot.backend_class()(KEY, client=probe.client)  # what Triton builds per lookup
+def test_local_tier_answers_without_a_remote_round_trip(triton_probe: Probe) -> None:
+    store_all(triton_probe)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)  # what Triton builds per lookup
     got = backend.get(list(CHILDREN))
     assert got == CHILDREN
-    assert probe.remote_gets == 0
-    assert probe.client.stats()["cache"]["served_by"] == {
-        f"disk://{probe.client.config.local_dir}": 4
+    assert triton_probe.remote_gets == 0
+    assert triton_probe.client.stats()["cache"]["served_by"] == {
+        f"disk://{triton_probe.client.config.local_dir}": 4
     }
 
 
 def test_files_of_one_get_are_fetched_concurrently_in_one_bridge_call(
-    probe: Probe, tmp_path: Path
+    triton_probe: Probe, tmp_path: Path
 ) -> None:
-    store_all(probe)
+    store_all(triton_probe)
     other = fresh_machine(tmp_path, "other-local")
     try:
         other.delay_s = 0.2
@@ -166,8 +166,8 @@ def test_files_of_one_get_are_fetched_concurrently_in_one_bridge_call(
         other.client.close()
 
 
-def test_group_comes_with_all_children_in_one_call(probe: Probe, tmp_path: Path) -> None:
-    store_all(probe)
+def test_group_comes_with_all_children_in_one_call(triton_probe: Probe, tmp_path: Path) -> None:
+    store_all(triton_probe)
     other = fresh_machine(tmp_path, "other-local")
     try:
         backend = ot.backend_class()(KEY, client=other.client)
@@ -181,8 +181,8 @@ def test_group_comes_with_all_children_in_one_call(probe: Probe, tmp_path: Path)
         other.client.close()
 
 
-def test_group_with_a_missing_child_is_a_miss(probe: Probe) -> None:
-    backend = ot.backend_class()(KEY, client=probe.client)
+def test_group_with_a_missing_child_is_a_miss(triton_probe: Probe) -> None:
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     for name, data in list(CHILDREN.items())[:-1]:
         backend.put(name, data)
     backend.put(GROUP, GROUP_DATA)
@@ -192,31 +192,31 @@ def test_group_with_a_missing_child_is_a_miss(probe: Probe) -> None:
     assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
 
 
-def test_corrupt_group_is_a_miss(probe: Probe) -> None:
-    backend = ot.backend_class()(KEY, client=probe.client)
+def test_corrupt_group_is_a_miss(triton_probe: Probe) -> None:
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     backend.put(GROUP, b"not json")
     assert backend.get([GROUP]) == {}
     assert ot.stats()["incomplete_groups"] == 1
 
 
-def test_dict_form_child_paths_are_accepted(probe: Probe) -> None:
+def test_dict_form_child_paths_are_accepted(triton_probe: Probe) -> None:
     # RemoteCacheManager.get_group passes child_paths as read: a dict for a default-form file.
-    store_all(probe)
-    backend = ot.backend_class()(KEY, client=probe.client)
+    store_all(triton_probe)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     assert backend.get({name: "/elsewhere/" + name for name in CHILDREN}) == CHILDREN
 
 
 def test_failures_are_counted_misses_logged_once(
-    probe: Probe, caplog: pytest.LogCaptureFixture
+    triton_probe: Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = ot.backend_class()(KEY, client=probe.client)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("tier exploded")
 
-    working = probe.client.bridge.call
-    probe.client.bridge.call = broken  # type: ignore[method-assign]
-    probe.client.put = broken  # type: ignore[method-assign]
+    working = triton_probe.client.bridge.call
+    triton_probe.client.bridge.call = broken  # type: ignore[method-assign]
+    triton_probe.client.put = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="objcache"):
         assert backend.get(["a", "b"]) == {}
         assert backend.get(["a"]) == {}
@@ -228,10 +228,10 @@ def test_failures_are_counted_misses_logged_once(
     def slow(*args: Any, **kwargs: Any) -> Any:
         raise BridgeTimeout("deadline")
 
-    probe.client.bridge.call = slow  # type: ignore[method-assign]
+    triton_probe.client.bridge.call = slow  # type: ignore[method-assign]
     assert backend.get(["a"]) == {}
     assert ot.stats()["timeouts"] == 1
-    probe.client.bridge.call = working  # type: ignore[method-assign]
+    triton_probe.client.bridge.call = working  # type: ignore[method-assign]
 
 
 def materialize(probe: Probe, tmp_path: Path) -> Path:
@@ -247,38 +247,40 @@ def materialize(probe: Probe, tmp_path: Path) -> Path:
 
 
 def test_files_already_in_the_triton_cache_dir_serve_when_objcache_cannot(
-    probe: Probe, tmp_path: Path
+    triton_probe: Probe, tmp_path: Path
 ) -> None:
-    kernel_dir = materialize(probe, tmp_path)
+    kernel_dir = materialize(triton_probe, tmp_path)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("store down")
 
-    working = probe.client.bridge.call
-    probe.client.bridge.call = broken  # type: ignore[method-assign]
-    backend = ot.backend_class()(KEY, client=probe.client)
+    working = triton_probe.client.bridge.call
+    triton_probe.client.bridge.call = broken  # type: ignore[method-assign]
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
     assert backend.get(sorted(CHILDREN)) == CHILDREN
     assert ot.stats()["cache_dir_hits"] == 1 + len(CHILDREN)
     # A group is only served complete, and nothing outside the kernel's folder is read.
     (kernel_dir / "k.cubin").unlink()
-    backend = ot.backend_class()(KEY, client=probe.client)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     assert backend.get([GROUP]) == {}
     assert backend.get(["../" + KEY + "/k.ptx", "k.ptx"]) == {"k.ptx": CHILDREN["k.ptx"]}
-    probe.client.bridge.call = working  # type: ignore[method-assign]
+    triton_probe.client.bridge.call = working  # type: ignore[method-assign]
 
 
-def test_files_only_in_the_triton_cache_dir_are_published(probe: Probe, tmp_path: Path) -> None:
+def test_files_only_in_the_triton_cache_dir_are_published(
+    triton_probe: Probe, tmp_path: Path
+) -> None:
     # Compiled by this process, then the store was garbage-collected and the local tier
     # emptied: the files it compiled are stored back.
-    kernel_dir = materialize(probe, tmp_path)
-    assert probe.client.flush() == 0
+    kernel_dir = materialize(triton_probe, tmp_path)
+    assert triton_probe.client.flush() == 0
     shutil.rmtree(tmp_path / "store")
     shutil.rmtree(tmp_path / "local")
-    backend = ot.backend_class()(KEY, client=probe.client)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     assert backend.get([GROUP]) == {GROUP: GROUP_DATA}
     assert ot.stats()["republished"] == 1 + len(CHILDREN)
-    assert probe.client.flush() == 0
+    assert triton_probe.client.flush() == 0
     shutil.rmtree(kernel_dir)  # the other machine has only the store
     other = fresh_machine(tmp_path, "other-local")
     try:
@@ -292,12 +294,12 @@ def test_files_only_in_the_triton_cache_dir_are_published(probe: Probe, tmp_path
         other.client.close()
 
 
-def test_objcache_is_asked_before_the_triton_cache_dir(probe: Probe, tmp_path: Path) -> None:
-    store_all(probe)
+def test_objcache_is_asked_before_the_triton_cache_dir(triton_probe: Probe, tmp_path: Path) -> None:
+    store_all(triton_probe)
     kernel_dir = tmp_path / "tc" / KEY
     kernel_dir.mkdir(parents=True)
     (kernel_dir / "k.ptx").write_bytes(b"stale")
-    backend = ot.backend_class()(KEY, client=probe.client)
+    backend = ot.backend_class()(KEY, client=triton_probe.client)
     assert backend.get(["k.ptx"]) == {"k.ptx": CHILDREN["k.ptx"]}
     assert "cache_dir_hits" not in ot.stats()
 
@@ -464,14 +466,17 @@ def test_install_refuses_a_default_manager_dir(
 
 
 def test_backend_on_a_default_manager_dir_warns(
-    probe: Probe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    triton_probe: Probe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The knobs set by hand, pointing remote mode at a FileCacheManager directory.
     file_mode_dir(tmp_path / "shared", monkeypatch)
     monkeypatch.setenv(ot.ENV_CACHE_DIR, str(tmp_path / "shared"))
     with caplog.at_level(logging.WARNING, logger="objcache"):
-        ot.backend_class()(KEY, client=probe.client)
-        ot.backend_class()(KEY, client=probe.client)
+        ot.backend_class()(KEY, client=triton_probe.client)
+        ot.backend_class()(KEY, client=triton_probe.client)
     assert ot.stats()["mixed_dir"] == 2
     assert sum("FileCacheManager" in r.getMessage() for r in caplog.records) == 1
 

@@ -41,7 +41,7 @@ def recipe_env(base: Path, machine: str, store: Path) -> tuple[dict[str, str], P
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def recipe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     base = tmp_path_factory.mktemp("mega-recipe")
     store = base / "store"
     env_a, log_a = recipe_env(base, "a", store)
@@ -54,9 +54,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 
 def test_a_recipe_bundle_carries_the_kernels_its_graphs_load(
-    runs: dict[str, dict[str, Any]],
+    recipe_runs: dict[str, dict[str, Any]],
 ) -> None:
-    a = runs["a"]
+    a = recipe_runs["a"]
     assert a["match"], a["max_abs_err"]
     assert a["gxx"], "A compiled cold: its kernels were built here"
     assert "integration" not in a, "A ran without objcache's hooks"
@@ -67,9 +67,9 @@ def test_a_recipe_bundle_carries_the_kernels_its_graphs_load(
 
 
 def test_loading_a_recipe_bundle_builds_no_kernel_and_does_not_recompile(
-    runs: dict[str, dict[str, Any]],
+    recipe_runs: dict[str, dict[str, Any]],
 ) -> None:
-    a, b = runs["a"], runs["b"]
+    a, b = recipe_runs["a"], recipe_runs["b"]
     assert b["match"], b["max_abs_err"]
     assert "skipped" not in b["mega_load"], b["mega_load"]
     # The bundle carries the probe of the ISA torch picks; on a CPU with several (AVX-512 with

@@ -198,7 +198,7 @@ class FakeGraph:
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def candidates_file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     import objcache
     from objcache.client import reset_client
 
@@ -267,7 +267,9 @@ def _local_entries(inductor: Path) -> list[str]:
     return [pickle.loads((subdir / p).read_bytes()).guards_expr for p in os.listdir(subdir)]
 
 
-def test_install_patches_both_guarded_caches_and_uninstall_restores(store: Path) -> None:
+def test_install_patches_both_guarded_caches_and_uninstall_restores(
+    candidates_file_store: Path,
+) -> None:
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
     from torch._inductor.codecache import FxGraphCache, GuardedCache
 
@@ -289,12 +291,12 @@ def test_install_patches_both_guarded_caches_and_uninstall_restores(store: Path)
 
 
 def test_every_variant_is_offered_and_only_the_passing_one_is_written_through(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    candidates_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.integrations.torch import candidates
 
     _put_variants(["s0 > 8", "s0 <= 8"])
-    inductor = _machine(store, monkeypatch, "b")
+    inductor = _machine(candidates_file_store, monkeypatch, "b")
     before = candidates.counters.copy()
     graph, seen = _find("s0 <= 8")
     assert graph is not None and graph.guards_expr == "s0 <= 8"
@@ -315,15 +317,15 @@ def test_every_variant_is_offered_and_only_the_passing_one_is_written_through(
 
 
 def test_flag_off_keeps_torchs_single_remote_value(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    candidates_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.client import get_client
 
-    _machine(store, monkeypatch, "a", OBJCACHE_GUARDED_CANDIDATES="0")
+    _machine(candidates_file_store, monkeypatch, "a", OBJCACHE_GUARDED_CANDIDATES="0")
     for expr in ("s0 > 8", "s0 <= 8"):  # flushed one by one: write-behind would coalesce
         _put_variants([expr])
         get_client().flush()
-    inductor = _machine(store, monkeypatch, "b")
+    inductor = _machine(candidates_file_store, monkeypatch, "b")
     monkeypatch.setenv("OBJCACHE_GUARDED_CANDIDATES", "0")
     graph, seen = _find("s0 <= 8")
     # One value per key (first writer wins): the other variant is a guard miss.

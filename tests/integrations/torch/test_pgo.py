@@ -43,7 +43,7 @@ def machine(
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def pgo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     base = tmp_path_factory.mktemp("pgo")
     store = base / "store"
     out: dict[str, dict[str, Any]] = {}
@@ -69,18 +69,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 
 def test_the_cold_run_recompiles_once_and_stores_its_profile(
-    runs: dict[str, dict[str, Any]],
+    pgo_runs: dict[str, dict[str, Any]],
 ) -> None:
-    a = runs["a"]
+    a = pgo_runs["a"]
     assert a["match"], a["max_abs_err"]
     assert a["graphs"] == 2, "batch 4 static, then a dynamic recompile at 6"
-    assert runs["warm_local"]["graphs"] == 1, "the local profile: the first compile is dynamic"
+    assert pgo_runs["warm_local"]["graphs"] == 1, "the local profile: the first compile is dynamic"
 
 
 def test_a_fresh_machine_compiles_as_many_graphs_as_warm_local(
-    runs: dict[str, dict[str, Any]],
+    pgo_runs: dict[str, dict[str, Any]],
 ) -> None:
-    fresh, warm = runs["fresh"], runs["warm_local"]
+    fresh, warm = pgo_runs["fresh"], pgo_runs["warm_local"]
     assert fresh["match"], fresh["max_abs_err"]
     assert fresh["graphs"] == warm["graphs"] == 1
     assert fresh["gxx"] == [], "\n".join(fresh["gxx"])
@@ -89,16 +89,16 @@ def test_a_fresh_machine_compiles_as_many_graphs_as_warm_local(
     assert "pgo" in asked, asked
 
 
-def test_hits_report_the_compile_time_they_saved(runs: dict[str, dict[str, Any]]) -> None:
+def test_hits_report_the_compile_time_they_saved(pgo_runs: dict[str, dict[str, Any]]) -> None:
     """torch's own figure for each hit (the entry's compile time) reaches the run summary."""
-    cold, fresh = runs["a"]["integration"], runs["fresh"]["integration"]
+    cold, fresh = pgo_runs["a"]["integration"], pgo_runs["fresh"]["integration"]
     assert cold["time_saved_s"] == {}, "nothing was a hit in the cold run"
     saved = fresh["time_saved_s"]
     assert saved.get("aot-autograd", 0) > 0 and saved.get("fx-graph", 0) > 0, saved
 
 
 def test_explain_time_names_the_phase_a_new_machine_spent_longer_in_and_why(
-    runs: dict[str, dict[str, Any]],
+    pgo_runs: dict[str, dict[str, Any]],
 ) -> None:
     """``objcache explain --time`` puts the slow new machine next to the warm-local run
     (not the cold one, not the fast new machine) and names the phase made slow on purpose,
@@ -109,7 +109,7 @@ def test_explain_time_names_the_phase_a_new_machine_spent_longer_in_and_why(
 
     from objcache.cli import main as cli
 
-    slow, warm = runs["slow_gxx"], runs["warm_local"]
+    slow, warm = pgo_runs["slow_gxx"], pgo_runs["warm_local"]
     assert slow["match"], slow["max_abs_err"]
     assert slow["gxx"], "the store had no kernels: this machine built them"
     tier = f"file://{slow['store']}"

@@ -233,7 +233,7 @@ def test_a_config_entry_holding_its_override_as_a_value_is_set_and_restored() ->
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def installed_file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A file:// store, a fresh objcache local dir and TORCHINDUCTOR_CACHE_DIR; installed."""
     import objcache
     from objcache.client import reset_client
@@ -271,7 +271,7 @@ def _cache(name: str, cache_id: str) -> Any:
 
 
 def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.client import get_client, reset_client
     from objcache.integrations.torch import writethrough
@@ -288,7 +288,7 @@ def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
     _cache("RemoteDynamoPGOCache", "dynamo-pgo").put("job:None:", pgo_value)
     assert get_client().get("fx-graph", "pt2:fx-graph-v1::fkey123:c1") == raw
 
-    inductor = _new_machine(store, monkeypatch, "b")
+    inductor = _new_machine(installed_file_store, monkeypatch, "b")
     before = dict(writethrough.counters)
     got = _cache("RemoteFxGraphCache", "fx-graph-v1").get("fkey123")
     assert got == {"data": envelope["data"], "time_taken_ms": 0}
@@ -306,7 +306,7 @@ def test_graph_entries_are_raw_in_the_store_and_written_through_on_a_hit(
 
 
 def test_autotune_hit_lands_in_the_local_autotune_cache(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
@@ -320,9 +320,9 @@ def test_autotune_hit_lands_in_the_local_autotune_cache(
         assert cache is not None and cache.remote_cache is not None
         return cache
 
-    first = create(store / "inductor")
+    first = create(installed_file_store / "inductor")
     first.remote_cache[0].put(first.remote_cache[1], best)
-    inductor = _new_machine(store, monkeypatch, "b")
+    inductor = _new_machine(installed_file_store, monkeypatch, "b")
     second = create(inductor)
     local_path = Path(second.local_cache[1])
     assert not local_path.exists()
@@ -330,7 +330,9 @@ def test_autotune_hit_lands_in_the_local_autotune_cache(
     assert json.loads(local_path.read_text()) == best
 
 
-def test_hooks_never_raise_into_torch(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hooks_never_raise_into_torch(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import objcache
     from objcache.integrations.torch import hooks
 
@@ -401,14 +403,14 @@ def test_kernel_keys_follow_content_and_flags_not_paths(tmp_path: Path) -> None:
 
 
 def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.integrations.torch import kernels
 
-    header = store / "pch" / "prefix.h"
+    header = installed_file_store / "pch" / "prefix.h"
     header.parent.mkdir()
     header.write_text("#include <vector>\n")
-    src = store / "src" / "k.cpp"
+    src = installed_file_store / "src" / "k.cpp"
     src.parent.mkdir()
     src.write_text('#include <vector>\nextern "C" int n() { return std::vector<int>(3).size(); }\n')
 
@@ -420,7 +422,7 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
     pch.build()  # deferred: no kernel needs it yet
     gch = Path(pch.get_target_file_path())
     assert not gch.exists()
-    kernel = _builder(src, store / "out-a", precompiled_header=str(header))
+    kernel = _builder(src, installed_file_store / "out-a", precompiled_header=str(header))
     kernel.build()  # a miss: the header is built first, then the kernel
     assert gch.exists() and Path(kernel.get_target_file_path()).exists()
     kernels.wait_stored(60)
@@ -428,10 +430,10 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
     assert after_cold.get("pch_built", 0) == start.get("pch_built", 0) + 1
     assert after_cold.get("builds", 0) == start.get("builds", 0) + 2
 
-    _new_machine(store, monkeypatch, "b")
+    _new_machine(installed_file_store, monkeypatch, "b")
     gch.unlink()
     pch.build()
-    again = _builder(src, store / "out-b", precompiled_header=str(header))
+    again = _builder(src, installed_file_store / "out-b", precompiled_header=str(header))
     again.build()
     fetched = Path(again.get_target_file_path())
     assert fetched.read_bytes() == Path(kernel.get_target_file_path()).read_bytes()
@@ -443,7 +445,7 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
 
 
 def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_where_built(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch dlopens every ISA probe library in a child Python unless it has seen that
     library load (2.14+: a ``.load_ok`` marker beside it). A probe objcache brings to a new
@@ -477,13 +479,13 @@ def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_whe
     kernels.wait_stored(60)
     before = kernels.counters()
 
-    inductor = _new_machine(store, monkeypatch, "b")
+    inductor = _new_machine(installed_file_store, monkeypatch, "b")
     assert isa.check_build(passes)
     assert len(children) == 2  # the library came from objcache with its verdict: no child
     after = kernels.counters()
     assert after.get("fetched", 0) == before.get("fetched", 0) + 1
     assert after.get("probes_skipped", 0) == before.get("probes_skipped", 0) + 1
-    if any(p.name.endswith(".so.load_ok") for p in (store / "inductor").rglob("*")):
+    if any(p.name.endswith(".so.load_ok") for p in (installed_file_store / "inductor").rglob("*")):
         # this torch keeps a marker: it is where torch itself would have left it
         assert [p.name for p in inductor.rglob("*.so.load_ok")]
     assert isa.check_build(refused)  # fetched, but its probe never passed: the child runs
@@ -538,7 +540,7 @@ def test_a_bad_kernel_part_is_skipped_and_named_never_loaded() -> None:
 
 
 def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.client import get_client
     from objcache.config.fingerprint import fingerprint
@@ -558,7 +560,9 @@ def test_loading_a_bundle_with_a_bad_kernel_installs_only_what_verifies(
     assert client.get(kernels.KIND, "k1-bad.so") is None
 
 
-def test_mega_ls_shows_what_each_bundle_holds(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mega_ls_shows_what_each_bundle_holds(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from objcache.config.fingerprint import fingerprint
     from objcache.integrations.torch import mega
 
@@ -585,7 +589,7 @@ def test_mega_ls_shows_what_each_bundle_holds(store: Path, monkeypatch: pytest.M
 
 
 def test_loading_a_bundle_of_another_environment_lists_what_differs(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from objcache.client import get_client
     from objcache.config.fingerprint import fingerprint
@@ -612,7 +616,7 @@ def test_loading_a_bundle_of_another_environment_lists_what_differs(
 
 
 def test_a_corrupt_bundle_is_refused_before_torch_sees_it(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from torch.compiler._cache import CacheArtifactManager
 
@@ -761,14 +765,14 @@ def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
 
 
 def test_seed_imports_inductor_dirs_and_mega_cache_files_under_the_hook_keys(
-    store: Path,
+    installed_file_store: Path,
 ) -> None:
     from torch.compiler._cache import CacheArtifactManager
 
     from objcache.client import get_client
     from objcache.integrations.torch import seed
 
-    inductor = store / "seed-inductor"
+    inductor = installed_file_store / "seed-inductor"
     (inductor / "fxgraph" / "ab" / "fabc1").mkdir(parents=True)
     (inductor / "fxgraph" / "ab" / "fabc1" / "entry").write_bytes(b"\x80fx")
     (inductor / "aotautograd" / "aqq2").mkdir(parents=True)
@@ -779,7 +783,7 @@ def test_seed_imports_inductor_dirs_and_mega_cache_files_under_the_hook_keys(
         CacheArtifactManager.record_artifact("pgo", "job:None:", b"\x80pgo")
         serialized = CacheArtifactManager.serialize()
     assert serialized is not None
-    bundle = store / "artifacts.bin"
+    bundle = installed_file_store / "artifacts.bin"
     bundle.write_bytes(serialized[0])
 
     assert seed.import_local(inductor_dir=inductor, bundles=[bundle]) == 4
@@ -831,7 +835,7 @@ def test_torch_stock_models_compile_and_infer_like_eager(tmp_path: Path) -> None
 
 
 def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
-    store: Path, tmp_path: Path
+    installed_file_store: Path, tmp_path: Path
 ) -> None:
     """``push --inductor-dir``: a symlinked or shared (group/other-writable, foreign-owned)
     directory is refused whole; below it, symlinks and entries others could have written are
@@ -842,7 +846,7 @@ def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
     outside = tmp_path / "elsewhere"
     (outside / "fxgraph" / "ab" / "fevil").mkdir(parents=True)
     (outside / "fxgraph" / "ab" / "fevil" / "entry").write_bytes(b"\x80planted")
-    root = store / "inductor-own"
+    root = installed_file_store / "inductor-own"
     (root / "fxgraph" / "ab" / "fgood").mkdir(parents=True)
     (root / "fxgraph" / "ab" / "fgood" / "entry").write_bytes(b"\x80good")
     (root / "fxgraph" / "ab" / "flink").symlink_to(outside / "fxgraph" / "ab" / "fevil")
@@ -863,7 +867,7 @@ def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
         assert get_client().get("fx-graph", f"pt2:fx-graph-v1::{key}:c1") is None
     assert skipped == {"symlink": 3, "untrusted": 1}, skipped
 
-    link = store / "inductor-link"
+    link = installed_file_store / "inductor-link"
     link.symlink_to(root)
     with pytest.raises(seed.UnsafeDir, match="symlink"):
         seed.import_local(inductor_dir=link)
