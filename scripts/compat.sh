@@ -67,8 +67,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/objcache-compat.XXXXXX")
 step doctor env OBJCACHE_TIERS="file://$work/store" OBJCACHE_LOCAL_DIR="$work/local" \
     "$venv/bin/python" -m objcache.cli doctor
 step tests "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs \
-    tests/integrations/torch/test_features.py tests/integrations/torch/test_unit.py tests/integrations/torch/test_pgo.py \
-    tests/mega/test_mega_recipe.py tests/integrations/torch/test_candidates.py tests/integrations/torch/test_compile.py \
+    tests/integrations/torch/test_features.py tests/integrations/torch/test_unit.py \
+    tests/integrations/torch/test_pgo.py tests/mega/test_mega_recipe.py \
+    tests/integrations/torch/test_candidates.py tests/integrations/torch/test_compile.py \
     ${COMPAT_PYTEST_ARGS:-}
 step demo "$venv/bin/python" -m objcache.cli demo
 # A new machine against torch's own warm local cache (model block, one run each): the ratio
