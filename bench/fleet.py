@@ -51,7 +51,7 @@ from objcache.config.fingerprint import env_id
 from objcache.config.settings import Config
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
-from tests.cloud_support import s3_url, server_profile
+from tests.support.cloud import s3_url, server_profile
 from tests.support.node_worker import KIND as NODE_KIND
 from tests.support.node_worker import payload_for, results, start_ranks
 from tests.support.proxy import FaultProxy

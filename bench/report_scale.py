@@ -25,7 +25,7 @@ from objcache.config.urls import parse_tier_list
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
 from objcache.observe import run_summary as summary
-from tests.cloud_support import s3_url
+from tests.support.cloud import s3_url
 from tests.support.servers import SeaweedS3
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.entry.codec import Codec
 from objcache.errors import BackendError, EntryError
-from tests.cloud_support import gcs_url, s3_url
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 

@@ -74,7 +74,7 @@ from bench import _chart  # noqa: E402
 from objcache.integrations.torch.demo_jobs import Job, machine_env, run_job  # noqa: E402
 from objcache.integrations.torch.demo_worker import model_name  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
-from tests.torch_support import gxx_builds, make_gxx_shim  # noqa: E402
+from tests.support.torch_runs import gxx_builds, make_gxx_shim  # noqa: E402
 
 #: Servers this bench started (stopped in main's finally).
 _SERVERS: list[Any] = []
@@ -93,7 +93,7 @@ def _redis(root: Path) -> str:
 
 def _s3(root: Path) -> str:
     """A throwaway SeaweedFS (a real S3 server) with one bucket."""
-    from tests.cloud_support import s3_url
+    from tests.support.cloud import s3_url
     from tests.support.servers import SeaweedS3
 
     server = SeaweedS3().start()

@@ -2,7 +2,7 @@
 
     python bench/warm_start.py --guarded [--lengths 8,9,10] [--rtt 0,50] [--rounds 20]
 
-Part 1, compiles (``tests.guarded_worker``: ``adaptive_avg_pool2d`` to a fixed size under
+Part 1, compiles (``tests.support.guarded_worker``: ``adaptive_avg_pool2d`` to a fixed size under
 ``torch.compile(dynamic=True)``; every input length shares one FX and one AOTAutograd key,
 Inductor adds different guards per length). For each setting of
 ``OBJCACHE_GUARDED_CANDIDATES`` a fresh ``file://`` store; *build*: one fresh machine per
@@ -48,7 +48,7 @@ def compile_run(base: Path, machine: str, flag: str, length: int) -> dict[str, A
         PYTHONPATH=str(ROOT),
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )
-    argv = [sys.executable, "-m", "tests.guarded_worker", str(length), str(length + 1)]
+    argv = [sys.executable, "-m", "tests.support.guarded_worker", str(length), str(length + 1)]
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GUARDED_RESULT ")]

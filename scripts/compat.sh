@@ -67,8 +67,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/objcache-compat.XXXXXX")
 step doctor env OBJCACHE_TIERS="file://$work/store" OBJCACHE_LOCAL_DIR="$work/local" \
     "$venv/bin/python" -m objcache.cli doctor
 step tests "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs \
-    tests/test_torch_features.py tests/test_torch_unit.py tests/test_torch_pgo.py \
-    tests/test_mega_recipe.py tests/test_torch_guarded.py tests/test_torch_compile.py \
+    tests/integrations/torch/test_features.py tests/integrations/torch/test_unit.py \
+    tests/integrations/torch/test_pgo.py tests/mega/test_mega_recipe.py \
+    tests/integrations/torch/test_candidates.py tests/integrations/torch/test_compile.py \
     ${COMPAT_PYTEST_ARGS:-}
 step demo "$venv/bin/python" -m objcache.cli demo
 # A new machine against torch's own warm local cache (model block, one run each): the ratio

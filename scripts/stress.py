@@ -21,18 +21,18 @@ from collections import defaultdict
 
 #: The files whose tests order threads, processes, servers or deadlines.
 DEFAULT_FILES = (
-    "tests/test_nodelease.py",
-    "tests/test_node_single_flight.py",
-    "tests/test_tiered.py",
+    "tests/core/test_nodelease.py",
+    "tests/core/test_node_single_flight.py",
+    "tests/core/test_tiered.py",
     "tests/test_bridge.py",
     "tests/test_client_deadline.py",
-    "tests/test_policy.py",
-    "tests/test_records.py",
-    "tests/test_pgo_join.py",
-    "tests/test_manifest.py",
-    "tests/test_file_backend.py",
-    "tests/test_disk_backend.py",
-    "tests/test_prometheus.py",
+    "tests/core/test_policy.py",
+    "tests/core/test_records.py",
+    "tests/integrations/torch/test_pgo_join.py",
+    "tests/core/test_manifest.py",
+    "tests/backends/test_file.py",
+    "tests/backends/test_disk.py",
+    "tests/observe/test_prometheus.py",
 )
 
 BUSY_LOOP = "while True: pass"

@@ -11,7 +11,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
@@ -22,9 +22,13 @@ from tests.support.servers import (
     MotoS3,
     RedisClusterServer,
     RedisServer,
+    S3Server,
     SeaweedS3,
     Server,
 )
+
+if TYPE_CHECKING:
+    import redis
 
 
 class BucketServer(Protocol):
@@ -80,12 +84,30 @@ def redis_server(test_servers: Callable[[type[RedisServer]], RedisServer]) -> Re
     return test_servers(RedisServer)
 
 
+@pytest.fixture(params=["seaweed_s3", "moto_s3"])
+def s3_server(request: pytest.FixtureRequest) -> S3Server:
+    """Each S3 server in turn: SeaweedFS, then moto."""
+    server: S3Server = request.getfixturevalue(request.param)
+    return server
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain redis-py client of the session's server, to look at what a test stored (or
+    at the server's own counters) without objcache in between."""
+    import redis
+
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(
     test_servers: Callable[[type[RedisClusterServer]], RedisClusterServer],
 ) -> RedisClusterServer:
     """3 primaries and 3 replicas, shared by the session: tests that crash a node start their
-    own (tests/test_redis_cluster.py)."""
+    own (tests/faults/test_redis_cluster.py)."""
     return test_servers(RedisClusterServer)
 
 
@@ -140,7 +162,8 @@ def make_bucket(request: pytest.FixtureRequest) -> Iterator[Callable[[BucketServ
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The shared torch.compile runs (one cold compile per session, see test_torch_compile)."""
-    from tests.test_torch_compile import World
+    """The shared torch.compile runs (one cold compile per session, see
+    tests/integrations/torch/test_compile.py)."""
+    from tests.integrations.torch.test_compile import World
 
     return World(tmp_path_factory.mktemp("torch-compile"))

@@ -74,12 +74,6 @@ def test_redis_roundtrip_and_set_nx(redis_server: RedisServer, transport: str) -
 # -- S3: SeaweedFS and moto ----------------------------------------------------
 
 
-@pytest.fixture(params=["seaweed_s3", "moto_s3"])
-def s3_server(request: pytest.FixtureRequest) -> S3Server:
-    server: S3Server = request.getfixturevalue(request.param)
-    return server
-
-
 def test_s3_roundtrip(s3_server: S3Server, make_bucket: MakeBucket) -> None:
     bucket = make_bucket(s3_server)
     client = s3_server.client()

@@ -20,7 +20,7 @@ from objcache.config.settings import Config
 from objcache.config.urls import parse_tier_url
 from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
-from tests.memory_backend import MemoryBackend
+from tests.support.memory_backend import MemoryBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What opens a store; only these modules may name it.

@@ -189,7 +189,7 @@ def _squash(expression: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3() -> dict[str, list[Any]]:
+def s3_module() -> dict[str, list[Any]]:
     return _load_dir(MODULES_DIR / "s3-cache")
 
 
@@ -326,8 +326,8 @@ def test_versions_pinned(directory: Path) -> None:
 # --------------------------------------------------------------------------- s3-cache
 
 
-def test_s3_reader_policy_is_read_only(s3: dict[str, list[Any]]) -> None:
-    reader = _typed(s3, "data", "aws_iam_policy_document")["reader"]
+def test_s3_reader_policy_is_read_only(s3_module: dict[str, list[Any]]) -> None:
+    reader = _typed(s3_module, "data", "aws_iam_policy_document")["reader"]
     actions = _actions(reader)
     assert {"s3:GetObject", "s3:ListBucket"} <= actions
     assert not actions & {"s3:PutObject", "s3:DeleteObject", "s3:*", "*"}, actions
@@ -338,8 +338,8 @@ def test_s3_reader_policy_is_read_only(s3: dict[str, list[Any]]) -> None:
         assert "*" not in statement.get("resources", []), statement
 
 
-def test_s3_writer_policy_can_write(s3: dict[str, list[Any]]) -> None:
-    writer = _typed(s3, "data", "aws_iam_policy_document")["writer"]
+def test_s3_writer_policy_can_write(s3_module: dict[str, list[Any]]) -> None:
+    writer = _typed(s3_module, "data", "aws_iam_policy_document")["writer"]
     actions = _actions(writer)
     assert {
         "s3:GetObject",
@@ -353,21 +353,21 @@ def test_s3_writer_policy_can_write(s3: dict[str, list[Any]]) -> None:
         assert "*" not in statement.get("resources", []), statement
 
 
-def test_s3_policies_use_the_checked_documents(s3: dict[str, list[Any]]) -> None:
+def test_s3_policies_use_the_checked_documents(s3_module: dict[str, list[Any]]) -> None:
     """The documents checked above are the ones attached, reader to reader."""
-    policies = _typed(s3, "resource", "aws_iam_policy")
+    policies = _typed(s3_module, "resource", "aws_iam_policy")
     for name in ("reader", "writer"):
         assert _squash(policies[name]["policy"]) == (
             f"${{data.aws_iam_policy_document.{name}.json}}"
         )
-    attachments = _typed(s3, "resource", "aws_iam_role_policy_attachment")
+    attachments = _typed(s3_module, "resource", "aws_iam_role_policy_attachment")
     for name in ("reader", "writer"):
         assert _squash(attachments[name]["policy_arn"]) == f"${{aws_iam_policy.{name}.arn}}"
         assert _squash(attachments[name]["role"]) == f"${{aws_iam_role.{name}[0].name}}"
 
 
-def test_s3_writer_role_trusts_only_github_oidc_subjects(s3: dict[str, list[Any]]) -> None:
-    trust = _typed(s3, "data", "aws_iam_policy_document")["writer_trust"]
+def test_s3_writer_role_trusts_only_github_oidc_subjects(s3_module: dict[str, list[Any]]) -> None:
+    trust = _typed(s3_module, "data", "aws_iam_policy_document")["writer_trust"]
     statements = list(_statements(trust))
     assert len(statements) == 1
     statement = statements[0]
@@ -377,8 +377,8 @@ def test_s3_writer_role_trusts_only_github_oidc_subjects(s3: dict[str, list[Any]
     assert "token.actions.githubusercontent.com:sub" in conditions
 
 
-def test_s3_public_access_blocked(s3: dict[str, list[Any]]) -> None:
-    block = _typed(s3, "resource", "aws_s3_bucket_public_access_block")["this"]
+def test_s3_public_access_blocked(s3_module: dict[str, list[Any]]) -> None:
+    block = _typed(s3_module, "resource", "aws_s3_bucket_public_access_block")["this"]
     for flag in (
         "block_public_acls",
         "block_public_policy",
@@ -386,12 +386,12 @@ def test_s3_public_access_blocked(s3: dict[str, list[Any]]) -> None:
         "restrict_public_buckets",
     ):
         assert block.get(flag) is True, f"{flag} is {block.get(flag)!r}"
-    ownership = _typed(s3, "resource", "aws_s3_bucket_ownership_controls")["this"]
+    ownership = _typed(s3_module, "resource", "aws_s3_bucket_ownership_controls")["this"]
     assert _blocks(ownership, "rule")[0]["object_ownership"] == "BucketOwnerEnforced"
 
 
-def test_s3_lifecycle_expires_and_aborts_uploads(s3: dict[str, list[Any]]) -> None:
-    lifecycle = _typed(s3, "resource", "aws_s3_bucket_lifecycle_configuration")["this"]
+def test_s3_lifecycle_expires_and_aborts_uploads(s3_module: dict[str, list[Any]]) -> None:
+    lifecycle = _typed(s3_module, "resource", "aws_s3_bucket_lifecycle_configuration")["this"]
     rules = [r for r in _blocks(lifecycle, "rule") if r.get("status") == "Enabled"]
     expiring = [r for r in rules if _blocks(r, "expiration")]
     assert expiring, "no enabled rule with expiration"
@@ -399,17 +399,19 @@ def test_s3_lifecycle_expires_and_aborts_uploads(s3: dict[str, list[Any]]) -> No
     assert [r for r in rules if _blocks(r, "abort_incomplete_multipart_upload")], (
         "no enabled rule with abort_incomplete_multipart_upload"
     )
-    variables = _labelled(s3, "variable")
+    variables = _labelled(s3_module, "variable")
     assert variables["expiration_days"]["default"] == 30
 
 
-def test_s3_encryption_and_tls(s3: dict[str, list[Any]]) -> None:
-    sse = _typed(s3, "resource", "aws_s3_bucket_server_side_encryption_configuration")["this"]
+def test_s3_encryption_and_tls(s3_module: dict[str, list[Any]]) -> None:
+    sse = _typed(s3_module, "resource", "aws_s3_bucket_server_side_encryption_configuration")[
+        "this"
+    ]
     default = _blocks(_blocks(sse, "rule")[0], "apply_server_side_encryption_by_default")[0]
     assert "AES256" in str(default["sse_algorithm"])
     assert "aws:kms" in str(default["sse_algorithm"])
 
-    bucket_policy = _typed(s3, "data", "aws_iam_policy_document")["bucket"]
+    bucket_policy = _typed(s3_module, "data", "aws_iam_policy_document")["bucket"]
     deny_plain_http = [
         s
         for s in _statements(bucket_policy)
@@ -420,16 +422,16 @@ def test_s3_encryption_and_tls(s3: dict[str, list[Any]]) -> None:
         )
     ]
     assert deny_plain_http, "bucket policy does not deny non-TLS requests"
-    attached = _typed(s3, "resource", "aws_s3_bucket_policy")["this"]
+    attached = _typed(s3_module, "resource", "aws_s3_bucket_policy")["this"]
     assert _squash(attached["policy"]) == "${data.aws_iam_policy_document.bucket.json}"
 
 
-def test_s3_versioning_off_by_default(s3: dict[str, list[Any]]) -> None:
-    assert _labelled(s3, "variable")["versioning_enabled"]["default"] is False
+def test_s3_versioning_off_by_default(s3_module: dict[str, list[Any]]) -> None:
+    assert _labelled(s3_module, "variable")["versioning_enabled"]["default"] is False
 
 
-def test_s3_tiers_fragment(s3: dict[str, list[Any]]) -> None:
-    value = _labelled(s3, "output")["tiers_fragment"]["value"]
+def test_s3_tiers_fragment(s3_module: dict[str, list[Any]]) -> None:
+    value = _labelled(s3_module, "output")["tiers_fragment"]["value"]
     assert re.fullmatch(r"s3://\$\{[^}]+\}/\$\{var\.prefix\}\?region=\$\{[^}]+\}", value), value
 
 

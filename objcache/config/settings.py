@@ -41,8 +41,8 @@ INTERNAL_VARIABLES = frozenset(
         "OBJCACHE_RUN_GROUP",  # objcache/observe/process_stats.py: the start a process is of
         "OBJCACHE_PROGRESS",  # the CLI's progress bar without a terminal
         "OBJCACHE_HYPOTHESIS_PROFILE",  # tests/support/hypothesis_profiles.py
-        "OBJCACHE_TEST_SITE_DIR",  # tests/torch_support.py
-        "OBJCACHE_REPORT_SAMPLE",  # tests/test_report.py
+        "OBJCACHE_TEST_SITE_DIR",  # tests/support/torch_runs.py
+        "OBJCACHE_REPORT_SAMPLE",  # tests/cli/test_report.py
         "OBJCACHE_BENCH_AWS",  # bench/fleet.py
     }
 )

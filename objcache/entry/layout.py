@@ -22,7 +22,7 @@ ENV_FILE = "ENV.json"
 MAX_KEY_BYTES = 900
 
 #: Every kind objcache itself stores (docs/torch.md, "Keys"; docs/architecture.md). The
-#: modules that write them keep their own constants; tests/test_cli.py checks each is here.
+#: modules that write them keep their own constants; tests/cli/test_cli.py checks each is here.
 #: Client code may store kinds of its own (``client.put("blob", ...)``).
 KINDS: tuple[str, ...] = (
     "aot-autograd",

@@ -47,19 +47,21 @@ def local_get(client: Client, okey: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(store: Store, damage: str) -> None:
+def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(
+    proxied_store: Store, damage: str
+) -> None:
     value = os.urandom(3000) + b"z" * 3000
-    writer = store.client(timeout_ms=5000)
+    writer = proxied_store.client(timeout_ms=5000)
     writer.put(KIND, "key", value)
     assert writer.flush(10) == 0
     okey = writer.cache.namespace.object_key(KIND, "key")
-    entry = store.raw_get(okey)
+    entry = proxied_store.raw_get(okey)
     assert entry is not None and Codec().decode(entry, okey) == value
-    store.raw_put(okey, DAMAGE[damage](entry))
+    proxied_store.raw_put(okey, DAMAGE[damage](entry))
 
     # two remote tiers: the damaged store, and a healthy, empty file:// tier behind it that
     # a valid hit would be back-filled into... and a reader that must not copy anything
-    reader = store.client(timeout_ms=2000)
+    reader = proxied_store.client(timeout_ms=2000)
     assert reader.get(KIND, "key") is None
     assert reader.flush(5) == 0
     tier = reader.stats()["tiers"][1]
@@ -67,7 +69,7 @@ def test_damaged_remote_entry_is_a_counted_miss_and_never_copied(store: Store, d
     assert tier["hits"] == 0
     assert local_get(reader, okey) is None
     assert reader.cache.stats.write_through == 0
-    assert store.raw_get(okey) == DAMAGE[damage](entry)  # not overwritten either
+    assert proxied_store.raw_get(okey) == DAMAGE[damage](entry)  # not overwritten either
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))

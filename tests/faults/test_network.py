@@ -62,11 +62,11 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_unreachable_tier_costs_the_deadline_then_nothing(store: Store, fault: str) -> None:
-    seed(store, "present", b"v" * 5000)
-    client = store.client()
+def test_unreachable_tier_costs_the_deadline_then_nothing(proxied_store: Store, fault: str) -> None:
+    seed(proxied_store, "present", b"v" * 5000)
+    client = proxied_store.client()
     assert client.get(KIND, "warm-miss") is None  # the tier works through the proxy
-    FAULTS[fault](store.proxy)
+    FAULTS[fault](proxied_store.proxy)
 
     latencies = []
     for i in range(BREAKER_FAILURES + 3):
@@ -77,7 +77,7 @@ def test_unreachable_tier_costs_the_deadline_then_nothing(store: Store, fault: s
     _, put_ms = timed(lambda: client.put(KIND, "new", b"x" * 1000))
     assert put_ms < CALL_BOUND_MS, put_ms
 
-    print(f"{store.kind} {fault}: get latencies ms {[round(x) for x in latencies]}")
+    print(f"{proxied_store.kind} {fault}: get latencies ms {[round(x) for x in latencies]}")
     assert all(ms < CALL_BOUND_MS for ms in latencies), latencies
     tier = remote_stats(client)
     assert tier["breaker"] == "open"
@@ -94,14 +94,14 @@ def test_unreachable_tier_costs_the_deadline_then_nothing(store: Store, fault: s
     assert client.flush(5) == 0  # the breaker-open tier is skipped: nothing pending
 
 
-def test_tier_comes_back_after_the_cooldown(store: Store) -> None:
-    seed(store, "present", b"v" * 5000)
-    client = store.client(breaker_cooldown_s=0.5)
-    store.proxy.refuse()
+def test_tier_comes_back_after_the_cooldown(proxied_store: Store) -> None:
+    seed(proxied_store, "present", b"v" * 5000)
+    client = proxied_store.client(breaker_cooldown_s=0.5)
+    proxied_store.proxy.refuse()
     for i in range(BREAKER_FAILURES):
         assert client.get(KIND, f"k{i}") is None
     assert remote_stats(client)["breaker"] == "open"
-    store.proxy.passthrough()
+    proxied_store.proxy.passthrough()
     wait_until(lambda: remote_stats(client)["breaker"] == "half-open", what="the cooldown")
     assert client.get(KIND, "present") == b"v" * 5000  # the half-open probe succeeds
     assert remote_stats(client)["breaker"] == "closed"

@@ -38,7 +38,7 @@ from objcache.core.tiered import TieredCache
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace, parse_object_key, shard
 from objcache.errors import PermanentBackendError
-from tests.memory_backend import MemoryBackend
+from tests.support.memory_backend import MemoryBackend
 
 NS = Namespace("testenv")
 CODEC = Codec()

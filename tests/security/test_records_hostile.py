@@ -38,7 +38,7 @@ from objcache.core.tiered_records import get_record, update_record
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
-from tests.cloud_support import gcs_url, s3_url
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, MotoS3, RedisServer, SeaweedS3
 
@@ -239,7 +239,7 @@ BACKENDS = ["file", "disk", "redis", "seaweed", "moto", "gcs"]
         for name in BACKENDS
     ]
 )
-async def probe(
+async def hostile_probe(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -297,23 +297,23 @@ def _recording(seen: list[bytes | None], new: bytes = b"fresh") -> Change:
 
 
 async def test_an_oversized_record_is_not_read_and_the_next_writer_replaces_it(
-    probe: Probe,
+    hostile_probe: Probe,
 ) -> None:
-    cache, tier = _cache(probe.backend)
+    cache, tier = _cache(hostile_probe.backend)
     okey = cache.namespace.object_key(KIND, "k")
-    assert await probe.backend.put(okey, b"x" * PLANTED, PutMode.OVERWRITE)
-    probe.reset()
+    assert await hostile_probe.backend.put(okey, b"x" * PLANTED, PutMode.OVERWRITE)
+    hostile_probe.reset()
     seen: list[bytes | None] = []
     await update_record(cache, KIND, "k", _recording(seen))
     assert await cache.flush(30) == 0
     # the planted object's size was known before its body: not read whole (one byte past
     # the cap at most, plus protocol overhead)
-    assert probe.bytes_read() < CAP + (256 << 10), probe.bytes_read()
+    assert hostile_probe.bytes_read() < CAP + (256 << 10), hostile_probe.bytes_read()
     assert seen == [None]
     assert tier.stats.misses["too_large"] == 1
     assert tier.stats.records["stored"] == 1, dict(tier.stats.records)
     assert await get_record(cache, KIND, "k") == b"fresh"
-    assert await probe.backend.get(okey) is not None
+    assert await hostile_probe.backend.get(okey) is not None
     # and the writer after it reads the record it left, as usual
     await update_record(cache, KIND, "k", _recording(seen, b"fresher"))
     assert await cache.flush(30) == 0
@@ -323,11 +323,11 @@ async def test_an_oversized_record_is_not_read_and_the_next_writer_replaces_it(
 
 @pytest.mark.parametrize("planted", [b"OBJC garbage, not an entry", b""], ids=["garbage", "empty"])
 async def test_an_undecodable_record_is_a_counted_miss_replaced_by_the_next_writer(
-    probe: Probe, planted: bytes
+    hostile_probe: Probe, planted: bytes
 ) -> None:
-    cache, tier = _cache(probe.backend)
+    cache, tier = _cache(hostile_probe.backend)
     okey = cache.namespace.object_key(KIND, "k")
-    await probe.backend.put(okey, planted, PutMode.OVERWRITE)
+    await hostile_probe.backend.put(okey, planted, PutMode.OVERWRITE)
     seen: list[bytes | None] = []
     await update_record(cache, KIND, "k", _recording(seen))
     assert await cache.flush(30) == 0

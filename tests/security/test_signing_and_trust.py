@@ -28,9 +28,9 @@ from objcache.entry import codec as codec_module
 from objcache.entry.codec import Codec
 from objcache.entry.signing import Ed25519PrivateKey
 from objcache.errors import BadSignature, ConfigError, UnsignedEntry
-from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.security.test_stores_and_keys import commandstats, redis_write_calls
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 

@@ -37,9 +37,9 @@ from objcache.config.urls import parse_tier_url
 from objcache.entry.codec import Codec
 from objcache.entry.signing import Ed25519PrivateKey, public_line
 from objcache.errors import ConfigError, InvalidKey
-from tests.cloud_support import gcs_url, s3_url
 from tests.faults.conftest import port_of, raw
 from tests.faults.evil import foreign_signed_entry, malicious_pickle, unsigned_entry
+from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
@@ -618,9 +618,9 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
 ) -> None:
     """A torch release changed one of the cache classes so that the swap fails half-way (a
     class that is simply gone is feature detection's case: that part alone stays off,
-    tests/test_torch_features.py). torch's remote-cache flags must stay off and the classes
-    swapped so far must be put back, so torch never falls back to its own unauthenticated
-    ``RedisRemoteCache``."""
+    tests/integrations/torch/test_features.py). torch's remote-cache flags must stay off and
+    the classes swapped so far must be put back, so torch never falls back to its own
+    unauthenticated ``RedisRemoteCache``."""
     pytest.importorskip("torch")
     import torch._dynamo.config as dconf
     import torch._dynamo.pgo as pgo

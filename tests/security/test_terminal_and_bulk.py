@@ -114,7 +114,7 @@ def hostile_summary(run: str, **changes: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
+def terminal_env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "OBJCACHE_TIERS": f"file://{tmp_path}/store",
@@ -128,11 +128,11 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def run(env: dict[str, str]) -> Run:
+def run_cli_bytes(terminal_env: dict[str, str]) -> Run:
     def _run(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             [sys.executable, "-m", "objcache.cli", *args],
-            env={**env, **(extra or {})},
+            env={**terminal_env, **(extra or {})},
             capture_output=True,
             timeout=120,
         )
@@ -198,20 +198,20 @@ def hostile_store(tmp_path: Path, env: dict[str, str]) -> str:
 
 
 def test_every_command_prints_store_strings_as_plain_text(
-    run: Run, env: dict[str, str], tmp_path: Path
+    run_cli_bytes: Run, terminal_env: dict[str, str], tmp_path: Path
 ) -> None:
-    envid = hostile_store(tmp_path, env)
+    envid = hostile_store(tmp_path, terminal_env)
     store = f"file://{tmp_path}/store"
     for args in (["ls"], ["ls", "--all-envs"], ["ls", "--kind", "x[bold]"], ["ls", "--envs"]):
-        assert_clean(run(*args), 0)
-    listing = run("ls", "--all-envs", "--json")
+        assert_clean(run_cli_bytes(*args), 0)
+    listing = run_cli_bytes("ls", "--all-envs", "--json")
     assert_clean(listing, 0)
     keys = {e["key"] for e in json.loads(listing.stdout)}
     # A name too long for one path segment is listed as its mapped name (docs/architecture.md,
     # "Long keys"), escaped the same way.
     short = {h for h in HOSTILE if len(encode_key(h)) <= MAX_PLAIN_SEGMENT}
     assert short and short <= keys, "the names are escaped for the terminal, not changed"
-    envs = run("ls", "--envs", "--json")
+    envs = run_cli_bytes("ls", "--envs", "--json")
     assert_clean(envs, 0)
     found = json.loads(envs.stdout)
     assert found[f"e{TITLE}"]["fields"]["torch"] == TITLE
@@ -220,35 +220,37 @@ def test_every_command_prints_store_strings_as_plain_text(
     assert found["etypes"]["fields"]["cpu_isa"] == 7
     assert found["ehuge"]["fields"] == {"error": "ENV.json too large"}
 
-    verify = run("verify", "--tier", store)
+    verify = run_cli_bytes("verify", "--tier", store)
     assert_clean(verify, 1)  # 1: it found the bad entry, and says so
     assert b"2 bad" in verify.stdout  # and the name that is not UTF-8
     assert plain(corrupt_key(envid)).encode() in verify.stdout
 
     for args in (["report", "--job", JOB], ["report", "--job", JOB, "--json"]):
-        assert_clean(run(*args, "--env", envid), 0)
-    report = json.loads(run("report", "--job", JOB, "--env", envid, "--json").stdout)
+        assert_clean(run_cli_bytes(*args, "--env", envid), 0)
+    report = json.loads(run_cli_bytes("report", "--job", JOB, "--env", envid, "--json").stdout)
     hosts = [r["host"][: len(TITLE)] for r in report["runs"] if r["summary"]]
     assert hosts == [TITLE], "escaped for the terminal, as they are in JSON"
     assert report["total"]["skipped_reasons"] == {"invalid": 3}
 
-    bundles = run("mega", "ls")
+    bundles = run_cli_bytes("mega", "ls")
     assert_clean(bundles, 0)
     assert bundles.stdout.count(b"\n") == 3, bundles.stdout
 
-    pull = run("pull", "--tier", store)
+    pull = run_cli_bytes("pull", "--tier", store)
     assert_clean(pull, 0)  # the corrupt entry is a warning naming it, escaped
     assert plain(corrupt_key(envid)).encode() in pull.stderr
-    assert_clean(run("push", "--tier", f"file://{tmp_path}/seeded"), 0)
-    assert_clean(run("gc", "--keep-env", "other", "--dry-run", "--tier", store), 0)
+    assert_clean(run_cli_bytes("push", "--tier", f"file://{tmp_path}/seeded"), 0)
+    assert_clean(run_cli_bytes("gc", "--keep-env", "other", "--dry-run", "--tier", store), 0)
 
 
-def test_a_markup_or_control_name_in_an_error_is_one_plain_line(run: Run, tmp_path: Path) -> None:
+def test_a_markup_or_control_name_in_an_error_is_one_plain_line(
+    run_cli_bytes: Run, tmp_path: Path
+) -> None:
     """An error that quotes a name (here a store root others can write) is printed plain."""
     root = tmp_path / f"s{TITLE}{CLEAR}[bold]x[red]"
     root.mkdir()
     root.chmod(0o777)
-    r = run("ls", "--tier", f"file://{root}")
+    r = run_cli_bytes("ls", "--tier", f"file://{root}")
     assert_clean(r, 1)
     assert r.stderr.startswith(b"objcache: error: ") and b"writable by others" in r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
@@ -423,7 +425,7 @@ def test_verify_reads_and_checks_with_the_kinds_cap(tmp_path: Path) -> None:
     assert asyncio.run(source.exists(big))
 
 
-def test_pull_applies_the_configured_caps(run: Run, tmp_path: Path) -> None:
+def test_pull_applies_the_configured_caps(run_cli_bytes: Run, tmp_path: Path) -> None:
     """Through the CLI: OBJCACHE_MAX_ENTRY_BYTES reaches pull's reads."""
     store = tmp_path / "store"
     store.mkdir(mode=0o700)
@@ -433,7 +435,7 @@ def test_pull_applies_the_configured_caps(run: Run, tmp_path: Path) -> None:
     big, small = ns.object_key("pgo", "big"), ns.object_key("pgo", "small")
     entry_at(store, big, BIG)
     entry_at(store, small, b"profile")
-    r = run("pull", extra={"OBJCACHE_MAX_ENTRY_BYTES": "1G,pgo=16k"})
+    r = run_cli_bytes("pull", extra={"OBJCACHE_MAX_ENTRY_BYTES": "1G,pgo=16k"})
     assert_clean(r, 0)
     assert b"1 copied" in r.stdout and b"1 refused" in r.stdout, r.stdout
     assert (tmp_path / "local" / small).exists() and not (tmp_path / "local" / big).exists()

@@ -558,7 +558,7 @@ class S3Server(Server):
         The socket read timeout is far above the default 20 s: the contract checks what is
         stored, not how fast, and SeaweedFS answers 32 racing conditional creates one after
         another (7 s on a quiet 2-core machine, over 20 s for the last one on a busy one)."""
-        from tests.cloud_support import s3_url
+        from tests.support.cloud import s3_url
 
         return s3_url(self, unique, read_timeout=120)
 
@@ -802,7 +802,7 @@ class FakeGCS(ProcessServer):
 
     def contract_url(self, unique: str, scheme: str = "gs") -> str:
         """A tier URL on this server whose keys no other test sees (contract suite)."""
-        from tests.cloud_support import gcs_url
+        from tests.support.cloud import gcs_url
 
         return gcs_url(self, unique)
 

@@ -1,0 +1,381 @@
+"""gs:// backend against fake-gcs-server, directly and through a fault proxy. The shared
+contract runs in tests/contract; these tests cover the shared client and thread pool,
+resumable uploads of large entries, conditional creates, and that every failure is
+classified, actionable and bounded in time (google's own retries are off)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as gauth
+
+from objcache.backends.base import PutMode
+from objcache.backends.gcs.errors import classify
+from objcache.backends.gcs.store import SHARED, GCSBackend
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
+from objcache.errors import PermanentBackendError, TransientBackendError
+from tests.support.cloud import gcs_url
+from tests.support.proxy import FaultProxy
+from tests.support.servers import FakeGCS
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.servers
+
+MiB = 1 << 20
+MakeProxy = Callable[[str, int], FaultProxy]
+
+
+def make(url: str) -> GCSBackend:
+    return GCSBackend(parse_tier_url(url))
+
+
+@pytest.fixture
+def gcs_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def gcs_proxy(fake_gcs: FakeGCS, fault_proxy: MakeProxy) -> FaultProxy:
+    return fault_proxy(fake_gcs.host, fake_gcs.port)
+
+
+@pytest.fixture
+async def gcs_via_proxy(
+    fake_gcs: FakeGCS, gcs_proxy: FaultProxy, gcs_prefix: str
+) -> AsyncIterator[Callable[..., GCSBackend]]:
+    made: list[GCSBackend] = []
+
+    def factory(**options: Any) -> GCSBackend:
+        backend = make(gcs_url(fake_gcs, gcs_prefix, endpoint=gcs_proxy.url(), **options))
+        made.append(backend)
+        return backend
+
+    yield factory
+    gcs_proxy.passthrough()
+    gcs_proxy.bandwidth_bps = 0
+    for backend in made:
+        await backend.close()
+
+
+# --- client sharing ------------------------------------------------------------------
+
+
+async def test_construction_does_no_io_and_instances_share_one_client(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    tasks = asyncio.all_tasks()
+    a, b = gcs_via_proxy(), gcs_via_proxy()
+    assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
+    gcs_proxy.settle()
+    assert gcs_proxy.connections == 0, "nor connect"
+    assert a.client_key not in SHARED.clients, "nor create a client"
+    await a.put("k", b"v")
+    assert await b.get("k") == b"v"
+    assert a.client_key == b.client_key
+    assert sum(1 for k in SHARED.clients if k == a.client_key) == 1
+    await a.close()
+    await a.close()  # idempotent
+    assert await b.exists("k") is True
+    await b.close()
+    assert await b.get("k") == b"v"
+
+
+async def test_a_miss_costs_one_request(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    """No hidden traffic: no retries, no background bucket-metadata lookups.
+
+    google-cloud-storage makes those lookups in a thread of its own: a thread other than
+    the backend's pool that is alive after the calls is one (one that ended has had its
+    request counted)."""
+    threads = set(threading.enumerate())
+    backend = gcs_via_proxy()
+    assert await backend.get("absent") is None  # the first 404 also checks the bucket
+    gcs_proxy.reset_counters()
+    assert await backend.get("absent") is None
+    assert await backend.exists("absent") is False
+    started = {t for t in set(threading.enumerate()) - threads if not t.name.startswith("gcs_")}
+    assert not started, f"background threads: {started}"
+    assert len(gcs_proxy.http_requests) == 2, gcs_proxy.http_requests
+
+
+async def test_storage_emulator_host_is_honoured(
+    fake_gcs: FakeGCS, gcs_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"{fake_gcs.host}:{fake_gcs.port}")
+    url = gcs_url(fake_gcs, gcs_prefix).split("?", 1)[0]  # no endpoint option
+    backend = make(url)
+    assert backend.client_key.endpoint == fake_gcs.endpoint
+    assert await backend.put("k", b"v") is True
+    assert await backend.get("k") == b"v"
+
+
+# --- large entries -------------------------------------------------------------------
+
+
+async def test_large_entry_goes_resumable_and_round_trips(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
+    data = os.urandom(20 * MiB)  # > 8 MiB: resumable
+    assert await backend.put("big", data) is True
+    assert gcs_proxy.count_requests("POST", "/upload/storage/v1/b/") == 1
+    assert any("uploadType=resumable" in r.path for r in gcs_proxy.http_requests)
+    got = await backend.get("big")
+    assert got is not None and hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+
+
+async def test_small_entry_is_one_multipart_request(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
+    await backend.put("small", b"x" * 1000)
+    uploads = [r for r in gcs_proxy.http_requests if r.path.startswith("/upload/")]
+    assert len(uploads) == 1 and "uploadType=multipart" in uploads[0].path
+    assert "ifGenerationMatch=0" in uploads[0].path
+
+
+@pytest.mark.xfail(
+    reason="fake-gcs-server 1.54 checks ifGenerationMatch of a resumable upload when the "
+    "session starts, not when it is finalized (fsouza/fake-gcs-server#1967, fixed by #2260); "
+    "GCS itself is atomic",
+    strict=False,
+)
+async def test_concurrent_large_creates_have_one_winner(
+    gcs_via_proxy: Callable[..., GCSBackend],
+) -> None:
+    backend = gcs_via_proxy()
+    values = [bytes([i]) * (10 * MiB) for i in range(3)]
+    results = await asyncio.gather(*(backend.put("race", v) for v in values))
+    assert sorted(results) == [False, False, True]
+    assert await backend.get("race") == values[results.index(True)]
+
+
+async def test_large_create_of_existing_key_uploads_nothing(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
+    assert await backend.put("k", b"a" * (9 * MiB)) is True
+    gcs_proxy.reset_counters()
+    assert await backend.put("k", b"b" * (9 * MiB)) is False
+    assert gcs_proxy.bytes_to_server < 64 * 1024
+    assert await backend.get("k") == b"a" * (9 * MiB)
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 12 * MiB], ids=["multipart", "resumable"])
+async def test_reset_mid_upload_leaves_nothing(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend], size: int
+) -> None:
+    backend = gcs_via_proxy()
+    gcs_proxy.bandwidth_bps = 8 * MiB
+    put = asyncio.ensure_future(backend.put("partial", os.urandom(size)))
+    await until(lambda: gcs_proxy.bytes_to_server > size // 4, what="a quarter uploaded")
+    gcs_proxy.reset_after(0)  # the answer to the upload is cut by a TCP RST
+    with pytest.raises(TransientBackendError):
+        await asyncio.wait_for(put, 60)
+    gcs_proxy.passthrough()
+    gcs_proxy.bandwidth_bps = 0
+    # The server may have received every byte before the reset: then the object is
+    # whole. What must never exist is a part of it.
+    got = await backend.get("partial")
+    assert got is None or len(got) == size
+    listed = [i async for i in backend.list()]
+    assert all(i.size == size for i in listed)
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+async def test_missing_bucket_is_permanent_and_says_what_to_do(fake_gcs: FakeGCS) -> None:
+    backend = make(gcs_url(fake_gcs, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "get": lambda: backend.get("k"),
+        "exists": lambda: backend.exists("k"),
+        "put": lambda: backend.put("k", b"v"),
+        "large put": lambda: backend.put("k", b"v" * (9 * MiB), PutMode.OVERWRITE),
+        "delete": lambda: backend.delete("k"),
+        "list": lambda: backend.list().__anext__(),
+    }
+    for op, call in calls.items():
+        with pytest.raises(PermanentBackendError) as info:
+            await call()
+        message = str(info.value)
+        assert "does not exist" in message, (op, message)
+        assert "terraform/modules/gcs-cache" in message
+        assert message.startswith("gs://missing-")
+
+
+async def test_no_application_default_credentials_is_permanent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    backend = make("gs://some-bucket/p")  # no emulator: ADC only, which fails offline
+    with pytest.raises(PermanentBackendError, match="Application Default Credentials"):
+        await asyncio.wait_for(backend.get("k"), 60)
+
+
+async def test_refused_connection_is_transient_and_fast(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy(connect_timeout=10)
+    gcs_proxy.refuse()
+    started = time.monotonic()
+    with pytest.raises(TransientBackendError):
+        await backend.get("k")
+    with pytest.raises(TransientBackendError):
+        await backend.put("k", b"v")
+    # Refused costs no timeout: a call that waited out the 10 s connect timeout would not
+    # fit; a busy machine does.
+    assert time.monotonic() - started < 5.0
+
+
+async def test_blackhole_is_one_bounded_attempt(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy(read_timeout=1, connect_timeout=1)
+    gcs_proxy.blackhole()  # before the first call: each attempt opens its own connection
+    started = time.monotonic()
+    with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
+        await backend.get("k")
+    elapsed = time.monotonic() - started
+    gcs_proxy.settle()
+    assert gcs_proxy.connections == 1, "one attempt: a second one would connect again"
+    assert elapsed > 0.9, "it waited out the 1 s read timeout"
+    assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
+
+
+async def test_blackhole_get_returns_within_tier_deadline(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    # The read timeout bounds the abandoned worker thread; without the deadline one
+    # attempt alone would wait it out (10 s).
+    backend = gcs_via_proxy(read_timeout=10)
+    await backend.put("k", b"v")
+    gcs_proxy.blackhole()
+    tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
+    started = time.monotonic()
+    assert await tier.get("k") == (None, "timeout")
+    elapsed = time.monotonic() - started
+    assert elapsed < 5, f"{elapsed:.1f} s: the 0.5 s deadline, not the 10 s read timeout"
+
+
+async def test_reset_mid_body_is_transient(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
+    data = os.urandom(2 * MiB)
+    await backend.put("body", data)
+    gcs_proxy.reset_after(256 * 1024)
+    with pytest.raises(TransientBackendError):
+        await asyncio.wait_for(backend.get("body"), 60)
+    gcs_proxy.passthrough()
+    assert await backend.get("body") == data
+
+
+class _Unavailable(BaseHTTPRequestHandler):
+    """Answers every request like an overloaded GCS: 503 with a JSON error."""
+
+    requests: list[str]
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        type(self).requests.append(self.command)
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = json.dumps({"error": {"code": 503, "message": "Backend Error"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def unavailable_endpoint() -> Iterator[tuple[str, list[str]]]:
+    handler = type("Handler", (_Unavailable,), {"requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    server.shutdown()
+    server.server_close()
+
+
+async def test_503_is_transient_and_retried_only_by_the_policy(
+    unavailable_endpoint: tuple[str, list[str]],
+) -> None:
+    endpoint, seen = unavailable_endpoint
+    backend = make(f"gs://any-bucket/p?endpoint={endpoint}")
+    with pytest.raises(TransientBackendError, match="503"):
+        await backend.get("k")
+    assert seen == ["GET"], "google-cloud-storage must not retry"
+    seen.clear()
+    tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
+    assert await tier.get("k") == (None, "error")
+    assert seen == ["GET"] * 3, "the policy layer retries transient errors"
+    seen.clear()
+    with pytest.raises(TransientBackendError, match="503"):
+        await backend.put("k", b"v")
+    assert seen == ["POST"]
+
+
+# --- listing and fan-out -------------------------------------------------------------
+
+
+async def test_list_follows_pages(
+    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
+) -> None:
+    backend = gcs_via_proxy()
+    backend.list_page_size = 2
+    for i in range(5):
+        await backend.put(f"l/{i}", b"x" * i)
+    gcs_proxy.reset_counters()
+    assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
+    assert gcs_proxy.count_requests("GET") == 3
+
+
+# --- classification of conditions the emulator cannot produce -------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (gexc.TooManyRequests("slow down"), TransientBackendError),
+        (gexc.InternalServerError("oops"), TransientBackendError),
+        (gexc.ServiceUnavailable("busy"), TransientBackendError),
+        (gexc.GatewayTimeout("late"), TransientBackendError),
+        (gexc.Forbidden("no"), PermanentBackendError),
+        (gexc.Unauthorized("who"), PermanentBackendError),
+        (gexc.BadRequest("bad"), PermanentBackendError),
+        (gauth.RefreshError("metadata server hiccup", retryable=True), TransientBackendError),
+        (gauth.RefreshError("invalid_grant"), PermanentBackendError),
+        (gauth.TransportError("dns"), TransientBackendError),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else v.__name__,
+)
+def test_classification(error: Exception, kind: type[Exception]) -> None:
+    assert type(classify(error, "get", "b", "gs://b")) is kind
+
+
+def test_permission_denied_message_names_the_roles() -> None:
+    message = str(classify(gexc.Forbidden("denied"), "put", "b", "gs://b/p"))
+    assert "roles/storage.objectUser" in message and message.startswith("gs://b/p")

@@ -1,0 +1,1 @@
+"""Tests of the benchmark scripts under bench/ (no benchmark is run)."""

@@ -1,0 +1,2 @@
+"""Tests of :mod:`objcache.integrations.torch`, one test module per module
+(docs/testing.md, "Layout")."""

@@ -1,0 +1,183 @@
+"""Helpers for the torch integration tests: compile subprocesses, fault tiers, a g++ counter.
+
+Compiles run in subprocesses through :func:`run_compile`, which starts the shared workload
+(``objcache.integrations.torch.demo --worker``) via :func:`bootstrap`. The bootstrap can
+register the ``fault://`` test scheme (a tier that errors or hangs) and load
+``objcache-autoload.pth`` from a site dir, exactly as site.py would for an installed
+package. ``g++`` calls are counted by a shim put first on ``PATH``: the count is independent
+of objcache's own counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from objcache.backends.base import Backend, ObjectInfo, PutMode, TierSpec
+from objcache.errors import PermanentBackendError
+from tests.support.paths import ROOT
+
+PTH_SOURCE = ROOT / "setup.py"
+
+BOOTSTRAP = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from tests.support.torch_runs import bootstrap; sys.exit(bootstrap(sys.argv[1:]))"
+)
+
+
+class FaultBackend(Backend):
+    """``fault:///name?mode=error|hang``: a tier that never works (for tests only)."""
+
+    @property
+    def mode(self) -> str:
+        return self.spec.options.get("mode", "error")
+
+    async def _fail(self) -> None:
+        if self.mode == "hang":
+            await asyncio.sleep(3600)
+        raise PermanentBackendError(f"{self.spec.url}: injected failure")
+
+    async def get(self, key: str) -> bytes | None:
+        await self._fail()
+        return None
+
+    async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+        await self._fail()
+        return False
+
+    async def exists(self, key: str) -> bool:
+        await self._fail()
+        return False
+
+    async def delete(self, key: str) -> bool:
+        await self._fail()
+        return False
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        await self._fail()
+        item: ObjectInfo
+        for item in ():  # pragma: no cover - never reached
+            yield item
+
+
+def register_fault_backend() -> None:
+    from objcache.config import registry
+
+    registry.register("fault", "tests.support.torch_runs:FaultBackend")
+
+
+def fault_spec(mode: str) -> TierSpec:
+    return TierSpec(f"fault:///t?mode={mode}", "fault", "", "/t", {"mode": mode})
+
+
+def bootstrap(argv: Sequence[str]) -> int:
+    """Entry point of compile subprocesses (see :data:`BOOTSTRAP`)."""
+    register_fault_backend()
+    site_dir = os.environ.get("OBJCACHE_TEST_SITE_DIR")
+    if site_dir:
+        import site
+
+        site.addsitedir(site_dir)  # processes objcache-autoload.pth like an installed package
+    from objcache.integrations.torch.demo_worker import worker_main
+
+    return worker_main(list(argv))
+
+
+def pth_line() -> str:
+    """The .pth line setup.py ships (read from setup.py without running it)."""
+    import ast
+
+    tree = ast.parse(PTH_SOURCE.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PTH_LINE":
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, str)
+            return value
+    raise AssertionError("setup.py defines no PTH_LINE")
+
+
+def make_site_dir(path: Path) -> Path:
+    """A site dir holding objcache-autoload.pth exactly as the wheel ships it."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "objcache-autoload.pth").write_text(pth_line())
+    return path
+
+
+def make_gxx_shim(directory: Path, *, delay_s: float = 0.0) -> tuple[Path, Path]:
+    """A ``g++`` that logs its arguments, then runs the real one (``delay_s`` later: a slow
+    build on purpose). Returns (bin dir, log)."""
+    real = shutil.which("g++")
+    assert real, "g++ is needed for the compile tests"
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "gxx.log"
+    shim = directory / "g++"
+    pause = f"sleep {delay_s}\n" if delay_s else ""
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\n{pause}exec "{real}" "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return directory, log
+
+
+def gxx_builds(log: Path) -> list[str]:
+    """Logged g++ runs that produced an output (not ``-E`` preprocessing, not ``-v``)."""
+    if not log.exists():
+        return []
+    runs = [line for line in log.read_text().splitlines() if line.strip()]
+    return [r for r in runs if " -o " in f" {r} " and " -E " not in f" {r} "]
+
+
+def is_isa_probe(build: str) -> bool:
+    """Whether a logged g++ run compiled one of torch's vector-ISA probes
+    (``cpu_vec_isa.VecISA.check_build``: ``__*_chk_kernel*`` functions), not a kernel."""
+    source = next((arg for arg in build.split() if arg.endswith(".cpp")), "")
+    try:
+        return re.search(r"\b__\w*_chk_kernel\w*\(", Path(source).read_text()) is not None
+    except OSError:
+        return False
+
+
+def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a fresh simulated machine under ``root`` using ``tiers``."""
+    from objcache.integrations.torch.demo_jobs import machine_env
+
+    env = machine_env(str(root), base)
+    env.update(
+        OBJCACHE_TIERS=tiers,
+        OBJCACHE_TIMEOUT_MS="400",
+        OBJCACHE_JOB="objcache-torch-test",
+        OBJCACHE_STATS_FILE=str(root / "stats.json"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        TORCHINDUCTOR_COMPILE_THREADS=env.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
+    )
+    for var in ("OBJCACHE_ENABLE", "OBJCACHE_READ_ONLY", "TORCHINDUCTOR_FORCE_DISABLE_CACHES"):
+        env.pop(var, None)
+    return env
+
+
+def run_compile(
+    env: Mapping[str, str], args: Sequence[str] = (), *, timeout: float = 600.0
+) -> dict[str, Any]:
+    """Run the workload in a subprocess; returns its result dict (asserts it ran)."""
+    from objcache.integrations.torch.demo_jobs import run_job
+
+    command = [sys.executable, "-c", BOOTSTRAP.format(root=str(ROOT))]
+    job = run_job(["--model", "tiny", *args], env, command=command, timeout=timeout)
+    detail = "\n".join(job.stderr_tail[-40:])
+    assert job.ok, f"compile subprocess failed: {job.result.get('error')}\n{detail}"
+    result = dict(job.result)
+    result["wall_s"] = job.wall_s
+    return result
+
+
+def tier_stats(result: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    for tier in result.get("stats", {}).get("tiers", []):
+        if str(tier["name"]).startswith(prefix):
+            return dict(tier)
+    raise AssertionError(f"no tier {prefix!r} in {json.dumps(result.get('stats'))[:500]}")
