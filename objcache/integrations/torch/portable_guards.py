@@ -175,8 +175,11 @@ def _labelled(fn: types.FunctionType) -> str | None:
     return f"{module}:{getattr(fn.__code__, 'co_qualname', fn.__qualname__)}"
 
 
-def identity(value: Any, depth: int = 0) -> str | None:
-    """A string that names ``value`` the same way in any process, or None."""
+def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | None:
+    """A string that names ``value`` the same way in any process, or None. ``within``: the
+    ids of the functions whose closures are being named around this value; a cell that holds
+    one of them (a wrapper that refers to itself, as ``type(self).forward is wrapper``) is
+    named by how many levels up it is, so the name stays finite and says the same thing."""
     if depth > MAX_DEPTH:
         return None
     if isinstance(value, _CONSTANTS):
@@ -186,19 +189,21 @@ def identity(value: Any, depth: int = 0) -> str | None:
     if isinstance(value, types.CodeType):  # a method's ``__code__``: what it does
         return f"code:{code_digest(value)}"
     if isinstance(value, types.FunctionType):
+        if id(value) in within:
+            return f"ref:{len(within) - within.index(id(value))}"
         name = _named(value) or _labelled(value)
         if name is None:
             return None
         cells: list[str] = []
         defaults = [*(value.__defaults__ or ()), *sorted((value.__kwdefaults__ or {}).items())]
         for default in defaults:
-            inner = identity(default, depth + 1)
+            inner = identity(default, depth + 1, (*within, id(value)))
             if inner is None:
                 return None
             cells.append(f"default={inner}")
         for cell in value.__closure__ or ():
             try:
-                inner = identity(cell.cell_contents, depth + 1)
+                inner = identity(cell.cell_contents, depth + 1, (*within, id(value)))
             except ValueError:  # an empty cell
                 inner = "empty"
             if inner is None:
@@ -209,8 +214,8 @@ def identity(value: Any, depth: int = 0) -> str | None:
         name = _named(value)
         return None if name is None else f"class:{name}"
     if isinstance(value, types.MethodType):
-        func = identity(value.__func__, depth + 1)
-        owner = identity(value.__self__, depth + 1)
+        func = identity(value.__func__, depth + 1, within)
+        owner = identity(value.__self__, depth + 1, within)
         return None if func is None or owner is None else f"method:{func}@{owner}"
     named = _named(value) if callable(value) else None
     if named is not None:  # builtins, method descriptors, ufuncs
@@ -218,13 +223,13 @@ def identity(value: Any, depth: int = 0) -> str | None:
     if isinstance(value, dict) and len(value) <= MAX_DICT:
         items: list[str] = []
         for k, v in value.items():
-            ik, iv = identity(k, depth + 1), identity(v, depth + 1)
+            ik, iv = identity(k, depth + 1, within), identity(v, depth + 1, within)
             if ik is None or iv is None:
                 return None
             items.append(f"{ik}={iv}")
         return "dict:" + hashlib.sha256("\0".join(items).encode()).hexdigest()[:32]
     if isinstance(value, tuple | list) and len(value) <= MAX_DICT:
-        parts = [identity(v, depth + 1) for v in value]
+        parts = [identity(v, depth + 1, within) for v in value]
         if any(p is None for p in parts):
             return None
         return f"{type(value).__name__}:[{','.join(p or '' for p in parts)}]"
@@ -234,7 +239,8 @@ def identity(value: Any, depth: int = 0) -> str | None:
 # --- sources ---------------------------------------------------------------------------------
 
 #: One step from a root (``L``, ``G`` or ``M``): ("item", key), ("attr", name), ("item_at",
-#: (root, steps)) for a key another source names, or a call step ("type", "keys", ...).
+#: (root, steps)) for a key another source names, their ``dict.__getitem__`` forms
+#: ("dict_item", "dict_item_at"), or a call step ("type", "keys", ...).
 Step = tuple[str, Any]
 
 
@@ -247,7 +253,8 @@ def parse_source(source: str) -> tuple[str, tuple[Step, ...]] | None:
     (``G['ACT']``, ``L['self'].act``, ``G['CFG']['act']``), an import of a module by name
     and its attributes (``__import__('torch')``, root ``M``), and subscripts whose key is
     itself such a source (``M[...][list(dict.keys(G['C'].__dict__))[0]]``, how Dynamo names
-    a dict entry keyed by an object), or None for anything else."""
+    a dict entry keyed by an object), each also as ``dict.__getitem__(D, K)`` (how it names
+    an entry of a dict subclass), or None for anything else."""
     try:
         node: ast.expr = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -287,6 +294,16 @@ def _parse(node: ast.expr, depth: int) -> tuple[str, tuple[Step, ...]] | None:
         elif _class_dict_of(node) is not None:  # ``dict(C.__dict__)``: a class's own members
             steps.append(("dict_of", None))
             node = _class_dict_of(node)  # type: ignore[assignment]
+        elif (pair := _dict_getitem_of(node)) is not None:  # ``dict.__getitem__(D, K)``
+            mapping, key_node = pair
+            if isinstance(key_node, ast.Constant) and isinstance(key_node.value, str | int):
+                steps.append(("dict_item", key_node.value))
+            else:
+                inner = _parse(key_node, depth + 1) if depth < MAX_NESTED else None
+                if inner is None:
+                    return None
+                steps.append(("dict_item_at", inner))
+            node = mapping
         elif _imported_name(node) is not None:  # ``__import__('torch')``, then attributes
             steps.reverse()
             return "M", (("import", _imported_name(node)), *steps)
@@ -328,6 +345,22 @@ def _keys_of(node: ast.expr) -> ast.expr | None:
     return None
 
 
+def _dict_getitem_of(node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``(D, K)`` of the expression ``dict.__getitem__(D, K)`` (how Dynamo reads an entry of
+    a dict subclass, past any ``__getitem__`` of its own), else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "dict"
+        and node.func.attr == "__getitem__"
+        and len(node.args) == 2
+        and not node.keywords
+    ):
+        return node.args[0], node.args[1]
+    return None
+
+
 def _class_dict_of(node: ast.expr) -> ast.expr | None:
     """``X`` of the expression ``dict(X.__dict__)`` (how Dynamo reaches a staticmethod or
     classmethod object), else None."""
@@ -362,12 +395,14 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
                 value = list(dict.keys(value))
             elif how == "type":
                 value = type(value)
-            elif how == "item_at":  # a key that another source names
+            elif how in ("item_at", "dict_item_at"):  # a key that another source names
                 inner_root, inner_steps = key
                 inner = resolve(inner_root, inner_steps, f_locals, f_globals)
                 if inner is _MISSING:
                     return _MISSING
-                value = value[inner]
+                value = dict.__getitem__(value, inner) if how == "dict_item_at" else value[inner]
+            elif how == "dict_item":
+                value = dict.__getitem__(value, key)
             else:
                 value = value[key] if how == "item" else getattr(value, key)
     except Exception:

@@ -115,6 +115,50 @@ def test_an_entry_keyed_by_an_object_is_reached_through_the_source_naming_its_ke
     assert not pg.check_for(records, {"R": {}})({})
 
 
+class _Registry(dict[Any, Any]):
+    """A dict subclass whose own ``__getitem__`` would say something else."""
+
+    def __getitem__(self, key: Any) -> Any:
+        raise KeyError(key)
+
+
+def test_an_entry_of_a_dict_subclass_is_read_past_its_own_getitem() -> None:
+    # how Dynamo names an entry of a dict subclass keyed by a class: ``dict.__getitem__``
+    # with the key by its position among the dict's keys (transformers' output recorders)
+    source = "dict.__getitem__(G['R'], list(dict.keys(G['R']))[1])['attentions']"
+    registry = _Registry({list: {"attentions": tuple}, dict: {"attentions": set}})
+    records = [pg.Portable(source, "CLASS_MATCH", pg.identity(set) or "")]
+    assert pg.check_for(records, {"R": registry})({})
+    # another class in that place, or the classes registered in another order: it fails
+    assert not pg.check_for(records, {"R": _Registry({list: {}, dict: {"attentions": int}})})({})
+    swapped = _Registry({dict: {"attentions": set}, list: {"attentions": tuple}})
+    assert not pg.check_for(records, {"R": swapped})({})
+    assert not pg.check_for(records, {"R": "not a dict"})({})
+    constant = [pg.Portable("dict.__getitem__(G['R'], 'k')", "CLASS_MATCH", "class:builtins.set")]
+    assert pg.check_for(constant, {"R": _Registry(k=set)})({})
+    assert not pg.check_for(constant, {"R": _Registry(k=int)})({})
+
+
+def _self_referring_wrapper(forward: Any) -> Any:
+    """Like transformers' checkpointing layers: the wrapper refers to itself."""
+
+    @functools.wraps(forward)
+    def wrapper(*args: Any) -> Any:
+        assert wrapper is not None
+        return forward(*args)
+
+    return wrapper
+
+
+def test_a_wrapper_that_refers_to_itself_has_a_finite_name_that_says_what_it_wraps() -> None:
+    sqrt = _self_referring_wrapper(math.sqrt)
+    ident = pg.identity(sqrt)
+    assert ident is not None and "ref:1" in ident
+    assert ident == pg.identity(_self_referring_wrapper(math.sqrt))
+    assert ident != pg.identity(_self_referring_wrapper(math.exp))
+    assert pg.identity(_self_referring_wrapper(object())) is None
+
+
 def test_a_wrapper_is_named_by_its_own_code_not_by_what_functools_wraps_copied() -> None:
     def deco(f: Any) -> Any:
         @functools.wraps(f)  # the wrapper now says it is json.dumps, in module json
@@ -194,6 +238,20 @@ def test_a_closure_is_named_by_its_cells() -> None:
             ("M", (("import", "os"), ("attr", "environ"), ("keys", None), ("item", 0))),
         ),
         ("list(dict.values(G['d']))[0]", None),
+        (
+            "dict.__getitem__(G['d'], list(dict.keys(G['d']))[1])['a']",
+            (
+                "G",
+                (
+                    ("item", "d"),
+                    ("dict_item_at", ("G", (("item", "d"), ("keys", None), ("item", 1)))),
+                    ("item", "a"),
+                ),
+            ),
+        ),
+        ("dict.__getitem__(G['d'], 'k')", ("G", (("item", "d"), ("dict_item", "k")))),
+        ("dict.__getitem__(G['d'], L['k'] + 1)", None),
+        ("dict.__getitem__(G['d'])", None),
         ("__import__('os', None)", None),
         ("L[", None),
     ],
