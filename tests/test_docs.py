@@ -64,3 +64,41 @@ def test_the_quickstart_prints_what_it_counts(tmp_path: Path) -> None:
         printed == "2 objects written to the store: the entry, and ENV.json (once per environment)"
     )
     assert f"It prints `{printed}`" in page
+
+
+#: The repository's top-level folders: a backticked token that starts with one names a path
+#: here (``torch/_dynamo/pgo.py`` or ``s3/`` name other trees, and stay unchecked).
+TOP_FOLDERS = ("objcache", "backends", "tests", "docs", "bench", "scripts", "terraform", ".ci")
+#: A backticked token: a path, optionally with a line (``:42``, ``:42-50``) or a pytest
+#: selector (``::test_x``) after it.
+CODE_SPAN = re.compile(r"`([^`\s]+)`")
+
+
+def named_paths(text: str) -> list[str]:
+    """The paths in this repository that ``text`` names in backticks."""
+    paths = []
+    for token in CODE_SPAN.findall(text):
+        path = re.sub(r"(::\S*|:\d+(-\d+)?)$", "", token.rstrip(".,;:"))
+        if any(c in path for c in "<>*{}$?=") or path.split("/")[0] not in TOP_FOLDERS:
+            continue
+        if "/" in path:
+            paths.append(path)
+    return paths
+
+
+def test_named_paths_finds_what_a_page_names() -> None:
+    text = (
+        "see `objcache/client.py:71`, `tests/core/test_tiered.py::test_x`, `docs/`, "
+        "`torch/_dynamo/pgo.py`, `tests/<package>/test_<module>.py`, `objcache.stores`"
+    )
+    assert named_paths(text) == ["objcache/client.py", "tests/core/test_tiered.py", "docs/"]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    missing = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+        for path in named_paths(page.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
