@@ -329,36 +329,32 @@ def _type_of(node: ast.expr) -> ast.expr | None:
     return _argument_of(node, "type")
 
 
-def _keys_of(node: ast.expr) -> ast.expr | None:
-    """``D`` of the expression ``list(dict.keys(D))``, else None."""
-    inner = _argument_of(node, "list")
-    if (
-        isinstance(inner, ast.Call)
-        and isinstance(inner.func, ast.Attribute)
-        and isinstance(inner.func.value, ast.Name)
-        and inner.func.value.id == "dict"
-        and inner.func.attr == "keys"
-        and len(inner.args) == 1
-        and not inner.keywords
-    ):
-        return inner.args[0]
-    return None
-
-
-def _dict_getitem_of(node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
-    """``(D, K)`` of the expression ``dict.__getitem__(D, K)`` (how Dynamo reads an entry of
-    a dict subclass, past any ``__getitem__`` of its own), else None."""
+def _dict_call_of(node: ast.expr | None, method: str, count: int) -> list[ast.expr] | None:
+    """The ``count`` arguments of the expression ``dict.<method>(...)``, else None."""
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == "dict"
-        and node.func.attr == "__getitem__"
-        and len(node.args) == 2
+        and node.func.attr == method
+        and len(node.args) == count
         and not node.keywords
     ):
-        return node.args[0], node.args[1]
+        return node.args
     return None
+
+
+def _keys_of(node: ast.expr) -> ast.expr | None:
+    """``D`` of the expression ``list(dict.keys(D))``, else None."""
+    args = _dict_call_of(_argument_of(node, "list"), "keys", 1)
+    return None if args is None else args[0]
+
+
+def _dict_getitem_of(node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``(D, K)`` of the expression ``dict.__getitem__(D, K)`` (how Dynamo reads an entry of
+    a dict subclass, past any ``__getitem__`` of its own), else None."""
+    args = _dict_call_of(node, "__getitem__", 2)
+    return None if args is None else (args[0], args[1])
 
 
 def _class_dict_of(node: ast.expr) -> ast.expr | None:
