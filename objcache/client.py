@@ -41,7 +41,7 @@ from objcache.core.writes import Remote, Written
 from objcache.entry.layout import Namespace
 from objcache.observe import keycards, process_stats
 from objcache.observe.publish import publish
-from objcache.outputs import RunObserver
+from objcache.run_observer import RunObserver
 
 log = logging.getLogger("objcache")
 T = TypeVar("T")

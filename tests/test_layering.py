@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("objcache.backends",)),
     ("observe", ("objcache.observe",)),
     ("core", ("objcache.core",)),
-    ("client", ("objcache.client", "objcache.bridge", "objcache.outputs", "objcache.stores")),
+    ("client", ("objcache.client", "objcache.bridge", "objcache.run_observer", "objcache.stores")),
     ("integrations", ("objcache.integrations",)),
     ("cli, testing", ("objcache.cli", "objcache.testing")),
     ("public API", ("objcache", "objcache.mega", "objcache.backend_contract")),

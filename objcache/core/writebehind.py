@@ -66,16 +66,17 @@ class WriteBehind:
     def __len__(self) -> int:
         return len(self._pending) + len(self._active)
 
-    def submit(self, key: str, data: bytes) -> bool:
-        """Queue a write; False when it was dropped because the queue is full."""
-        old = self._pending.pop(key, None)
+    def submit(self, okey: str, data: bytes) -> bool:
+        """Queue a write of the object key ``okey``; False when it was dropped because the
+        queue is full."""
+        old = self._pending.pop(okey, None)
         if old is not None:
             self._pending_bytes -= len(old)
             self._stats.write_behind_coalesced += 1
         if self._pending_bytes + len(data) > self.max_bytes:
             self._drop(len(data))
             return False
-        self._pending[key] = data
+        self._pending[okey] = data
         self._pending_bytes += len(data)
         self._idle.clear()
         self._pump()
@@ -95,18 +96,18 @@ class WriteBehind:
 
     def _pump(self) -> None:
         while self._pending and len(self._active) < self._concurrency:
-            key, data = self._pending.popitem(last=False)
+            okey, data = self._pending.popitem(last=False)
             self._pending_bytes -= len(data)
-            task = asyncio.ensure_future(self._write(key, data))
+            task = asyncio.ensure_future(self._write(okey, data))
             self._active.add(task)
             self._active_bytes[task] = len(data)
             task.add_done_callback(self._finished)
 
-    async def _write(self, key: str, data: bytes) -> None:
+    async def _write(self, okey: str, data: bytes) -> None:
         try:
-            await self._writer(key, data)
+            await self._writer(okey, data)
         except Exception:  # the writer counts its own failures; never lose the loop
-            log.debug("write-behind of %s failed", key, exc_info=True)
+            log.debug("write-behind of %s failed", okey, exc_info=True)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._active.discard(task)

@@ -842,7 +842,7 @@ async def test_lookups_are_counted_once_each() -> None:
 
 
 async def remote_only(cache: TieredCache, kind: str, key: str, payload: bytes) -> bool:
-    """The run summary's write (objcache/outputs.py): queued for the remote tiers only."""
+    """The run summary's write (objcache/run_observer.py): queued for the remote tiers only."""
     okey = cache.namespace.object_key(kind, key)
     return (await write(cache, okey, payload, local=False)).queued
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from objcache.integrations.torch import keycards as capture
+from objcache.integrations.torch import keycard_capture as capture
 from objcache.observe import keycards
 from objcache.observe.keycards import Card, CardError
 

@@ -30,9 +30,9 @@ import objcache
 from objcache.integrations.torch import (
     candidates,
     features,
-    keycards,
+    keycard_capture,
     patch_ledger,
-    phase_times,  # noqa: F401  (imported: run summaries read its figures, outputs._phases)
+    phase_times,  # noqa: F401  (imported: run summaries read its figures, run_observer._phases)
     precompile,
     precompile_entry,
     process_keys,
@@ -249,7 +249,7 @@ def _apply_codecache(module: Any) -> None:
     _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
     if features.off("key cards") is None:
-        keycards.apply_fx(module)
+        keycard_capture.apply_fx(module)
 
 
 def _apply_autograd_cache(module: Any) -> None:
@@ -454,7 +454,7 @@ def uninstall() -> None:
         if "kernels" in _installed_parts:
             kernels.uninstall()
         candidates.uninstall()
-        keycards.uninstall()
+        keycard_capture.uninstall()
         time_saved.uninstall()
         precompile.uninstall()
         process_keys.uninstall()

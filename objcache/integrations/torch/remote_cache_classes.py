@@ -23,7 +23,7 @@ from typing import Any
 import objcache
 from objcache.integrations.torch import (
     candidates,
-    keycards,
+    keycard_capture,
     pgo_join,
     process_keys,
     serde,
@@ -144,7 +144,7 @@ def make_cache_class(original: type, kind: str, backend_cls: type, json_serde: t
                     client.put(kind, self._get_key(key), payload)
                 counters[f"puts:{kind}"] += 1
                 if kind in cards.CARD_KIND:
-                    keycards.published(client, kind, key)
+                    keycard_capture.published(client, kind, key)
             except Exception as exc:
                 failed(f"put ({kind})", exc)
 
