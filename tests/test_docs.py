@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+
 BLOCK = re.compile(r"^```(python|bash) runnable\n(.*?)^```", re.S | re.M)
 
 

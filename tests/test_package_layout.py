@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import objcache.backends
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "backends" / "objcache" / "backends"
 
 

@@ -9,9 +9,9 @@ fragment left must occur in objcache's source. Texts that come from a server or 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+
 DOC = ROOT / "docs" / "troubleshooting.md"
 
 #: quoted text -> who prints it, when not objcache's own source

@@ -25,9 +25,8 @@ from objcache.config.urls import parse_tier_url
 from objcache.entry.codec import Codec
 from tests.faults._worker import KIND, check_value, make_value
 from tests.faults.conftest import Store, raw
+from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn(params: dict[str, Any], **kw: Any) -> subprocess.Popen[str]:

@@ -31,10 +31,10 @@ from objcache.errors import BadSignature, ConfigError, UnsignedEntry
 from tests.faults.conftest import port_of, raw
 from tests.security.test_stores_and_keys import commandstats, redis_write_calls
 from tests.support.cloud import gcs_url, s3_url
+from tests.support.paths import ROOT
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
-ROOT = Path(__file__).resolve().parents[2]
 GOOD_KEY = "k" * 32
 KIND = "fx-graph"
 

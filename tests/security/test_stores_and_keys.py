@@ -40,10 +40,10 @@ from objcache.errors import ConfigError, InvalidKey
 from tests.faults.conftest import port_of, raw
 from tests.faults.evil import foreign_signed_entry, malicious_pickle, unsigned_entry
 from tests.support.cloud import gcs_url, s3_url
+from tests.support.paths import ROOT
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = b"the-victims-signing-key-0123456789"
 KIND = "fx-graph"
 
