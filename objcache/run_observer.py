@@ -81,30 +81,31 @@ class RunObserver:
                 phases=_phases(), recompiles=_recompiles(),
             )  # fmt: skip
             misses = keycards.misses_object(job, self.run_id)
-            if separate:
-                if misses is not None:
-                    await self._write_separately(*misses)
-                okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
-                return await self._write_separately(okey, summary.encode(body))
-            if misses is not None:
-                await write(self.cache, *misses, local=False)
-            # Remote only: bookkeeping no lookup of this machine reads.
             okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
-            return (await write(self.cache, okey, summary.encode(body), local=False)).queued
+            # the missed cards first, the summary last: its result is the answer
+            objects = [*([misses] if misses is not None else []), (okey, summary.encode(body))]
+            if separate:
+                return (await self._write_separately(objects))[-1]
+            # Remote only: bookkeeping no lookup of this machine reads.
+            written = [await write(self.cache, k, data, local=False) for k, data in objects]
+            return written[-1].queued
         except Exception:
             log.debug("objcache: writing the run summary failed", exc_info=True)
             return False
 
-    async def _write_separately(self, okey: str, payload: bytes) -> bool:
-        """The summary or the run's missed cards, encoded like any entry, to the summaries
-        location in CREATE mode, under the tier deadline and retries; a failure is logged
-        once, never raised."""
+    async def _write_separately(self, objects: list[tuple[str, bytes]]) -> list[bool]:
+        """The run's missed cards and its summary, each encoded like any entry, to the
+        summaries location (one store client for both) in CREATE mode, under the tier
+        deadline and retries; a failure is counted by the tier and logged once, never
+        raised."""
         spec = self.config.summaries_url
         assert spec is not None
-        entry = self.cache.codec.encode(payload, okey)
         tier = open_tier(spec, self.config)
         try:
-            return await tier.put(okey, entry, PutMode.CREATE)
+            return [
+                await tier.put(okey, self.cache.codec.encode(payload, okey), PutMode.CREATE)
+                for okey, payload in objects
+            ]
         finally:
             try:
                 await tier.backend.close()
