@@ -156,6 +156,7 @@ def _copy(
         # Ctrl-C (exit 130): each object is written whole or not at all, so what is there
         # is complete and a second run copies the rest (docs/operations.md, "Exit codes").
         if keys:
+            report.settle()  # the writes under way land (or fail) before they are counted
             done = report.copied + report.existed
             common.print_line(
                 err, f"{what}: interrupted: {done:,} of {len(keys):,} copied; run again to finish"

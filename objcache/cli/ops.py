@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ CONCURRENCY = 64
 #: Entries at least this big are verified in a worker thread (hashlib releases the GIL), so
 #: a bulk copy hashes on one core while the event loop drives the transfers on another.
 VERIFY_OFFLOAD_BYTES = 64 * 1024
+#: Longest an interrupted copy waits for its local writes under way before it reports.
+SETTLE_S = 5.0
 #: Largest ``ENV.json`` read (a real one is under 1 KiB): docs/security.md, "Bulk commands".
 ENV_FILE_MAX_BYTES = 64 << 10
 
@@ -219,6 +222,31 @@ class CopyReport:
     failed: int = 0
     bytes: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Writes to a local target under way in worker threads (see :meth:`settle`).
+    writing: int = 0
+    _lock: threading.Condition = field(default_factory=threading.Condition, repr=False)
+
+    def landed(self, nbytes: int) -> None:
+        """One entry written, counted in the worker thread that wrote it: a Ctrl-C that
+        cancels the copy after the rename still counts the entry it left."""
+        with self._lock:
+            self.copied += 1
+            self.bytes += nbytes
+
+    def begin_write(self) -> None:
+        with self._lock:
+            self.writing += 1
+
+    def end_write(self) -> None:
+        with self._lock:
+            self.writing -= 1
+            self._lock.notify_all()
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Wait (at most ``timeout_s``) for the local writes under way to finish, so the
+        count an interrupted copy reports covers every entry it left in place."""
+        with self._lock:
+            self._lock.wait_for(lambda: self.writing <= 0, timeout=timeout_s)
 
 
 async def copy(
@@ -259,6 +287,30 @@ async def copy(
                 return False
             raise
 
+    # A single local target (pull) counts each entry in the worker thread that wrote it.
+    local = getattr(targets[0], "put_then", None) if len(targets) == 1 else None
+
+    async def put_local(okey: str, data: bytes) -> bool | None:
+        """:func:`put` to the local target; None when the entry was written (and counted)."""
+        assert local is not None
+        finished = False
+
+        def then(stored: bool) -> None:
+            nonlocal finished
+            finished = True
+            if stored:
+                report.landed(len(data))
+            report.end_write()
+
+        report.begin_write()
+        try:
+            created: bool = await local(okey, data, PutMode.CREATE, then)
+        except (BackendError, OSError):
+            if not finished:  # raised before its worker thread ran
+                report.end_write()
+            return await put(targets[0], okey, data)  # "already there", or the error
+        return None if created else False
+
     async def one(okey: str) -> int:
         cap = read_cap(caps, okey)
         try:
@@ -267,7 +319,13 @@ async def copy(
                 return 0
             if not is_env_file(okey):
                 await verify_entry(codec, data, okey, cap)
-            results = await asyncio.gather(*(put(t, okey, data) for t in targets))
+            if local is not None:
+                created = await put_local(okey, data)
+                if created is None:
+                    return len(data)
+                results = [created]
+            else:
+                results = await asyncio.gather(*(put(t, okey, data) for t in targets))
         except (EntryError, EntryTooLarge) as exc:
             report.refused += 1
             report.errors.append(f"{okey}: {exc}")
@@ -277,8 +335,7 @@ async def copy(
             report.errors.append(f"{okey}: {exc}")
             return 0
         if any(results):
-            report.copied += 1
-            report.bytes += len(data)
+            report.landed(len(data))
         else:
             report.existed += 1
         return len(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -397,6 +398,64 @@ def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> N
     refusing.data = {keys[0]: source.data[keys[0]]}
     report = asyncio.run(ops.copy(source, [refusing], keys, codec))
     assert (report.copied, report.existed, report.failed) == (0, 1, 2), report
+
+
+def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None:
+    """Ctrl-C landing after the local write of an entry, before its coroutine runs again:
+    the entry is whole on disk, so the count an interrupted pull reports includes it."""
+    import asyncio
+    import threading
+
+    from objcache.backends.base import PutMode
+    from objcache.backends.disk.store import DiskBackend
+    from objcache.cli import ops
+    from objcache.config.urls import parse_tier_url
+    from objcache.entry.codec import Codec
+    from objcache.entry.layout import Namespace
+    from tests.support.memory_backend import MemoryBackend
+
+    codec, namespace = Codec(), Namespace("e" * 16)
+    okey = namespace.object_key("fx-graph", "k0")
+    source = MemoryBackend("mem://source")
+    source.data = {okey: codec.encode(b"graph", okey)}
+    report = ops.CopyReport()
+    stop: list[asyncio.Task[ops.CopyReport]] = []
+    stopped = threading.Event()
+
+    class CancelledAfterTheWrite(DiskBackend):
+        """The worker thread that wrote the entry cancels the copy and holds on until the
+        cancellation has ended it: the coroutine never sees the write's answer."""
+
+        def _written(self) -> None:
+            loop = stop[0].get_loop()
+            loop.call_soon_threadsafe(stop[0].cancel)
+            assert stopped.wait(30)
+
+        async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+            return await super().put_then(key, data, mode, lambda _: self._written())
+
+        async def put_then(self, key, data, mode, then):  # type: ignore[no-untyped-def]
+            def after(stored: bool) -> None:
+                then(stored)
+                self._written()
+
+            return await super().put_then(key, data, mode, after)
+
+    target = CancelledAfterTheWrite(parse_tier_url(f"disk://{tmp_path / 'local'}"))
+
+    async def main() -> None:
+        task = asyncio.create_task(ops.copy(source, [target], [okey], codec, report=report))
+        task.add_done_callback(lambda _: stopped.set())
+        stop.append(task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert stop[0].cancelled()
+    report.settle()
+    on_disk = asyncio.run(target.get(okey))
+    assert on_disk == source.data[okey]
+    assert (report.copied, report.bytes, report.writing) == (1, len(on_disk), 0), report
 
 
 def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellation() -> None:

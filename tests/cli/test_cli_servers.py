@@ -255,7 +255,9 @@ def test_ctrl_c_during_pull_says_what_was_copied_and_leaves_only_whole_entries(
     )
     try:
         deadline = time.monotonic() + 60
-        while not any(p.is_file() for p in fresh.rglob("k*")):  # the copy has started
+        # an entry under its name has been written, and so counted: pull counts an entry in
+        # the worker thread that wrote it, and an interrupted pull waits for its writes
+        while not any(p.is_file() for p in fresh.rglob("k*")):
             assert pull.poll() is None and time.monotonic() < deadline, "pull ended first"
             time.sleep(0.01)
         proxy.blackhole()  # everything not yet answered now hangs: the copy cannot finish
