@@ -222,10 +222,10 @@ class Config:
         "OBJCACHE_PRECOMPILE",
         "Turn on torch's caching precompile and carry its entries (Dynamo's bytecode, guards "
         "and compiled graphs per torch.compile'd function) through objcache, signed and keyed "
-        "by the function's source: a new machine skips Dynamo's tracing. Unset, the torch "
-        "release's default: on for torch 2.14.1 and 2.15.0, where every safety case holds and "
-        "the library-model bench meets its target, off (opt-in) elsewhere; 0 turns it off "
-        '(docs/torch.md, "Precompile entries").',
+        "by the function's source: a new machine skips Dynamo's tracing. Off by default on "
+        "every torch release: a served entry is checked against what torch guards and what "
+        "objcache adds, and a program can depend on facts neither checks (a hook, a patched "
+        'method, the world size; docs/torch.md, "Precompile entries", "Why it is opt-in").',
         default=False,
     )
     stats_file: Path | None = _opt(

@@ -302,7 +302,7 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             if _falsy(env.get(opt_in)):
                 states.append(PartState(part, False, f"{opt_in}={env[opt_in]}"))
             else:
-                states.append(PartState(part, False, f"opt-in: {opt_in}=1 turns it on"))
+                states.append(PartState(part, False, _opt_in_why(part, opt_in)))
             continue
         off_by = [v for v in _ENV_OFF.get(part, ()) if _falsy(env.get(v))]
         if off_by:
@@ -313,12 +313,17 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
 
 
 def _opted_in(part: str, env: dict[str, str]) -> bool:
-    """An opt-in part is on where its variable says so, or by default on this release."""
+    """An opt-in part is on where its variable says so."""
+    return _truthy(env.get(_OPT_IN[part]))
+
+
+def _opt_in_why(part: str, variable: str) -> str:
+    """What ``doctor`` says of an opt-in part left off: how to turn it on, and why it is off."""
     if part == "precompile":
         from objcache.integrations.torch import precompile
 
-        return precompile.wanted(env)
-    return _truthy(env.get(_OPT_IN[part]))
+        return precompile.OFF_BY_DEFAULT
+    return f"opt-in: {variable}=1 turns it on"
 
 
 def _truthy(value: str | None) -> bool:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -69,29 +68,20 @@ _TRUE = ("1", "true", "yes", "on")
 _patched: list[tuple[Any, str, Any]] = []
 
 
-#: torch releases on which the part is on unless ``OBJCACHE_PRECOMPILE=0`` (docs/torch.md,
-#: "Precompile entries": every safety case holds, the suite's compiling tests ran with it on,
-#: and block and every library model of the bench reach the target); elsewhere
-#: ``OBJCACHE_PRECOMPILE=1`` opts in.
-DEFAULT_ON: frozenset[str] = frozenset({"2.14.1", "2.15.0"})
-
-
-def default_on() -> bool:
-    """Whether the torch release in this process has the part on by default (never
-    imports torch: without it there is nothing to carry)."""
-    torch = sys.modules.get("torch")
-    version = str(getattr(torch, "__version__", "")).split("+", 1)[0]
-    return version in DEFAULT_ON
+#: Why the part is off unless asked for, as ``objcache doctor`` says it (docs/torch.md,
+#: "Precompile entries", "Why it is opt-in").
+OFF_BY_DEFAULT = (
+    "opt-in: OBJCACHE_PRECOMPILE=1 turns it on (off by default: a served entry can compute "
+    "another result where the reader differs in what torch does not guard; docs/torch.md)"
+)
 
 
 def wanted(environ: Any = None) -> bool:
-    """Whether the part is on: ``OBJCACHE_PRECOMPILE`` when set (``1`` on, ``0`` off), else
-    the release's default (:data:`DEFAULT_ON`)."""
+    """Whether the part is on: only where ``OBJCACHE_PRECOMPILE`` says so (``1``), on every
+    torch release: an entry is checked against what torch guards and what objcache adds,
+    and neither covers everything a traced frame read (docs/torch.md, "Why it is opt-in")."""
     env = os.environ if environ is None else environ
-    value = str(env.get("OBJCACHE_PRECOMPILE", "")).strip().lower()
-    if value:
-        return value in _TRUE
-    return default_on()
+    return str(env.get("OBJCACHE_PRECOMPILE", "")).strip().lower() in _TRUE
 
 
 # --- what the part patches besides the two paths ------------------------------------------------
