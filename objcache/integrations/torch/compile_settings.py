@@ -107,7 +107,25 @@ def _state() -> Any:
         hashes = tuple(importlib.import_module(m).get_hash() for m in CONFIG_MODULES)
     except Exception:
         return None
-    return (*hashes, torch.get_float32_matmul_precision())
+    return (*hashes, torch.get_float32_matmul_precision(), process_facts())
+
+
+def process_facts() -> str:
+    """What Dynamo folds into a trace as constants without a guard, because one process
+    never changes it (docs/torch.md, "What torch never guards"): ``torch.distributed``'s
+    backend, world size and rank once it is initialized, and a fixed ``PYTHONHASHSEED``
+    (set order and ``hash()`` of a string read while tracing). Never raises."""
+    import os
+    import sys
+
+    parts = [f"hashseed={os.environ.get('PYTHONHASHSEED', '')}:{sys.flags.hash_randomization}"]
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            parts.append(f"dist={dist.get_backend()}:{dist.get_world_size()}:{dist.get_rank()}")
+    except Exception as exc:  # a process group in a state of its own: never served
+        parts.append(f"dist=unreadable:{type(exc).__name__}:{id(exc)}")
+    return ";".join(parts)
 
 
 def settings_digest() -> str | None:
@@ -138,6 +156,7 @@ def _digest() -> str | None:
                 return None
             h.update(f"{module_name}.{name}={rendered}\0".encode())
     h.update(f"matmul:{torch.get_float32_matmul_precision()}\0".encode())
+    h.update(f"process:{process_facts()}\0".encode())
     return h.hexdigest()[:32]
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import enum
 import hashlib
 import json
 import logging
@@ -67,6 +68,8 @@ MAX_DEPTH = 4
 #: Largest dict :func:`identity` digests by content.
 MAX_DICT = 256
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+#: torch's value types, each fully said by its repr (``torch.float32``, ``device(type='cpu')``).
+_TORCH_VALUES = frozenset({"dtype", "device", "layout", "memory_format"})
 
 
 class Unportable(Exception):
@@ -182,6 +185,9 @@ def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | 
     named by how many levels up it is, so the name stays finite and says the same thing."""
     if depth > MAX_DEPTH:
         return None
+    if isinstance(value, enum.Enum):  # an IntEnum member is an int too: its class first
+        owner = _named(type(value))
+        return None if owner is None else f"enum:{owner}.{value.name}"
     if isinstance(value, _CONSTANTS):
         return f"const:{type(value).__name__}:{value!r}"
     if isinstance(value, types.ModuleType):
@@ -217,6 +223,8 @@ def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | 
         func = identity(value.__func__, depth + 1, within)
         owner = identity(value.__self__, depth + 1, within)
         return None if func is None or owner is None else f"method:{func}@{owner}"
+    if type(value).__module__ == "torch" and type(value).__qualname__ in _TORCH_VALUES:
+        return f"torch.{type(value).__qualname__}:{value!r}"  # its repr is its value
     named = _named(value) if callable(value) else None
     if named is not None:  # builtins, method descriptors, ufuncs
         return f"builtin:{named}"
@@ -409,29 +417,68 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
 # --- writer ------------------------------------------------------------------------------------
 
 
+#: What torch's guards state holds by reference: pickled by name, so the reader's guard is
+#: rebuilt from the reader's live object (a module, a class, a function and what hangs
+#: under them), never from the writer's value.
+BY_REFERENCE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+
+
+def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
+    """Whether ``guard``'s source passes through an object torch saves by reference
+    (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``): torch keeps the
+    guard, but on the reader it compares the reader's value with itself. A source whose
+    chain cannot be read counts as such (fail closed)."""
+    source = getattr(guard, "originating_source", None)
+    base = getattr(source, "base", None)
+    while base is not None:
+        try:
+            value = value_of(base)
+        except Exception:
+            return True
+        if isinstance(value, BY_REFERENCE):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def _record(kind: str, source: str, guard: Any, value_of: Callable[[Any], Any]) -> Portable:
+    """The portable record of what ``guard``'s source held on the writer; raises
+    :class:`Unportable` where it has no portable rendering."""
+    if parse_source(source) is None:
+        raise Unportable(kind, source, "its source is not a plain path")
+    try:
+        value = value_of(guard)
+    except Exception as exc:
+        raise Unportable(kind, source, f"its value cannot be read: {exc!r}") from exc
+    ident = identity(value)
+    if ident is None:
+        raise Unportable(kind, source, f"a {type(value).__name__} has no portable name")
+    return Portable(source, kind, ident)
+
+
 def split(
     guards: Sequence[Any], value_of: Callable[[Any], Any]
 ) -> tuple[list[Any], tuple[Portable, ...]]:
     """``(guards torch can save, portable records of the rest)``; raises :class:`Unportable`
-    where a dropped guard has no replacement."""
+    where a dropped guard has no replacement.
+
+    A guard torch keeps whose source passes through an object saved by reference
+    (:func:`under_a_reference`) is kept *and* gets a record of the writer's value at its
+    source, whatever its kind (``EQUALS_MATCH``, ``TYPE_MATCH``, ``LENGTH_CHECK``,
+    ``TENSOR_MATCH``, ...): torch's own copy of it would check the reader against itself."""
     kept: list[Any] = []
     records: list[Portable] = []
+    by_value: set[str] = set()
     for guard in guards:
         kind = dropped_kind(guard)
-        if kind is None:
-            kept.append(guard)
-            continue
         source = str(guard.name)
-        if parse_source(source) is None:
-            raise Unportable(kind, source, "its source is not a plain path")
-        try:
-            value = value_of(guard)
-        except Exception as exc:
-            raise Unportable(kind, source, f"its value cannot be read: {exc!r}") from exc
-        ident = identity(value)
-        if ident is None:
-            raise Unportable(kind, source, f"a {type(value).__name__} has no portable name")
-        records.append(Portable(source, kind, ident))
+        if kind is not None:
+            records.append(_record(kind, source, guard, value_of))
+            continue
+        kept.append(guard)
+        if source not in by_value and under_a_reference(guard, value_of):
+            by_value.add(source)
+            records.append(_record(str(guard.create_fn_name()), source, guard, value_of))
     return kept, tuple(dict.fromkeys(records))
 
 

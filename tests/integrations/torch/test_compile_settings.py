@@ -89,8 +89,9 @@ def test_the_settings_digest_follows_settings_that_change_code() -> None:
 
 
 def test_the_settings_digest_is_the_same_in_another_process() -> None:
-    """Another hash seed, another compile thread count: the same digest (sets inside the
-    configs are ordered by the seed)."""
+    """Another (random) hash seed, another compile thread count: the same digest (sets
+    inside the configs are ordered by the seed; a fixed PYTHONHASHSEED is a setting of its
+    own, below)."""
     code = (
         "from objcache.integrations.torch import compile_settings as cs\n"
         "print(cs.settings_digest())"
@@ -99,14 +100,42 @@ def test_the_settings_digest_is_the_same_in_another_process() -> None:
         subprocess.run(
             [sys.executable, "-c", code],
             env={
-                **os.environ,
-                "PYTHONHASHSEED": seed,
+                **{k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
                 "TORCHINDUCTOR_COMPILE_THREADS": threads,
             },
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        for seed, threads in (("1", "1"), ("2", "2"))
+        for threads in ("1", "2")
     }
     assert len(digests) == 1 and "None" not in digests
+
+
+def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """torch.distributed's backend, world size and rank (constant-folded while tracing) and a
+    fixed PYTHONHASHSEED: another value on the reader is another digest, so a served frame's
+    settings guard fails and Dynamo compiles it."""
+    import torch.distributed as dist
+
+    before = cs.settings_digest()
+    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    seeded = cs.settings_digest()
+    assert seeded not in (None, before)
+    monkeypatch.setenv("PYTHONHASHSEED", "2")
+    assert cs.settings_digest() not in (None, before, seeded)
+    monkeypatch.delenv("PYTHONHASHSEED")
+    assert cs.settings_digest() == before
+    if not dist.is_available():
+        pytest.skip("torch without torch.distributed")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        one_rank = cs.settings_digest()
+        assert "dist=gloo:1:0" in cs.process_facts()
+        assert one_rank not in (None, before)
+    finally:
+        dist.destroy_process_group()
+    assert cs.settings_digest() == before

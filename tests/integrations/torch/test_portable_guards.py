@@ -386,3 +386,84 @@ def test_a_failed_guard_says_once_which_source_and_what_it_held(
     assert "ID_MATCH guard failed on G['ACT']" in line
     assert "stored builtin:torch.relu?[31m" in line  # nothing from a store reaches a terminal
     assert "here builtin:math.sqrt" in line
+
+
+def _sourced(kind: str, name: str, chain: tuple[Any, ...]) -> Any:
+    """A kept guard on ``name`` whose originating source passes through ``chain``'s objects
+    (innermost base first), each a source of its own (how Dynamo's sources nest)."""
+    base: Any = None
+    for value in reversed(chain):
+        base = SimpleNamespace(base=base, value=value)
+    source = SimpleNamespace(base=base, value=None)
+    return SimpleNamespace(
+        create_fn_name=lambda: kind, name=name, guard_types=(), originating_source=source
+    )
+
+
+@pytest.mark.parametrize(
+    ("root", "kind", "value"),
+    [
+        (math, "EQUALS_MATCH", 2.0),  # G['cfg'].SCALE: a module
+        (SimpleNamespace, "CONSTANT_MATCH", True),  # G['Knobs'].flag: a class
+        (_square, "TYPE_MATCH", 3),  # G['fn'].__defaults__[0]: a function
+        (math, "LENGTH_CHECK", (1, 2)),
+        (math, "DICT_KEYS_MATCH", {"act": "relu"}),
+        (math, "EQUALS_MATCH", "gelu"),
+    ],
+)
+def test_a_guard_under_an_object_saved_by_reference_carries_the_writers_value(
+    root: Any, kind: str, value: Any
+) -> None:
+    """torch keeps such a guard, but rebuilds it on the reader from the reader's live
+    module or class, comparing the reader's value with itself: the writer's value travels as
+    a record of the guard's own kind, and another value on the reader fails it."""
+    guard = _sourced(kind, "G['cfg'].knob", (root,))
+    kept, records = pg.split([guard], lambda g: g.value if hasattr(g, "base") else value)
+    assert kept == [guard]
+    assert records == (pg.Portable("G['cfg'].knob", kind, pg.identity(value) or ""),)
+    check = pg.check_for(records, {"cfg": SimpleNamespace(knob=value)})
+    assert check({})
+    other = {"cfg": SimpleNamespace(knob=[value, 1])}
+    assert not pg.check_for(records, other)({})
+
+
+def test_a_guard_under_an_instance_saved_by_value_gets_no_record() -> None:
+    """A frame's own globals and an object torch pickles by value keep the writer's value in
+    torch's own copy of the guard: nothing to add."""
+    guard = _sourced("EQUALS_MATCH", "G['obj'].knob", (SimpleNamespace(knob=1),))
+    kept, records = pg.split([guard], lambda g: g.value if hasattr(g, "base") else 1)
+    assert kept == [guard] and records == ()
+
+
+def test_a_value_under_a_reference_without_a_portable_rendering_makes_the_frame_unsaveable() -> (
+    None
+):
+    guard = _sourced("TENSOR_MATCH", "G['cfg'].W", (math,))
+    with pytest.raises(pg.Unportable) as refused:
+        pg.split([guard], lambda g: g.value if hasattr(g, "base") else object())
+    assert refused.value.kind == "TENSOR_MATCH"
+    unreadable = _sourced("EQUALS_MATCH", "G['cfg'].knob", (math,))
+
+    def broken(g: Any) -> Any:
+        raise RuntimeError("gone")
+
+    with pytest.raises(pg.Unportable):  # a chain that cannot be read counts as by reference
+        pg.split([unreadable], broken)
+
+
+def test_torch_value_types_and_enum_members_have_identities() -> None:
+    import enum
+
+    torch = pytest.importorskip("torch")
+    assert pg.identity(torch.float32) == "torch.dtype:torch.float32"
+    assert pg.identity(torch.float32) != pg.identity(torch.bfloat16)
+    assert pg.identity(torch.device("cpu")) != pg.identity(torch.device("meta"))
+
+    class Local(enum.Enum):
+        A = 1
+
+    assert pg.identity(Local.A) is None  # a class no name reaches
+    assert pg.identity(enum.Flag.__members__.get("X")) == "const:NoneType:None"
+    import signal
+
+    assert pg.identity(signal.Signals.SIGINT) == "enum:signal.Signals.SIGINT"
