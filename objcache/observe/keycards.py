@@ -177,21 +177,6 @@ def redact(name: str, value: str) -> str | None:
     return value
 
 
-def redact_text(value: str, limit: int = MAX_VALUE) -> str:
-    """A free-form message torch wrote (a recompile's guard failure: ``L['self'].act ==
-    'relu'``) as the fleet may read it: the rules of :func:`redact`, and ``<redacted>`` when
-    any identifier in it looks like a secret's name."""
-    value = _ADDRESS.sub("", value).strip()
-    if not value.isprintable():
-        return "<binary>"
-    if any(_SECRETISH_WORD.search(word) for word in re.split(r"[^A-Za-z0-9]+", value)):
-        return "<redacted>"
-    value = _cut_paths(_URL_USERINFO.sub(r"\1<redacted>@", value))
-    if _HOME.search(value) or _SECRETISH_VALUE.search(value):
-        return "<redacted>"
-    return value if len(value) <= limit else value[: limit - 1] + "…"
-
-
 def _cut_paths(value: str) -> str:
     """Every absolute path outside the URLs in ``value`` as ``<path>``."""
     out, pos = [], 0

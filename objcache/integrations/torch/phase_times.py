@@ -10,7 +10,8 @@ nothing to a compile (docs/architecture.md, "Phase times").
 
 Recompiles come from the same place: torch keeps each frame compile's metrics (the last
 64), with the guard that failed as ``recompile_reason``; a run keeps up to 16 of them,
-redacted like key-card values (they can quote a value a guard compared).
+redacted (:mod:`objcache.observe.recompile_reasons`: a guard can quote the value it
+compared, a secret's among them; its structure is kept).
 
 Run summaries carry the sums (:mod:`objcache.observe.run_summary`); ``objcache explain
 --time`` compares a new machine's with a warm run's (:mod:`objcache.cli.timing`).
@@ -48,7 +49,7 @@ def snapshot() -> dict[str, tuple[float, int]]:
 def recompiles() -> list[tuple[str, str, float]]:
     """``(frame, reason, seconds)`` of this process's recompiles so far (torch's own
     ``recompile_reason``), at most :data:`MAX_RECOMPILES`; empty without Dynamo."""
-    from objcache.observe.keycards import redact_text
+    from objcache.observe.recompile_reasons import redact_reason
 
     utils = sys.modules.get("torch._dynamo.utils")
     metrics = getattr(utils, "get_compilation_metrics", None)
@@ -67,7 +68,7 @@ def recompiles() -> list[tuple[str, str, float]]:
         where += f":{getattr(m, 'co_firstlineno', 0)})"
         seconds = getattr(m, "entire_frame_compile_time_s", None)
         took = float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else 0.0
-        out.append((redact_text(where, 120), redact_text(str(reason), 300), round(took, 6)))
+        out.append((redact_reason(where, 120), redact_reason(str(reason)), round(took, 6)))
         if len(out) == MAX_RECOMPILES:
             break
     return out
