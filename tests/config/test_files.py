@@ -50,10 +50,11 @@ def test_a_link_at_an_intermediate_folder_is_never_followed(tmp_path: Path) -> N
     (root / "a").symlink_to(elsewhere)
     with pytest.raises(UnsafeFolder, match="symlink"):
         publish_file(root, ["a", "b", "f"], b"x")
-    (root / "c").mkdir(mode=0o700)
+    publish_file(root, ["c", "d", "f"], b"x")  # real folders: written
+    (root / "c" / "d").rename(root / "c" / "moved")  # then swapped for a link
     (root / "c" / "d").symlink_to(elsewhere)
     with pytest.raises(UnsafeFolder, match="symlink"):
-        publish_file(root, ["c", "d", "f"], b"x")
+        publish_file(root, ["c", "d", "f"], b"y")
     assert list(elsewhere.iterdir()) == []
     assert isinstance(UnsafeFolder("x"), OSError)  # callers that shrug off OSError do here
 
