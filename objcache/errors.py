@@ -95,3 +95,10 @@ class InvalidKey(PermanentBackendError, ValueError):
 
 class EntryTooLarge(PermanentBackendError):
     """The value exceeds the tier's size limit; it is left to the next tier."""
+
+
+class UnsafeFolder(ObjcacheError, OSError):
+    """A folder objcache would write through is a symlink, is owned by another user or is
+    writable by others: nothing is written there (docs/security.md, "Files objcache places
+    outside a store"). An ``OSError``, so a caller that shrugs off a failed write shrugs off
+    this one too."""

@@ -17,6 +17,7 @@ the cache. ``OBJCACHE_FINGERPRINT_CACHE=0`` turns the cache off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -24,9 +25,10 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from objcache.config.files import publish_file
 
 #: Fields in the order they are shown to users.
 FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "machine")
@@ -143,10 +145,14 @@ def torch_inputs_key() -> str | None:
     return h.hexdigest()
 
 
-def _cache_path(key: str) -> Path:
+def _cache_root() -> Path:
     from objcache.config.settings import user_cache_dir
 
-    return user_cache_dir() / "fingerprint" / f"{key}.json"
+    return user_cache_dir()
+
+
+def _cache_path(key: str) -> Path:
+    return _cache_root() / "fingerprint" / f"{key}.json"
 
 
 def _cached_torch_fields(key: str) -> dict[str, str] | None:
@@ -162,15 +168,12 @@ def _cached_torch_fields(key: str) -> dict[str, str] | None:
 
 
 def _store_torch_fields(key: str, fields: dict[str, str]) -> None:
-    path = _cache_path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({k: fields[k] for k in TORCH_FIELDS}, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: every CLI run asks torch, nothing worse
+    data = json.dumps({k: fields[k] for k in TORCH_FIELDS}).encode()
+    # the fingerprint folder is opened without following a link and must be this user's;
+    # a read-only home (or a refused folder): every CLI run asks torch, nothing worse
+    with contextlib.suppress(OSError):
+        publish_file(_cache_root(), ["fingerprint", f"{key}.json"], data, mode=0o600,
+                     create_root=True)  # fmt: skip
 
 
 def _torch_fields_cached() -> dict[str, str]:

@@ -53,8 +53,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from objcache.backends.fs_folders import LEASE_PREFIX, O_CLOEXEC, O_NOFOLLOW, FsFolders, check_key
+from objcache.backends.fs_folders import LEASE_PREFIX, FsFolders, check_key
 from objcache.backends.shared import to_daemon_thread
+from objcache.config.files import O_CLOEXEC, O_NOFOLLOW
 from objcache.errors import BackendError
 
 #: Size of the record; padded with spaces so the outcome overwrites it in one pwrite.

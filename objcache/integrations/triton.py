@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from objcache.config.files import publish_file
 from objcache.observe.metrics import log_once
 
 if TYPE_CHECKING:
@@ -478,11 +479,8 @@ def _write_marker(root: Path) -> None:
     marker = root / MARKER
     if marker.exists():
         return
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f"{MARKER}.{os.getpid()}.tmp"
-        tmp.write_text(_MARKER_TEXT)
-        os.replace(tmp, marker)
+    try:  # a random temporary name, never a planted link (objcache/config/files.py)
+        publish_file(root, [MARKER], _MARKER_TEXT.encode(), mode=0o644, create_root=True)
     except OSError as exc:
         log.debug("cannot write %s: %s", marker, exc)
 

@@ -45,13 +45,14 @@ import io
 import logging
 import os
 import re
-import stat
 import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from objcache.config.files import publish_file
+from objcache.errors import UnsafeFolder
 from objcache.integrations.patching import Patches, marked
 from objcache.integrations.vllm import (
     Rejected,
@@ -147,21 +148,17 @@ def _calls_finalize_unguarded(load: Callable[..., Any]) -> bool:
 
 
 def _place(path: Path, payload: bytes) -> None:
-    """Write ``payload`` at ``path`` (vLLM's file): a new file beside it, renamed over, in a
-    real folder of this user's."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path.parent)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise Rejected("folder")  # a link, or another user's folder: nothing written there
-    tmp = path.with_name(f".{path.name}.objcache.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    """Write ``payload`` at ``path`` (vLLM's ``.../torch_aot_compile/<hash>/rank_*/model``)
+    through :func:`objcache.config.files.publish_file`, from the ``torch_aot_compile``
+    folder down: the ``<hash>`` and rank folders are opened without following a link and
+    must be this user's, writable by nobody else (docs/vllm.md, "vLLM's own AOT
+    artifact"); the file, 0600, is fsynced under a random name and renamed over."""
+    root = path.parent.parent.parent
+    parts = [path.parent.parent.name, path.parent.name, path.name]
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        publish_file(root, parts, payload, mode=0o600, create_root=True)
+    except UnsafeFolder:
+        raise Rejected("folder") from None  # a link, or a folder others control
 
 
 def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:

@@ -3,31 +3,22 @@
 The stats file and the Prometheus textfile live in folders that other users or jobs may be
 able to write (node_exporter's textfile folder is shared by every job of a node). A
 predictable temporary name opened with ``open('wb')`` follows a symlink planted there and
-overwrites whatever it points at. :func:`publish` writes a fresh random name created
-``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file, never through a symlink), then
-renames it over the target (a rename replaces a symlink at the target, never follows it).
+overwrites whatever it points at. :func:`publish` goes through
+:func:`objcache.config.files.publish_file`, with the target's folder as the trusted root
+(the user named it; it may be shared, so it is not required to be private): a fresh random
+name created ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file, never through a
+symlink), renamed over the target (a rename replaces a symlink at the target, never follows
+it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
 from pathlib import Path
 
-_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+from objcache.config.files import publish_file
 
 
 def publish(target: Path, data: bytes, mode: int) -> None:
-    """Atomically replace ``target`` with ``data`` (a new file of ``mode``, narrowed by the
-    umask). Raises ``OSError``; leaves no temporary file behind."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}")
-    fd = os.open(tmp, _FLAGS, mode)
-    try:
-        with open(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Atomically replace ``target`` with ``data`` (a new file of exactly ``mode``). Raises
+    ``OSError``; leaves no temporary file behind."""
+    publish_file(target.parent, [target.name], data, mode=mode)

@@ -98,3 +98,21 @@ def test_inputs_key_follows_torchs_inputs(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.undo()
     monkeypatch.setattr(fp, "_gpu_inventory", lambda: b"Model: NVIDIA H100")
     assert fp.torch_inputs_key() != base, "another GPU"
+
+
+def test_the_cache_is_never_written_through_a_linked_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "home" / "objcache").mkdir(parents=True)
+    (tmp_path / "home" / "objcache" / "fingerprint").symlink_to(elsewhere)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    fields = {k: "x" for k in fp.TORCH_FIELDS}
+    fp._store_torch_fields("k", fields)  # refused quietly: the next run asks torch
+    assert list(elsewhere.iterdir()) == []
+    (tmp_path / "home" / "objcache" / "fingerprint").unlink()
+    fp._store_torch_fields("k", fields)
+    assert fp._cached_torch_fields("k") == fields
+    cached = tmp_path / "home" / "objcache" / "fingerprint" / "k.json"
+    assert cached.stat().st_mode & 0o777 == 0o600

@@ -406,6 +406,17 @@ def test_dir_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert ot.cache_dir_mode(tmp_path / "m") == "remote"
 
 
+def test_the_marker_never_follows_a_link_at_a_predictable_temp_name(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / f"{ot.MARKER}.{os.getpid()}.tmp").symlink_to(victim)
+    ot._write_marker(root)
+    assert victim.read_text() == "precious"
+    assert ot.cache_dir_mode(root) == "remote"
+
+
 # --- install / uninstall -------------------------------------------------------------------
 
 

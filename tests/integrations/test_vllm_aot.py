@@ -13,7 +13,10 @@ tampered one, and one vLLM's own load would fail on.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +289,52 @@ def test_nothing_is_placed_through_a_linked_folder(tmp_path: Path) -> None:
     vllm_aot._place(hashed / "rank_1_0" / "model", b"artifact")  # a real folder: placed
     assert (hashed / "rank_1_0" / "model").read_bytes() == b"artifact"
     assert [p.name for p in (hashed / "rank_1_0").iterdir()] == ["model"]
+
+
+def test_nothing_is_placed_through_a_linked_hash_folder(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aot = tmp_path / "torch_aot_compile"
+    aot.mkdir()
+    (aot / H_OURS).symlink_to(elsewhere)
+    with pytest.raises(vllm_aot.Rejected) as err:
+        vllm_aot._place(aot / H_OURS / "rank_0_0" / "model", b"artifact")
+    assert err.value.why == "folder"
+    assert list(elsewhere.iterdir()) == []  # not even the rank folder
+
+
+def test_a_world_writable_rank_folder_is_refused(tmp_path: Path) -> None:
+    rank = tmp_path / "torch_aot_compile" / H_OURS / "rank_0_0"
+    rank.mkdir(parents=True)
+    rank.chmod(0o777)
+    with pytest.raises(vllm_aot.Rejected) as err:
+        vllm_aot._place(rank / "model", b"artifact")
+    assert err.value.why == "folder"
+    assert list(rank.iterdir()) == []
+
+
+def test_a_start_killed_mid_placement_does_not_block_the_next(tmp_path: Path) -> None:
+    """Containers reuse pids: the temp file an earlier start with this pid left behind
+    neither blocks the placement nor ends up under vLLM's name."""
+    rank = tmp_path / "torch_aot_compile" / H_OURS / "rank_0_0"
+    rank.mkdir(parents=True, mode=0o700)
+    (rank / f".model.objcache.{os.getpid()}.tmp").write_bytes(b"half an arti")
+    vllm_aot._place(rank / "model", b"artifact")
+    assert (rank / "model").read_bytes() == b"artifact"
+    assert stat.S_IMODE((rank / "model").stat().st_mode) == 0o600
+
+
+def test_a_placement_failing_mid_write_leaves_no_file_under_vllms_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objcache.config import files
+
+    def half_then_enospc(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "write_all", half_then_enospc)
+    rank = tmp_path / "torch_aot_compile" / H_OURS / "rank_0_0"
+    with pytest.raises(OSError, match="No space"):
+        vllm_aot._place(rank / "model", b"artifact")
+    assert list(rank.iterdir()) == []  # vLLM finds no file: it compiles

@@ -14,12 +14,11 @@ remote fetch per node").
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
 
 from objcache.backends.base import validate_key
-from objcache.errors import InvalidKey, PermanentBackendError
+from objcache.config.files import O_CLOEXEC, O_NOFOLLOW, distrust, open_folder
+from objcache.errors import InvalidKey, PermanentBackendError, UnsafeFolder
 
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
@@ -27,11 +26,6 @@ RESERVED = ".objcache-"
 LEASE_PREFIX = RESERVED + "lease-"
 #: Longest path segment (NAME_MAX on every common filesystem).
 MAX_SEGMENT_BYTES = 255
-
-O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-#: How every folder below a store's root is opened: never through a symlink.
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW
 
 
 def check_key(key: str) -> str:
@@ -68,17 +62,10 @@ class FsFolders:
         return os.path.join(self.root, key)
 
     def _distrust(self, st: os.stat_result) -> str | None:
-        """Why a folder or file of the store with this stat cannot be trusted, or None:
-        owned by another user, or writable by others (or, unless the store is group-shared,
-        by its group). Whoever can write a folder can plant entries and swap folders in it
-        (docs/security.md, "Local filesystem")."""
-        mode = stat.S_IMODE(st.st_mode)
-        if not self.group and st.st_uid != self._euid:
-            return f"is owned by another user (uid {st.st_uid})"
-        if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not self.group):
-            who = "others" if mode & stat.S_IWOTH else "its group"
-            return f"is writable by {who} (mode {mode:o})"
-        return None
+        """Why a folder or file of the store with this stat cannot be trusted, or None
+        (:func:`objcache.config.files.distrust`; group-writable allowed where the store is
+        group-shared)."""
+        return distrust(st, self._euid, group=self.group)
 
     def _check_root(self, fd: int) -> None:
         """Refuse a root that :meth:`_distrust` refuses."""
@@ -148,25 +135,10 @@ class FsFolders:
         return self._open_dir(rel, create), name
 
     def _open_child(self, parent: int, name: str, create: bool) -> int | None:
-        try:
-            return os.open(name, DIR_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            if not create:
-                return None
-        except NotADirectoryError:  # a symlink (O_NOFOLLOW), or a file
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                raise InvalidKey(f"{name!r} is a symlink; refusing to follow it") from None
-            if create:
-                raise
-            return None
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, self.dir_mode, dir_fd=parent)
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        if self.group:  # the umask may have taken the group's write bit
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, self.dir_mode)
-        return fd
+        try:  # group-shared: the umask may have taken the group's write bit
+            return open_folder(parent, name, create=create, mode=self.dir_mode, exact=self.group)
+        except UnsafeFolder as exc:
+            raise InvalidKey(str(exc)) from None
 
     # --- node leases (objcache/core/nodelease.py) ---------------------------------------------
 

@@ -39,16 +39,11 @@ import time
 from collections.abc import Iterator
 
 from objcache.backends.base import ObjectInfo, PutMode, check_size
-from objcache.backends.fs_folders import (
-    DIR_FLAGS,
-    LEASE_PREFIX,
-    O_CLOEXEC,
-    O_NOFOLLOW,
-    RESERVED,
-    FsFolders,
-)
+from objcache.backends.fs_folders import LEASE_PREFIX, RESERVED, FsFolders
 from objcache.backends.fs_openat2 import OpenAt2
 from objcache.backends.records_contract import Versioned
+from objcache.config.files import CREATE_FLAGS, DIR_FLAGS, O_CLOEXEC, O_NOFOLLOW
+from objcache.config.files import write_all as _write_all  # tests replace it
 from objcache.errors import InvalidKey, PermanentBackendError
 
 TMP_PREFIX = RESERVED + "tmp-"
@@ -68,16 +63,8 @@ LOCK_WAIT_S = 10.0
 #: Longest pause between two tries of a busy record lock.
 LOCK_POLL_MAX_S = 0.05
 
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_NOFOLLOW
 #: link() errors that mean "this filesystem has no hard links".
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """The low-level write loop (tests replace it to simulate a full disk mid-write)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -306,7 +293,7 @@ class FsStore(FsFolders):
             directory = self._open_dir(rel, create=True)
             assert directory is not None
             try:
-                return directory, tmp, os.open(tmp, _CREATE_FLAGS, self.file_mode, dir_fd=directory)
+                return directory, tmp, os.open(tmp, CREATE_FLAGS, self.file_mode, dir_fd=directory)
             except FileNotFoundError:
                 # A concurrent delete may prune folders; retry a couple of times.
                 os.close(directory)
@@ -335,7 +322,7 @@ class FsStore(FsFolders):
                     raise
                 self.hardlinks = False
         try:
-            os.close(os.open(name, _CREATE_FLAGS, 0, dir_fd=directory))  # claims the key
+            os.close(os.open(name, CREATE_FLAGS, 0, dir_fd=directory))  # claims the key
         except FileExistsError:
             self._refuse_folder(directory, name)
             return False

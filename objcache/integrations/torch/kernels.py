@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import objcache
+from objcache.config.files import publish_file
 from objcache.observe.metrics import log_once
 
 log = logging.getLogger("objcache.torch")
@@ -271,19 +272,25 @@ def plan(builder: Any) -> Plan | None:
 # --- objcache I/O ---------------------------------------------------------------------------
 
 
-def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".objcache-", dir=directory)
+def _inductor_cache_dir() -> str | None:
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return os.path.abspath(cache_dir())
+    except Exception:  # an older torch: the target's own folder is the root
+        return None
+
+
+def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
+    """Place ``data`` at ``path`` through :func:`objcache.config.files.publish_file`: below
+    torch's cache directory (the trusted root) no folder is followed through a link or
+    accepted unless it is this user's and writable by nobody else; a target elsewhere has
+    its own folder as the root (made where absent, as torch would)."""
+    root = _inductor_cache_dir()
+    parts = os.path.relpath(path, root).split(os.sep) if root is not None else [os.pardir]
+    if root is None or parts[0] in (os.pardir, os.curdir):
+        root, parts = os.path.dirname(path), [os.path.basename(path)]
+    publish_file(root, parts, data, mode=mode, create_root=True)
 
 
 def _keep_out_of_prefetch(client: Any, p: Plan) -> None:

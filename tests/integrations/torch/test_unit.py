@@ -402,6 +402,31 @@ def test_kernel_keys_follow_content_and_flags_not_paths(tmp_path: Path) -> None:
     assert kernels.plan(_builder(a, a.parent, preprocessing=True)) is None
 
 
+def test_a_fetched_kernel_is_never_written_through_a_link_in_torchs_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below torch's cache directory a kernel is placed only through folders of this user's
+    that nobody else can write (docs/security.md, "Files objcache places outside a store")."""
+    from objcache.errors import UnsafeFolder
+    from objcache.integrations.torch import kernels
+
+    cache, elsewhere = tmp_path / "inductor", tmp_path / "elsewhere"
+    cache.mkdir(mode=0o700)
+    elsewhere.mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    (cache / "ab").symlink_to(elsewhere)
+    with pytest.raises(UnsafeFolder):
+        kernels._atomic_write(str(cache / "ab" / "cab.so"), b"\x7fELF")
+    assert list(elsewhere.iterdir()) == []
+    (cache / "cd").mkdir(mode=0o777)
+    (cache / "cd").chmod(0o777)
+    with pytest.raises(UnsafeFolder):
+        kernels._atomic_write(str(cache / "cd" / "ccd.so"), b"\x7fELF")
+    kernels._atomic_write(str(cache / "ef" / "cef.so"), b"\x7fELF")
+    assert (cache / "ef" / "cef.so").read_bytes() == b"\x7fELF"
+    assert (cache / "ef" / "cef.so").stat().st_mode & 0o777 == 0o755
+
+
 def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
