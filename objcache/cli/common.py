@@ -180,8 +180,15 @@ def human_size(n: float) -> str:
 
 
 async def close_after(backends: list[Backend], coro: Awaitable[T]) -> T:
+    """``coro``'s result, closing ``backends`` after it; a warning names each backend whose
+    listings skipped stored names that are not UTF-8 (docs/architecture.md, "Listings")."""
     try:
         return await coro
     finally:
         for b in backends:
+            if b.undecodable_names:
+                warn(
+                    f"{b.name}: {b.undecodable_names} stored names skipped: not UTF-8, "
+                    "no objcache key names them"
+                )
             await b.close()

@@ -425,7 +425,13 @@ async def plan_gc(
     """What ``gc`` would delete: other envs, old entries, then oldest until under max_bytes."""
     plan = GcPlan()
     keep: list[Entry] = []
+    # every entry is held anyway: one a Redis SCAN listed twice counts once, so the bytes
+    # kept are not overstated into deleting more (docs/architecture.md, "Listings")
+    seen: set[str] = set()
     async for entry in entries(backend):
+        if entry.info.key in seen:
+            continue
+        seen.add(entry.info.key)
         # key cards are shared by every environment (docs/architecture.md, "Key cards"):
         # only age and size remove them
         other_env = entry.env not in keep_envs if keep_envs is not None else False

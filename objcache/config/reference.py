@@ -23,7 +23,7 @@ def reference_markdown() -> str:
         elif f.name == "write_behind_max_bytes":
             default = "256 MiB"
         elif f.name == "max_entry_bytes":
-            default = "1 GiB; `manifest`, `pgo`: 64 MiB"
+            default = _caps_default()
         default = default if default.startswith("`") or default == "unset" else f"`{default}`"
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {default} | {f.metadata['help']} |")
     head = (
@@ -34,6 +34,28 @@ def reference_markdown() -> str:
         "`objcache.Config.from_env(read_only=True)`.\n\n"
     )
     return head + "\n".join(rows) + "\n\n" + _sizes_and_keys_markdown() + _tier_options_markdown()
+
+
+def _size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _caps_default() -> str:
+    """The default size caps, grouped by size, from :mod:`objcache.entry.caps`."""
+    from objcache.entry import caps
+
+    by_size: dict[int, list[str]] = {}
+    for kind, cap in caps.DEFAULT_PER_KIND.items():
+        by_size.setdefault(cap, []).append(kind)
+    large = ", ".join(f"`{k}`" for k in sorted(caps.LARGE_KINDS))
+    parts = [f"`{_size_text(caps.DEFAULT_CAP)}` ({large} and a client's own kinds)"]
+    for cap in sorted(by_size, reverse=True):
+        kinds = ", ".join(f"`{k}`" for k in sorted(by_size[cap]))
+        parts.append(f"{kinds}: `{_size_text(cap)}`")
+    return "; ".join(parts)
 
 
 def _sizes_and_keys_markdown() -> str:

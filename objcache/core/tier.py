@@ -212,13 +212,17 @@ class Tier:
         lists again from the start); None, counted as a ``list`` miss, when it could not."""
 
         async def collect() -> list[ObjectInfo]:
-            return [info async for info in self.backend.list(prefix)]
+            # the whole listing is held anyway: an object a Redis SCAN listed twice is kept
+            # once (docs/architecture.md, "Listings")
+            return list({info.key: info async for info in self.backend.list(prefix)}.values())
 
         try:
             return await self.call("list", collect)
         except Exception:
             self.stats.misses["list"] += 1
             return None
+        finally:
+            self.stats.undecodable_names = self.backend.undecodable_names
 
     # --- outcomes decided by the caller, counted here ------------------------------------
     # TieredCache verifies what get() returned and looks at the local tier outside it (the
@@ -394,6 +398,8 @@ class _Bounded(Backend):
                 item = await self.tier.run("list", lambda: anext(pages))
             except StopAsyncIteration:
                 return
+            finally:
+                self.undecodable_names = self.inner.undecodable_names
             yield item
 
     async def describe(self) -> str:

@@ -17,13 +17,40 @@ from objcache.errors import ConfigError
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
 
-#: Default cap of every kind: far above any FX graph, kernel or Mega-Cache bundle seen.
+#: Cap of the kinds in :data:`LARGE_KINDS` and of a client's own kinds
+#: (``client.put("blob", ...)``): far above any FX graph, kernel or Mega-Cache bundle seen.
 DEFAULT_CAP = 1 << 30
-#: Kinds whose entries are small by construction get a tighter default.
-#: A precompile entry holds Dynamo's bytecode, guards and the compiled graphs' code, not
-#: their kernels (docs/torch.md, "Precompile entries").
+#: Kinds objcache stores that take :attr:`SizeCaps.default` (so ``OBJCACHE_MAX_ENTRY_BYTES=512M``
+#: lowers them too): compiled graphs, kernels and bundles, large by nature.
+LARGE_KINDS: frozenset[str] = frozenset({"aot-autograd", "fx-graph", "kernel", "mega", "triton"})
+#: Every other kind objcache stores has its own cap: the largest entry its reader accepts, so
+#: a planted huge object of a small kind is refused at the read, before it is fetched
+#: (docs/security.md, "Size caps in detail"). Each kind of ``objcache.entry.layout.KINDS`` is
+#: here or in :data:`LARGE_KINDS` (tests/entry/test_caps.py).
 DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType(
-    {"manifest": 64 << 20, "pgo": 64 << 20, "precompile": 256 << 20}
+    {
+        # torch's autotune results: JSON dicts (objcache/integrations/torch/serde.py)
+        "autotune": 64 << 20,
+        "bundled-autotune": 64 << 20,
+        # key cards (objcache/observe/keycards.py: MAX_CARD_BYTES, MAX_MISSES_BYTES)
+        "aot-card": 128 << 10,
+        "fx-card": 128 << 10,
+        "miss-cards": 8 << 20,
+        # a kernel's load verdict: a few bytes (objcache/integrations/torch/kernels.py)
+        "isa-probe": 64 << 10,
+        "manifest": 64 << 20,
+        "pgo": 64 << 20,
+        # Dynamo's bytecode, guards and the compiled graphs' code, not their kernels
+        # (docs/torch.md, "Precompile entries")
+        "precompile": 256 << 20,
+        # a run summary, read by `objcache report` at most twice its 256 KiB limit
+        "run": 512 << 10,
+        # Triton's host-side module (objcache/integrations/triton_host.py: MAX_BYTES)
+        "triton-host": 8 << 20,
+        # vLLM's AOT artifact and model inspection (docs/vllm.md): the integrations' limits
+        "vllm-aot": 256 << 20,
+        "vllm-modelinfo": 64 << 10,
+    }
 )
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from objcache.entry.caps import DEFAULT_PER_KIND
 from objcache.integrations.patching import Patches, marked
 from objcache.observe.metrics import FailureLog
 
@@ -45,8 +46,9 @@ log = logging.getLogger("objcache.vllm")
 REGISTRY = "vllm.model_executor.models.registry"
 #: objcache kind of a model-inspection entry.
 KIND_MODELINFO = "vllm-modelinfo"
-#: Largest model-inspection entry read (vLLM's are about 1 KB).
-MAX_BYTES = 64 * 1024
+#: Largest model-inspection entry read (vLLM's are about 1 KB): the kind's default size cap,
+#: so a bigger one is refused at the read, before it is fetched (docs/security.md).
+MAX_BYTES = DEFAULT_PER_KIND[KIND_MODELINFO]
 _FORMAT = "objcache-vllm-modelinfo-v1"
 
 counters: Counter[str] = Counter()

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.config.files import publish_file
+from objcache.entry.caps import DEFAULT_PER_KIND
 from objcache.errors import UnsafeFolder
 from objcache.integrations.patching import Patches, marked
 from objcache.integrations.vllm import (
@@ -68,8 +69,9 @@ log = logging.getLogger("objcache.vllm")
 DECORATORS = "vllm.compilation.decorators"
 #: objcache kind of a compiled-model artifact.
 KIND = "vllm-aot"
-#: Largest artifact carried (vLLM's CPU artifact of a small Llama is about 1 MB).
-MAX_BYTES = 256 * 1024 * 1024
+#: Largest artifact carried (vLLM's CPU artifact of a small Llama is about 1 MB): the kind's
+#: default size cap, so a bigger one is refused at the read (docs/security.md).
+MAX_BYTES = DEFAULT_PER_KIND[KIND]
 _FORMAT = "objcache-vllm-aot-v1"
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _RANK = re.compile(r"^rank_\d+_\d+$")

@@ -81,6 +81,9 @@ class TierStats:
     record_conflicts: int = 0
     #: Lookups by the entry kind of the object key: kind -> "hit" or the miss reason.
     kinds: dict[str, Counter[str]] = field(default_factory=dict)
+    #: Stored names the tier's listings skipped, not being UTF-8 (docs/architecture.md,
+    #: "Listings").
+    undecodable_names: int = 0
 
     def note(self, okey: str, outcome: str) -> None:
         """Count one lookup of ``okey`` by its kind: ``"hit"`` or a miss reason."""
@@ -109,6 +112,7 @@ class TierStats:
             "records": dict(self.records),
             "record_conflicts": self.record_conflicts,
             "kinds": {k: dict(v) for k, v in self.kinds.items()},
+            "undecodable_names": self.undecodable_names,
         }
 
 

@@ -593,6 +593,27 @@ async def test_a_listing_descends_only_where_its_prefix_can_match(
     assert sorted(walked) == ["a/b", "a/b/c", "a/b/cd"]
 
 
+def _plant(path: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(b"planted")
+
+
+@SCHEMES
+async def test_a_name_that_is_not_utf8_is_skipped_and_counted(scheme: str, tmp_path: Path) -> None:
+    """A file or folder another program named with bytes that are not UTF-8 names no entry:
+    the listing (and the disk index's scan) leaves it out and counts it, never yielding a
+    key that no call could address (docs/architecture.md, "Listings")."""
+    backend = make(scheme, tmp_path)
+    await backend.put("v1/e/fx-graph/ab/good", b"v")
+    shard = os.fsencode(tmp_path / "v1/e/fx-graph")
+    _plant(shard + b"/ab/bad\xff")
+    os.makedirs(shard + b"/\xfe\xff")
+    _plant(shard + b"/\xfe\xff/k")
+    assert [i.key async for i in backend.list("v1/")] == ["v1/e/fx-graph/ab/good"]
+    assert backend.undecodable_names == 2
+    assert list(backend.store.scan_all()) == ["v1/e/fx-graph/ab/good"]
+
+
 def test_a_quarantined_entry_expires_after_exactly_its_ttl(tmp_path: Path) -> None:
     store = _fs.FsStore(str(tmp_path), fsync=False, touch_on_read=False)
     (tmp_path / "k").write_bytes(b"bad")

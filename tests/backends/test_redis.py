@@ -8,6 +8,7 @@ and that every failure is classified and bounded in time (no hidden redis-py ret
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -189,6 +190,40 @@ async def test_list_skips_foreign_types(
     redis_client.rpush(f"{redis_prefix}alist", b"x")
     await b.put("mine", b"v")
     assert {i.key async for i in b.list()} == {"mine"}
+
+
+async def test_a_name_that_is_not_utf8_is_skipped_and_counted_not_the_end_of_the_listing(
+    redis_server: RedisServer,
+    b: RedisBackend,
+    redis_client: redis.Redis,
+    redis_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A key planted with invalid UTF-8 bytes names no entry: every listing (``ls``, ``gc``,
+    ``report``, ``explain`` list through it) skips it, counts it and logs it once, and still
+    lists every good entry, directly and through a tier, whose stats show the count."""
+    good = {f"v1/e/fx-graph/{i:02x}/key-{i}" for i in range(30)}
+    for key in good:
+        await b.put(key, b"v")
+    redis_client.set(f"{redis_prefix}v1/e/fx-graph/00/".encode() + b"bad\xff\xfe", b"planted")
+    caplog.set_level(logging.WARNING, logger="objcache")
+    assert {i.key async for i in b.list("v1/")} == good
+    assert {i.key async for i in b.list()} == good
+    assert b.undecodable_names == 2  # once per listing that met it
+    assert len([r for r in caplog.records if "not UTF-8" in r.getMessage()]) == 1
+    tier = Tier.from_backend(
+        backend(redis_server.url, prefix=redis_prefix),
+        timeout_ms=5000,
+        retries=0,
+        breaker_failures=5,
+        breaker_cooldown_s=1.0,
+    )
+    try:
+        listed = await tier.list("v1/")
+        assert listed is not None and {i.key for i in listed} == good
+        assert tier.stats.as_dict()["undecodable_names"] == 1
+    finally:
+        await tier.backend.close()
 
 
 # --- failures: classified and bounded in time ----------------------------------------

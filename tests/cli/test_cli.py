@@ -335,16 +335,10 @@ def test_ls_refuses_a_misspelt_kind_and_lists_a_clients_own(
 
 
 def test_every_kind_objcache_writes_is_in_the_central_list() -> None:
-    from objcache.core import manifest
     from objcache.entry.layout import KINDS
-    from objcache.integrations import triton, triton_host, vllm, vllm_aot
-    from objcache.integrations.torch import features, kernels, mega, precompile_entry
-    from objcache.observe import run_summary as summary
+    from tests.support.kinds import named_kinds, written_kinds
 
-    written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
-    written |= {kernels.VERDICT_KIND, precompile_entry.KIND, triton_host.KIND}
-    written |= {vllm.KIND_MODELINFO, vllm_aot.KIND}
-    assert written | set(features.PART_OF_KIND) <= set(KINDS)
+    assert written_kinds() | named_kinds() <= set(KINDS)
 
 
 def test_mega_save_from_the_command_line_points_to_the_python_api(run_cli: Run) -> None:

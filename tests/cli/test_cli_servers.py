@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,6 +209,31 @@ def test_process_with_a_hung_tier_exits_within_the_deadline(
     assert last_call - started <= 30, "the lookup itself ended"
     print(f"exit took {ended - last_call:.1f} s after the last call (deadline {DEADLINE_MS} ms)")
     assert ended - last_call < HUNG_BOUND_S, (ended - last_call, done.stderr)
+
+
+def test_a_redis_key_that_is_not_utf8_leaves_ls_and_gc_working(
+    redis_server: RedisServer, redis_client: Any, tmp_path: Path
+) -> None:
+    """One planted key with invalid UTF-8 bytes: ``ls`` and ``gc`` still list every entry,
+    and say how many names they skipped (docs/architecture.md, "Listings")."""
+    prefix = f"cli-{uid()}/"
+    env = base_env(tmp_path, f"{redis_server.url}?prefix={prefix}")
+    client = Client(Config.from_env(env))
+    for i in range(3):
+        client.put("blob", f"k{i}", b"v")
+    assert client.flush() == 0
+    env_id = client.env
+    client.close()
+    redis_client.set(f"{prefix}v1/{env_id}/blob/00/".encode() + b"\xff\xfe", b"planted")
+    done, _ = cli("ls", "--kind", "blob", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(e["key"] for e in json.loads(done.stdout)) == ["k0", "k1", "k2"]
+    assert "1 stored names skipped: not UTF-8" in done.stderr, done.stderr
+    every = json.loads(cli("ls", "--json", env=env)[0].stdout)  # the blobs, the run's objects
+    done, _ = cli("gc", "--dry-run", "--max-bytes", "0", env=env)
+    assert done.returncode == 0, done.stderr
+    assert f" {len(every)} entries " in done.stdout, done.stdout
+    assert "skipped: not UTF-8" in done.stderr, done.stderr
 
 
 def test_rediss_against_a_plain_text_redis_says_tls_may_be_the_cause(

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import objcache
+from objcache.backends import fs_store as _fs
 from objcache.client import reset_client
 from objcache.config.settings import Config
 from objcache.integrations import vllm as ov
@@ -145,7 +146,6 @@ def test_another_module_source_is_another_key(machines: Any) -> None:
 
 
 HOSTILE: dict[str, tuple[bytes, str]] = {
-    "oversized": (b" " * (ov.MAX_BYTES + 1), "oversized"),
     "not json": (b"\x80\x04K\x01.", "unreadable"),
     "deeply nested": (b"[" * 30_000 + b"]" * 30_000, "unreadable"),
     "a list": (b"[1, 2]", "foreign"),
@@ -192,6 +192,32 @@ def test_a_planted_entry_is_a_counted_miss(machines: Any, case: str) -> None:
     assert _model(registry)._load_modelinfo_from_cache(MODULE_HASH) is None
     assert ov.counters[f"rejected:modelinfo_{why}"] == 1, dict(ov.counters)
     assert not (cache_root / "modelinfos").exists()  # nothing written for vLLM to read
+
+
+def test_an_oversized_entry_is_refused_at_the_read_without_being_fetched(
+    machines: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planted 8 MiB model-inspection entry is over the kind's 64 KiB cap: the ``file://``
+    store sees its size before reading it (docs/security.md, "Size caps in detail"), so it is
+    never read whole, let alone parsed; a counted miss, vLLM inspects the model itself."""
+    use, registry = machines
+    use("planter")
+    key = ov.modelinfo_key("vllm.model_executor.models.llama", "LlamaForCausalLM", MODULE_HASH)
+    objcache.get_client().put(ov.KIND_MODELINFO, key, os.urandom(8 << 20))
+    assert objcache.get_client().flush() == 0
+    cache_root = use("victim")
+    reads: list[int] = []
+    real = _fs._read_all
+    monkeypatch.setattr(_fs, "_read_all", lambda fd, n: reads.append(n) or real(fd, n))
+    assert _model(registry)._load_modelinfo_from_cache(MODULE_HASH) is None
+    assert reads == []  # neither the store's object nor anything else was read
+    assert objcache.get_client().stats()["tiers"][1]["misses"] == {"too_large": 1}
+    assert ov.counters["modelinfo_misses"] == 1 and not any(
+        c.startswith("rejected:") for c in ov.counters
+    ), dict(ov.counters)
+    assert not (cache_root / "modelinfos").exists()
+    with pytest.raises(ov.Rejected, match="oversized"):  # where a user raised the cap
+        ov.parse_modelinfo(b" " * (ov.MAX_BYTES + 1), MODULE_HASH, registry._ModelInfo)
 
 
 def test_a_vllm_without_the_hooks_is_left_alone() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -24,6 +25,8 @@ from typing import Protocol, runtime_checkable
 from objcache.config.urls import TierSpec as TierSpec
 from objcache.entry.layout import MAX_KEY_BYTES as MAX_KEY_BYTES
 from objcache.errors import EntryTooLarge, InvalidKey
+
+log = logging.getLogger("objcache")
 
 
 class PutMode(enum.Enum):
@@ -69,8 +72,23 @@ def validate_key(key: str) -> str:
 class Backend(abc.ABC):
     """Async bytes store. Instances are shared process-wide; construction must be cheap."""
 
+    #: Stored names that listings skipped because they are not UTF-8: no key names them,
+    #: and one of them must not end the listing (docs/architecture.md, "Listings").
+    undecodable_names: int = 0
+
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
+
+    def skip_undecodable(self, name: bytes | str) -> None:
+        """Count a stored name a listing skips, not being UTF-8; the first one is logged."""
+        self.undecodable_names += 1
+        if self.undecodable_names == 1:
+            log.warning(
+                "objcache: %s: listing skips stored names that are not UTF-8 (no key names "
+                "them; counted as undecodable_names), the first: %s",
+                self.name,
+                ascii(name),
+            )
 
     @property
     def name(self) -> str:
@@ -104,7 +122,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in no particular order."""
+        """Every object whose key starts with ``prefix``, in no particular order, holding
+        one page of the store's listing at a time. A name that is not UTF-8 is skipped and
+        counted (:meth:`skip_undecodable`). A store listed by cursor (a Redis SCAN) may list
+        an object twice when it changes shape during the listing: callers that count or
+        delete drop repeats (docs/architecture.md, "Listings")."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release clients and connections."""

@@ -60,6 +60,7 @@ class FsBackend(Backend):
         self.store = FsStore(
             spec.path, fsync=fsync, touch_on_read=self.touch_on_read, group=self._group(spec)
         )
+        self.store.on_undecodable = self.skip_undecodable
         self.closed = False
 
     def _group(self, spec: TierSpec) -> bool:

@@ -36,7 +36,7 @@ import random
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from objcache.backends.base import ObjectInfo, PutMode, check_size
 from objcache.backends.fs_folders import LEASE_PREFIX, RESERVED, FsFolders
@@ -79,6 +79,22 @@ def _read_all(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
+
+
+def _undecodable(name: str) -> bool:
+    """Whether a name read from the filesystem is not UTF-8 (Python hands its bytes over as
+    surrogates): no key names it (docs/architecture.md, "Listings")."""
+    if name.isascii():
+        return False
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _ignore(name: str) -> None:
+    """The default of :attr:`FsStore.on_undecodable`."""
 
 
 def _is_placeholder(st: os.stat_result) -> bool:
@@ -146,6 +162,8 @@ class FsStore(FsFolders):
         self.touch_interval_s = 60.0
         #: None until the first CREATE tells whether link() works here.
         self.hardlinks: bool | None = None
+        #: Told each name a walk skips, not being UTF-8 (the backend counts them).
+        self.on_undecodable: Callable[[str], None] = _ignore
         self._swept: dict[str, float] = {}
 
     # --- checks ------------------------------------------------------------------------
@@ -464,7 +482,9 @@ class FsStore(FsFolders):
         try:
             for name, st in self._entries(directory, time.time()):
                 key = f"{rel}/{name}" if rel else name
-                if st is None:
+                if _undecodable(name):
+                    self.on_undecodable(key)  # a folder's whole subtree is left out too
+                elif st is None:
                     dirs.append(key)
                 else:
                     files.append(ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime))
@@ -485,6 +505,9 @@ class FsStore(FsFolders):
             try:
                 for name, st in self._entries(directory, now):
                     key = f"{rel}/{name}" if rel else name
+                    if _undecodable(name):
+                        self.on_undecodable(key)
+                        continue
                     if st is not None:
                         out[key] = (st.st_size, st.st_atime)
                         continue

@@ -385,25 +385,32 @@ class RedisBackend(Backend):
         pool = await self._pool()
         pattern = glob_escape(self.prefix + prefix) + "*"
         cut = len(self._prefix_bytes)
-        seen: set[bytes] = set()  # SCAN may return a key more than once
         try:
             async for batch in scan(pool, pattern):
-                names = [n for n in batch if n not in seen]
-                seen.update(names)
-                if names:
+                # Memory is one SCAN page: repeats are dropped within the page only. SCAN
+                # returns a name again on a later page only when the server's key table is
+                # resized during the listing (or a cluster slot moves); that object is then
+                # listed twice, which Backend.list allows (docs/architecture.md, "Listings").
+                keys: dict[bytes, str] = {}
+                for n in batch:
+                    try:
+                        keys[n] = n[cut:].decode()
+                    except UnicodeDecodeError:
+                        self.skip_undecodable(n)
+                if keys:
                     now = time.time()
                     pipe = pool.redis.pipeline(transaction=False)
-                    for n in names:
+                    for n in keys:
                         pipe.strlen(n)
                         pipe.object("idletime", n)
                     async with pool.calling():
                         replies = await pipe.execute(raise_on_error=False)
-                    for i, n in enumerate(names):
+                    for i, key in enumerate(keys.values()):
                         size, idle = replies[2 * i], replies[2 * i + 1]
                         if isinstance(size, Exception):
                             continue  # not a string value: not ours
                         mtime = now - idle if isinstance(idle, int) else now
-                        yield ObjectInfo(key=n[cut:].decode(), size=int(size), mtime=mtime)
+                        yield ObjectInfo(key=key, size=int(size), mtime=mtime)
         except Exception as exc:
             raise self._error(exc, "list") from exc
 
