@@ -17,12 +17,12 @@ from typing import TypeVar
 
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_random_exponential,
 )
 
-from objcache.errors import TransientBackendError
+from objcache.errors import PartialOutage, TransientBackendError
 
 T = TypeVar("T")
 
@@ -97,6 +97,16 @@ class NoBreaker(CircuitBreaker):
         return False
 
 
+def retried(error: BaseException) -> bool:
+    """Whether a failed attempt is tried again: a transient error, but not a
+    :class:`PartialOutage` (one server of a sharded store that failed or stayed silent is
+    its keys' miss: trying it again would spend the rest of the deadline on it,
+    docs/architecture.md, "Redis Cluster")."""
+    return isinstance(error, (TransientBackendError, ConnectionError)) and not isinstance(
+        error, PartialOutage
+    )
+
+
 async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
     """Run ``fn`` with retries of transient errors, all within ``policy.timeout_s``.
 
@@ -112,7 +122,7 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
             wait=wait_random_exponential(
                 multiplier=policy.backoff_initial_s, max=policy.backoff_max_s
             ),
-            retry=retry_if_exception_type((TransientBackendError, ConnectionError)),
+            retry=retry_if_exception(retried),
             reraise=True,
         )
         async for attempt in retrying:

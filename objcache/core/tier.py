@@ -23,6 +23,7 @@ from objcache.backends.base import (
     LocalStore,
     ObjectInfo,
     PutMode,
+    Sharded,
     TierSpec,
 )
 from objcache.backends.records_contract import RecordBackend
@@ -84,6 +85,9 @@ class Tier:
         self.breaker = breaker
         self.flags = flags
         self.stats = TierStats(backend.name)
+        if isinstance(backend, Sharded) and policy.timeout_s > 0:
+            # a silent server of a sharded store answers as a PartialOutage within the deadline
+            backend.bound_nodes(policy.timeout_s)
 
     @classmethod
     def from_backend(

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from objcache.core.policy import CircuitBreaker, RetryPolicy, call_with_policy
-from objcache.errors import PermanentBackendError, TransientBackendError
+from objcache.errors import PartialOutage, PermanentBackendError, TransientBackendError
 
 
 class Clock:
@@ -58,15 +58,23 @@ async def test_transient_errors_are_retried_within_the_deadline() -> None:
     assert calls == 3
 
 
-async def test_permanent_errors_are_not_retried() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermanentBackendError("AccessDenied"),
+        # one node of a cluster: its keys' miss, not worth the rest of the deadline
+        PartialOutage("get: TimeoutError: Timeout reading from 10.0.0.7:6379"),
+    ],
+)
+async def test_permanent_errors_and_partial_outages_are_not_retried(error: Exception) -> None:
     calls = 0
 
     async def denied() -> None:
         nonlocal calls
         calls += 1
-        raise PermanentBackendError("AccessDenied")
+        raise error
 
-    with pytest.raises(PermanentBackendError):
+    with pytest.raises(type(error)):
         await call_with_policy(denied, RetryPolicy(retries=5, backoff_initial_s=0.001))
     assert calls == 1
 

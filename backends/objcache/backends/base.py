@@ -136,6 +136,17 @@ class Backend(abc.ABC):
 
 
 @runtime_checkable
+class Sharded(Protocol):
+    """What a backend whose store is several servers offers (``redis://`` on a cluster)."""
+
+    def bound_nodes(self, deadline_s: float) -> None:
+        """Told the tier's deadline before the first call: each server's answer is bounded
+        below it, so a silent server is its keys' miss within the deadline, not the tier's
+        (docs/architecture.md, "Redis Cluster")."""
+        ...
+
+
+@runtime_checkable
 class Describes(Protocol):
     """What a backend may tell ``objcache doctor`` beyond its probe (``redis://`` does)."""
 

@@ -9,10 +9,18 @@ primary, and the shape of the store that ``objcache doctor`` reports.
   or CLUSTERDOWN it reads the slot map again on the next call, so a failover costs the
   calls that hit the dead primary, not a restart.
 * Every entry and record is one key, so one slot: nothing objcache sends spans slots.
+* A node's connect and reply are bounded by a share of the tier's deadline (``NODE_SHARE``):
+  a node that accepts connections and never answers is its keys' partial miss within the
+  call's deadline, not the tier's missed deadline (docs/architecture.md, "Redis Cluster").
+* The client connects only to the URL's node and the nodes the cluster announces in its slot
+  map (:class:`Nodes`); a MOVED or ASK elsewhere is refused before a socket opens, and a
+  ``redis://`` password goes in clear to the URL's host only (docs/security.md, "Redis
+  Cluster: where the client connects").
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -21,9 +29,10 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis import exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 
 from objcache.errors import (
     BackendError,
@@ -37,6 +46,14 @@ SLOTS = 16384
 #: A node's failure within this long of any answer of the cluster is a partial outage: its
 #: keys miss, the tier's breaker is left alone (the other primaries serve).
 PARTIAL_WINDOW_S = 5.0
+#: A node's connect and reply each get at most this share of the tier's deadline: a call may
+#: spend one on a slot-map read that asks the silent node first, one on the command, and
+#: still answer (a partial miss) within the deadline.
+NODE_SHARE = 1 / 3
+#: redis-py 8 asks every RESP3 connection for maintenance notifications (``CLIENT
+#: MAINT_NOTIFICATIONS ON``), with which the server may move the client's connections to
+#: another host:port: off, standalone tiers too (docs/security.md).
+NO_MAINT_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
 
 
 class Answered:
@@ -60,6 +77,81 @@ def partial(error: BackendError, answered: Answered) -> BackendError:
     if type(error) is TransientBackendError and answered.recently():
         return PartialOutage(str(error))
     return error
+
+
+class Unannounced(rex.ConnectionError):
+    """A connection to an address that is neither the URL's node nor announced by the
+    cluster's slot map (a MOVED or ASK elsewhere): refused before a socket opens."""
+
+
+class ClearCredentials(rex.RedisError):
+    """The cluster announces a node on another host than the URL's, and the ``redis://``
+    tier would send its password there in clear text."""
+
+
+def _resolved(host: str) -> str:
+    # redis-py names a node "localhost" by its address (ClusterNode)
+    return socket.gethostbyname(host) if host == "localhost" else host
+
+
+class Nodes:
+    """Where one cluster client may connect (docs/security.md, "Redis Cluster: where the
+    client connects"): the URL's node, and every node the cluster announced in a slot map
+    (CLUSTER SLOTS) read from a node it already trusts. The slot map is the cluster's word,
+    trusted as the URL's node is; a MOVED or ASK is one reply, so an address it names that no
+    slot map announced is refused (:class:`Unannounced`): that key misses, redis-py reads the
+    slot map again on the next call, and a real resharding's new node is in it.
+
+    Credentials: with ``clear`` False (a ``redis://`` URL with a password) an announced node
+    on another host than the URL's stops the client (:class:`ClearCredentials`), unless the
+    URL says ``clear_auth_announced=1``."""
+
+    def __init__(self, host: str, port: int, answered: Answered, *, clear: bool) -> None:
+        self.hosts = {host, _resolved(host)}
+        self.allowed = {(h, port) for h in self.hosts}
+        self.answered = answered
+        self.clear = clear
+
+    def announce(self, address: tuple[str, int]) -> tuple[str, int]:
+        """redis-py's ``address_remap``: called for each node of a slot map it read, so the
+        cluster answered too (:class:`Answered`)."""
+        host, port = address[0], int(address[1])
+        if not self.clear and host not in self.hosts:
+            raise ClearCredentials(
+                f"the cluster announces a node at {host}:{port}, another host than the URL's: "
+                "this redis:// tier would send its password there in clear text: use "
+                "rediss://, or add clear_auth_announced=1 to the tier URL to allow it "
+                '(docs/security.md, "Redis Cluster: where the client connects")'
+            )
+        self.allowed.add((host, port))
+        self.answered.now()
+        return host, port
+
+    def check(self, host: str, port: int) -> None:
+        if (host, int(port)) not in self.allowed:
+            raise Unannounced(
+                f"refused to connect to {host}:{port}: no slot map of the cluster announced "
+                "that node (a MOVED or ASK to it was not followed; docs/security.md)"
+            )
+
+
+class _Checked:
+    """Mixin of the cluster's connection classes: :meth:`Nodes.check` before the socket."""
+
+    nodes: Nodes
+    host: str
+    port: int
+
+    async def _connect(self) -> None:
+        self.nodes.check(self.host, self.port)
+        await cast(Any, super())._connect()
+
+
+def checked(base: type[Connection], nodes: Nodes) -> type[Connection]:
+    """``base`` (redis-py's Connection or SSLConnection) connecting only where ``nodes``
+    allows."""
+    made = type(f"Checked{base.__name__}", (_Checked, base), {"nodes": nodes})
+    return cast("type[Connection]", made)
 
 
 async def initialize(client: RedisCluster, host: str, port: int) -> None:
@@ -102,19 +194,42 @@ async def cluster_enabled(client: aioredis.Redis) -> bool:
     return str(info.get("cluster_enabled", 0)) == "1"
 
 
-def open_cluster(kwargs: Mapping[str, Any]) -> RedisCluster:
+def open_cluster(
+    kwargs: Mapping[str, Any],
+    answered: Answered,
+    *,
+    deadline_s: float | None = None,
+    clear_auth: bool = False,
+) -> RedisCluster:
     """A cluster client from the keyword arguments of the standalone one (``parse_url``'s,
-    with objcache's timeouts and pool size): same node, credentials and TLS, no retries."""
+    with objcache's timeouts and pool size): same node, credentials and TLS, no retries;
+    each node's connect and reply within ``NODE_SHARE`` of ``deadline_s``; connections only
+    where :class:`Nodes` allows."""
     options = dict(kwargs)
     if options.pop("db", 0) not in (0, "0", None):
         raise PermanentBackendError(
             "connect: a Redis Cluster has only database 0: end the tier URL with /0"
         )
-    if options.pop("connection_class", None) is SSLConnection:
+    tls = options.pop("connection_class", None) is SSLConnection
+    if tls:
         options["ssl"] = True
+    if deadline_s:
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            options[name] = min(options.get(name) or deadline_s, deadline_s * NODE_SHARE)
     options.pop("retry_on_error", None)
-    options.update(retry=Retry(NoBackoff(), 0), require_full_coverage=True)
-    return RedisCluster(**options)
+    host, port = options["host"], int(options.get("port", 6379))
+    nodes = Nodes(host, port, answered, clear=tls or clear_auth or not options.get("password"))
+    options.update(
+        retry=Retry(NoBackoff(), 0), require_full_coverage=True, address_remap=nodes.announce
+    )
+    client = RedisCluster(**options)
+    # every node redis-py makes takes its connection class from these keyword arguments (the
+    # nodes manager's are the same dict); the URL's node was made already
+    connection = checked(client.connection_kwargs["connection_class"], nodes)
+    client.connection_kwargs["connection_class"] = connection
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = connection
+    return client
 
 
 def reseed(client: RedisCluster, host: str, port: int) -> None:
@@ -250,6 +365,8 @@ def cluster_error(exc: BaseException, op: str, tier: str) -> BackendError | None
     if isinstance(exc, rex.ClusterError) and not isinstance(exc, rex.ResponseError):
         # "TTL exhausted": redirections kept bouncing (a resharding under way)
         return TransientBackendError(f"{op}: Redis Cluster: {exc}", tier=tier)
+    if isinstance(exc, ClearCredentials):
+        return PermanentBackendError(f"{op}: {exc}", tier=tier)
     if not isinstance(exc, rex.RedisClusterException):
         return None
     text = str(exc)

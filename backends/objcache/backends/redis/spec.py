@@ -32,6 +32,13 @@ OPTIONS: OptionTable = (
         "Redis Cluster protocol: auto (ask the server once, on connecting), yes or no "
         '(docs/operations.md, "Redis Cluster").',
     ),
+    Option(
+        "clear_auth_announced",
+        "bool",
+        False,
+        "redis:// Redis Cluster with a password: send it in clear text to the nodes the "
+        "cluster announces on other hosts than the URL's (docs/security.md).",
+    ),
 )
 #: Values of the ``cluster`` option.
 CLUSTER_MODES = ("auto", "yes", "no")

@@ -25,7 +25,11 @@ so the policy layer moves on to the next tier), ``prefix`` (key prefix, default
   so ``mtime`` is the time of last access (now minus idle time; now when the server's
   eviction policy is LFU and idle time is unavailable).
 * A Redis Cluster node or configuration endpoint is served through redis-py's cluster
-  client (``cluster.py``): ``cluster=auto`` asks the server once, on connecting.
+  client (``cluster.py``): ``cluster=auto`` asks the server once, on connecting. Its nodes'
+  connects and replies are bounded below the tier's deadline (``bound_nodes``), and it
+  connects only to the URL's node and the nodes the cluster announces.
+* redis-py 8's maintenance notifications (a server-driven move of the connections to
+  another host) are off (docs/security.md).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import hashlib
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
@@ -54,7 +58,7 @@ from objcache.backends.base import (
     check_size,
     validate_key,
 )
-from objcache.backends.options import opt_float, opt_int, opt_str
+from objcache.backends.options import opt_bool, opt_float, opt_int, opt_str
 from objcache.backends.records_contract import Versioned
 from objcache.backends.redis import cluster
 from objcache.backends.redis.spec import DRIVER_OPTIONS, OPTIONS
@@ -149,6 +153,10 @@ class PoolKey:
     max_connections: int
     #: auto, yes or no (spec.CLUSTER_MODES)
     cluster: str = "auto"
+    #: the tier's deadline (Sharded.bound_nodes): a cluster node's share of it
+    deadline_s: float | None = None
+    #: clear_auth_announced: a redis:// password may go to announced nodes on other hosts
+    clear_auth: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,7 @@ def client_kwargs(key: PoolKey) -> dict[str, Any]:
         retry=Retry(NoBackoff(), 0),
         retry_on_error=[],
         max_connections=key.max_connections,
+        maint_notifications_config=cluster.NO_MAINT_NOTIFICATIONS,
     )
     if "path" not in kwargs:  # TCP (unix sockets take no keepalive option)
         kwargs["socket_keepalive"] = True
@@ -219,14 +228,17 @@ async def _open_client(key: PoolKey) -> Pool:
         if standalone:
             return Pool(client, gate)  # the detection's connection stays in the pool
         await client.aclose(close_connection_pool=True)
-    found = cluster.open_cluster(kwargs)
+    answered = cluster.Answered()
+    found = cluster.open_cluster(
+        kwargs, answered, deadline_s=key.deadline_s, clear_auth=key.clear_auth
+    )
     seed = (kwargs["host"], int(kwargs.get("port", 6379)))
     try:
         await cluster.initialize(found, *seed)
     except BaseException:
         await found.aclose()
         raise
-    return Pool(found, gate, seed=seed, answered=cluster.Answered())
+    return Pool(found, gate, seed=seed, answered=answered)
 
 
 async def _close_client(pool: Pool) -> None:
@@ -317,9 +329,15 @@ class RedisBackend(Backend):
             socket_timeout=opt_float(spec, "socket_timeout"),
             max_connections=opt_int(spec, "max_connections"),
             cluster=(opt_str(spec, "cluster") or "auto").strip().lower(),
+            clear_auth=opt_bool(spec, "clear_auth_announced"),
         )
         self._prefix_bytes = self.prefix.encode()
         self._memo: Memo[Pool] = Memo()
+
+    def bound_nodes(self, deadline_s: float) -> None:
+        """base.Sharded: on a cluster, each node's connect and reply within a share of the
+        tier's deadline (cluster.NODE_SHARE); a standalone server is the tier, unchanged."""
+        self.pool_key = replace(self.pool_key, deadline_s=deadline_s)
 
     async def _pool(self) -> Pool:
         pool = self._memo.get()
