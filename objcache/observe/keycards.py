@@ -80,18 +80,18 @@ _READABLE_HEADS = (
     ENV_PREFIX,
 )
 #: Value shapes that are never kept: the graph's code, paths under a home, secrets.
-_HOME = re.compile(r"(/home/|/Users/|/root\b|~/|[A-Za-z]:\\Users\\)")
+HOME_PATH = re.compile(r"(/home/|/Users/|/root\b|~/|[A-Za-z]:\\Users\\)")
 #: A component name is secret-looking when one of its words is, or contains, one of these
 #: (``inductor_config.api_key``, ``cache_key_tag``, ``some_token``, ``db_password``).
 _SECRETISH_WORD = re.compile(r"key|token|passw|secret|credential|auth", re.I)
 _SECRETISH_VALUE = re.compile(r"[A-Za-z0-9+/_=\-]{32,}")
 #: ``scheme://user:password@`` (or ``://:password@``, ``://token@``) inside a value.
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
+URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]*@")
 #: An absolute path of at least two components (a home, a workspace, a mount), wherever it
 #: sits in the value; a URL's own path (after its host) is not one.
 _ABS_PATH = re.compile(r"(?<![:/.])/(?:[\w.\-~]+/)+[\w.\-~]*")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S*")
-_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+OBJECT_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 _TENSOR = re.compile(
     r"TensorMetadata\(dtype=torch\.(\w+), shape=torch\.Size\(\[([^\]]*)\]\), "
     r"stride=\(([^)]*)\), device=device\(type='(\w+)'(?:, index=(\d+))?\)"
@@ -154,7 +154,7 @@ def redact(name: str, value: str) -> str | None:
         return None
     if name == "torch_version" and not value.isprintable():
         return None  # torch hashes its source here: bytes, not a version
-    value = _ADDRESS.sub("", value).strip()
+    value = OBJECT_ADDRESS.sub("", value).strip()
     tensor = _TENSOR.search(value)
     if tensor:
         dtype, shape, stride, device, index = tensor.groups()
@@ -164,10 +164,10 @@ def redact(name: str, value: str) -> str | None:
         return "<binary>"
     if any(_SECRETISH_WORD.search(word) for word in re.split(r"[^A-Za-z0-9]+", name)):
         return "<redacted>"  # before anything else: a secret's head is never kept
-    value = _URL_USERINFO.sub(r"\1<redacted>@", value)
-    if _HOME.search(value):
+    value = URL_USERINFO.sub(r"\1<redacted>@", value)
+    if HOME_PATH.search(value):
         return "<redacted path>"
-    value = _cut_paths(value)
+    value = cut_paths(value)
     if re.fullmatch(r"[0-9a-f]{32,}", value):
         return value[:12] + "…"  # a hash torch shows: its head is enough to compare
     if _SECRETISH_VALUE.search(value):
@@ -177,7 +177,7 @@ def redact(name: str, value: str) -> str | None:
     return value
 
 
-def _cut_paths(value: str) -> str:
+def cut_paths(value: str) -> str:
     """Every absolute path outside the URLs in ``value`` as ``<path>``."""
     out, pos = [], 0
     for url in _URL.finditer(value):

@@ -29,7 +29,7 @@ import math
 import re
 from collections import Counter
 
-from objcache.observe.keycards import _ADDRESS, _HOME, _URL_USERINFO, _cut_paths
+from objcache.observe.keycards import OBJECT_ADDRESS, HOME_PATH, URL_USERINFO, cut_paths
 
 HIDDEN = "<redacted>"
 #: Characters of a reason kept.
@@ -90,7 +90,7 @@ def _entropy(value: str) -> float:
 
 def redact_reason(value: str, limit: int = MAX_REASON) -> str:
     """``value`` (torch's ``recompile_reason``, or a frame's name) as a run may keep it."""
-    line = _ADDRESS.sub("", value.split("\n", 1)[0]).strip()
+    line = OBJECT_ADDRESS.sub("", value.split("\n", 1)[0]).strip()
     if not line.isprintable():
         return "<binary>"
     literals = list(_LITERAL.finditer(line))
@@ -136,15 +136,15 @@ def _mask(line: str, literals: list[re.Match[str]]) -> str:
 def _clean_literal(text: str) -> str:
     """A kept string literal without URL credentials or paths."""
     quote = 2 if text[0] in "bB" else 1
-    body = _cut_paths(_URL_USERINFO.sub(rf"\1{HIDDEN}@", text[quote:-1]))
-    if _HOME.search(body):
+    body = cut_paths(URL_USERINFO.sub(rf"\1{HIDDEN}@", text[quote:-1]))
+    if HOME_PATH.search(body):
         body = "<path>"
     return text[:quote] + body + text[-1]
 
 
 def _clean_code(text: str) -> str:
     """Code or torch's prose between literals: credential-shaped tokens hidden, paths cut."""
-    return _cut_paths(_CREDENTIAL.sub(HIDDEN, text))
+    return cut_paths(_CREDENTIAL.sub(HIDDEN, text))
 
 
 def _compared_with_secret(line: str, masked: str, span: tuple[int, int]) -> bool:

@@ -210,7 +210,9 @@ def test_an_oversized_entry_is_refused_at_the_read_without_being_fetched(
     real = _fs._read_all
     monkeypatch.setattr(_fs, "_read_all", lambda fd, n: reads.append(n) or real(fd, n))
     assert _model(registry)._load_modelinfo_from_cache(MODULE_HASH) is None
-    assert reads == []  # neither the store's object nor anything else was read
+    # the store's object was never read (a small read elsewhere, the environment
+    # fingerprint's cache on a first start, is not the entry)
+    assert not [n for n in reads if n > 64 << 10], reads
     assert objcache.get_client().stats()["tiers"][1]["misses"] == {"too_large": 1}
     assert ov.counters["modelinfo_misses"] == 1 and not any(
         c.startswith("rejected:") for c in ov.counters
