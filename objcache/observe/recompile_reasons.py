@@ -29,7 +29,7 @@ import math
 import re
 from collections import Counter
 
-from objcache.observe.keycards import OBJECT_ADDRESS, HOME_PATH, URL_USERINFO, cut_paths
+from objcache.observe.keycards import HOME_PATH, OBJECT_ADDRESS, URL_USERINFO, cut_paths
 
 HIDDEN = "<redacted>"
 #: Characters of a reason kept.
