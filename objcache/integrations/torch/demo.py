@@ -51,28 +51,73 @@ def _fmt_bytes(n: int) -> str:
         return f"{n} B"
     if n < 1 << 20:
         return f"{n / 1024:.1f} KB"
-    return f"{n / (1 << 20):.1f} MB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MB"
+    return f"{n / (1 << 30):.1f} GB"
 
 
-_SHORT = {"fx-graph": "fx", "aot-autograd": "aot", "kernel": "kernel", "pgo": "pgo"}
+def _hit_rows(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
+    """(row label, one "hits/gets" cell per run): torch's own counts, then objcache's per kind."""
+    rows = []
+    for label, stem in (("torch fx-graph", "fxgraph"), ("torch aot-autograd", "autograd")):
+        cells = []
+        for r in results:
+            counts = r.get("torch", {})
+            hits = int(counts.get(f"{stem}_cache_hit", 0))
+            total = hits + int(counts.get(f"{stem}_cache_miss", 0))
+            cells.append(f"{hits}/{total}" if total else "-")
+        rows.append((label, cells))
+    per_run = [objcache_hits(r) for r in results]
+    kinds = sorted({kind for hits in per_run for kind in hits} - {"manifest"})
+    for kind in kinds:
+        cells = [f"{hits[kind][0]}/{hits[kind][1]}" if kind in hits else "-" for hits in per_run]
+        rows.append((f"objcache {kind}", cells))
+    return rows
 
 
-def _hits_cell(result: Mapping[str, Any]) -> str:
-    parts = [
-        f"{_SHORT.get(kind, kind)} {h}/{n}"
-        for kind, (h, n) in objcache_hits(result).items()
-        if kind not in ("manifest",)
-    ]
-    return ", ".join(parts) or "-"
+def render(console: Any, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    """Print the demo's results: (run label, worker result) per run, the cold run first.
 
+    Two narrow tables rather than one wide one, so that an 80-column terminal shows every
+    value whole: the per-run figures, then hits per cache kind with the runs as columns (its
+    width does not grow with the number of kinds).
+    """
+    from rich.table import Table
 
-def _torch_cell(result: Mapping[str, Any]) -> str:
-    t = result.get("torch", {})
-    fx = int(t.get("fxgraph_cache_hit", 0))
-    fx_all = fx + int(t.get("fxgraph_cache_miss", 0))
-    aot = int(t.get("autograd_cache_hit", 0))
-    aot_all = aot + int(t.get("autograd_cache_miss", 0))
-    return f"fx {fx}/{fx_all}, aot {aot}/{aot_all}"
+    results = [r for _, r in runs]
+    table = Table(title="objcache demo: one training step, three machines' worth", show_edge=False)
+    table.add_column("run", no_wrap=True)
+    for header in ("first step", "from store", "to store", "g++ builds", "matches eager"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for label, r in runs:
+        down, up = remote_bytes(r)
+        builds = gxx_builds(r)
+        table.add_row(
+            label,
+            f"{r['first_step_s']:.1f} s",
+            _fmt_bytes(down),
+            _fmt_bytes(up),
+            "-" if builds is None else str(builds),
+            "[green]yes[/]" if r.get("match") else f"[red]no[/] ({r.get('max_abs_err'):.2g})",
+        )
+    console.print(table)
+    hits = Table(title="cache hits/lookups per kind", show_edge=False)
+    hits.add_column("cache", no_wrap=True)
+    for label, _ in runs:
+        hits.add_column(label, justify="right", no_wrap=True)
+    for row_label, cells in _hit_rows(results):
+        hits.add_row(row_label, *cells)
+    console.print(hits)
+    console.print("[dim]from/to store: bytes read from and written to the store's remote tiers[/]")
+    console.print(
+        "[dim]torch: lookups torch counted; objcache: lookups objcache served; -: none[/]"
+    )
+    cold, new = results[0], results[1]
+    speedup = cold["first_step_s"] / max(new["first_step_s"], 1e-9)
+    console.print(
+        f"New machine: first step {new['first_step_s']:.1f}s instead of "
+        f"{cold['first_step_s']:.1f}s ({speedup:.1f}x), {gxx_builds(new) or 0} kernel builds."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,15 +167,15 @@ def _run_with_progress(
 
 def _demo(model: str, keep: bool, timeout: float) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from objcache.config.settings import Config
 
     console = Console()
     config = Config.from_env()
     tiers = ", ".join(t.display for t in config.effective_tiers())
-    default = "" if config.tiers else " (embedded default: set OBJCACHE_TIERS to use yours)"
-    console.print(f"[bold]objcache demo[/]: model [cyan]{model}[/], store {tiers}{default}")
+    console.print(f"[bold]objcache demo[/]: model [cyan]{model}[/], store {tiers}")
+    if not config.tiers:
+        console.print("(the embedded default: set OBJCACHE_TIERS to use yours)", highlight=False)
     root = tempfile.mkdtemp(prefix="objcache-demo-")
     run_id = f"{random.randrange(1 << 30):08x}"
     salt = 1.0 + int(run_id, 16) * 1e-12
@@ -160,42 +205,7 @@ def _demo(model: str, keep: bool, timeout: float) -> int:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    table = Table(title="objcache demo: one training step, three machines' worth")
-    for col in (
-        "run",
-        "first step",
-        "torch local hits",
-        "objcache hits/gets",
-        "from remote",
-        "to remote",
-        "kernel g++ builds",
-        "matches eager",
-    ):
-        table.add_column(
-            col, justify="right" if col not in ("run", "objcache hits/gets") else "left"
-        )
-    for label, job in jobs:
-        r = job.result
-        down, up = remote_bytes(r)
-        builds = gxx_builds(r)
-        table.add_row(
-            label,
-            f"{r['first_step_s']:.1f} s",
-            _torch_cell(r),
-            _hits_cell(r),
-            _fmt_bytes(down),
-            _fmt_bytes(up),
-            "-" if builds is None else str(builds),
-            "[green]yes[/]" if r.get("match") else f"[red]no[/] ({r.get('max_abs_err'):.2g})",
-        )
-    console.print(table)
-    cold, new = jobs[0][1].result, jobs[1][1].result
-    speedup = cold["first_step_s"] / max(new["first_step_s"], 1e-9)
-    console.print(
-        f"The new machine's first step took {new['first_step_s']:.1f}s instead of "
-        f"{cold['first_step_s']:.1f}s ({speedup:.1f}x), with "
-        f"{gxx_builds(new) or 0} kernel builds."
-    )
+    render(console, [(label, job.result) for label, job in jobs])
     ok = all(job.result.get("match") for _, job in jobs)
     return 0 if ok else 1
 
