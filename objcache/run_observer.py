@@ -78,7 +78,7 @@ class RunObserver:
                 ended=time.time(), time_saved=_time_saved(), env=self.cache.env_fields,
                 miss_cards={"recorded": len(cards), "dropped": dropped},
                 group=os.environ.get(process_stats.RUN_GROUP_ENV) or None,
-                phases=_phases(), recompiles=_recompiles(),
+                phases=_phases(), recompiles=_recompiles(), prefetch=self._prefetch(),
             )  # fmt: skip
             misses = keycards.misses_object(job, self.run_id)
             okey = self.cache.namespace.object_key(summary.KIND, f"{job}/{self.run_id}")
@@ -92,6 +92,16 @@ class RunObserver:
         except Exception:
             log.debug("objcache: writing the run summary failed", exc_info=True)
             return False
+
+    def _prefetch(self) -> dict[str, Any] | None:
+        """The prefetch's time line, when this run had one (its errors swallowed: a summary
+        without it is still written)."""
+        timeline = self.cache.prefetch_timeline
+        try:
+            return None if timeline is None else timeline.as_dict()
+        except Exception:
+            log.debug("objcache: the prefetch's time line was not recorded", exc_info=True)
+            return None
 
     async def _write_separately(self, objects: list[tuple[str, bytes]]) -> list[bool]:
         """The run's missed cards and its summary, each encoded like any entry, to the

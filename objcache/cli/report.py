@@ -87,6 +87,10 @@ class Row:
     local_hits: int = 0
     #: torch's recompiles: (frame, reason, seconds), at most run_summary.MAX_RECOMPILES.
     recompiles: list[tuple[str, str, float]] = field(default_factory=list)
+    #: The start-up prefetch's time line (None: no prefetch, or an older objcache's
+    #: summary); a folded group keeps its first process's (docs/architecture.md,
+    #: "Prefetch time line").
+    prefetch: dict[str, Any] | None = None
 
     @property
     def causes(self) -> Counter[str]:
@@ -189,6 +193,7 @@ class Row:
             phases=None if phases is None else {k: (p["s"], p["n"]) for k, p in phases.items()},
             local_hits=local_hits,
             recompiles=[(r["frame"], r["reason"], r["s"]) for r in body.get("recompiles", [])],
+            prefetch=body.get("prefetch"),
         )
 
 
@@ -217,6 +222,8 @@ def fold_groups(rows: list[Row]) -> list[Row]:
         first.misses.update(row.misses)
         first.local_hits += row.local_hits
         first.recompiles.extend(row.recompiles)
+        if first.prefetch is None:
+            first.prefetch = row.prefetch
         if row.phases is not None:
             mine_phases = first.phases if first.phases is not None else {}
             for name, (secs, n) in row.phases.items():

@@ -12,6 +12,8 @@ by reason).
 torch's phases nest (a frame compile holds Dynamo's tracing and the backend call, which
 holds AOTAutograd and Inductor): the phases known to hold others are shown as totals, the
 ranking is of the rest. A phase name torch adds in a later release is ranked as it comes.
+The run's prefetch, which runs beside the compiles, has its own section
+(:mod:`objcache.cli.prefetch_view`): whether a far store or the machine held the start back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from objcache.cli import prefetch_view
 from objcache.cli.report import Report, Row
 
 #: The run's time outside compiles: its duration less the frame compiles and the first
@@ -158,6 +161,10 @@ class Comparison:
             "phases": [p.as_dict() for p in self.phases],
             "skipped": dict(self.skipped),
             "note": self.note,
+            # the run's prefetch time line, its throughput and verdict (None: no prefetch)
+            "prefetch": None
+            if self.run.prefetch is None
+            else prefetch_view.as_dict(self.run.prefetch),
         }
 
 
@@ -340,6 +347,7 @@ def lines(c: Comparison) -> list[str]:
             how = "skipped it" if p.warm_s < NOISE_S else "spent less"
             out.append(f"      the warm run {how}: {p.why}")
     out.extend(recompile_lines(c))
+    out.extend(prefetch_view.lines(c.run.prefetch))
     return out
 
 

@@ -28,6 +28,7 @@ from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
 from objcache.entry.layout import parse_object_key
 from objcache.errors import EntryError
+from objcache.observe.prefetch_timeline import PrefetchTimeline
 
 KIND = "manifest"
 FORMAT = 1
@@ -155,11 +156,15 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
     Lookups that arrive meanwhile join the in-flight fetch of their key (single-flight).
+    Its time line (``cache.prefetch_timeline``) is the run summary's ``prefetch``
+    (docs/architecture.md, "Prefetch time line").
     """
     started = time.perf_counter()
+    timeline = cache.prefetch_timeline = PrefetchTimeline()
     keys, names = await read_job(cache, job)
     cache.prefetched = set(keys)
     missing = [k for k in keys if cache.local is None or not await _local_has(cache, k)]
+    timeline.manifest(keys, len(names), missing)
     # Ranks of a node prefetch in different orders and leave a key another rank is
     # fetching to it (its lease), so together they fetch each key about once.
     random.shuffle(missing)
@@ -169,15 +174,19 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
     async def fetch(okey: str) -> bool:
         nonlocal elsewhere
         async with limit:
+            timeline.request(okey)
             payload, tier = await cache.get_object(
                 okey, wait=False, absent_locally=cache.local is not None
             )
             elsewhere += tier == LEASED_ELSEWHERE
+            size = None if payload is None else len(payload)
+            timeline.arrive(okey, size, tier, elsewhere=tier == LEASED_ELSEWHERE)
             if payload is not None:
                 cache.stats.prefetch_fetched[tier] += 1
             return payload is not None
 
     fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    timeline.end()
     compacted = await compact(cache, job, keys, names)
     return {
         "job": job,

@@ -45,6 +45,10 @@ def note_local_hit(cache: TieredCache, kind: str, okey: str, size: int, ms: floa
     local.read_outside(size, ms)
     cache.stats.lookup.observe(ms)
     cache.recorded.add(okey)
+    timeline = cache.prefetch_timeline
+    if timeline is not None:
+        state = timeline.state(okey)
+        timeline.lookup(kind, okey, state, ms / 1000, local.name, True, local.name)
     if cache.local_store is not None:
         cache.local_store.note_hit(okey, size)
     if log.isEnabledFor(logging.DEBUG):

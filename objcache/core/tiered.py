@@ -34,6 +34,7 @@ from objcache.entry.codec import MAX_PAYLOAD, Codec
 from objcache.entry.layout import Namespace, parse_object_key
 from objcache.errors import EntryError
 from objcache.observe.metrics import LOOKUP_TRAIL, CacheStats
+from objcache.observe.prefetch_timeline import PrefetchTimeline
 
 log = logging.getLogger("objcache")
 
@@ -96,6 +97,8 @@ class TieredCache:
         self._landing: dict[str, bytes] = {}
         #: The lookup lines (objcache/core/lookup_log.py).
         self.lookups = LookupLog()
+        #: The start-up prefetch's time line, once one started (objcache/core/manifest.py).
+        self.prefetch_timeline: PrefetchTimeline | None = None
 
     @property
     def env_fields(self) -> dict[str, str]:
@@ -120,12 +123,17 @@ class TieredCache:
         okey = self.namespace.object_key(kind, key)
         trail = new_trail()
         token = LOOKUP_TRAIL.set(trail)
+        timeline = self.prefetch_timeline
+        state = None if timeline is None else timeline.state(okey)
         try:
             payload, tier = await self.get_object(okey)
         finally:
             LOOKUP_TRAIL.reset(token)
         ms = (time.perf_counter() - started) * 1000
         self.stats.lookup.observe(ms)
+        if timeline is not None:
+            found = payload is not None
+            timeline.lookup(kind, okey, state, ms / 1000, tier, found, self.local_name)
         if payload is not None:
             self.stats.hits[kind] += 1
             self.stats.served_by[tier] += 1

@@ -21,8 +21,10 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from objcache.observe import prefetch_timeline as timeline
 
 KIND = "run"
 FORMAT = 1
@@ -79,12 +81,14 @@ def build(
     group: str | None = None,
     phases: Mapping[str, tuple[float, int]] | None = None,
     recompiles: list[tuple[str, str, float]] | None = None,
+    prefetch: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
     (:mod:`objcache.integrations.torch.time_saved`); ``env`` the environment's fingerprint
     fields (torch, cpu_isa, gpu, ...), so a store holding only summaries of an environment
-    still describes it (``objcache ls --envs``, ``objcache report``)."""
+    still describes it (``objcache ls --envs``, ``objcache report``); ``prefetch`` the
+    start-up prefetch's time line (:mod:`objcache.observe.prefetch_timeline`), when one ran."""
     cache = stats.get("cache", {})
     rank, local_rank = ranks(environ)
     kinds = {
@@ -138,6 +142,8 @@ def build(
             {"frame": frame[:MAX_STR], "reason": reason[:MAX_STR], "s": round(float(s), 6)}
             for frame, reason, s in (recompiles or [])[:MAX_RECOMPILES]
         ],
+        # the prefetch's own time line (docs/architecture.md, "Prefetch time line")
+        "prefetch": None if prefetch is None else dict(prefetch),
     }
 
 
@@ -238,6 +244,79 @@ def _recompiles(value: Any) -> list[dict[str, Any]]:
     return out
 
 
+_PREFETCH_COUNTS = (
+    "manifests", "keys", "already_local", "requested", "fetched", "bytes", "not_found",
+    "elsewhere", "entries_left_out", "errors",
+)  # fmt: skip
+_PREFETCH_TIMES = ("started_s", "manifest_s", "ended_s", "first_lookup_s", "last_arrival_s")
+
+
+def _maybe_seconds(value: Any, what: str) -> float | None:
+    return None if value is None else _seconds(value, what)
+
+
+#: A prefetch entry's and a wait's fields, each with its parser.
+_ENTRY: dict[str, Callable[[Any, str], Any]] = {
+    "kind": _str, "key": _field, "requested_s": _seconds, "arrived_s": _maybe_seconds,
+    "bytes": _count, "tier": _field,
+}  # fmt: skip
+_WAIT: dict[str, Callable[[Any, str], Any]] = {
+    "kind": _str, "key": _field, "s": _seconds, "at_s": _seconds, "tier": _field,
+}  # fmt: skip
+
+
+def _records(
+    value: Any, cap: int, fields: dict[str, Callable[[Any, str], Any]], what: str
+) -> list[dict[str, Any]]:
+    """A list of at most ``cap`` mappings of the prefetch, each field parsed by its own."""
+    if not isinstance(value, list) or len(value) > cap:
+        raise SummaryError(f"prefetch.{what}: not a list of at most {cap}")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise SummaryError(f"prefetch.{what}[{i}]: not a mapping")
+        where = f"prefetch.{what}[{i}]"
+        out.append(
+            {name: parse(item.get(name), f"{where}.{name}") for name, parse in fields.items()}
+        )
+    return out
+
+
+def _prefetch(value: Any) -> dict[str, Any] | None:
+    """The prefetch's time line (objcache/observe/prefetch_timeline.py), parsed strictly."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SummaryError("prefetch: not a mapping")
+    since = value.get("since")
+    if since not in ("process start", "prefetch start"):
+        raise SummaryError("prefetch.since: not a known origin")
+    out: dict[str, Any] = {"since": since}
+    for name in _PREFETCH_TIMES:
+        out[name] = _maybe_seconds(value.get(name), f"prefetch.{name}")
+    if out["started_s"] is None:
+        raise SummaryError("prefetch.started_s: missing")
+    for name in _PREFETCH_COUNTS:
+        out[name] = _count(value.get(name, 0), f"prefetch.{name}")
+    by_tier: dict[str, dict[str, int]] = {}
+    for tier, t in _mapping(value.get("by_tier", {}), "prefetch.by_tier").items():
+        t = _mapping(t, f"prefetch.by_tier.{tier}")
+        by_tier[tier] = {"n": _count(t.get("n"), "n"), "bytes": _count(t.get("bytes"), "bytes")}
+    out["by_tier"] = by_tier
+    out["entries"] = _records(value.get("entries", []), timeline.MAX_ENTRIES, _ENTRY, "entries")
+    lookups = _mapping(value.get("lookups", {}), "prefetch.lookups")
+    out["lookups"] = {
+        o: _count(lookups.get(o, 0), f"prefetch.lookups.{o}") for o in timeline.OUTCOMES
+    }
+    out["wait_s"] = _seconds(value.get("wait_s", 0.0), "prefetch.wait_s")
+    out["missed_reasons"] = {
+        reason: _count(n, "prefetch.missed_reasons")
+        for reason, n in _mapping(value.get("missed_reasons", {}), "missed_reasons").items()
+    }
+    out["waits"] = _records(value.get("waits", []), timeline.MAX_WAITS, _WAIT, "waits")
+    return out
+
+
 def _rank(value: Any, what: str) -> int | None:
     return None if value is None else _count(value, what)
 
@@ -301,6 +380,9 @@ def parse(data: bytes) -> dict[str, Any]:
         # absent in summaries of objcache versions before phase times
         "phases": _phases(body.get("phases", {})),
         "recompiles": _recompiles(body.get("recompiles", [])),
+        # absent in summaries of objcache versions before the prefetch's time line, and
+        # None in runs without a prefetch
+        "prefetch": _prefetch(body.get("prefetch")),
         # absent in summaries of objcache versions before key cards
         "miss_cards": {
             k: _count(n, f"miss_cards.{k}")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from objcache.backends import create_backend
 from objcache.backends.base import PutMode
 from objcache.cli import main as cli
-from objcache.cli import report, timing
+from objcache.cli import prefetch_view, report, timing
 from objcache.config.urls import parse_tier_list
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
@@ -62,6 +62,7 @@ def body(
     phases: dict[str, float],
     duration: float = 10.0,
     recompiles: list[tuple[str, str, float]] | None = None,
+    prefetch: dict[str, Any] | None = None,
 ) -> bytes:
     built = summary.build(
         st,
@@ -72,6 +73,7 @@ def body(
         host="node",
         phases={k: (v, 1) for k, v in phases.items()},
         recompiles=recompiles,
+        prefetch=prefetch,
     )
     return summary.encode(built)
 
@@ -276,3 +278,143 @@ def test_store_strings_reach_the_terminal_escaped(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "guard" in out.output and "recompiles: 1 in this run" in out.output
     assert "\x1b" not in out.output and "\x07" not in out.output
+
+
+# --- the prefetch's section ------------------------------------------------------------------
+
+FAR = "s3://ml-cache/objcache"
+
+
+def recorded_prefetch(**changes: Any) -> dict[str, Any]:
+    """A prefetch time line as a run records it (objcache/observe/prefetch_timeline.py): a
+    new machine whose far store sent 406 MiB in 2.03 s while the compiles waited on it."""
+    waits = [
+        {"kind": kind, "key": key, "s": s, "at_s": at, "tier": FAR}
+        for kind, key, s, at in (
+            ("aot-autograd", "a1b2c3d4e5f60718", 0.12, 0.95),
+            ("fx-graph", "f00dfeed00112233", 0.09, 1.02),
+            ("kernel", "c0ffee0123456789", 0.05, 1.30),
+            ("kernel", "badc0de987654321", 0.03, 1.41),
+        )
+    ]
+    body = {
+        "since": "process start", "started_s": 0.21, "manifest_s": 0.35, "ended_s": 2.4,
+        "first_lookup_s": 0.8, "last_arrival_s": 2.38, "manifests": 2, "keys": 200,
+        "already_local": 20, "requested": 180, "fetched": 180, "bytes": 406 << 20,
+        "not_found": 0, "elsewhere": 0, "by_tier": {FAR: {"n": 180, "bytes": 406 << 20}},
+        "entries": [
+            {"kind": "aot-autograd", "key": "a1b2c3d4e5f60718", "requested_s": 0.36,
+             "arrived_s": 1.07, "bytes": 5 << 20, "tier": FAR},
+        ],
+        "entries_left_out": 0,
+        "lookups": {"served": 40, "waited": 12, "missed": 3, "local": 5, "absent": 0},
+        "wait_s": 0.42, "missed_reasons": {"not requested yet": 3}, "waits": waits,
+        "errors": 0,
+    }  # fmt: skip
+    body.update(changes)
+    return body
+
+
+def explain_time(tmp_path: Path, prefetch: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """``objcache explain --time`` of a new machine's run whose summary carries ``prefetch``,
+    next to a warm run: its text and its --json."""
+    now = int(time.time())
+    warm = body(f"run-{now - 20}-1-aa", now - 20, stats(8, 0, 0), WARM, 4.0)
+    slow = body(f"run-{now - 10}-2-bb", now - 10, stats(0, 8, 0), NEW, 8.0, prefetch=prefetch)
+    url = plant(tmp_path, [(f"run-{now - 20}-1-aa", warm), (f"run-{now - 10}-2-bb", slow)])
+    args = ["explain", "--time", "--job", JOB, "--tier", url]
+    text = CliRunner().invoke(cli.app, args, env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    data = CliRunner().invoke(cli.app, [*args, "--json"])
+    assert data.exit_code == 0, data.output
+    return text.output, json.loads(data.output)
+
+
+def section(output: str) -> list[str]:
+    lines = output.splitlines()
+    return lines[lines.index("prefetch (times since process start):") :]
+
+
+def test_explain_time_shows_the_prefetch_and_names_the_store_when_lookups_waited(
+    tmp_path: Path,
+) -> None:
+    text, data = explain_time(tmp_path, recorded_prefetch())
+    assert section(text) == [
+        "prefetch (times since process start):",
+        "  started 0.21 s, manifest 0.35 s, ended 2.40 s; first lookup 0.80 s",
+        f"  fetched 180 of 200 entries (20 already local), 406.0 MiB in 2.03 s: "
+        f"200.0 MiB/s ({FAR} 180)",
+        "  lookups: 40 served by the prefetch, 12 waited (0.42 s in all), 3 missed it "
+        "(not requested yet 3), 5 local already, 0 in no tier",
+        f"    waited 0.120 s  aot-autograd a1b2c3d4e5f60718 at 0.95 s from {FAR}",
+        f"    waited 0.090 s  fx-graph f00dfeed00112233 at 1.02 s from {FAR}",
+        f"    waited 0.050 s  kernel c0ffee0123456789 at 1.30 s from {FAR}",
+        "  verdict: the store was the bottleneck: lookups waited 0.42 s for entries still "
+        "in flight (it fetched at 200.0 MiB/s)",
+    ]
+    p = data["prefetch"]
+    assert p["cause"] == "store" and p["verdict"].startswith("the store was the bottleneck")
+    assert p["throughput_bytes_s"] == round((406 << 20) / 2.03, 1)
+    assert p["lookups"] == {"served": 40, "waited": 12, "missed": 3, "local": 5, "absent": 0}
+    assert p["wait_s"] == 0.42 and len(p["waits"]) == 4  # --json has every wait recorded
+    assert (p["started_s"], p["manifest_s"], p["ended_s"]) == (0.21, 0.35, 2.4)
+    assert p["entries"][0]["tier"] == FAR and p["by_tier"][FAR]["n"] == 180
+
+
+def test_a_prefetch_done_before_the_first_lookup_is_not_the_cause(tmp_path: Path) -> None:
+    done = recorded_prefetch(
+        ended_s=0.9, last_arrival_s=0.88, first_lookup_s=2.0, wait_s=0.0, waits=[],
+        missed_reasons={}, lookups={"served": 55, "waited": 0, "missed": 0, "local": 5,
+                                    "absent": 0},
+    )  # fmt: skip
+    text, data = explain_time(tmp_path, done)
+    assert section(text)[-1] == (
+        "  verdict: the prefetch finished 1.10 s before the first lookup: not the cause"
+    )
+    assert "waited 0." not in text  # no wait lines
+    assert data["prefetch"]["cause"] == "not the cause"
+
+
+@pytest.mark.parametrize(
+    ("changes", "cause", "sentence"),
+    [
+        (
+            {"manifest_s": 1.5, "first_lookup_s": 0.6, "wait_s": 0.0,
+             "missed_reasons": {"before the manifest arrived": 30, "not requested yet": 1},
+             "lookups": {"served": 2, "waited": 0, "missed": 31, "local": 0, "absent": 0}},
+            "manifest",
+            "the manifest arrived 0.90 s after the first lookup: 31 lookups fetched on their "
+            "own (listing the store was slow)",
+        ),
+        (
+            {"wait_s": 0.0, "missed_reasons": {"not in the manifest": 9},
+             "lookups": {"served": 1, "waited": 0, "missed": 9, "local": 0, "absent": 2}},
+            "missed",
+            "9 of 10 lookups the store answered missed the prefetch (not in the manifest): "
+            "the load path fetched them",
+        ),
+        (
+            {"wait_s": 0.004, "lookups": {"served": 40, "waited": 2, "missed": 1, "local": 0,
+                                          "absent": 0}},
+            "not the cause",
+            "the prefetch served 40 lookups without a wait: not the cause; the machine's "
+            "phases above are",
+        ),
+        (
+            {"first_lookup_s": None, "wait_s": 0.0, "lookups": dict.fromkeys(
+                ("served", "waited", "missed", "local", "absent"), 0)},
+            "not the cause",
+            "no lookup while the prefetch ran: not the cause",
+        ),
+    ],
+)  # fmt: skip
+def test_the_verdict_names_what_held_the_lookups_back(
+    changes: dict[str, Any], cause: str, sentence: str
+) -> None:
+    assert prefetch_view.verdict(recorded_prefetch(**changes)) == (cause, sentence)
+
+
+def test_a_run_without_a_prefetch_has_no_prefetch_section(tmp_path: Path) -> None:
+    text, data = explain_time(tmp_path, None)
+    assert "prefetch (times since" not in text and "verdict" not in text
+    assert data["prefetch"] is None
