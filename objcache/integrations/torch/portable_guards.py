@@ -67,6 +67,12 @@ DROPPED = frozenset(
 MAX_DEPTH = 4
 #: Largest dict :func:`identity` digests by content.
 MAX_DICT = 256
+#: Most objects one identity visits, and its longest rendering: a record's check at every
+#: call is bounded (a value over either makes the frame unsaveable at save).
+MAX_NODES = 1024
+MAX_IDENTITY_CHARS = 32768
+#: Most records one frame may carry (each is resolved at every call).
+MAX_RECORDS = 2048
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
 #: torch's value types, each fully said by its repr (``torch.float32``, ``device(type='cpu')``).
 _TORCH_VALUES = frozenset({"dtype", "device", "layout", "memory_format"})
@@ -179,11 +185,20 @@ def _labelled(fn: types.FunctionType) -> str | None:
 
 
 def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | None:
+    """A string that names ``value`` the same way in any process, or None (also where naming
+    it would visit more than :data:`MAX_NODES` objects or say more than
+    :data:`MAX_IDENTITY_CHARS`: a record's check at every call stays bounded)."""
+    found = _identity(value, depth, within, [MAX_NODES])
+    return found if found is None or len(found) <= MAX_IDENTITY_CHARS else None
+
+
+def _identity(value: Any, depth: int, within: tuple[int, ...], budget: list[int]) -> str | None:
     """A string that names ``value`` the same way in any process, or None. ``within``: the
     ids of the functions whose closures are being named around this value; a cell that holds
     one of them (a wrapper that refers to itself, as ``type(self).forward is wrapper``) is
     named by how many levels up it is, so the name stays finite and says the same thing."""
-    if depth > MAX_DEPTH:
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
         return None
     if isinstance(value, enum.Enum):  # an IntEnum member is an int too: its class first
         owner = _named(type(value))
@@ -203,13 +218,13 @@ def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | 
         cells: list[str] = []
         defaults = [*(value.__defaults__ or ()), *sorted((value.__kwdefaults__ or {}).items())]
         for default in defaults:
-            inner = identity(default, depth + 1, (*within, id(value)))
+            inner = _identity(default, depth + 1, (*within, id(value)), budget)
             if inner is None:
                 return None
             cells.append(f"default={inner}")
         for cell in value.__closure__ or ():
             try:
-                inner = identity(cell.cell_contents, depth + 1, (*within, id(value)))
+                inner = _identity(cell.cell_contents, depth + 1, (*within, id(value)), budget)
             except ValueError:  # an empty cell
                 inner = "empty"
             if inner is None:
@@ -220,8 +235,8 @@ def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | 
         name = _named(value)
         return None if name is None else f"class:{name}"
     if isinstance(value, types.MethodType):
-        func = identity(value.__func__, depth + 1, within)
-        owner = identity(value.__self__, depth + 1, within)
+        func = _identity(value.__func__, depth + 1, within, budget)
+        owner = _identity(value.__self__, depth + 1, within, budget)
         return None if func is None or owner is None else f"method:{func}@{owner}"
     if type(value).__module__ == "torch" and type(value).__qualname__ in _TORCH_VALUES:
         return f"torch.{type(value).__qualname__}:{value!r}"  # its repr is its value
@@ -231,13 +246,16 @@ def identity(value: Any, depth: int = 0, within: tuple[int, ...] = ()) -> str | 
     if isinstance(value, dict) and len(value) <= MAX_DICT:
         items: list[str] = []
         for k, v in value.items():
-            ik, iv = identity(k, depth + 1, within), identity(v, depth + 1, within)
+            ik, iv = (
+                _identity(k, depth + 1, within, budget),
+                _identity(v, depth + 1, within, budget),
+            )
             if ik is None or iv is None:
                 return None
             items.append(f"{ik}={iv}")
         return "dict:" + hashlib.sha256("\0".join(items).encode()).hexdigest()[:32]
     if isinstance(value, tuple | list) and len(value) <= MAX_DICT:
-        parts = [identity(v, depth + 1, within) for v in value]
+        parts = [_identity(v, depth + 1, within, budget) for v in value]
         if any(p is None for p in parts):
             return None
         return f"{type(value).__name__}:[{','.join(p or '' for p in parts)}]"
@@ -456,6 +474,116 @@ def _record(kind: str, source: str, guard: Any, value_of: Callable[[Any], Any]) 
     return Portable(source, kind, ident)
 
 
+#: A module's own hook dicts, which Dynamo does not guard (``skip_nnmodule_hook_guards``): a
+#: hook added on the reader runs in eager and would be missing from the served code.
+MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+#: The process-wide hooks every module call runs (``register_module_forward_hook`` ...).
+GLOBAL_HOOKS = tuple(
+    f"__import__('torch').nn.modules.module._global{name}"
+    for name in (*MODULE_HOOKS, "_forward_hooks_always_called")
+)
+HOOKS_KIND = "MODULE_HOOKS"
+INLINED_KIND = "INLINED_CODE"
+
+
+def _hook_records(source: str, value: Any) -> list[Portable]:
+    """Records of the hook dicts of ``value`` when it is a module (duck-typed: it has them)."""
+    out: list[Portable] = []
+    for name in MODULE_HOOKS:
+        hooks = getattr(value, "__dict__", {}).get(name)
+        if not isinstance(hooks, dict):
+            return []
+        ident = identity(hooks)
+        if ident is None:
+            raise Unportable(HOOKS_KIND, f"{source}.{name}", "a hook has no portable name")
+        out.append(Portable(f"{source}.{name}", HOOKS_KIND, ident))
+    return out
+
+
+def global_hook_records() -> tuple[Portable, ...]:
+    """The process-wide module hooks as records (empty dicts on most writers); raises
+    :class:`Unportable` where a hook has no portable name."""
+    out = []
+    for source in GLOBAL_HOOKS:
+        path = parse_source(source)
+        value = resolve(*path, {}, {}) if path is not None else _MISSING
+        if value is _MISSING:
+            continue  # a torch without that dict: nothing there to run either
+        ident = identity(value)
+        if ident is None:
+            raise Unportable(HOOKS_KIND, source, "a global hook has no portable name")
+        out.append(Portable(source, HOOKS_KIND, ident))
+    return tuple(out)
+
+
+def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...]:
+    """Records of the functions Dynamo inlined into a frame (all but the frame's own code,
+    the first), each as ``<module>.<qualname>.__code__`` holding that very code. torch
+    never guards them (one process never changes a class's method), so a patched
+    ``nn.Linear.forward`` on the reader would run the writer's inlined code. A local
+    function or lambda is left out: its code is a constant of the code that made it, or a
+    dropped guard's record names it. A function no name reaches raises :class:`Unportable`."""
+    out: list[Portable] = []
+    for code in list(dict.fromkeys(codes))[1:]:
+        qualname = str(getattr(code, "co_qualname", code.co_name))
+        if "<" in qualname:
+            continue
+        source = _code_source(code, qualname)
+        if source is None:
+            raise Unportable(INLINED_KIND, qualname, "no module name reaches its function")
+        out.append(Portable(source, INLINED_KIND, f"code:{code_digest(code)}"))
+    return tuple(out)
+
+
+def _code_source(code: types.CodeType, qualname: str) -> str | None:
+    """``__import__('<top>').<module path>.<qualname>[.__wrapped__ ...].__code__`` where that
+    path reaches ``code`` now, else None."""
+    import inspect
+
+    module = inspect.getmodule(code)
+    name = getattr(module, "__name__", None)
+    if module is None or not isinstance(name, str) or sys.modules.get(name) is not module:
+        return None
+    top, *below = name.split(".")
+    steps = [*below, *qualname.split(".")]
+    target: Any = sys.modules.get(top)
+    for step in steps:
+        target = getattr(target, step, None)
+    for _ in range(MAX_DEPTH):
+        if isinstance(target, property):
+            target, steps = target.fget, [*steps, "fget"]
+        elif isinstance(target, types.MethodType):
+            target, steps = target.__func__, [*steps, "__func__"]
+        if getattr(target, "__code__", None) is code:
+            return f"__import__({top!r})" + "".join(f".{s}" for s in (*steps, "__code__"))
+        target, steps = getattr(target, "__wrapped__", None), [*steps, "__wrapped__"]
+        if target is None:
+            return None
+    return None
+
+
+def bounded(records: Sequence[Portable]) -> tuple[Portable, ...]:
+    """``records`` without repeats; raises :class:`Unportable` where one frame would carry
+    more than :data:`MAX_RECORDS` of them (each is resolved at every call)."""
+    unique = tuple(dict.fromkeys(records))
+    if len(unique) > MAX_RECORDS:
+        raise Unportable("RECORDS", "<frame>", f"more than {MAX_RECORDS} portable records")
+    return unique
+
+
+def _by_value_record(guard: Any, source: str, value_of: Callable[[Any], Any]) -> Portable:
+    """The record of what a guard under a by-reference root checks on the writer: the value
+    itself, or for a ``TYPE_MATCH`` (which checks nothing else) the value's class where the
+    value has no portable rendering (pytree's ``_LEAF_SPEC``, a library's sentinel object)."""
+    kind = str(guard.create_fn_name())
+    try:
+        return _record(kind, source, guard, value_of)
+    except Unportable:
+        if kind != "TYPE_MATCH":
+            raise
+    return _record(kind, f"type({source})", guard, lambda g: type(value_of(g)))
+
+
 def split(
     guards: Sequence[Any], value_of: Callable[[Any], Any]
 ) -> tuple[list[Any], tuple[Portable, ...]]:
@@ -478,7 +606,19 @@ def split(
         kept.append(guard)
         if source not in by_value and under_a_reference(guard, value_of):
             by_value.add(source)
-            records.append(_record(str(guard.create_fn_name()), source, guard, value_of))
+            records.append(_by_value_record(guard, source, value_of))
+
+    hooked: set[str] = set()
+    for guard in guards:  # every module a guard reaches: its own hooks
+        source = str(guard.name)
+        if source in hooked or parse_source(source) is None:
+            continue
+        hooked.add(source)
+        try:
+            value = value_of(guard)
+        except Exception:
+            continue  # nothing there to hold a hook
+        records.extend(_hook_records(source, value))
     return kept, tuple(dict.fromkeys(records))
 
 
@@ -540,6 +680,8 @@ def check_for(
         parsed.append((path[0], path[1], record.identity, record.kind, record.source))
     #: per record, the last object that passed (see the module docstring)
     passed: list[Any] = [_MISSING] * len(parsed)
+    #: per record, whether that object can never change (a tuple of constants)
+    frozen: list[bool] = [False] * len(parsed)
 
     def holds(f_locals: Any) -> bool:
         nonlocal settled
@@ -551,12 +693,12 @@ def check_for(
             value = resolve(root, steps, f_locals, f_globals)
             if value is _MISSING:
                 return fail(kind, source, expected)
-            if value is passed[i] and not isinstance(value, dict | list | tuple):
+            if value is passed[i] and (frozen[i] or not isinstance(value, dict | list | tuple)):
                 continue
             found = identity(value)
             if found != expected:
                 return fail(kind, source, expected, found or "no portable identity")
-            passed[i] = value
+            passed[i], frozen[i] = value, _frozen(value)
         settled = True
         return True
 
@@ -569,6 +711,14 @@ def check_for(
             return fail("error")
 
     return check
+
+
+def _frozen(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is a tuple that can never change (of constants and such tuples): the
+    same object again needs no second look, as for :func:`identity`'s other objects."""
+    if not isinstance(value, tuple) or depth > MAX_DEPTH:
+        return False
+    return all(isinstance(v, _CONSTANTS) or _frozen(v, depth + 1) for v in value)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -105,6 +105,76 @@ def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
     return add_inlined_source
 
 
+#: torch's per-frame package bookkeeping, called from inside Dynamo's compile of the user's
+#: frame: anything one raises (torch's ``PackageError`` for a code it cannot name: a
+#: module-level lambda, an ``exec``'d function, a class-based decorator) would end the
+#: user's call, so each is guarded (:func:`_wrap_bookkeeping`).
+BOOKKEEPING = (
+    "_add_user_function",
+    "add_resume_function",
+    "add_guarded_code",
+    "add_import_source",
+    "add_backend_id",
+    "update_device_type",
+    "bypass_current_entry",
+)
+
+
+def _wrap_bookkeeping(original: Callable[..., Any], name: str) -> Any:
+    """``original`` that never raises: a failure makes the package unsaveable (counted
+    ``unsaved:package_error`` when torch records it) and the compile goes on, as it does
+    without objcache. For a frame's code torch cannot name, the package still gets an entry
+    for it (never saved), since Dynamo's later bookkeeping of that frame expects one."""
+
+    def bookkeeping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            if not self.__dict__.get("_objcache_unsaveable"):
+                log.info("objcache: precompile entry not saved for this function: %r", exc)
+            self.__dict__.setdefault("_objcache_unsaveable", "package_error")
+            counters["package_error"] += 1
+            if name == "_add_user_function" and args:
+                _stand_in(self, args[0])
+            return None
+
+    bookkeeping.__objcache__ = True  # type: ignore[attr-defined]
+    bookkeeping.__wrapped__ = original  # type: ignore[attr-defined]
+    bookkeeping.__name__ = name
+    return bookkeeping
+
+
+def _stand_in(package: Any, code: Any) -> None:
+    """The entry ``code_context`` expects for a code torch could not name."""
+    codes = getattr(package, "_codes", None)
+    if isinstance(codes, dict) and code not in codes:
+        with contextlib.suppress(Exception):
+            package._add_function(code, getattr(code, "co_filename", "") or "<unknown>")
+
+
+def _wrap_create_resume(original: Callable[..., Any]) -> Any:
+    """Dynamo names a resume function's module by ``f_globals["__name__"]`` for the package
+    before it calls the package: a function whose globals have no ``__name__`` (an
+    ``exec``'d one) raises ``KeyError`` out of the user's call. Such a frame's package is
+    unsaveable and the resume function is made without it."""
+
+    def create_resume(self: Any, *args: Any, **kwargs: Any) -> Any:
+        package = getattr(self, "package", None)
+        if package is None or "__name__" in getattr(self, "f_globals", {"__name__": ""}):
+            return original(self, *args, **kwargs)
+        package.__dict__.setdefault("_objcache_unsaveable", "package_error")
+        counters["package_error"] += 1
+        self.package = None
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.package = package
+
+    create_resume.__objcache__ = True  # type: ignore[attr-defined]
+    create_resume.__wrapped__ = original  # type: ignore[attr-defined]
+    return create_resume
+
+
 def _refuse_torch_store_write(*args: Any, **kwargs: Any) -> None:
     """torch's own Dynamo store (``<cache>/dynamo/<sha(qualname, line)>/entry``, read
     unverified) is never written while this part is on: Mega-Cache loads and torch's own
@@ -183,6 +253,9 @@ def apply(package_module: Any) -> None:
                 "add_inlined_source",
                 _wrap_add_inlined_source(package_cls.add_inlined_source),
             )
+            for name in BOOKKEEPING:
+                if callable(getattr(package_cls, name, None)):
+                    _patch(package_cls, name, _wrap_bookkeeping(getattr(package_cls, name), name))
             _patch(
                 context.PrecompileContext,
                 "record_artifact",
@@ -215,6 +288,11 @@ def apply(package_module: Any) -> None:
             for name in ("write", "_write_to_local_cache"):
                 if callable(getattr(cache, name, None)):
                     _patch(cache, name, _refuse_torch_store_write)
+            tracer = importlib.import_module("torch._dynamo.symbolic_convert")
+            base = getattr(tracer, "InstructionTranslatorBase", None)
+            create_resume = getattr(base, "create_resume", None)
+            if callable(create_resume):
+                _patch(base, "create_resume", _wrap_create_resume(create_resume))
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)
             if hook_cls is not None:

@@ -83,6 +83,13 @@ def wrap_serialize_guards(
             return original(self, builder, sorted_guards, *args, **kwargs)
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
+            records = portable_guards.bounded(
+                (
+                    *records,
+                    *portable_guards.inlined_code_records(_traced_code(output_graph)),
+                    *portable_guards.global_hook_records(),
+                )
+            )
         except portable_guards.Unportable as exc:
             return _not_saved(output_graph, f"dropped_guard:{exc.kind}", exc)
         except Exception as exc:
@@ -106,6 +113,20 @@ def wrap_serialize_guards(
     serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
     serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
     return serialize_guards
+
+
+def _traced_code(output_graph: Any) -> list[Any]:
+    """The code objects Dynamo traced for this frame (its own first, then each function it
+    inlined); raises :class:`~portable_guards.Unportable` where torch keeps no such list."""
+    context = getattr(output_graph, "tracing_context", None)
+    codes = getattr(context, "traced_code", None)
+    if codes is None:
+        codes = getattr(output_graph, "traced_code", None)
+    if not isinstance(codes, list):
+        raise portable_guards.Unportable(
+            portable_guards.INLINED_KIND, "<frame>", "torch keeps no list of the inlined code"
+        )
+    return codes
 
 
 #: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).

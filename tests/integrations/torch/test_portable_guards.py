@@ -467,3 +467,61 @@ def test_torch_value_types_and_enum_members_have_identities() -> None:
     import signal
 
     assert pg.identity(signal.Signals.SIGINT) == "enum:signal.Signals.SIGINT"
+
+
+def test_a_type_match_under_a_reference_on_an_unnamed_value_checks_its_class() -> None:
+    """pytree's ``_LEAF_SPEC`` (an instance no name reaches) under a module: its
+    ``TYPE_MATCH`` checks only the class, so the record names the class, not the value."""
+
+    class Spec:
+        pass
+
+    guard = _sourced("TYPE_MATCH", "G['pytree']._LEAF_SPEC", (math,))
+    leaf = SimpleNamespace()
+    kept, records = pg.split([guard], lambda g: g.value if hasattr(g, "base") else leaf)
+    assert kept == [guard]
+    assert records == (
+        pg.Portable("type(G['pytree']._LEAF_SPEC)", "TYPE_MATCH", "class:types.SimpleNamespace"),
+    )
+    assert pg.check_for(records, {"pytree": SimpleNamespace(_LEAF_SPEC=SimpleNamespace())})({})
+    assert not pg.check_for(records, {"pytree": SimpleNamespace(_LEAF_SPEC=Spec())})({})
+    with pytest.raises(pg.Unportable):  # another kind on such a value still cannot be saved
+        pg.split(
+            [_sourced("EQUALS_MATCH", "G['pytree']._LEAF_SPEC", (math,))],
+            lambda g: g.value if hasattr(g, "base") else leaf,
+        )
+
+
+def test_a_record_is_bounded_at_save_and_its_check_at_every_call() -> None:
+    """A value whose naming would visit more than MAX_NODES objects has no identity (the
+    frame is unsaveable, counted); a frame over MAX_RECORDS records is unsaveable; a tuple of
+    constants that passed is not looked at again (it cannot change), a dict is."""
+    big = {i: tuple(range(200)) for i in range(200)}  # 40,000 objects
+    assert pg.identity(big) is None
+    assert pg.identity({i: (i, i + 1) for i in range(100)}) is not None
+    guard = _sourced("EQUALS_MATCH", "G['cfg'].TABLE", (math,))
+    with pytest.raises(pg.Unportable):
+        pg.split([guard], lambda g: g.value if hasattr(g, "base") else big)
+    many = [pg.Portable(f"G['x{i}']", "ID_MATCH", "const:int:1") for i in range(pg.MAX_RECORDS)]
+    assert len(pg.bounded([*many, many[0]])) == pg.MAX_RECORDS
+    with pytest.raises(pg.Unportable) as refused:
+        pg.bounded([*many, pg.Portable("G['y']", "ID_MATCH", "const:int:1")])
+    assert refused.value.kind == "RECORDS"
+
+    class CountingTuple(tuple):  # type: ignore[type-arg]
+        looks = 0
+
+        def __iter__(self) -> Any:
+            CountingTuple.looks += 1
+            return super().__iter__()
+
+    table = CountingTuple((1, 2, 3))
+    records = (pg.Portable("G['T']", "EQUALS_MATCH", pg.identity(table) or ""),)
+    scope: dict[str, Any] = {"T": table}
+    check = pg.check_for(records, scope)
+    assert check({})
+    looked = CountingTuple.looks
+    assert check({}) and check({})
+    assert CountingTuple.looks == looked  # the same unchangeable tuple: no second look
+    scope["T"] = [1, 2, 3]
+    assert not check({})
