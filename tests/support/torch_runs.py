@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -181,3 +182,23 @@ def tier_stats(result: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         if str(tier["name"]).startswith(prefix):
             return dict(tier)
     raise AssertionError(f"no tier {prefix!r} in {json.dumps(result.get('stats'))[:500]}")
+
+
+def run_script(path: Path, program: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """``program`` written to ``path/program.py`` and run there with ``path`` first on
+    ``PYTHONPATH`` (its helper modules beside it); the dict it printed as ``RESULT <json>``
+    (asserts it ran)."""
+    (path / "program.py").write_text(program)
+    run_env = {**env, "PYTHONPATH": os.pathsep.join([str(path), env.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, str(path / "program.py")],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=path,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    return result

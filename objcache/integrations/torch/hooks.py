@@ -29,6 +29,7 @@ from typing import Any
 import objcache
 from objcache.integrations.torch import (
     candidates,
+    custom_ops,
     features,
     keycard_capture,
     patch_ledger,
@@ -246,6 +247,7 @@ def _apply_kernels(module: Any) -> None:
 
 
 def _apply_codecache(module: Any) -> None:
+    custom_ops.apply([module.FxGraphHashDetails])
     _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
     if features.off("key cards") is None:
@@ -253,6 +255,7 @@ def _apply_codecache(module: Any) -> None:
 
 
 def _apply_autograd_cache(module: Any) -> None:
+    custom_ops.apply([module.AOTAutogradCacheDetails])
     process_keys.apply(module)
     _apply_candidates(candidates.apply_aot, module)
     time_saved.apply(module)
@@ -458,6 +461,7 @@ def uninstall() -> None:
         time_saved.uninstall()
         precompile.uninstall()
         process_keys.uninstall()
+        custom_ops.uninstall()
         _uninstall_vllm()
         _uninstall_triton_host()
         _installed_parts.clear()
@@ -503,5 +507,6 @@ def stats() -> dict[str, Any]:
         "candidates": dict(candidates.counters),
         "precompile": dict(precompile_entry.counters),
         "process_keys": dict(process_keys.counters),
+        "custom_ops": dict(custom_ops.counters),
         "key_cards": dict(cards.counters),
     }

@@ -20,10 +20,7 @@ One function per class of fact a served entry depends on:
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,49 +113,40 @@ print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_
 """
 
 
-def run(base: Path, machine: str, **env: str) -> dict[str, Any]:
-    path = base / machine
+def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
+    path = store_root / machine
     path.mkdir(parents=True)
     (path / "library.py").write_text(LIBRARY)
-    (path / "program.py").write_text(PROGRAM)
-    e = ts.compile_env(path, f"file://{base / 'store'}")
+    e = ts.compile_env(path, f"file://{store_root / 'store'}")
     e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
     e.update({"SCALE": "2", **env})
-    e["PYTHONPATH"] = f"{path}:{e['PYTHONPATH']}"
-    out = subprocess.run(
-        [sys.executable, str(path / "program.py")],
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=path,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-    return result
+    return ts.run_script(path, PROGRAM, e)
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("precompile-never-wrong")
 
 
 @pytest.fixture(scope="module")
-def writer(base: Path) -> dict[str, Any]:
-    return run(base, "writer")
+def first_machine(store_root: Path) -> dict[str, Any]:
+    return run(store_root, "writer")
 
 
-def test_the_writer_runs_every_class_and_cannot_save_unnamed_code(writer: dict[str, Any]) -> None:
+def test_the_writer_runs_every_class_and_cannot_save_unnamed_code(
+    first_machine: dict[str, Any],
+) -> None:
     """torch's package cannot name the lambda's and the ``exec``'d function's code: counted,
     and the program runs on (with ``TORCH_CACHING_PRECOMPILE=1`` alone torch raises
     ``PackageError`` out of the first call)."""
-    assert all(writer["results"].values()), writer
-    assert writer["precompile"].get("package_error", 0) >= 1, writer
+    assert all(first_machine["results"].values()), first_machine
+    assert first_machine["precompile"].get("package_error", 0) >= 1, first_machine
 
 
-def test_a_reader_like_the_writer_is_served(base: Path, writer: dict[str, Any]) -> None:
-    reader = run(base, "same")
+def test_a_reader_like_the_writer_is_served(
+    store_root: Path, first_machine: dict[str, Any]
+) -> None:
+    reader = run(store_root, "same")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2 and counts.get("installed", 0) >= 2, counts
@@ -166,12 +154,12 @@ def test_a_reader_like_the_writer_is_served(base: Path, writer: dict[str, Any]) 
 
 
 def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_result(
-    base: Path, writer: dict[str, Any]
+    store_root: Path, first_machine: dict[str, Any]
 ) -> None:
     """Another value through a module and a class, a patched library method and a hook on
     a submodule: each served guarded code fails a portable guard and Dynamo compiles the
     frame, so every result is eager's."""
-    reader = run(base, "other", SCALE="3", PATCH="1", HOOK="1")
+    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2, counts
