@@ -112,13 +112,28 @@ def _state() -> Any:
 
 def process_facts() -> str:
     """What Dynamo folds into a trace as constants without a guard, because one process
-    never changes it (docs/torch.md, "What torch never guards"): ``torch.distributed``'s
-    backend, world size and rank once it is initialized, and a fixed ``PYTHONHASHSEED``
-    (set order and ``hash()`` of a string read while tracing). Never raises."""
+    never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
+    backend, world size and rank once it is initialized, a fixed ``PYTHONHASHSEED`` (set
+    order and ``hash()`` of a string read while tracing), cuBLAS's TF32 switch, the
+    privateuse1 backend's name, and the CUDA devices' names and capabilities once CUDA is
+    initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
     import os
     import sys
 
     parts = [f"hashseed={os.environ.get('PYTHONHASHSEED', '')}:{sys.flags.hash_randomization}"]
+    torch = sys.modules.get("torch")
+    try:  # Dynamo's constant_fold_functions that one process never changes, less the guarded
+        if torch is not None:
+            parts.append(f"tf32={torch._C._get_cublas_allow_tf32()}")
+            parts.append(f"privateuse1={torch._C._get_privateuse1_backend_name()}")
+            cuda = torch.cuda
+            if cuda.is_initialized():  # without it, nothing read the devices' properties
+                parts.extend(
+                    f"cuda{i}={cuda.get_device_name(i)}:{cuda.get_device_capability(i)}"
+                    for i in range(cuda.device_count())
+                )
+    except Exception as exc:  # a torch without one of these: say which, never fail
+        parts.append(f"torch=unreadable:{type(exc).__name__}")
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():

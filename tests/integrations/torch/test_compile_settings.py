@@ -128,6 +128,13 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     assert cs.settings_digest() not in (None, before, seeded)
     monkeypatch.delenv("PYTHONHASHSEED")
     assert cs.settings_digest() == before
+    tf32 = torch._C._get_cublas_allow_tf32()
+    torch._C._set_cublas_allow_tf32(not tf32)
+    try:
+        assert cs.settings_digest() not in (None, before)
+    finally:
+        torch._C._set_cublas_allow_tf32(tf32)
+    assert cs.settings_digest() == before
     if not dist.is_available():
         pytest.skip("torch without torch.distributed")
     store = dist.FileStore(str(tmp_path / "store"), 1)
