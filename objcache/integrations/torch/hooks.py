@@ -270,11 +270,15 @@ def _apply_precompile(module: Any) -> None:
     """
     if not precompile.wanted() or features.off("precompile") is not None:
         return
-    # it patches both modules: applied once the later of the two has run (torch 2.15's
-    # guards module imports the package module half-way through its own body)
+    # it patches three modules: applied once the last of them has run (torch 2.15's guards
+    # module imports the package module half-way through its own body, and its tracer
+    # imports both before it defines the translator whose resume functions are patched)
     package = sys.modules.get("torch._dynamo.package")
     guards = sys.modules.get("torch._dynamo.guards")
+    tracer = sys.modules.get("torch._dynamo.symbolic_convert")
     if not hasattr(package, "DynamoCache") or not hasattr(guards, "CheckFunctionManager"):
+        return
+    if not hasattr(getattr(tracer, "InstructionTranslatorBase", None), "create_resume"):
         return
     try:
         precompile.apply(package)

@@ -41,6 +41,7 @@ WATCHED: dict[str, Part] = {
     "torch._functorch._aot_autograd.autograd_cache": "aot_candidates",
     "torch._dynamo.package": "precompile",
     "torch._dynamo.guards": "precompile",
+    "torch._dynamo.symbolic_convert": "precompile",
     # vLLM's own caches (:mod:`objcache.integrations.vllm`): applied only where vLLM imports
     # it, never imported by ``install()``
     "vllm.model_executor.models.registry": "vllm",
