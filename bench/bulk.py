@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _chart
 from bench._report import write_section
-from bench.fleet import count_files, find_aws, process_cpu_s
+from bench.fleet import count_files, find_aws, process_cpu_s, reach
 from objcache.backends import create_backend
 from objcache.backends.base import PutMode, TierSpec
 from objcache.config.fingerprint import env_id
@@ -56,12 +56,14 @@ from objcache.core.manifest import Manifest
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
 from tests.support.cloud import s3_url, server_profile
-from tests.support.proxy import FaultProxy
 from tests.support.servers import SeaweedS3
 
 KiB, MiB = 1 << 10, 1 << 20
 BUCKET = "bench-bulk"
 JOB = "bench"
+#: ``--profile``: the folder py-spy writes each objcache run's collapsed stacks to.
+PROFILE: Path | None = None
+PYSPY = os.environ.get("OBJCACHE_BENCH_PYSPY") or shutil.which("py-spy") or "py-spy"
 
 
 @dataclass(frozen=True)
@@ -189,12 +191,7 @@ def bench_network(
 ) -> dict[str, Any]:
     """Push then pull with each client, ``rounds`` times: straight to the server when
     ``rtt_ms`` is 0, else through a FaultProxy adding ``rtt_ms``."""
-    proxy = None
-    endpoint = server.endpoint_url
-    if rtt_ms > 0:
-        proxy = FaultProxy("127.0.0.1", int(server.endpoint_url.rsplit(":", 1)[1]))
-        proxy.set_rtt_ms(rtt_ms)
-        endpoint = proxy.url()
+    proxy, endpoint = reach(server, rtt_ms)
     root = str(Path(__file__).resolve().parents[1])
     base = {**os.environ, "OBJCACHE_PREFETCH": "0", "PYTHONPATH": root}
     base["OBJCACHE_STATS_FILE"] = str(work / "stats")
@@ -248,6 +245,20 @@ def bench_network(
                 for client in order:
                     name = f"{client}_{direction}"
                     cmd, env = runs[name]
+                    if PROFILE is not None and client == "objcache":
+                        out = PROFILE / f"{name}-{tag}.txt"
+                        cmd = [
+                            "py-spy",
+                            "record",
+                            "-r",
+                            "250",
+                            "--format",
+                            "raw",
+                            "-o",
+                            str(out),
+                            "--",
+                            *cmd,
+                        ]
                     before = process_cpu_s(server.pid)
                     samples.setdefault(name, []).append(measured(cmd, env))
                     server_cpu.setdefault(name, []).append(process_cpu_s(server.pid) - before)
@@ -334,8 +345,17 @@ def main() -> None:
     ap.add_argument("--networks", default="direct,rtt", help="direct, rtt or both")
     ap.add_argument("--aws", action="store_true", help="also aws s3 sync, for the record")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="record each objcache run with py-spy (collapsed stacks) into this folder",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
+    if PROFILE is not None:
+        PROFILE.mkdir(parents=True, exist_ok=True)
     tools = {"s5cmd": find_s5cmd()}
     versions = f"s5cmd {version([tools['s5cmd'], 'version'])} (its default 256 workers)"
     if args.aws:
