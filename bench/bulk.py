@@ -248,7 +248,7 @@ def bench_network(
                     if PROFILE is not None and client == "objcache":
                         out = PROFILE / f"{name}-{tag}.txt"
                         cmd = [
-                            "py-spy",
+                            PYSPY,
                             "record",
                             "-r",
                             "250",
