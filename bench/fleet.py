@@ -175,6 +175,16 @@ def prepare_sync(server: SeaweedS3, n: int, work: Path) -> dict[str, Any]:
     return {"profile": profile, "src": src, "bytes": total, "entries": n}
 
 
+def reach(server: SeaweedS3, rtt_ms: float) -> tuple[FaultProxy | None, str]:
+    """The endpoint to reach ``server`` by: itself when ``rtt_ms`` is 0, else a FaultProxy
+    adding ``rtt_ms`` (returned too, for the caller to close)."""
+    if rtt_ms <= 0:
+        return None, server.endpoint_url
+    proxy = FaultProxy("127.0.0.1", int(server.endpoint_url.rsplit(":", 1)[1]))
+    proxy.set_rtt_ms(rtt_ms)
+    return proxy, proxy.url()
+
+
 SYNC_FIGURES = ("objcache_push", "aws_push", "objcache_pull", "aws_pull")
 
 
@@ -185,12 +195,7 @@ def bench_sync(
     ``rtt_ms`` is 0, else through a proxy adding ``rtt_ms``. Each round uses fresh prefixes
     and fresh destination folders; odd rounds run aws first. Medians of wall and CPU s."""
     bucket, n, src = "bench-fleet", data["entries"], data["src"]
-    proxy = None
-    endpoint = server.endpoint_url
-    if rtt_ms > 0:
-        proxy = FaultProxy("127.0.0.1", int(server.endpoint_url.rsplit(":", 1)[1]))
-        proxy.set_rtt_ms(rtt_ms)
-        endpoint = proxy.url()
+    proxy, endpoint = reach(server, rtt_ms)
     base = {**os.environ, "OBJCACHE_PREFETCH": "0", "OBJCACHE_STATS_FILE": str(work / "st")}
     base["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     aws_env = {**base, "AWS_PROFILE": data["profile"]}

@@ -5,6 +5,7 @@ themselves are in ``ops`` (docs/architecture.md, "Modules, top to bottom")."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -132,6 +133,7 @@ def _copy(
 
     report = ops.CopyReport()
     keys: list[str] = []
+    started = time.perf_counter()
 
     async def run() -> ops.CopyReport:
         keys.extend([e.info.key async for e in ops.entries(source, env=env)])
@@ -174,6 +176,7 @@ def _copy(
                 "refused": report.refused,
                 "failed": report.failed,
                 "errors": report.errors,
+                **common.rates(report.copied, report.bytes, time.perf_counter() - started),
             }
         )
         return report
@@ -243,6 +246,7 @@ def pull(
     all_envs: Annotated[
         bool, typer.Option("--all-envs", help="Every environment, not only this one.")
     ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Warm the local tier: by job manifest, or everything for this environment.
 
@@ -250,32 +254,60 @@ def pull(
     and exit 0 (a cold start is slower, not broken); only bad usage or configuration exits 2."""
     config = common.load_config()
     try:
-        _pull(config, tier, job, all_envs)
+        _pull(config, tier, job, all_envs, as_json)
     except ConfigError:
         raise
     except ObjcacheError as exc:
         common.warn(f"pull: nothing warmed: {exc}")
 
 
-def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> None:
+def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_json: bool) -> None:
     if job:
         from objcache.client import build_cache
         from objcache.core import manifest
 
         cache = build_cache(config if not tier else Config.from_env(tiers=tier))
+        bars: list[Any] = []
+        advance: list[Any] = []
+
+        def planned(n: int) -> None:
+            bar, step = common.progress_bar(n, "pull")
+            bar.start()
+            bars.append(bar)
+            advance.append(step)
 
         async def run() -> dict[str, Any]:
             try:
-                return await manifest.prefetch(cache, job)
+                # the machine is the pull's alone: as many fetches as a copy keeps in
+                # flight, not a start-up prefetch's share (docs/benchmarks.md,
+                # "Pre-seeding against s5cmd")
+                return await manifest.prefetch(
+                    cache,
+                    job,
+                    concurrency=ops.CONCURRENCY,
+                    progress=lambda n: advance[0](n),
+                    planned=planned,
+                )
             finally:
+                for bar in bars:
+                    bar.stop()
                 await cache.close(config.flush_timeout_s)
 
         result = common.run_async(run())
-        out.print(
-            f"job {job}: {result['manifests']} manifests, {result['keys']} entries, "
-            f"{result['fetched']} fetched, {result['already_local']} already local "
-            f"in {result['seconds']} s"
-        )
+        if as_json:
+            common.print_json(
+                {
+                    "command": "pull",
+                    **result,
+                    **common.rates(result["fetched"], result["bytes"], result["seconds"]),
+                }
+            )
+        else:
+            out.print(
+                f"job {job}: {result['manifests']} manifests, {result['keys']} entries, "
+                f"{result['fetched']} fetched ({common.human_size(result['bytes'])}), "
+                f"{result['already_local']} already local in {result['seconds']} s"
+            )
         if not result["manifests"]:
             common.warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
         return
@@ -287,6 +319,7 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool) -> 
         None if all_envs else env_id(),
         "pull",
         config,
+        as_json=as_json,
     )
     if report.failed or report.refused:
         common.warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")

@@ -146,29 +146,46 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def progress_bar(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
-    """A bar of objects done, bytes moved and their rate; the callback takes one object's
-    bytes (see :mod:`objcache.cli.ops`)."""
+    """A bar of objects done, bytes moved and both rates (bytes/s, objects/s); the callback
+    takes one object's bytes (see :mod:`objcache.cli.ops`)."""
     bar = Progress(
         TextColumn(f"[bold]{what}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[moved]} at {task.fields[rate]}"),
+        TextColumn("{task.fields[moved]} at {task.fields[rate]}, {task.fields[objects]}"),
         TimeElapsedColumn(),
         console=err,
         transient=False,
         disable=not err.is_terminal and not os.environ.get("OBJCACHE_PROGRESS"),
     )
-    task = bar.add_task(what, total=total or None, moved=human_size(0), rate=f"{human_size(0)}/s")
+    task = bar.add_task(
+        what, total=total or None, moved=human_size(0), rate=f"{human_size(0)}/s", objects="0/s"
+    )
     started = time.monotonic()
-    moved = 0
+    moved = done = 0
 
     def advance(nbytes: int) -> None:
-        nonlocal moved
+        nonlocal moved, done
         moved += nbytes
-        rate = moved / max(time.monotonic() - started, 1e-3)
-        bar.update(task, advance=1, moved=human_size(moved), rate=f"{human_size(rate)}/s")
+        done += 1
+        seconds = max(time.monotonic() - started, 1e-3)
+        rate, objects = f"{human_size(moved / seconds)}/s", f"{done / seconds:,.0f} objects/s"
+        bar.update(task, advance=1, moved=human_size(moved), rate=rate, objects=objects)
 
     return bar, advance
+
+
+def rates(objects: int, nbytes: int, seconds: float) -> dict[str, Any]:
+    """What a bulk command's ``--json`` reports of its pace: objects, bytes, seconds and
+    both rates (the figures its progress bar shows)."""
+    per_s = 1 / max(seconds, 1e-6)
+    return {
+        "objects": objects,
+        "bytes": nbytes,
+        "seconds": round(seconds, 3),
+        "objects_per_s": round(objects * per_s, 1),
+        "bytes_per_s": round(nbytes * per_s),
+    }
 
 
 def human_size(n: float) -> str:

@@ -18,7 +18,7 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,12 +152,22 @@ async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str
     return True
 
 
-async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
+async def prefetch(
+    cache: TieredCache,
+    job: str,
+    *,
+    concurrency: int = PREFETCH_CONCURRENCY,
+    progress: Callable[[int], None] | None = None,
+    planned: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
     Lookups that arrive meanwhile join the in-flight fetch of their key (single-flight).
     Its time line (``cache.prefetch_timeline``) is the run summary's ``prefetch``
-    (docs/architecture.md, "Prefetch time line").
+    (docs/architecture.md, "Prefetch time line"). ``concurrency``: fetches at once (a
+    process's start-up prefetch shares the machine with its compile; ``objcache pull
+    --job`` has it to itself, docs/operations.md). ``planned`` is told how many entries
+    will be fetched, ``progress`` each one's bytes as it is done (0: not fetched).
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = PrefetchTimeline()
@@ -168,11 +178,13 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
     # Ranks of a node prefetch in different orders and leave a key another rank is
     # fetching to it (its lease), so together they fetch each key about once.
     random.shuffle(missing)
-    limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
-    elsewhere = 0
+    if planned is not None:
+        planned(len(missing))
+    limit = asyncio.Semaphore(concurrency)
+    elsewhere = fetched_bytes = 0
 
     async def fetch(okey: str) -> bool:
-        nonlocal elsewhere
+        nonlocal elsewhere, fetched_bytes
         async with limit:
             timeline.request(okey)
             payload, tier = await cache.get_object(
@@ -183,7 +195,10 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
             timeline.arrive(okey, size, tier, elsewhere=tier == LEASED_ELSEWHERE)
             if payload is not None:
                 cache.stats.prefetch_fetched[tier] += 1
-            return payload is not None
+            fetched_bytes += size or 0
+        if progress is not None:
+            progress(size or 0)
+        return payload is not None
 
     fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
     timeline.end()
@@ -193,6 +208,7 @@ async def prefetch(cache: TieredCache, job: str) -> dict[str, Any]:
         "manifests": len(names),
         "keys": len(keys),
         "fetched": fetched,
+        "bytes": fetched_bytes,
         "already_local": len(keys) - len(missing),
         "fetched_by_another_process": elsewhere,
         "compacted": compacted,

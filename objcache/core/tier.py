@@ -14,7 +14,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from objcache.backends.base import (
@@ -47,6 +47,11 @@ T = TypeVar("T")
 #: Share of the tier deadline a record update may spend on conflicts before it is dropped
 #: (the rest is left for the last attempt's answer, so a storm never trips the breaker).
 RECORD_BUDGET = 0.9
+
+
+#: The slowest transfer a command's deadline allows for the bytes it sends, on top of the
+#: tier's deadline (docs/architecture.md, "Policies").
+COMMAND_FLOOR_BYTES_PER_S = 4 << 20
 
 
 def deadline_s(spec: TierSpec, default_ms: int) -> float:
@@ -316,14 +321,20 @@ class Tier:
 
     # --- maintenance commands ------------------------------------------------------------
 
-    async def run(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def run(self, op: str, fn: Callable[[], Awaitable[T]], nbytes: int = 0) -> T:
         """``fn`` under the tier's policy, raising what the backend raised (a command reports
-        it); a missed deadline is a :class:`TransientBackendError`."""
+        it); a missed deadline is a :class:`TransientBackendError`. A call sending ``nbytes``
+        gets :data:`COMMAND_FLOOR_BYTES_PER_S` more time for them (docs/architecture.md,
+        "Policies"): a 64 MiB upload is not a 3 s call."""
+        policy = self.policy
+        if nbytes and policy.timeout_s > 0:
+            extra = nbytes / COMMAND_FLOOR_BYTES_PER_S
+            policy = replace(policy, timeout_s=policy.timeout_s + extra)
         try:
-            return await call_with_policy(fn, self.policy)
+            return await call_with_policy(fn, policy)
         except (asyncio.TimeoutError, TimeoutError):
             raise TransientBackendError(
-                f"{op}: no answer within {self.policy.timeout_s * 1000:.0f} ms", tier=self.name
+                f"{op}: no answer within {policy.timeout_s * 1000:.0f} ms", tier=self.name
             ) from None
 
     def bounded(self) -> Backend:
@@ -387,7 +398,7 @@ class _Bounded(Backend):
         return await self.tier.run("get", lambda: self.inner.get_capped(key, max_bytes))
 
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
-        return await self.tier.run("put", lambda: self.inner.put(key, data, mode))
+        return await self.tier.run("put", lambda: self.inner.put(key, data, mode), len(data))
 
     async def exists(self, key: str) -> bool:
         return await self.tier.run("exists", lambda: self.inner.exists(key))

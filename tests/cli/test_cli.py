@@ -217,7 +217,8 @@ def test_progress_shows_bytes_and_rate(
     r = run_cli("push", "--tier", f"file://{tmp_path}/seeded", extra={"OBJCACHE_PROGRESS": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     bar = next(line for line in r.stderr.splitlines() if line.startswith("push"))
-    assert re.search(r"\b6/6 [0-9.]+ (B|KiB) at [0-9.]+ (B|KiB|MiB)/s", bar), bar  # +manifest, ENV
+    # +manifest, ENV
+    assert re.search(r"\b6/6 [0-9.]+ (B|KiB) at [0-9.]+ (B|KiB|MiB)/s, [0-9,]+ objects/s", bar), bar
 
 
 def test_pull_by_job_manifest(run_cli: Run, cli_env: dict[str, str], tmp_path: Path) -> None:
@@ -226,6 +227,16 @@ def test_pull_by_job_manifest(run_cli: Run, cli_env: dict[str, str], tmp_path: P
     r = run_cli("pull", "--job", "clitest", extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 fetched" in r.stdout
+    again = str(tmp_path / "another-fresh-local")
+    progress = {"OBJCACHE_LOCAL_DIR": again, "OBJCACHE_PROGRESS": "1"}
+    r = run_cli("pull", "--job", "clitest", "--json", extra=progress)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["fetched"] == report["objects"] == 3 and report["bytes"] > 0
+    assert report["objects_per_s"] == round(3 / report["seconds"], 1)
+    assert report["bytes_per_s"] == round(report["bytes"] / report["seconds"])
+    bar = next(line for line in r.stderr.splitlines() if line.startswith("pull"))
+    assert re.search(r"\b3/3 [0-9.]+ (B|KiB) at [0-9.]+ (B|KiB|MiB)/s, [0-9,]+ objects/s", bar), bar
     missing = run_cli("pull", "--job", "nosuchjob", extra={"OBJCACHE_LOCAL_DIR": fresh})
     assert missing.returncode == 0, "warming is best-effort: a boot script goes on cold"
     assert "warning: pull: job nosuchjob has no manifest" in missing.stderr

@@ -324,13 +324,21 @@ async def test_prefetch_reports_what_it_did() -> None:
     reader, local = make(writer.remotes[0])
     for okey in okeys[:2]:  # already local
         mem(local).data[okey] = mem(writer.remotes[0]).data[okey]
-    result = await manifest.prefetch(reader, "job")
+    planned: list[int] = []
+    done: list[int] = []
+    result = await manifest.prefetch(
+        reader, "job", concurrency=2, progress=done.append, planned=planned.append
+    )
     seconds = result.pop("seconds")
+    fetched = [reader.codec.decode(mem(local).data[k], k) for k in okeys[2:]]
+    assert planned == [4], "told the entries to fetch before fetching them"
+    assert sorted(done) == sorted(len(p) for p in fetched), "each fetched entry's bytes, once"
     assert result == {
         "job": "job",
         "manifests": manifest.COMPACT_AFTER + 1,
         "keys": 6,
         "fetched": 4,
+        "bytes": sum(done),
         "already_local": 2,
         "fetched_by_another_process": 0,
         "compacted": True,

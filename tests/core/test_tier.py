@@ -105,3 +105,26 @@ def test_the_tier_deadline_comes_from_its_url_else_the_default() -> None:
     assert Tier.for_command(own, timeout_ms=300).policy.timeout_s == 1.5
     plain = MemoryBackend("mem://plain")
     assert Tier.for_command(plain, timeout_ms=300).policy.timeout_s == 0.3
+
+
+async def test_a_command_write_gets_time_for_its_bytes() -> None:
+    """A command's put has the tier's deadline plus one second per 4 MiB it sends
+    (docs/architecture.md, "Policies"): a put of 8 MiB held past the plain deadline lands;
+    a put that never answers still fails, at the longer deadline it was given."""
+    from objcache.backends.base import PutMode
+    from objcache.core.tier import COMMAND_FLOOR_BYTES_PER_S
+
+    backend = MemoryBackend("mem://big")
+    bounded = Tier.for_command(backend, timeout_ms=50).bounded()
+    backend.hold_until = asyncio.Event()
+    big = b"x" * (2 * COMMAND_FLOOR_BYTES_PER_S)
+    put = asyncio.create_task(bounded.put("big", big, PutMode.CREATE))
+    with pytest.raises(TransientBackendError, match="get: no answer within 50 ms"):
+        await bounded.get("other")  # held as long as the plain deadline: too long for a get
+    backend.hold_until.set()
+    assert await put is True
+    assert backend.data["big"] == big
+    backend.fault = "hang"
+    small = b"y" * (COMMAND_FLOOR_BYTES_PER_S // 100)  # 10 ms more
+    with pytest.raises(TransientBackendError, match="put: no answer within 60 ms"):
+        await bounded.put("small", small, PutMode.CREATE)
