@@ -44,6 +44,8 @@ INTERNAL_VARIABLES = frozenset(
         "OBJCACHE_TEST_SITE_DIR",  # tests/support/torch_runs.py
         "OBJCACHE_REPORT_SAMPLE",  # tests/cli/test_report.py
         "OBJCACHE_BENCH_AWS",  # bench/fleet.py
+        "OBJCACHE_BENCH_S5CMD",  # bench/bulk.py
+        "OBJCACHE_BENCH_PYSPY",  # bench/bulk.py --profile
     }
 )
 

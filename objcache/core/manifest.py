@@ -156,7 +156,7 @@ async def prefetch(
     cache: TieredCache,
     job: str,
     *,
-    concurrency: int = PREFETCH_CONCURRENCY,
+    concurrency: int | None = None,
     progress: Callable[[int], None] | None = None,
     planned: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
@@ -164,7 +164,7 @@ async def prefetch(
 
     Lookups that arrive meanwhile join the in-flight fetch of their key (single-flight).
     Its time line (``cache.prefetch_timeline``) is the run summary's ``prefetch``
-    (docs/architecture.md, "Prefetch time line"). ``concurrency``: fetches at once (a
+    (docs/architecture.md, "Prefetch time line"). ``concurrency``: fetches at once (default :data:`PREFETCH_CONCURRENCY`, read at the call; a
     process's start-up prefetch shares the machine with its compile; ``objcache pull
     --job`` has it to itself, docs/operations.md). ``planned`` is told how many entries
     will be fetched, ``progress`` each one's bytes as it is done (0: not fetched).
@@ -180,7 +180,7 @@ async def prefetch(
     random.shuffle(missing)
     if planned is not None:
         planned(len(missing))
-    limit = asyncio.Semaphore(concurrency)
+    limit = asyncio.Semaphore(concurrency or PREFETCH_CONCURRENCY)
     elsewhere = fetched_bytes = 0
 
     async def fetch(okey: str) -> bool:
