@@ -164,9 +164,10 @@ async def prefetch(
 
     Lookups that arrive meanwhile join the in-flight fetch of their key (single-flight).
     Its time line (``cache.prefetch_timeline``) is the run summary's ``prefetch``
-    (docs/architecture.md, "Prefetch time line"). ``concurrency``: fetches at once (default :data:`PREFETCH_CONCURRENCY`, read at the call; a
-    process's start-up prefetch shares the machine with its compile; ``objcache pull
-    --job`` has it to itself, docs/operations.md). ``planned`` is told how many entries
+    (docs/architecture.md, "Prefetch time line"). ``concurrency``: fetches at once
+    (default :data:`PREFETCH_CONCURRENCY`, read at the call; a process's start-up prefetch
+    shares the machine with its compile; ``objcache pull --job`` has it to itself,
+    docs/operations.md). ``planned`` is told how many entries
     will be fetched, ``progress`` each one's bytes as it is done (0: not fetched).
     """
     started = time.perf_counter()
