@@ -441,6 +441,21 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
 BY_REFERENCE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
 
 
+#: Guard kinds that carry what they expect in the guard itself (a key, an attribute name,
+#: another source), never read from the object at their source when torch rebuilds them:
+#: the reader's copy checks the reader's object against the writer's expectation.
+SELF_CONTAINED = frozenset(
+    {
+        "DICT_CONTAINS",
+        "DICT_NOT_CONTAINS",
+        "NOT_PRESENT_IN_GENERIC_DICT",
+        "HASATTR",
+        "DUPLICATE_INPUT",
+        "NOT_NONE",
+    }
+)
+
+
 def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
     """Whether ``guard``'s source passes through an object torch saves by reference
     (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``): torch keeps the
@@ -483,21 +498,31 @@ GLOBAL_HOOKS = tuple(
     for name in (*MODULE_HOOKS, "_forward_hooks_always_called")
 )
 HOOKS_KIND = "MODULE_HOOKS"
+GLOBAL_HOOKS_KIND = "GLOBAL_HOOKS"
 INLINED_KIND = "INLINED_CODE"
+#: The identity of a module with no hooks of its own.
+_NO_HOOKS = identity(({}, {}, {}, {}))
+
+
+def hooks_of(module: Any) -> tuple[Any, ...] | None:
+    """A module's own hook dicts (duck-typed: an object that has all four), or None."""
+    own = getattr(module, "__dict__", None)
+    if not isinstance(own, dict):
+        return None
+    dicts = tuple(own.get(name) for name in MODULE_HOOKS)
+    return dicts if all(isinstance(d, dict) for d in dicts) else None
 
 
 def _hook_records(source: str, value: Any) -> list[Portable]:
-    """Records of the hook dicts of ``value`` when it is a module (duck-typed: it has them)."""
-    out: list[Portable] = []
-    for name in MODULE_HOOKS:
-        hooks = getattr(value, "__dict__", {}).get(name)
-        if not isinstance(hooks, dict):
-            return []
-        ident = identity(hooks)
-        if ident is None:
-            raise Unportable(HOOKS_KIND, f"{source}.{name}", "a hook has no portable name")
-        out.append(Portable(f"{source}.{name}", HOOKS_KIND, ident))
-    return out
+    """The record of the hook dicts of ``value`` when it is a module: one record, at the
+    module's own source, of kind :data:`HOOKS_KIND` (the reader reads the module's dicts)."""
+    hooks = hooks_of(value)
+    if hooks is None:
+        return []
+    ident = identity(hooks)
+    if ident is None:
+        raise Unportable(HOOKS_KIND, source, "a hook has no portable name")
+    return [Portable(source, HOOKS_KIND, ident)]
 
 
 def global_hook_records() -> tuple[Portable, ...]:
@@ -511,8 +536,8 @@ def global_hook_records() -> tuple[Portable, ...]:
             continue  # a torch without that dict: nothing there to run either
         ident = identity(value)
         if ident is None:
-            raise Unportable(HOOKS_KIND, source, "a global hook has no portable name")
-        out.append(Portable(source, HOOKS_KIND, ident))
+            raise Unportable(GLOBAL_HOOKS_KIND, source, "a global hook has no portable name")
+        out.append(Portable(source, GLOBAL_HOOKS_KIND, ident))
     return tuple(out)
 
 
@@ -604,6 +629,8 @@ def split(
             records.append(_record(kind, source, guard, value_of))
             continue
         kept.append(guard)
+        if str(guard.create_fn_name()) in SELF_CONTAINED:
+            continue
         if source not in by_value and under_a_reference(guard, value_of):
             by_value.add(source)
             records.append(_by_value_record(guard, source, value_of))
@@ -682,6 +709,8 @@ def check_for(
     passed: list[Any] = [_MISSING] * len(parsed)
     #: per record, whether that object can never change (a tuple of constants)
     frozen: list[bool] = [False] * len(parsed)
+    #: per record, a dict's items as they were when it passed (see :func:`_shallow`)
+    shallow: list[tuple[Any, ...] | None] = [None] * len(parsed)
 
     def holds(f_locals: Any) -> bool:
         nonlocal settled
@@ -693,12 +722,18 @@ def check_for(
             value = resolve(root, steps, f_locals, f_globals)
             if value is _MISSING:
                 return fail(kind, source, expected)
+            if kind == HOOKS_KIND:  # the module's own hook dicts, usually all empty
+                value = hooks_of(value)
+                if expected == _NO_HOOKS and value is not None and not any(value):
+                    continue
             if value is passed[i] and (frozen[i] or not isinstance(value, dict | list | tuple)):
                 continue
+            if value is passed[i] and shallow[i] is not None and _shallow(value) == shallow[i]:
+                continue  # the same dict holding the very same objects
             found = identity(value)
             if found != expected:
                 return fail(kind, source, expected, found or "no portable identity")
-            passed[i], frozen[i] = value, _frozen(value)
+            passed[i], frozen[i], shallow[i] = value, _frozen(value), _shallow(value)
         settled = True
         return True
 
@@ -719,6 +754,26 @@ def _frozen(value: Any, depth: int = 0) -> bool:
     if not isinstance(value, tuple) or depth > MAX_DEPTH:
         return False
     return all(isinstance(v, _CONSTANTS) or _frozen(v, depth + 1) for v in value)
+
+
+#: Values whose identity depends on nothing a dict's items compare would miss: a constant, a
+#: class, a module, a builtin (itself), a Python function (with its ``__code__`` compared too).
+_SHALLOW = (*_CONSTANTS, type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType)
+
+
+def _shallow(value: Any) -> tuple[Any, ...] | None:
+    """A dict's items as a tuple that compares equal only while the dict holds the very same
+    keys and values (a function's code included), or None where a value could change inside
+    (a list, a nested dict, an instance): such a dict is named again at every call. Module
+    hook dicts, usually empty, are checked in O(1) this way."""
+    if not isinstance(value, dict) or len(value) > MAX_DICT:
+        return None
+    items: list[Any] = []
+    for k, v in value.items():
+        if not isinstance(v, _SHALLOW) or not isinstance(k, _CONSTANTS):
+            return None
+        items.append((type(k), k, type(v), v, getattr(v, "__code__", None)))  # 2 == 2.0
+    return tuple(items)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -525,3 +525,67 @@ def test_a_record_is_bounded_at_save_and_its_check_at_every_call() -> None:
     assert CountingTuple.looks == looked  # the same unchangeable tuple: no second look
     scope["T"] = [1, 2, 3]
     assert not check({})
+
+
+def test_a_dict_of_unchanging_objects_is_checked_by_its_items_not_named_again() -> None:
+    """A module's hook dict (usually empty) passes in O(1) while it holds the very same
+    items; a hook added, a value replaced by an equal one of another type, a function's code
+    reassigned: named again, and the guard fails."""
+    hooks: dict[int, Any] = {}
+    records = (pg.Portable("G['hooks']", "GLOBAL_HOOKS", pg.identity(hooks) or ""),)
+    scope: dict[str, Any] = {"hooks": hooks}
+    check = pg.check_for(records, scope)
+    assert check({}) and check({})
+    hooks[1] = _square
+    assert not check({})
+    del hooks[1]
+    assert check({})
+    knobs = {"n": 2}
+    records = (pg.Portable("G['knobs']", "EQUALS_MATCH", pg.identity(knobs) or ""),)
+    check = pg.check_for(records, {"knobs": knobs})
+    assert check({})
+    knobs["n"] = 2.0  # equal, not the same: a float where the trace read an int
+    assert not check({})
+    table = {"f": _square}
+    records = (pg.Portable("G['table']", "EQUALS_MATCH", pg.identity(table) or ""),)
+    check = pg.check_for(records, {"table": table})
+    assert check({})
+    original = _square.__code__
+    try:
+        _square.__code__ = _cube.__code__
+        assert not check({})
+    finally:
+        _square.__code__ = original
+    assert check({})
+
+
+def test_a_guard_that_carries_its_own_expectation_needs_no_record() -> None:
+    """DICT_CONTAINS and kin hold their key in the guard: the reader's copy checks the
+    reader's object against the writer's key, so no value is recorded (a class's whole
+    dict would be named at every call)."""
+    guard = _sourced("DICT_NOT_CONTAINS", "dict(type(L['m']).__dict__)", (SimpleNamespace,))
+    kept, records = pg.split([guard], lambda g: g.value if hasattr(g, "base") else {"a": 1})
+    assert kept == [guard] and records == ()
+
+
+def test_a_modules_own_hooks_are_one_record_read_through_the_module() -> None:
+    """Dynamo does not guard a module's hooks: the record names the module's four hook
+    dicts; a hook registered on the reader fails it, a module without hooks passes in O(1)."""
+
+    def module() -> SimpleNamespace:
+        return SimpleNamespace(**{name: {} for name in pg.MODULE_HOOKS})
+
+    writer = module()
+    guard = SimpleNamespace(
+        create_fn_name=lambda: "TYPE_MATCH",
+        name="L['self']",
+        guard_types=(),
+        originating_source=None,
+    )
+    _kept, records = pg.split([guard], lambda g: writer)
+    assert records == (pg.Portable("L['self']", pg.HOOKS_KIND, pg.identity(pg.hooks_of(writer))),)
+    reader = module()
+    check = pg.check_for(records, {})
+    assert check({"self": reader}) and check({"self": reader})
+    reader._forward_hooks[7] = _square
+    assert not check({"self": reader})
