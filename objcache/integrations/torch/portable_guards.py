@@ -41,6 +41,7 @@ import enum
 import hashlib
 import json
 import logging
+import re
 import struct
 import sys
 import types
@@ -562,10 +563,28 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
 
 def _code_source(code: types.CodeType, qualname: str) -> str | None:
     """``__import__('<top>').<module path>.<qualname>[.__wrapped__ ...].__code__`` where that
-    path reaches ``code`` now, else None."""
+    path reaches ``code`` now, else None. The module is the one ``inspect`` finds by the
+    code's file, the one a frozen module's ``<frozen NAME>`` names (``_collections_abc``'s
+    ``Mapping.get``), else the first loaded module, by name, whose path reaches the code."""
     import inspect
 
-    module = inspect.getmodule(code)
+    first = [inspect.getmodule(code)]
+    frozen = re.fullmatch(r"<frozen ([\w.]+)>", code.co_filename)
+    if frozen:
+        first.append(sys.modules.get(frozen[1]))
+    for module in first:
+        found = _path_in(module, code, qualname)
+        if found is not None:
+            return found
+    for name in sorted(n for n in list(sys.modules) if isinstance(n, str)):
+        found = _path_in(sys.modules.get(name), code, qualname)
+        if found is not None:
+            return found
+    return None
+
+
+def _path_in(module: Any, code: types.CodeType, qualname: str) -> str | None:
+    """The source of ``code`` through ``module`` (see :func:`_code_source`), or None."""
     name = getattr(module, "__name__", None)
     if module is None or not isinstance(name, str) or sys.modules.get(name) is not module:
         return None
@@ -574,6 +593,8 @@ def _code_source(code: types.CodeType, qualname: str) -> str | None:
     target: Any = sys.modules.get(top)
     for step in steps:
         target = getattr(target, step, None)
+        if target is None:
+            return None
     for _ in range(MAX_DEPTH):
         if isinstance(target, property):
             target, steps = target.fget, [*steps, "fget"]

@@ -544,7 +544,7 @@ def test_a_dict_of_unchanging_objects_is_checked_by_its_items_not_named_again() 
     records = (pg.Portable("G['knobs']", "EQUALS_MATCH", pg.identity(knobs) or ""),)
     check = pg.check_for(records, {"knobs": knobs})
     assert check({})
-    knobs["n"] = 2.0  # equal, not the same: a float where the trace read an int
+    knobs["n"] = 2.0  # type: ignore[assignment]  # equal, not the same: a float where the trace read an int
     assert not check({})
     table = {"f": _square}
     records = (pg.Portable("G['table']", "EQUALS_MATCH", pg.identity(table) or ""),)
@@ -583,9 +583,31 @@ def test_a_modules_own_hooks_are_one_record_read_through_the_module() -> None:
         originating_source=None,
     )
     _kept, records = pg.split([guard], lambda g: writer)
-    assert records == (pg.Portable("L['self']", pg.HOOKS_KIND, pg.identity(pg.hooks_of(writer))),)
+    assert records == (
+        pg.Portable("L['self']", pg.HOOKS_KIND, pg.identity(pg.hooks_of(writer)) or ""),
+    )
     reader = module()
     check = pg.check_for(records, {})
     assert check({"self": reader}) and check({"self": reader})
     reader._forward_hooks[7] = _square
     assert not check({"self": reader})
+
+
+def test_an_inlined_method_of_a_frozen_module_is_named_by_a_path_that_reaches_it() -> None:
+    """``Mapping.get`` (transformers' outputs inline it) lives in ``_collections_abc``, a
+    frozen module whose code names no file: the record still reaches that very code, so the
+    frame stays saveable, and a patched method fails it."""
+    import collections.abc
+
+    code = collections.abc.Mapping.get.__code__
+    [record] = pg.inlined_code_records([_square.__code__, code])
+    assert record.kind == pg.INLINED_KIND and record.identity == f"code:{pg.code_digest(code)}"
+    check = pg.check_for((record,), {})
+    assert check({})
+    original = collections.abc.Mapping.get
+    try:
+        collections.abc.Mapping.get = lambda self, key, default=None: default  # type: ignore[method-assign]
+        assert not check({})
+    finally:
+        collections.abc.Mapping.get = original  # type: ignore[method-assign]
+    assert check({})
