@@ -203,6 +203,23 @@ def wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     return load_guards_state
 
 
+def _scope_is_the_codes_module(code: Any, scope: Any) -> bool:
+    """Whether ``scope``, the globals torch installs a served guarded code's guards against
+    (``sys.modules[entry.python_module].__dict__``), are those of the module the code belongs
+    to. torch records the compiled function's ``__module__``, which ``functools.wraps``
+    copies from the wrapped function: transformers' ``wrapper`` in ``utils/generic.py`` was
+    guarded in ``modeling_bert``'s globals while it runs in its own, so a global it reads
+    could change unchecked. A code no file names (a notebook cell, ``exec``) is left to
+    torch's choice: its function's globals are the ones its key was taken in."""
+    import inspect
+
+    try:
+        module = inspect.getmodule(code)
+    except Exception:
+        return False
+    return module is None or getattr(module, "__dict__", None) is scope
+
+
 def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]) -> Any:
     """torch's guards of a served guarded code plus one root guard checking its portable
     replacements at every call; a guarded code without them is refused (raises: the
@@ -216,6 +233,9 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
     def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
         if not installing_served.get():
             return original(guards_state, target_code, scope)
+        if not _scope_is_the_codes_module(target_code, scope):
+            counters["rejected:foreign_scope"] += 1
+            raise RuntimeError("objcache: torch would guard this code in another module's globals")
         manager = original(guards_state, target_code, scope)
         with _lock:
             portable = _state_records.pop(id(guards_state), None)
