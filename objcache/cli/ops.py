@@ -279,13 +279,15 @@ async def copy(
         try:
             return await target.put(okey, data, PutMode.CREATE)
         except (BackendError, OSError):
-            try:
-                present = await target.exists(okey)
-            except (BackendError, OSError):
-                present = False
-            if present:
+            if await already_there(target, okey):
                 return False
             raise
+
+    async def already_there(target: Backend, okey: str) -> bool:
+        try:
+            return await target.exists(okey)
+        except (BackendError, OSError):
+            return False
 
     # A single local target (pull) counts each entry in the worker thread that wrote it.
     local = getattr(targets[0], "put_then", None) if len(targets) == 1 else None
@@ -308,7 +310,9 @@ async def copy(
         except (BackendError, OSError):
             if not finished:  # raised before its worker thread ran
                 report.end_write()
-            return await put(targets[0], okey, data)  # "already there", or the error
+            if await already_there(targets[0], okey):  # as :func:`put`, without a 2nd write
+                return False
+            raise
         return None if created else False
 
     async def one(okey: str) -> int:
