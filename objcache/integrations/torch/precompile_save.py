@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -169,12 +170,36 @@ def _complete_entry(key: str, final: bool) -> tuple[int, dict[str, Any]] | None:
         kept, dropped = superseded_codes.without_superseded(c)
         left_out += dropped
         codes.append(kept)
-    copy = dataclasses.replace(dynamo, codes=codes)
+    main = _in_its_own_module(codes[0], innermost_fn(fn))
+    if main is None:
+        counters["unsaved:foreign_scope"] += 1
+        return None
+    copy = dataclasses.replace(dynamo, codes=[main, *codes[1:]])
     return left_out, {
         "format": precompile_entry.FORMAT,
         "code": portable_guards.code_digest(code),
         "entry": PrecompileCacheEntry.from_cache_entry(copy, backends),
     }
+
+
+def _in_its_own_module(main: Any, fn: Any) -> Any:
+    """The root code's entry naming the module whose globals the code runs in, or None.
+
+    torch names it by the compiled function's ``__module__``, which ``functools.wraps``
+    copies from the wrapped function (transformers' ``wrapper`` of a model's ``forward``
+    runs in ``transformers/utils/generic.py`` and says ``modeling_bert``); a served entry is
+    installed, its backends bound and its guards read in ``sys.modules[python_module]``, so
+    that name must be the module of ``fn.__globals__``, as it is on the writer, where Dynamo
+    binds everything in the frame's own globals (docs/torch.md, "What a served entry depends
+    on"). Globals no loaded module owns cannot be found again by name: None (unsaveable)."""
+    scope = getattr(fn, "__globals__", None)
+    name = scope.get("__name__") if isinstance(scope, dict) else None
+    if name == main.python_module:
+        return main
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or getattr(module, "__dict__", None) is not scope:
+        return None
+    return dataclasses.replace(main, python_module=name)
 
 
 def _save_locked(final: bool) -> int:

@@ -13,6 +13,9 @@ One function per class of fact a served entry depends on:
   never guards it: one process never changes it);
 * **module hooks**: a forward hook registered on a submodule on the reader only (Dynamo does
   not guard module hooks);
+* **wrapped functions**: a ``functools.wraps`` wrapper from another module (transformers'
+  wrapper of a model's ``forward``), reading a global both modules define: torch names the
+  wrapped function's module, the code runs in the wrapper's;
 * **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
   an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
   user's call; here the package is unsaveable, counted, and the program runs.
@@ -35,6 +38,7 @@ pytestmark = [
 ]
 
 LIBRARY = """\
+import functools
 import os
 import torch
 from torch import nn
@@ -46,9 +50,19 @@ class Knobs:
     bias = SCALE - 3.0
 
 
+FACTOR = SCALE + 1.0
+
+
 class Gain(nn.Module):
     def forward(self, x):
         return x * 1.5
+
+
+def scaled(fn):
+    @functools.wraps(fn)
+    def wrapper(x):
+        return fn(x) * FACTOR
+    return wrapper
 """
 
 PROGRAM = """\
@@ -66,6 +80,7 @@ if os.environ.get("PATCH") == "1":  # what a kernel-patching library does
         return x * 2.5
     library.Gain.forward = patched
 
+FACTOR = 100.0  # the wrapped function's module has one too
 results = {}
 x = torch.linspace(-1.0, 1.0, 8)
 
@@ -96,6 +111,13 @@ if os.environ.get("HOOK") == "1":
     net.act.register_forward_hook(lambda module, args, out: out * 3.0)
 check("reference_values", reference_values, x)
 check("inlined_methods_and_module_hooks", net, x)
+
+
+def wrapped(x):
+    return x.cos() + 0.5
+
+
+check("wrapped_functions", library.scaled(wrapped), x)
 
 unnamed = lambda x: (torch._dynamo.graph_break(), x + 1.0)[1]
 scope = {}
@@ -149,16 +171,17 @@ def test_a_reader_like_the_writer_is_served(
     reader = run(store_root, "same")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
-    assert counts.get("hits", 0) >= 2 and counts.get("installed", 0) >= 2, counts
-    assert not [k for k in counts if k.startswith("guard_failed:")], counts
+    # the wrapper too: installed in the module whose globals it runs in
+    assert counts.get("hits", 0) >= 3 and counts.get("installed", 0) >= 3, counts
+    assert not [k for k in counts if k.startswith(("guard_failed:", "rejected:"))], counts
 
 
 def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_result(
     store_root: Path, first_machine: dict[str, Any]
 ) -> None:
-    """Another value through a module and a class, a patched library method and a hook on
-    a submodule: each served guarded code fails a portable guard and Dynamo compiles the
-    frame, so every result is eager's."""
+    """Another value through a module and a class (and in the wrapper's own globals), a
+    patched library method and a hook on a submodule: each served guarded code fails a
+    portable guard and Dynamo compiles the frame, so every result is eager's."""
     reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
