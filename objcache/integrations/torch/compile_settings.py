@@ -117,10 +117,11 @@ def process_facts() -> str:
     order and ``hash()`` of a string read while tracing), cuBLAS's TF32 switch, the
     privateuse1 backend's name, and the CUDA devices' names and capabilities once CUDA is
     initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
-    import os
     import sys
 
-    parts = [f"hashseed={os.environ.get('PYTHONHASHSEED', '')}:{sys.flags.hash_randomization}"]
+    from objcache.integrations.torch import hash_order
+
+    parts = [f"hashseed={hash_order.fixed_seed() or 'per-process'}"]
     torch = sys.modules.get("torch")
     try:  # Dynamo's constant_fold_functions that one process never changes, less the guarded
         if torch is not None:

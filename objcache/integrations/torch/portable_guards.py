@@ -40,6 +40,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import keyword
 import logging
 import re
 import struct
@@ -255,6 +256,11 @@ def _identity(value: Any, depth: int, within: tuple[int, ...], budget: list[int]
                 return None
             items.append(f"{ik}={iv}")
         return "dict:" + hashlib.sha256("\0".join(items).encode()).hexdigest()[:32]
+    if isinstance(value, set | frozenset) and len(value) <= MAX_DICT:  # by content; its
+        elements = [_identity(v, depth + 1, within, budget) for v in value]  # order: SET_ORDER
+        if any(p is None for p in elements):
+            return None
+        return f"{type(value).__name__}:{{{','.join(sorted(p or '' for p in elements))}}}"
     if isinstance(value, tuple | list) and len(value) <= MAX_DICT:
         parts = [_identity(v, depth + 1, within, budget) for v in value]
         if any(p is None for p in parts):
@@ -433,6 +439,97 @@ def resolve(root: str, steps: Sequence[Step], f_locals: Any, f_globals: Any) -> 
     return value
 
 
+def _plain_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name.isascii()
+        and name.isidentifier()
+        and not (keyword.iskeyword(name))
+    )
+
+
+def _missing_key(value: Any, key: Any, f_locals: Any, f_globals: Any, as_dict: bool) -> Any:
+    """A subscript by a key another source names (raises where it is absent)."""
+    inner = resolve(key[0], key[1], f_locals, f_globals)
+    if inner is _MISSING:
+        raise LookupError("absent")
+    return dict.__getitem__(value, inner) if as_dict else value[inner]
+
+
+def fast_resolver(
+    paths: Sequence[tuple[str, Sequence[Step]]],
+) -> Callable[[Any, Any], tuple[Any, ...]] | None:
+    """One function that reads every path at once, each shared prefix once (a served
+    entry's records mostly hang under the same few modules), as straight-line code; it
+    raises where any path is absent (the caller then reads them one by one with
+    :func:`resolve`, which says which). Only generated names, plain identifiers (checked)
+    and indexes into a tuple of the paths' own keys are written into its source. None where
+    a step has no such form."""
+    consts: list[Any] = []
+    lines = ["def resolve_all(L, G):"]
+    #: (parent, step kind, hash of the step) -> (its variable, the step itself)
+    nodes: dict[tuple[str, str, int], tuple[str, tuple[str, str, Any]]] = {}
+    outs: list[str] = []
+
+    def const(value: Any) -> str:
+        consts.append(value)
+        return f"K[{len(consts) - 1}]"
+
+    for root, steps in paths:
+        var = "L" if root == "L" else "G"
+        for how, key in steps:
+            try:
+                ident = (var, how, hash((how, key)))
+                memo = (var, how, key)
+            except TypeError:
+                return None
+            found = nodes.get(ident)
+            if found is not None and found[1] == memo:
+                var = found[0]
+                continue
+            if how == "import":
+                expr = f"_import({const(key)})"
+            elif how == "dict_of":
+                expr = f"dict({var}.__dict__)"
+            elif how == "keys":
+                expr = f"list(_keys({var}))"
+            elif how == "type":
+                expr = f"_type({var})"
+            elif how in ("item_at", "dict_item_at"):
+                expr = f"_at({var}, {const(key)}, L, G, {how == 'dict_item_at'})"
+            elif how == "dict_item":
+                expr = f"_getitem({var}, {const(key)})"
+            elif how == "item":
+                expr = f"{var}[{const(key)}]"
+            elif how == "attr" and _plain_name(key):
+                expr = f"{var}.{key}"
+            elif how == "attr" and isinstance(key, str):
+                expr = f"getattr({var}, {const(key)})"
+            else:
+                return None
+            name = f"v{len(nodes)}"
+            nodes[ident] = (name, memo)
+            lines.append(f"    {name} = {expr}")
+            var = name
+        outs.append(var)
+    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    scope: dict[str, Any] = {
+        "__builtins__": {"dict": dict, "list": list, "getattr": getattr},
+        "K": tuple(consts),
+        "_import": builtins.__import__,
+        "_keys": dict.keys,
+        "_type": type,
+        "_at": _missing_key,
+        "_getitem": dict.__getitem__,
+    }
+    try:
+        exec(compile("\n".join(lines), "<objcache portable guards>", "exec"), scope)
+    except (SyntaxError, RecursionError, MemoryError):
+        return None
+    resolver: Callable[[Any, Any], tuple[Any, ...]] = scope["resolve_all"]
+    return resolver
+
+
 # --- writer ------------------------------------------------------------------------------------
 
 
@@ -499,6 +596,9 @@ GLOBAL_HOOKS = tuple(
     for name in (*MODULE_HOOKS, "_forward_hooks_always_called")
 )
 HOOKS_KIND = "MODULE_HOOKS"
+#: A set's iteration order, which Dynamo folds into a trace with no guard (a guard on a set
+#: compares its contents): salted per process for strings (:mod:`.hash_order`).
+SET_ORDER_KIND = "SET_ORDER"
 GLOBAL_HOOKS_KIND = "GLOBAL_HOOKS"
 INLINED_KIND = "INLINED_CODE"
 #: The identity of a module with no hooks of its own.
@@ -510,8 +610,12 @@ def hooks_of(module: Any) -> tuple[Any, ...] | None:
     own = getattr(module, "__dict__", None)
     if not isinstance(own, dict):
         return None
-    dicts = tuple(own.get(name) for name in MODULE_HOOKS)
-    return dicts if all(isinstance(d, dict) for d in dicts) else None
+    get = own.get  # at every call of a served entry: no loop
+    fwd, pre, bwd, bwd_pre = MODULE_HOOKS
+    a, b, c, d = get(fwd), get(pre), get(bwd), get(bwd_pre)
+    if isinstance(a, dict) and isinstance(b, dict) and isinstance(c, dict) and isinstance(d, dict):
+        return a, b, c, d
+    return None
 
 
 def _hook_records(source: str, value: Any) -> list[Portable]:
@@ -667,7 +771,19 @@ def split(
         except Exception:
             continue  # nothing there to hold a hook
         records.extend(_hook_records(source, value))
+        records.extend(_set_order_records(source, value))
     return kept, tuple(dict.fromkeys(records))
+
+
+def _set_order_records(source: str, value: Any) -> list[Portable]:
+    """The record of a set's iteration order on the writer, when ``value`` is a set of more
+    than one element; raises :class:`Unportable` where an element has no portable name."""
+    if not isinstance(value, set | frozenset) or len(value) < 2:
+        return []
+    ident = identity(tuple(value))
+    if ident is None:
+        raise Unportable(SET_ORDER_KIND, source, "an element of a set has no portable name")
+    return [Portable(source, SET_ORDER_KIND, ident)]
 
 
 # --- reader ------------------------------------------------------------------------------------
@@ -732,6 +848,10 @@ def check_for(
     frozen: list[bool] = [False] * len(parsed)
     #: per record, a dict's items as they were when it passed (see :func:`_shallow`)
     shallow: list[tuple[Any, ...] | None] = [None] * len(parsed)
+    #: per record, whether the object that last passed passes again as it is (an object
+    #: named by what it is, never a container that can change inside or a module's hooks)
+    stable: list[bool] = [False] * len(parsed)
+    fast = fast_resolver([(root, steps) for root, steps, *_ in parsed])
 
     def holds(f_locals: Any) -> bool:
         nonlocal settled
@@ -739,22 +859,47 @@ def check_for(
             now = settings() if settings is not None else None
             if now is None or any(now != e for e in expected_settings):
                 return fail("settings")
+        values: tuple[Any, ...] | None = None
+        if fast is not None:
+            try:
+                values = fast(f_locals, f_globals)
+            except Exception:  # one is absent: read one by one, which says which
+                values = None
         for i, (root, steps, expected, kind, source) in enumerate(parsed):
-            value = resolve(root, steps, f_locals, f_globals)
+            if values is None:
+                value = resolve(root, steps, f_locals, f_globals)
+            else:
+                value = values[i]
+                if value is passed[i] and stable[i]:
+                    continue
             if value is _MISSING:
                 return fail(kind, source, expected)
+            if kind == SET_ORDER_KIND:  # the order, at every call (a set changes inside)
+                if not isinstance(value, set | frozenset):
+                    return fail(kind, source, expected, identity(value))
+                order = tuple(value)
+                if value is passed[i] and order == shallow[i]:
+                    continue
+                found = identity(order)
+                if found != expected:
+                    return fail(kind, source, expected, found or "no portable identity")
+                passed[i], shallow[i] = value, order
+                continue
             if kind == HOOKS_KIND:  # the module's own hook dicts, usually all empty
                 value = hooks_of(value)
                 if expected == _NO_HOOKS and value is not None and not any(value):
                     continue
             if value is passed[i] and (frozen[i] or not isinstance(value, dict | list | tuple)):
                 continue
-            if value is passed[i] and shallow[i] is not None and _shallow(value) == shallow[i]:
-                continue  # the same dict holding the very same objects
+            if shallow[i] is not None and _shallow(value) == shallow[i]:
+                continue  # a container holding the very same objects
             found = identity(value)
             if found != expected:
                 return fail(kind, source, expected, found or "no portable identity")
             passed[i], frozen[i], shallow[i] = value, _frozen(value), _shallow(value)
+            stable[i] = kind != HOOKS_KIND and (
+                frozen[i] or not isinstance(value, dict | list | tuple)
+            )
         settled = True
         return True
 
@@ -777,23 +922,48 @@ def _frozen(value: Any, depth: int = 0) -> bool:
     return all(isinstance(v, _CONSTANTS) or _frozen(v, depth + 1) for v in value)
 
 
-#: Values whose identity depends on nothing a dict's items compare would miss: a constant, a
-#: class, a module, a builtin (itself), a Python function (with its ``__code__`` compared too).
+#: Values whose identity depends on nothing a container's items compare would miss: a
+#: constant, a class, a module, a builtin (itself), a Python function (with its ``__code__``
+#: compared too), an enum member, torch's dtype, device, layout and memory format.
 _SHALLOW = (*_CONSTANTS, type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType)
 
 
+_UNCHANGING = (*_SHALLOW, enum.Enum)
+
+
+def _unchanging(value: Any) -> bool:
+    if isinstance(value, _UNCHANGING):
+        return True
+    kind = type(value)
+    return kind.__module__ == "torch" and kind.__qualname__ in _TORCH_VALUES
+
+
+def _item(value: Any) -> tuple[Any, ...]:
+    """What an item is compared by: its type, itself (a float by its repr: -0.0 is not 0.0)
+    and a function's code."""
+    same = repr(value) if isinstance(value, float | complex) else value
+    return (type(value), same, getattr(value, "__code__", None))
+
+
 def _shallow(value: Any) -> tuple[Any, ...] | None:
-    """A dict's items as a tuple that compares equal only while the dict holds the very same
-    keys and values (a function's code included), or None where a value could change inside
-    (a list, a nested dict, an instance): such a dict is named again at every call. Module
-    hook dicts, usually empty, are checked in O(1) this way."""
-    if not isinstance(value, dict) or len(value) > MAX_DICT:
+    """A dict's items, or a tuple's or list's, as a tuple that compares equal only while
+    the container holds the very same keys and values (a function's code included), or None
+    where a value could change inside (a list, a nested dict, an instance): such a container
+    is named again at every call. Module hook dicts, usually empty, are checked in O(1) this
+    way; a tuple rebuilt at every call with the same items passes without being named."""
+    if not isinstance(value, dict | tuple | list) or len(value) > MAX_DICT:
         return None
-    items: list[Any] = []
-    for k, v in value.items():
-        if not isinstance(v, _SHALLOW) or not isinstance(k, _CONSTANTS):
+    items: list[Any] = [type(value)]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not _unchanging(v) or not isinstance(k, _CONSTANTS):
+                return None
+            items.append((_item(k), _item(v)))
+        return tuple(items)
+    for v in value:
+        if not _unchanging(v):
             return None
-        items.append((type(k), k, type(v), v, getattr(v, "__code__", None)))  # 2 == 2.0
+        items.append(_item(v))
     return tuple(items)
 
 

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from objcache.integrations.torch import (
+    hash_order,
     precompile_guards,
     precompile_save,
     precompile_serve,
@@ -293,6 +294,12 @@ def apply(package_module: Any) -> None:
             create_resume = getattr(base, "create_resume", None)
             if callable(create_resume):
                 _patch(base, "create_resume", _wrap_create_resume(create_resume))
+            protocol = importlib.import_module("torch._dynamo.variables.object_protocol")
+            hashing = hash_order.wrap_generic_hash(protocol.generic_hash)
+            _patch(protocol, "generic_hash", hashing)
+            builtin = importlib.import_module("torch._dynamo.variables.builtin")
+            if "generic_hash" in builtin.__dict__:  # bound at import on 2.14 and later
+                _patch(builtin, "generic_hash", hashing)
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)
             if hook_cls is not None:

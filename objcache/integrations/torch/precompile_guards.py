@@ -25,7 +25,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.torch import compile_settings, portable_guards, superseded_codes
+from objcache.integrations.torch import (
+    compile_settings,
+    hash_order,
+    portable_guards,
+    superseded_codes,
+)
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -83,10 +88,13 @@ def wrap_serialize_guards(
             return original(self, builder, sorted_guards, *args, **kwargs)
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
+            traced = _traced_code(output_graph)
+            if hash_order.per_process() and hash_order.iterated_constant_sets(traced):
+                return _not_saved(output_graph, hash_order.UNSAVED, "a set's order was traced")
             records = portable_guards.bounded(
                 (
                     *records,
-                    *portable_guards.inlined_code_records(_traced_code(output_graph)),
+                    *portable_guards.inlined_code_records(traced),
                     *portable_guards.global_hook_records(),
                 )
             )

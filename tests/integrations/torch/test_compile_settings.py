@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from objcache.integrations.torch import compile_settings as cs  # noqa: E402
+from objcache.integrations.torch import hash_order  # noqa: E402
 
 
 def _identity(fn: Any, **kwargs: Any) -> str | None:
@@ -121,12 +122,12 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     import torch.distributed as dist
 
     before = cs.settings_digest()
-    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    monkeypatch.setattr(hash_order, "fixed_seed", lambda: "1")
     seeded = cs.settings_digest()
     assert seeded not in (None, before)
-    monkeypatch.setenv("PYTHONHASHSEED", "2")
+    monkeypatch.setattr(hash_order, "fixed_seed", lambda: "2")
     assert cs.settings_digest() not in (None, before, seeded)
-    monkeypatch.delenv("PYTHONHASHSEED")
+    monkeypatch.undo()
     assert cs.settings_digest() == before
     tf32 = torch._C._get_cublas_allow_tf32()
     torch._C._set_cublas_allow_tf32(not tf32)

@@ -611,3 +611,104 @@ def test_an_inlined_method_of_a_frozen_module_is_named_by_a_path_that_reaches_it
     finally:
         collections.abc.Mapping.get = original  # type: ignore[method-assign]
     assert check({})
+
+
+def test_a_sets_order_is_a_record_checked_at_every_call() -> None:
+    """Dynamo iterates a set in the order this process's hash seed gives it and guards only
+    its contents: the writer's order is a record; the same contents in another order (a
+    reader with another seed) fail it, as does an element that has no portable name."""
+    guard = SimpleNamespace(
+        create_fn_name=lambda: "EQUALS_MATCH",
+        name="G['NAMES']",
+        guard_types=(),
+        originating_source=None,
+    )
+    writer = {"relu", "gelu", "tanh"}
+    _kept, records = pg.split([guard], lambda g: writer)
+    assert [(r.source, r.kind) for r in records] == [("G['NAMES']", pg.SET_ORDER_KIND)]
+    check = pg.check_for(records, {"NAMES": writer})
+    assert check({}) and check({})
+    reordered = sorted(writer, key=lambda n: list(writer).index(n), reverse=True)
+    assert not pg.check_for(records, {"NAMES": _set_iterating(reordered)})({})
+    assert not pg.check_for(records, {"NAMES": tuple(writer)})({})  # not a set any more
+    assert pg.split([guard], lambda g: {"one"}) == ([guard], ())  # one element: no order
+    with pytest.raises(pg.Unportable) as refused:
+        pg.split([guard], lambda g: {object(), object()})
+    assert refused.value.kind == pg.SET_ORDER_KIND
+    assert pg.identity(frozenset({"a", "b"})) == pg.identity(frozenset({"b", "a"}))
+
+
+def _set_iterating(order: list[str]) -> set[str]:
+    """A set whose iteration order is ``order`` (what another hash seed would give)."""
+
+    class Ordered(set[str]):
+        def __iter__(self) -> Any:
+            return iter(order)
+
+    return Ordered(order)
+
+
+class _Weird:
+    pass
+
+
+def test_the_fast_reader_reads_what_the_one_by_one_reader_reads() -> None:
+    """Every record's path read at once, shared prefixes once, gives each path's object as
+    :func:`resolve` does; an absent one raises (the check then reads one by one, which says
+    which); a name that is not a plain identifier is never written into its code."""
+    weird = _Weird()
+    setattr(weird, "not an identifier", 5)
+    setattr(weird, "class", 6)
+    inner = SimpleNamespace(act=math.sqrt, d={"k": [1, 2], 3: "x"})
+    scope = {"m": SimpleNamespace(inner=inner, weird=weird), "os": math, "d": {"a": {"a": 1}}}
+    sources = [
+        "G['m'].inner.act",
+        "G['m'].inner.d['k'][1]",
+        "dict.__getitem__(G['m'].inner.d, 3)",
+        "type(G['m'].inner)",
+        "dict(G['m'].__dict__)['inner']",
+        "list(dict.keys(G['d']))[0]",
+        "dict.__getitem__(G['d'], list(dict.keys(G['d']))[0])['a']",
+        "__import__('math').sqrt",
+        "L['self'].inner.act",
+    ]
+    parsed = [pg.parse_source(s) for s in sources]
+    paths = [p for p in parsed if p is not None]
+    assert len(paths) == len(sources)
+    paths += [
+        ("G", (("item", "m"), ("attr", "weird"), ("attr", n)))
+        for n in ("not an identifier", "class")
+    ]
+    fast = pg.fast_resolver(paths)
+    assert fast is not None
+    f_locals = {"self": scope["m"]}
+    expected = tuple(pg.resolve(root, steps, f_locals, scope) for root, steps in paths)
+    assert fast(f_locals, scope) == expected
+    assert expected[-2:] == (5, 6) and expected[0] is math.sqrt
+    with pytest.raises(KeyError):  # L["self"] is absent
+        fast({}, scope)
+    assert pg.resolve("L", paths[-3][1], {}, scope) is pg._MISSING
+
+
+def test_a_tuple_rebuilt_at_every_call_passes_while_it_holds_the_same_items() -> None:
+    """A container of unchanging items (a mask function, a dtype, flags: what transformers
+    passes down a model) is compared item by item, not named again, at every call; another
+    function, another dtype or -0.0 for 0.0 fails."""
+    counted: list[int] = []
+    real = pg.identity
+
+    def items(fn: Any, zero: float) -> tuple[Any, ...]:
+        return (0, fn, None, "f32", zero, True)
+
+    record = pg.Portable("L['args']", "EQUALS_MATCH", real(items(_square, 0.0)) or "")
+    check = pg.check_for([record], {})
+    assert check({"args": items(_square, 0.0)})
+    pg.identity = lambda v, *a: counted.append(1) or real(v, *a)  # type: ignore[assignment]
+    try:
+        assert check({"args": items(_square, 0.0)}) and not counted
+        assert not check({"args": items(_cube, 0.0)})
+    finally:
+        pg.identity = real  # type: ignore[assignment]
+    check = pg.check_for([record], {})
+    assert check({"args": items(_square, 0.0)})
+    assert not check({"args": items(_square, -0.0)})
