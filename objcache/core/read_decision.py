@@ -23,6 +23,10 @@ REFUSED = "refused"
 #: A tier skipped for its open breaker: still that tier's miss, with this reason.
 BREAKER = "breaker"
 
+#: The tier name a lookup without ``wait`` (prefetch) reports for a key another process of
+#: the node is fetching: left to that process (objcache/core/leased_lookup.py).
+LEASED_ELSEWHERE = "~leased-elsewhere"
+
 #: What a node lease is let go of with (objcache/core/nodelease.py): the entry landed in the
 #: local tier, every remote tier answered absent, or nothing the waiting processes may share
 #: (an error, a timeout, a refusal, a write that failed: each of them tries for itself).
@@ -130,6 +134,13 @@ class Race:
         )
         reasons = tuple(r for r in self._answers.values() if r != HIT)
         return RaceOutcome(best, absent, reasons)
+
+
+def fetch_again(wait: bool, tier: str) -> bool:
+    """Whether a lookup that joined a shared fetch, which answered ``tier``, starts one of its
+    own: only one that waits (``wait``), when the fetch it joined (a prefetch's) left the key
+    to another process of the node. Its own fetch waits for that process."""
+    return wait and tier == LEASED_ELSEWHERE
 
 
 def lease_outcome_of_miss(reasons: Sequence[str]) -> str:

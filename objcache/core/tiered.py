@@ -25,7 +25,7 @@ from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
 from objcache.core.env_note import EnvNote
-from objcache.core.leased_lookup import LEASED_ELSEWHERE, claim, let_go
+from objcache.core.leased_lookup import claim, let_go
 from objcache.core.lookup_log import LookupLog, new_trail
 from objcache.core.nodelease import Lease, NodeLeases
 from objcache.core.read_decision import (
@@ -37,6 +37,7 @@ from objcache.core.read_decision import (
     Race,
     after_race,
     ask,
+    fetch_again,
     lease_outcome_of_write,
 )
 from objcache.core.singleflight import SingleFlight
@@ -171,7 +172,7 @@ class TieredCache:
         result, shared = await self._flight.do(
             okey, lambda: self._fetch(okey, wait, absent_locally)
         )
-        if wait and result[1] == LEASED_ELSEWHERE:
+        if fetch_again(wait, result[1]):
             result, shared = await self._flight.do(okey, lambda: self._fetch(okey, True))
         if shared:
             self.stats.single_flight_shared += 1

@@ -14,6 +14,7 @@ from objcache.core.read_decision import (
     BREAKER,
     HIT,
     LANDED,
+    LEASED_ELSEWHERE,
     REFUSED,
     SHARED_MISS,
     UNSHARED,
@@ -23,6 +24,7 @@ from objcache.core.read_decision import (
     RaceOutcome,
     after_race,
     ask,
+    fetch_again,
     lease_outcome_of_miss,
     lease_outcome_of_write,
 )
@@ -207,6 +209,27 @@ def test_a_write_through_lets_the_lease_go_as_landed_only_once_stored(
 def test_the_lease_outcomes_are_the_node_lease_files_words() -> None:
     """objcache/core/nodelease.py publishes these strings for the other processes to read."""
     assert (LANDED, SHARED_MISS, UNSHARED) == ("hit", "miss", "")
+
+
+@pytest.mark.parametrize(
+    ("wait", "tier", "expected"),
+    [
+        (True, LEASED_ELSEWHERE, True),  # a lookup that joined a prefetch's skipped fetch
+        (False, LEASED_ELSEWHERE, False),  # the prefetch itself leaves it to the other process
+        (True, "", False),  # a miss is an answer
+        (True, "mem://r", False),
+        (True, "mem://local", False),
+    ],
+)
+def test_a_waiting_lookup_fetches_again_only_what_was_left_to_another_process(
+    wait: bool, tier: str, expected: bool
+) -> None:
+    assert fetch_again(wait, tier) is expected
+
+
+def test_leased_elsewhere_is_no_tier_name() -> None:
+    """A tier's name is its URL: the marker cannot be mistaken for one, nor for a miss."""
+    assert "://" not in LEASED_ELSEWHERE and LEASED_ELSEWHERE != ""
 
 
 @dataclass(frozen=True)
