@@ -11,12 +11,9 @@ from collections.abc import Awaitable, Callable
 
 from objcache.backends.base import LocalStore
 from objcache.core.nodelease import Claim, Lease, NodeLeases
+from objcache.core.read_decision import LEASED_ELSEWHERE, lease_outcome_of_write
 from objcache.core.tier import Tier
 from objcache.observe.metrics import CacheStats
-
-#: Tier name :meth:`TieredCache.get_object` reports, without ``wait``, for a key another
-#: process of the node is fetching.
-LEASED_ELSEWHERE = "~leased-elsewhere"
 
 #: Verifies a local entry read outside the tier: its payload, or None (refused, counted).
 Verify = Callable[[str, bytes], Awaitable[bytes | None]]
@@ -24,7 +21,7 @@ Verify = Callable[[str, bytes], Awaitable[bytes | None]]
 
 def let_go(lease: Lease, stored: bool) -> None:
     """Release a write-through's lease from the thread that wrote the entry."""
-    lease.release_sync("hit" if stored else "")
+    lease.release_sync(lease_outcome_of_write(stored))
 
 
 async def claim(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objcache.core.leased_lookup import LEASED_ELSEWHERE
+from objcache.core.read_decision import LEASED_ELSEWHERE
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
 from objcache.entry.layout import parse_object_key

@@ -8,8 +8,10 @@ back-filled; a refused entry is a counted miss and, in the local tier, quarantin
 built on this engine has its own module in ``objcache/core/`` (docs/architecture.md,
 "Modules, top to bottom"): the write path (``writes``), the fast path and batches
 (``reads``), records (``tiered_records``), guarded candidates (``candidates``), prefetch
-manifests (``manifest``). Its parts: the node lease claim (``leased_lookup``), the remote
-write targets (``writebehind``), the lookup lines (``lookup_log``), ``ENV.json`` (``env_note``).
+manifests (``manifest``). Its parts: what a lookup makes of the tiers' answers, decided
+without I/O (``read_decision``: the race's winner and grace, lease outcomes, write-through and
+back-fill), the node lease claim (``leased_lookup``), the remote write targets
+(``writebehind``), the lookup lines (``lookup_log``), ``ENV.json`` (``env_note``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,21 @@ from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
 from objcache.core.env_note import EnvNote
-from objcache.core.leased_lookup import LEASED_ELSEWHERE, claim, let_go
+from objcache.core.leased_lookup import claim, let_go
 from objcache.core.lookup_log import LookupLog, new_trail
 from objcache.core.nodelease import Lease, NodeLeases
+from objcache.core.read_decision import (
+    BREAKER,
+    HIT,
+    REFUSED,
+    UNSHARED,
+    Ask,
+    Race,
+    after_race,
+    ask,
+    fetch_again,
+    lease_outcome_of_write,
+)
 from objcache.core.singleflight import SingleFlight
 from objcache.core.tier import Tier
 from objcache.core.writebehind import WriteBehind, write_remotes, write_targets
@@ -158,7 +172,7 @@ class TieredCache:
         result, shared = await self._flight.do(
             okey, lambda: self._fetch(okey, wait, absent_locally)
         )
-        if wait and result[1] == LEASED_ELSEWHERE:
+        if fetch_again(wait, result[1]):
             result, shared = await self._flight.do(okey, lambda: self._fetch(okey, True))
         if shared:
             self.stats.single_flight_shared += 1
@@ -198,25 +212,29 @@ class TieredCache:
             hit = await self.race_remotes(okey, self.cap(okey), reasons)
         except BaseException:
             if lease is not None:
-                await lease.release("")
+                await lease.release(UNSHARED)
             raise
+        absent_in = [] if hit is None else hit[3]
+        then = after_race(
+            hit is not None,
+            reasons,
+            [t.writable for t in absent_in],
+            local=self.local is not None,
+            leased=lease is not None,
+            read_only=self.read_only,
+        )
+        if then.release is not None:
+            assert lease is not None
+            await lease.release(then.release)
         if hit is None:
-            if lease is not None:
-                # Only "absent everywhere" is shared: after an error or a timeout the
-                # waiting processes try for themselves.
-                absent = bool(reasons) and all(r == "absent" for r in reasons)
-                await lease.release("miss" if absent else "")
             return None, ""
-        winner, entry, payload, absent_in = hit
-        if self.local is not None:
+        winner, entry, payload, _ = hit
+        if then.write_through:
             self._landing[okey] = payload
             self.spawn(self.write_through(okey, entry, lease))
-        elif lease is not None:
-            await lease.release("")
-        if not self.read_only:
-            for tier in (t for t in absent_in if t.writable):  # never a ?read_only=1 tier
-                self.stats.backfills += 1
-                self.spawn(tier.put(okey, entry, PutMode.CREATE))
+        for i in then.backfill:  # never a ?read_only=1 tier, nothing in read-only mode
+            self.stats.backfills += 1
+            self.spawn(absent_in[i].put(okey, entry, PutMode.CREATE))
         return payload, winner.name
 
     async def race_remotes(
@@ -228,55 +246,52 @@ class TieredCache:
         ``cap`` is the size cap of the key's kind (an entry over it is not read whole).
 
         A hit from tier i is taken as soon as every tier before it has missed; while a
-        faster tier is still running, it waits at most ``priority_grace_s`` for it. On a
+        faster tier is still running, it waits at most ``priority_grace_s`` for it
+        (:class:`objcache.core.read_decision.Race` decides; this asks and verifies). On a
         miss, ``reasons`` receives each tier's reason (a skipped tier's is "breaker").
         """
         reasons = [] if reasons is None else reasons
         tiers = []
         for t in self.remotes:
-            if not t.readable:
-                continue
-            if t.breaker_open():  # skipped: still a miss of this tier, with its reason
-                t.missed(okey, "breaker")
-                reasons.append("breaker")
-                continue
-            tiers.append(t)
+            asked = ask(t.readable, t.readable and t.breaker_open())
+            if asked is Ask.BREAKER:  # skipped: still a miss of this tier, with its reason
+                t.missed(okey, BREAKER)
+                reasons.append(BREAKER)
+            elif asked is Ask.ASK:
+                tiers.append(t)
         if not tiers:
             return None
         tasks: dict[asyncio.Future[Any], int] = {
             asyncio.ensure_future(self._get_verified(t, okey, cap)): i for i, t in enumerate(tiers)
         }
-        results: dict[int, tuple[bytes, bytes] | None] = {}
-        absent: set[int] = set()
-        best: int | None = None
+        hits: dict[int, tuple[bytes, bytes]] = {}
+        race = Race(len(tiers), self.priority_grace_s)
+        clock = asyncio.get_running_loop().time
         pending: set[asyncio.Future[Any]] = set(tasks)
         try:
-            while pending:
-                timeout = self.priority_grace_s if best is not None else None
+            while not race.settled:
                 done, pending = await asyncio.wait(
-                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    pending, timeout=race.wait_s(clock()), return_when=asyncio.FIRST_COMPLETED
                 )
-                if not done:  # grace expired: the held hit wins
-                    break
+                if not done:  # the grace ran out: the held hit wins
+                    race.grace_over()
+                    continue
+                now = clock()
                 for task in done:
                     i = tasks[task]
                     found, reason = task.result()
-                    results[i] = found
-                    if found is not None and (best is None or i < best):
-                        best = i
-                    if reason == "absent":
-                        absent.add(i)
-                    if found is None:
-                        reasons.append(reason)
-                if best is not None and all(j in results for j in range(best)):
-                    break
+                    if found is not None:
+                        hits[i] = found
+                    race.answer(i, reason, now)
         finally:
             for task in pending:
                 task.cancel()
-        if best is None:
+        won = race.outcome()
+        reasons.extend(won.reasons)
+        if won.winner is None:
             return None
-        entry, payload = results[best]  # type: ignore[misc]
-        return tiers[best], entry, payload, [tiers[i] for i in sorted(absent) if i < best]
+        entry, payload = hits[won.winner]
+        return tiers[won.winner], entry, payload, [tiers[i] for i in won.absent_nearer]
 
     async def _get_verified(
         self, tier: Tier, okey: str, cap: int
@@ -286,9 +301,9 @@ class TieredCache:
             return None, reason
         payload = await self.verify(tier, okey, entry, cap)
         if payload is None:
-            return None, "refused"
+            return None, REFUSED
         tier.hit(okey)
-        return (entry, payload), ""
+        return (entry, payload), HIT
 
     def cap(self, okey: str) -> int:
         """The size cap of the kind ``okey`` belongs to, parsed out of the key: for a caller
@@ -352,7 +367,7 @@ class TieredCache:
         finally:
             self._landing.pop(okey, None)
             if lease is not None:
-                await lease.release("hit" if landed else "")
+                await lease.release(lease_outcome_of_write(landed))
 
     # --- what the write path is built on (objcache/core/writes.py) ----------------------
 

@@ -24,7 +24,6 @@ import pytest
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs_store import FsStore
-from objcache.core.leased_lookup import LEASED_ELSEWHERE
 from objcache.core.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,
@@ -35,6 +34,7 @@ from objcache.core.nodelease import (
     poll_pause,
 )
 from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.read_decision import LEASED_ELSEWHERE
 from objcache.core.singleflight import SingleFlight
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache

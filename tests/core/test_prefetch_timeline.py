@@ -22,7 +22,7 @@ from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.observe import prefetch_timeline as tl
 from objcache.observe import run_summary as summary
-from tests.core.test_tiered import CODEC, NS
+from tests.support.tiers import CODEC, NS
 from tests.support.waiting import until
 
 

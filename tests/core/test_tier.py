@@ -6,13 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
-from objcache.core.tier import Tier
-from objcache.errors import CorruptEntry, PermanentBackendError, TransientBackendError
-from tests.core.test_tiered import CODEC, NS, make, mem, seed, tier
+from objcache.backends.base import PutMode
+from objcache.config.urls import parse_tier_url
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier, TierFlags
+from objcache.errors import (
+    ClockSkew,
+    CorruptEntry,
+    EntryTooLarge,
+    InvalidKey,
+    PermanentBackendError,
+    TransientBackendError,
+)
 from tests.support.memory_backend import MemoryBackend
+from tests.support.tiers import CODEC, NS, Versions, appending, disk_tier, make, mem, seed, tier
 
 
 def test_hit_refused_and_miss_are_counted_by_the_tier(caplog: pytest.LogCaptureFixture) -> None:
@@ -98,7 +112,6 @@ async def test_a_command_tier_bounds_each_call_and_each_listing_page() -> None:
 
 
 def test_the_tier_deadline_comes_from_its_url_else_the_default() -> None:
-    from objcache.config.urls import parse_tier_url
 
     own = MemoryBackend("mem://own")
     own.spec = parse_tier_url("file:///tmp/x?timeout_ms=1500")
@@ -128,3 +141,294 @@ async def test_a_command_write_gets_time_for_its_bytes() -> None:
     small = b"y" * (COMMAND_FLOOR_BYTES_PER_S // 100)  # 10 ms more
     with pytest.raises(TransientBackendError, match="put: no answer within 60 ms"):
         await bounded.put("small", small, PutMode.CREATE)
+
+
+def test_tier_options_override_the_global_policy() -> None:
+    backend = MemoryBackend("mem://opts")
+    backend.spec.options.update(
+        {"timeout_ms": "250", "retries": "4", "max_size": "1000", "write_only": "1", "home": "1"}
+    )
+    t = Tier.from_backend(
+        backend, timeout_ms=3000, retries=2, breaker_failures=7, breaker_cooldown_s=9
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (0.25, 4)
+    assert t.flags == TierFlags(write_only=True, max_size=1000, home=True)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (7, 9)
+    plain = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=3000,
+        retries=2,
+        breaker_failures=5,
+        breaker_cooldown_s=30,
+    )
+    assert (plain.policy.timeout_s, plain.policy.retries) == (3.0, 2)
+    assert plain.flags == TierFlags() and plain.readable and plain.writable
+
+
+async def test_tier_delete_tells_deleted_absent_and_failed_apart() -> None:
+    t = tier("mem://del")
+    mem(t).data["k"] = b"v"
+    assert await t.delete("k") is True
+    assert await t.delete("k") is False
+    mem(t).fault = "permanent"
+    for _ in range(3):
+        assert await t.delete("k") is None, "a failure is neither deleted nor absent"
+    assert t.stats.breaker_opened == 1 and t.breaker_open(), "and counts against the breaker"
+
+
+async def test_tier_counts_hits_misses_and_bytes_by_reason() -> None:
+    t = tier("mem://stats")
+    okey = NS.object_key("fx-graph", "k")
+    mem(t).data[okey] = b"12345"
+    assert await t.get(okey) == (b"12345", "")
+    assert await t.get(okey, max_bytes=5) == (b"12345", "")
+    assert await t.get(okey, max_bytes=4) == (None, "too_large")
+    assert await t.get(NS.object_key("fx-graph", "absent")) == (None, "absent")
+    mem(t).fault = "permanent"
+    assert await t.get(okey) == (None, "error")
+    assert t.stats.bytes_read == 10
+    assert dict(t.stats.misses) == {"too_large": 1, "absent": 1, "error": 1}
+    assert dict(t.stats.kinds["fx-graph"]) == {"too_large": 1, "absent": 1, "error": 1}
+    assert t.stats.get_latency.total == 5
+
+
+async def test_tier_put_accounting_and_its_size_limit() -> None:
+    t = tier("mem://puts", flags=TierFlags(max_size=4))
+    assert await t.put("a", b"1234") is True, "max_size itself is allowed"
+    assert await t.put("a", b"1234") is True, "an existing entry counts as stored"
+    assert await t.put("b", b"12345") is False
+    assert (t.stats.puts, t.stats.bytes_written, t.stats.put_skipped_exists) == (1, 4, 1)
+    mem(t).fault = "permanent"
+    assert await t.put("c", b"1") is False
+    assert dict(t.stats.put_errors) == {"too_large": 1, "error": 1}
+    assert t.stats.put_latency.total == 3, "a refusal by size makes no call"
+    assert sorted(mem(t).data) == ["a"]
+
+
+def test_tier_defaults_come_from_the_global_policy() -> None:
+    t = Tier.from_backend(
+        MemoryBackend("mem://plain"),
+        timeout_ms=2500,
+        retries=3,
+        breaker_failures=4,
+        breaker_cooldown_s=8,
+        read_only=True,
+    )
+    assert (t.policy.timeout_s, t.policy.retries) == (2.5, 3)
+    assert (t.breaker.threshold, t.breaker.cooldown_s) == (4, 8)
+    assert t.flags == TierFlags(read_only=True) and not t.writable and t.readable
+
+
+# --- Tier: every failure is a miss with its reason, counted -----------------------------
+
+
+class Raising(MemoryBackend):
+    """Every call raises ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    async def _enter(self, op: str) -> None:
+        self.calls[op] += 1
+        raise self.exc
+
+
+def one_shot_tier(backend: MemoryBackend) -> Tier:
+    """A tier whose breaker opens on the first failure; no retries."""
+    return Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(1, 60))
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason", "tier_at_fault"),
+    [
+        (TimeoutError(), "timeout", True),
+        (EntryTooLarge("over the limit"), "too_large", False),
+        (InvalidKey("../escape"), "invalid_key", False),
+        (ClockSkew("RequestTimeTooSkewed"), "clock_skew", False),
+        (PermanentBackendError("AccessDenied"), "error", True),
+        (TransientBackendError("connection reset"), "error", True),
+        (OSError(5, "I/O error"), "error", True),
+    ],
+)
+async def test_a_failure_is_a_miss_with_its_reason(
+    exc: BaseException, reason: str, tier_at_fault: bool
+) -> None:
+    """The reason names the failure; only the tier's own faults count against its breaker."""
+    backend = Raising(exc)
+    tier = one_shot_tier(backend)
+    assert await tier.get("k") == (None, reason)
+    assert tier.stats.misses == Counter({reason: 1})
+    assert tier.breaker_open() is tier_at_fault
+    assert tier.stats.breaker_opened == int(tier_at_fault)
+    if not tier_at_fault:  # answered, so the next call goes through and counts again
+        assert not await tier.put("k", b"v") and not await tier.put("k", b"v")
+        assert await tier.exists("k") is None and await tier.delete("k") is None
+        assert await tier.get("k") == (None, reason)
+        assert tier.stats.misses == Counter({reason: 2})
+        assert tier.stats.put_errors == Counter({reason: 2})
+        assert backend.calls == Counter({"get": 2, "put": 2, "exists": 1, "delete": 1})
+
+
+async def test_each_time_the_breaker_opens_is_counted() -> None:
+    backend = MemoryBackend("mem://flaky")
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(1, 0.0))
+    assert tier.stats.name == "mem://flaky"
+    for fault in ("transient", "", "transient", "", "transient"):
+        backend.fault = fault  # no cooldown: a probe that succeeds closes it again
+        assert await tier.get("k") == ((None, "error") if fault else (None, "absent"))
+    assert tier.stats.breaker_opened == 3
+
+
+async def test_an_open_breaker_is_a_breaker_miss_without_a_call() -> None:
+    backend = MemoryBackend()
+    backend.fault = "permanent"
+    tier = one_shot_tier(backend)
+    assert await tier.get("k") == (None, "error")
+    backend.fault = ""
+    for _ in range(2):
+        assert await tier.get("k") == (None, "breaker")
+    assert not await tier.put("k", b"v")
+    assert await tier.exists("k") is None and await tier.delete("k") is None
+    assert tier.stats.misses == Counter({"error": 1, "breaker": 2})
+    assert tier.stats.put_errors == Counter({"breaker": 1})
+    assert backend.calls == Counter({"get": 1})
+
+
+async def test_tier_counters_add_up() -> None:
+    """Counts and byte totals accumulate; latencies are milliseconds of the call."""
+    backend = MemoryBackend()
+    backend.delay_s = 0.02
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    for _ in range(2):
+        assert await tier.get("gone") == (None, "absent")
+    assert tier.stats.misses == Counter({"absent": 2})
+    assert await tier.put("a", b"12345") and await tier.put("b", b"123")
+    assert await tier.put("a", b"other", PutMode.CREATE)  # exists: stored, not written
+    assert await tier.put("a", b"other", PutMode.CREATE)
+    assert backend.data["a"] == b"12345"
+    assert await tier.put("a", b"new", PutMode.OVERWRITE)
+    assert backend.data["a"] == b"new"
+    assert tier.stats.puts == 3 and tier.stats.put_skipped_exists == 2
+    assert tier.stats.bytes_written == 5 + 3 + 3
+    assert await tier.exists("b") is True and await tier.exists("gone") is False
+    for latency in (tier.stats.get_latency, tier.stats.put_latency):
+        assert latency.total and 15 <= latency.sum_ms / latency.total <= 2000  # ms, not s
+
+
+async def test_oversized_puts_are_refused_before_the_call_and_counted() -> None:
+    backend = MemoryBackend()
+    tier = Tier(
+        backend,
+        RetryPolicy(timeout_s=2.0, retries=0),
+        CircuitBreaker(5, 60),
+        TierFlags(max_size=4),
+    )
+    for _ in range(2):
+        assert not await tier.put("k", b"12345")
+    assert tier.stats.put_errors == Counter({"too_large": 2}) and backend.calls["put"] == 0
+
+
+async def test_record_updates_are_counted_per_outcome(tmp_path: Path) -> None:
+    tier = disk_tier(tmp_path)
+
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"b")) == "stored"
+    assert await tier.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "unchanged"
+    assert tier.stats.records == Counter({"stored": 2, "unchanged": 1})
+    assert tier.stats.record_conflicts == 0
+    (tmp_path / "not-a-dir").write_bytes(b"")
+    broken = disk_tier(tmp_path, "/not-a-dir")
+    for _ in range(2):
+        assert await broken.update_record("v1/env/pgo/ab/rec", appending(b"a")) == "error"
+    assert broken.stats.records == Counter({"error": 2})
+    memory = one_shot_tier(MemoryBackend())  # no conditional writes
+    for _ in range(2):
+        assert await memory.update_record("k", appending(b"a")) == "unsupported"
+    assert memory.stats.records == Counter({"unsupported": 2})
+
+
+def suffix(current: bytes | None) -> bytes | None:
+    return (current or b"") + b"!"
+
+
+async def test_each_operations_failure_is_logged_once_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One WARNING per (operation, reason), naming the operation; repeats go to DEBUG."""
+    backend = Versions(f"mem://log-{time.monotonic_ns()}")  # log_once is per tier name
+    # Faults that answer at once get a deadline no busy machine reaches; the hang gets a
+    # short one, as what it tests is the deadline's message.
+    tier = Tier(backend, RetryPolicy(timeout_s=30, retries=0), CircuitBreaker(100, 60))
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "get": lambda: tier.get("k"),
+        "put": lambda: tier.put("k", b"v"),
+        "exists": lambda: tier.exists("k"),
+        "delete": lambda: tier.delete("k"),
+        "record": lambda: tier.update_record("k", suffix),
+    }
+    expected = []
+    with caplog.at_level(logging.DEBUG, logger="objcache"):
+        for fault, words in (("transient", "failed"), ("permanent", "failed"), ("hang", "")):
+            backend.fault = fault
+            if fault == "hang":
+                tier.policy = RetryPolicy(timeout_s=0.05, retries=0)
+            for op, call in calls.items():
+                if fault == "hang" and op == "record":
+                    # Its own budget is 90% of the deadline: the margin must outlast a busy
+                    # loop's turn, or the deadline's timeout is logged instead of the drop.
+                    tier.policy = RetryPolicy(timeout_s=3.0, retries=0)
+                for _ in range(2):
+                    before = len(caplog.records)
+                    await call()
+                    for record in caplog.records[before:]:  # the DEBUG repeats name it too
+                        assert f"{op} {words or 'exceeded'}" in record.getMessage()
+                # a permanent fault has the same reason ("error") as a transient one; a hung
+                # record update is dropped at its own budget, inside the deadline (not logged)
+                if fault == "transient" or (fault == "hang" and op != "record"):
+                    expected.append(f"{op} {words or 'exceeded'}")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == len(expected) == 9, warnings
+    for message, start in zip(warnings, expected, strict=True):
+        assert start in message, (start, message)
+
+
+async def test_record_conflicts_add_up_across_updates() -> None:
+    backend = Versions("mem://records", conflicts=2)
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    assert await tier.update_record("k", suffix) == "stored"
+    backend.conflicts = 3
+    assert await tier.update_record("k", suffix) == "stored"
+    assert tier.stats.record_conflicts == 5 and tier.stats.records == Counter({"stored": 2})
+
+
+async def test_a_conflict_storm_is_dropped_within_the_tiers_deadline() -> None:
+    """The read-modify-write gets most of the tier's deadline (not all: it ends as a
+    counted drop, not a timeout), and not much less."""
+    backend = Versions("mem://storm", conflicts=10**9)
+    # The 10% left for the last answer must outlast a busy loop's turn: 200 ms of 2 s.
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60))
+    started = time.monotonic()
+    assert await tier.update_record("k", suffix) == "dropped"
+    assert time.monotonic() - started >= 1.6
+    assert tier.stats.records == Counter({"dropped": 1}) and not tier.breaker_open()
+    assert tier.stats.record_conflicts >= 3
+
+
+async def test_a_put_with_then_needs_a_local_store(tmp_path: Path) -> None:
+    called: list[bool] = []
+    local = disk_tier(tmp_path)
+    assert await local.put("k", b"v", PutMode.OVERWRITE, then=called.append)
+    assert await local.put("k", b"other", PutMode.CREATE, then=called.append)  # kept
+    assert (await local.get("k"))[0] == b"v"
+    assert await local.put("k", b"new", PutMode.OVERWRITE, then=called.append)  # replaced
+    assert (await local.get("k"))[0] == b"new"
+    assert called == [True, False, True] and local.stats.puts == 2
+    with pytest.raises(TypeError):
+        await tier("mem://remote").put("k", b"v", then=called.append)
+
+
+async def test_a_tier_without_a_deadline_updates_records(tmp_path: Path) -> None:
+    tier = disk_tier(tmp_path, timeout=0)
+    assert await tier.update_record("v1/env/pgo/ab/rec", suffix) == "stored"
+    assert tier.stats.records == Counter({"stored": 1})

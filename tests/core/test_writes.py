@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ from objcache.backends.base import PutMode
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.core.reads import get_many
+from objcache.core.tier import TierFlags
+from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, Written, put, write
-from tests.core.test_tiered import CODEC, NS, make, mem, tier
+from tests.support.tiers import CODEC, NS, make, mem, seed, tier
 
 
 async def test_write_behind_stores_locally_now_and_remotely_in_the_background() -> None:
@@ -139,3 +142,84 @@ def test_the_client_leaves_a_key_out_of_the_run_manifest(
         assert written.everywhere and written.local
     finally:
         client.close()
+
+
+async def test_writes_go_local_now_and_remote_behind() -> None:
+    remote = tier("mem://r")
+    mem(remote).hold_until = gate = asyncio.Event()  # the remote write cannot finish yet
+    cache, local = make(remote)
+    await asyncio.wait_for(put(cache, "fx-graph", "k", b"v"), 30)  # remote write does not block
+    okey = NS.object_key("fx-graph", "k")
+    assert okey in mem(local).data and okey not in mem(remote).data
+    gate.set()
+    assert await cache.flush(5) == 0
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"v"
+    assert NS.env_file in mem(remote).data
+
+
+async def test_create_mode_keeps_the_first_remote_writer() -> None:
+    remote = tier("mem://r")
+    okey = NS.object_key("fx-graph", "k")
+    assert await remote.put(okey, CODEC.encode(b"first", okey), PutMode.CREATE)
+    cache, _ = make(remote)
+    await put(cache, "fx-graph", "k", b"second")
+    await cache.flush(5)
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"first"
+    assert remote.stats.put_skipped_exists == 1
+
+
+async def test_write_only_and_size_limited_tiers() -> None:
+    wo = tier("mem://wo", flags=TierFlags(write_only=True))
+    small = tier("mem://small", flags=TierFlags(max_size=100))
+    seed(wo, "k", b"v")
+    cache, _ = make(wo, small)
+    assert await cache.get("fx-graph", "k") is None
+    assert mem(wo).calls["get"] == 0
+    await put(cache, "fx-graph", "big", bytes(range(256)) * 4)
+    await cache.flush(5)
+    assert small.stats.put_errors["too_large"] == 1
+    assert NS.object_key("fx-graph", "big") in mem(wo).data
+
+
+async def remote_only(cache: TieredCache, kind: str, key: str, payload: bytes) -> bool:
+    """The run summary's write (objcache/run_observer.py): queued for the remote tiers only."""
+    okey = cache.namespace.object_key(kind, key)
+    return (await write(cache, okey, payload, local=False)).queued
+
+
+async def test_a_remote_only_write_queues_for_the_remote_tiers_only() -> None:
+    remote = tier("mem://r")
+    cache, local = make(remote)
+    assert await remote_only(cache, "summary", "run-1", b"report")
+    await cache.flush(5)
+    okey = NS.object_key("summary", "run-1")
+    assert CODEC.decode(mem(remote).data[okey], okey) == b"report"
+    assert not mem(local).data
+    reader, _ = make(tier("mem://r2"), read_only=True)
+    assert not await remote_only(reader, "summary", "run-1", b"report")
+    frozen, _ = make(tier("mem://r3", flags=TierFlags(read_only=True)))
+    assert not await remote_only(frozen, "summary", "run-1", b"report")
+    await reader.flush(5)
+    await frozen.flush(5)
+    assert not mem(reader.remotes[0]).data and not mem(frozen.remotes[0]).data
+
+
+async def test_local_puts_overwrite_and_are_recorded_and_env_json_is_readable() -> None:
+    remote = tier("mem://r")
+    local = tier("mem://local")
+    cache = TieredCache(local, [remote], CODEC, NS, env_fields={"torch": "2", "cuda": "12"})
+    for payload in (b"first", b"second"):
+        await put(cache, "fx-graph", "k", payload)
+    okey = NS.object_key("fx-graph", "k")
+    assert CODEC.decode(mem(local).data[okey], okey) == b"second"
+    assert cache.recorded == {okey}
+    await cache.flush(5)
+    body = mem(remote).data[NS.env_file]
+    assert body == json.dumps({"cuda": "12", "torch": "2"}, indent=1, sort_keys=True).encode()
+    stats = cache.stats_dict()
+    assert set(stats) == {"env", "cache", "write_behind_pending", "tiers"}
+    assert stats["env"] == "testenv" and stats["write_behind_pending"] == 0
+    assert [(t["breaker"], t["local"]) for t in stats["tiers"]] == [
+        ("closed", True),
+        ("closed", False),
+    ]

@@ -1,0 +1,64 @@
+"""Records across the tiers (objcache/core/tiered_records.py) through one cache: counted per
+lookup; an unreadable or forged record is a counted miss, replaced by the next update
+(docs/architecture.md, "Records"). Several hosts sharing one record: tests/core/test_records.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from objcache.backends.base import PutMode
+from objcache.backends.disk.store import DiskBackend
+from objcache.core.policy import CircuitBreaker, RetryPolicy
+from objcache.core.tier import Tier
+from objcache.core.tiered import TieredCache
+from objcache.core.tiered_records import get_record, update_record
+from objcache.entry.codec import Codec
+from tests.support.tiers import CODEC, NS, Versions, appending, disk_tier, mem, tier
+
+
+async def test_a_forged_unsigned_remote_record_is_replaced_not_joined() -> None:
+    key = b"k" * 32
+    remote = Tier(
+        Versions("mem://records"), RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(5, 60)
+    )
+    cache = TieredCache(None, [remote], Codec(signing_keys=(key,)), NS)
+    okey = NS.object_key("pgo", "r")
+    mem(remote).data[okey] = Codec().encode(b"forged", okey)  # unsigned
+    await update_record(cache, "pgo", "r", appending(b"mine"))
+    await cache.flush(5)
+    assert await get_record(cache, "pgo", "r") == b"mine"
+    assert cache.stats.records_unreadable == Counter({"pgo": 1})
+
+
+async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
+    tmp_path: Path,
+) -> None:
+    local = disk_tier(tmp_path)
+    cache = TieredCache(local, [tier("mem://r")], CODEC, NS)
+    assert await get_record(cache, "pgo", "r") is None
+    assert cache.stats.hits["pgo"] == 0
+    unchanged: list[bytes | None] = []
+    await update_record(cache, "pgo", "r", lambda cur: unchanged.append(cur))  # returns None
+    assert unchanged == [None] and await get_record(cache, "pgo", "r") is None
+    for item in (b"a", b"b"):
+        await update_record(cache, "pgo", "r", appending(item))
+    await cache.flush(5)
+    for _ in range(2):
+        assert await get_record(cache, "pgo", "r") == b"a,b"
+    assert cache.stats.gets["pgo"] == 4 and cache.stats.hits["pgo"] == 2
+    okey = NS.object_key("pgo", "r")  # in the local tier only (the remote has no records)
+    store = local.backend
+    assert isinstance(store, DiskBackend)
+    good = store.store.read(okey)
+    assert good is not None
+    store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
+    assert await get_record(cache, "pgo", "r") is None
+    assert local.stats.misses["corrupt"] == 1
+    # an unreadable local record is counted, then replaced by the next update
+    store.store.write(okey, good[:-1] + bytes([good[-1] ^ 1]), PutMode.OVERWRITE)
+    await update_record(cache, "pgo", "r", appending(b"c"))
+    assert cache.stats.records_unreadable == Counter({"pgo": 1})
+    store.store.write(okey, b"garbage", PutMode.OVERWRITE)
+    await update_record(cache, "pgo", "r", appending(b"d"))
+    assert cache.stats.records_unreadable == Counter({"pgo": 2})
