@@ -98,9 +98,10 @@ def test_a_primary_killed_between_jobs_costs_misses_then_its_replica_serves(
         assert set(hurt["misses"]) <= {"absent", "list", *FAILED}, hurt["misses"]
         assert sum(hurt["misses"].get(r, 0) for r in FAILED) > 0, hurt["misses"]
         # entries looked up under the key they were stored at: a hit on a live primary, a
-        # counted miss on the dead one
+        # counted miss on the dead one; a failed lookup is no answer, so a kernel the
+        # prefetch failed to fetch is looked up once more when the compile loads it
         kernels = hurt["kinds"]["kernel"]
-        assert 0 < failed(hurt, "kernel") <= held[victim.port]["kernel"], (kernels, held)
+        assert 0 < failed(hurt, "kernel") <= 2 * held[victim.port]["kernel"], (kernels, held)
         assert 0 < kernels.get("hit", 0) <= alive["kernel"], (kernels, held)
         pgo = hurt["kinds"]["pgo"]  # the job's one PGO record
         assert (failed(hurt, "pgo"), pgo.get("hit", 0)) == (
