@@ -1,7 +1,9 @@
 """s3:// backend against real S3 servers (SeaweedFS and moto), directly and through a
-fault proxy. The shared contract runs in tests/contract; these tests cover client
-sharing, multipart uploads, conditional creates of large entries, and that every failure
-is classified, actionable and bounded in time (botocore makes exactly one attempt)."""
+fault proxy. The shared contract and the fault contract (refused, black-holed and reset
+connections, client sharing, paged listing) run in tests/contract; these tests cover what
+is S3's own: one client for concurrent first calls, multipart uploads and their aborts,
+conditional creates of large entries, and that every failure is classified and actionable
+(botocore makes exactly one attempt)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import asyncio
 import hashlib
 import os
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,28 +78,6 @@ def uploads_left(s3: S3Server, prefix: str) -> list[str]:
 # --- client sharing ------------------------------------------------------------------
 
 
-async def test_construction_does_no_io_and_instances_share_one_client(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    tasks = asyncio.all_tasks()
-    a, b = s3_via_proxy(), s3_via_proxy()
-    assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    s3_proxy.settle()
-    assert s3_proxy.connections == 0, "nor connect"
-    assert CLIENTS.peek(a.client_key) is None, "nor create a client"
-    await a.put("k", b"v")
-    assert await b.get("k") == b"v"
-    client = CLIENTS.peek(a.client_key)
-    assert client is not None and client is CLIENTS.peek(b.client_key)
-    await a.close()
-    await a.close()  # idempotent
-    assert CLIENTS.peek(b.client_key) is client, "b still uses the shared client"
-    assert await b.exists("k") is True
-    await b.close()
-    assert CLIENTS.peek(b.client_key) is None, "the last close closes the client"
-    assert await b.get("k") == b"v", "a closed instance reopens lazily"
-
-
 async def test_concurrent_first_calls_create_one_client(
     s3_via_proxy: Callable[..., S3Backend],
 ) -> None:
@@ -146,17 +125,6 @@ async def test_concurrent_large_creates_store_one_whole_entry(
     stored = await backend.get("race")
     assert stored in [v for v, won in zip(values, results, strict=True) if won]
     assert uploads_left(s3_server, s3_prefix) == [], "losing uploads must be aborted"
-
-
-async def test_large_create_of_existing_key_uploads_nothing(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
-    assert await backend.put("k", b"a" * (7 * MiB)) is True
-    s3_proxy.reset_counters()
-    assert await backend.put("k", b"b" * (7 * MiB)) is False
-    assert s3_proxy.bytes_to_server < 64 * 1024
-    assert await backend.get("k") == b"a" * (7 * MiB)
 
 
 async def test_reset_mid_upload_leaves_nothing(
@@ -274,62 +242,6 @@ async def test_no_credentials_is_permanent(
         await unknown.close()
 
 
-async def test_refused_connection_is_transient_and_fast(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(connect_timeout=10)
-    s3_proxy.refuse()
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError):
-        await backend.get("k")
-    with pytest.raises(TransientBackendError):
-        await backend.put("k", b"v")
-    # Refused costs no timeout: a call that waited out the 10 s connect timeout would not
-    # fit, nor would botocore's retries with backoff; a busy machine does.
-    assert time.monotonic() - started < 5.0
-
-
-async def test_blackhole_is_one_bounded_attempt(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(read_timeout=1, connect_timeout=1)
-    s3_proxy.blackhole()  # before the first call: each attempt opens its own connection
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
-        await backend.get("k")
-    elapsed = time.monotonic() - started
-    s3_proxy.settle()
-    assert s3_proxy.connections == 1, "one attempt: a second one would connect again"
-    assert elapsed > 0.9, "it waited out the 1 s read timeout"
-    assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
-
-
-async def test_blackhole_get_returns_within_tier_deadline(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()  # default socket timeouts (20 s read): the deadline must rule
-    await backend.put("k", b"v")
-    s3_proxy.blackhole()
-    tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
-    started = time.monotonic()
-    assert await tier.get("k") == (None, "timeout")
-    elapsed = time.monotonic() - started
-    assert elapsed < 8, f"{elapsed:.1f} s: the 0.5 s deadline, not the 20 s socket timeout"
-
-
-async def test_reset_mid_body_is_transient(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()
-    data = os.urandom(2 * MiB)
-    await backend.put("body", data)
-    s3_proxy.reset_after(256 * 1024)
-    with pytest.raises(TransientBackendError):
-        await asyncio.wait_for(backend.get("body"), 60)
-    s3_proxy.passthrough()
-    assert await backend.get("body") == data, "the client recovers on the next call"
-
-
 class _Throttling(BaseHTTPRequestHandler):
     """Answers every request like an overloaded S3: 503 SlowDown."""
 
@@ -384,21 +296,6 @@ async def test_throttling_is_transient_and_retried_only_by_the_policy(
         assert seen == ["GET"] * 3, "the policy layer retries transient errors"
     finally:
         await backend.close()
-
-
-# --- listing and fan-out -------------------------------------------------------------
-
-
-async def test_list_follows_pages(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()
-    backend.list_page_size = 2
-    for i in range(5):
-        await backend.put(f"l/{i}", b"x" * i)
-    s3_proxy.reset_counters()
-    assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
-    assert s3_proxy.count_requests("GET") == 3
 
 
 # --- classification of conditions the test servers cannot produce --------------------
