@@ -1,31 +1,26 @@
 """gs:// backend against fake-gcs-server, directly and through a fault proxy. The shared
 contract and the fault contract (refused, black-holed and reset connections, client sharing,
-paged listing) run in tests/contract; these tests cover what is GCS's own: the thread pool,
-resumable uploads of large entries, conditional creates, and that every failure is
-classified and actionable (google's own retries are off)."""
+paged listing, a missing bucket, a 503) run in tests/contract; these tests cover what is
+GCS's own: the thread pool, resumable uploads of large entries, conditional creates, and
+that every failure is classified and actionable (google's own retries are off)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as gauth
 
-from objcache.backends.base import PutMode
 from objcache.backends.gcs.errors import classify
 from objcache.backends.gcs.store import GCSBackend
 from objcache.config.urls import parse_tier_url
-from objcache.core.policy import CircuitBreaker, RetryPolicy
-from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
 from tests.support.cloud import gcs_url
 from tests.support.proxy import FaultProxy
@@ -168,25 +163,6 @@ async def test_reset_mid_upload_leaves_nothing(
 # --- errors --------------------------------------------------------------------------
 
 
-async def test_missing_bucket_is_permanent_and_says_what_to_do(fake_gcs: FakeGCS) -> None:
-    backend = make(gcs_url(fake_gcs, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "get": lambda: backend.get("k"),
-        "exists": lambda: backend.exists("k"),
-        "put": lambda: backend.put("k", b"v"),
-        "large put": lambda: backend.put("k", b"v" * (9 * MiB), PutMode.OVERWRITE),
-        "delete": lambda: backend.delete("k"),
-        "list": lambda: backend.list().__anext__(),
-    }
-    for op, call in calls.items():
-        with pytest.raises(PermanentBackendError) as info:
-            await call()
-        message = str(info.value)
-        assert "does not exist" in message, (op, message)
-        assert "terraform/modules/gcs-cache" in message
-        assert message.startswith("gs://missing-")
-
-
 async def test_no_application_default_credentials_is_permanent(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -195,58 +171,6 @@ async def test_no_application_default_credentials_is_permanent(
     backend = make("gs://some-bucket/p")  # no emulator: ADC only, which fails offline
     with pytest.raises(PermanentBackendError, match="Application Default Credentials"):
         await asyncio.wait_for(backend.get("k"), 60)
-
-
-class _Unavailable(BaseHTTPRequestHandler):
-    """Answers every request like an overloaded GCS: 503 with a JSON error."""
-
-    requests: list[str]
-    protocol_version = "HTTP/1.1"
-
-    def _answer(self) -> None:
-        type(self).requests.append(self.command)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = json.dumps({"error": {"code": 503, "message": "Backend Error"}}).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_PUT = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def unavailable_endpoint() -> Iterator[tuple[str, list[str]]]:
-    handler = type("Handler", (_Unavailable,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
-    server.shutdown()
-    server.server_close()
-
-
-async def test_503_is_transient_and_retried_only_by_the_policy(
-    unavailable_endpoint: tuple[str, list[str]],
-) -> None:
-    endpoint, seen = unavailable_endpoint
-    backend = make(f"gs://any-bucket/p?endpoint={endpoint}")
-    with pytest.raises(TransientBackendError, match="503"):
-        await backend.get("k")
-    assert seen == ["GET"], "google-cloud-storage must not retry"
-    seen.clear()
-    tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
-    assert await tier.get("k") == (None, "error")
-    assert seen == ["GET"] * 3, "the policy layer retries transient errors"
-    seen.clear()
-    with pytest.raises(TransientBackendError, match="503"):
-        await backend.put("k", b"v")
-    assert seen == ["POST"]
 
 
 # --- classification of conditions the emulator cannot produce -------------------------

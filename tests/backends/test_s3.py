@@ -1,19 +1,17 @@
 """s3:// backend against real S3 servers (SeaweedFS and moto), directly and through a
 fault proxy. The shared contract and the fault contract (refused, black-holed and reset
-connections, client sharing, paged listing) run in tests/contract; these tests cover what
-is S3's own: one client for concurrent first calls, multipart uploads and their aborts,
-conditional creates of large entries, and that every failure is classified and actionable
-(botocore makes exactly one attempt)."""
+connections, client sharing, paged listing, a missing bucket, a 503) run in tests/contract;
+these tests cover what is S3's own: one client for concurrent first calls, multipart uploads
+and their aborts, conditional creates of large entries, and that every failure is
+classified and actionable (botocore makes exactly one attempt)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import os
-import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -171,28 +169,6 @@ async def test_cancelled_upload_is_aborted(
 # --- errors --------------------------------------------------------------------------
 
 
-async def test_missing_bucket_is_permanent_and_says_what_to_do(s3_server: S3Server) -> None:
-    backend = make(s3_url(s3_server, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "get": lambda: backend.get("k"),
-        "exists": lambda: backend.exists("k"),
-        "delete": lambda: backend.delete("k"),
-        "list": lambda: backend.list().__anext__(),
-    }
-    if not isinstance(s3_server, SeaweedS3):  # SeaweedFS creates the bucket on a PUT by an admin
-        calls["put"] = lambda: backend.put("k", b"v")
-    try:
-        for op, call in calls.items():
-            with pytest.raises(PermanentBackendError) as info:
-                await call()
-            message = str(info.value)
-            assert "does not exist" in message, (op, message)
-            assert "terraform/modules/s3-cache" in message
-            assert message.startswith("s3://missing-")
-    finally:
-        await backend.close()
-
-
 @pytest.mark.parametrize(
     ("access_key", "secret_key", "expected"),
     [
@@ -240,62 +216,6 @@ async def test_no_credentials_is_permanent(
             await unknown.get("k")
     finally:
         await unknown.close()
-
-
-class _Throttling(BaseHTTPRequestHandler):
-    """Answers every request like an overloaded S3: 503 SlowDown."""
-
-    requests: list[str]
-    protocol_version = "HTTP/1.1"
-
-    def _answer(self) -> None:
-        type(self).requests.append(self.command)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = (
-            b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>"
-        )
-        self.send_response(503)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def throttling_endpoint() -> Iterator[tuple[str, list[str]]]:
-    handler = type("Handler", (_Throttling,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
-    server.shutdown()
-    server.server_close()
-
-
-async def test_throttling_is_transient_and_retried_only_by_the_policy(
-    moto_s3: S3Server, throttling_endpoint: tuple[str, list[str]]
-) -> None:
-    endpoint, seen = throttling_endpoint
-    backend = make(s3_url(moto_s3, "p", bucket="any-bucket", endpoint_url=endpoint))
-    try:
-        with pytest.raises(TransientBackendError, match="SlowDown"):
-            await backend.get("k")
-        assert seen == ["GET"], "botocore must not retry"
-        seen.clear()
-        tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
-        assert await tier.get("k") == (None, "error")
-        assert seen == ["GET"] * 3, "the policy layer retries transient errors"
-    finally:
-        await backend.close()
 
 
 # --- classification of conditions the test servers cannot produce --------------------

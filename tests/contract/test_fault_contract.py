@@ -5,8 +5,9 @@ in time, with no hidden retries of the client library, so the tier's deadline an
 rule (docs/architecture.md, "Policies"); a backend's instances share one client and do no
 I/O until the first call.
 
-Each case runs once per server of :data:`BEHIND_PROXY`; the cases that count HTTP requests
-or take the large-entry path run on the object stores only. What only one backend does under
+Each case runs once per server of :data:`BEHIND_PROXY`; the cases that count HTTP requests,
+take the large-entry path or need a bucket (a missing one, a store answering 503) run on the
+object stores only. What only one backend does under
 a fault (S3's aborted multipart uploads, GCS's resumable uploads, Redis's size limit) stays
 in its own file under tests/backends.
 """
@@ -14,24 +15,27 @@ in its own file under tests/backends.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from objcache.backends import create_backend
-from objcache.backends.base import Backend
+from objcache.backends.base import Backend, PutMode
 from objcache.backends.gcs.store import SHARED
 from objcache.backends.redis.store import CLIENTS as REDIS_CLIENTS
 from objcache.backends.s3.store import CLIENTS as S3_CLIENTS
 from objcache.config.urls import parse_tier_url
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier
-from objcache.errors import TransientBackendError
+from objcache.errors import PermanentBackendError, TransientBackendError
 from tests.support import servers
 from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
@@ -40,6 +44,11 @@ pytestmark = pytest.mark.servers
 
 MiB = 1 << 20
 Options = dict[str, Any]
+S3_SLOWDOWN_503 = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+GCS_503 = json.dumps({"error": {"code": 503, "message": "Backend Error"}}).encode()
 
 
 def _s3_url(server: servers.S3Server, prefix: str, endpoint: str, options: Options) -> str:
@@ -86,6 +95,15 @@ class Kind:
     large_options: Options = field(
         default_factory=lambda: {"multipart_threshold": 6 * MiB, "part_size": 5 * MiB}
     )
+    #: the Terraform module a missing bucket's message points to; the server makes a missing
+    #: bucket on a PUT by its admin (SeaweedFS), so a put to one is no error there
+    terraform_module: str = "s3-cache"
+    creates_missing_bucket: bool = False
+    #: how the store says it is overloaded (a 503 with its error body), what the error then
+    #: names, and the method of a small put
+    overloaded: tuple[str, bytes] = ("application/xml", S3_SLOWDOWN_503)
+    overloaded_match: str = "SlowDown"
+    put_method: str = "PUT"
 
 
 #: Every server a networked backend's contract runs on, in front of which one proxy can
@@ -108,7 +126,7 @@ BEHIND_PROXY: dict[str, Kind] = {
             deadline_bound_s=4,
             large_size=0,  # one path for every size
         ),
-        Kind("seaweed_s3", servers.SeaweedS3),
+        Kind("seaweed_s3", servers.SeaweedS3, creates_missing_bucket=True),
         Kind("moto_s3", servers.MotoS3),
         Kind(
             "fake_gcs",
@@ -122,6 +140,10 @@ BEHIND_PROXY: dict[str, Kind] = {
             deadline_bound_s=5,
             large_size=9 * MiB,  # > 8 MiB: resumable
             large_options={},
+            terraform_module="gcs-cache",
+            overloaded=("application/json", GCS_503),
+            overloaded_match="503",
+            put_method="POST",
         ),
     )
 }
@@ -150,8 +172,10 @@ async def behind_proxy(
     prefix = f"t{uuid.uuid4().hex[:10]}"
     made: list[Backend] = []
 
-    def make(**options: Any) -> Backend:
-        backend = create_backend(parse_tier_url(kind.url(server, prefix, proxy.url(), options)))
+    def make(endpoint: str = "", **options: Any) -> Backend:
+        """A backend behind the proxy, or at ``endpoint``; ``options`` go into its URL."""
+        url = kind.url(server, prefix, endpoint or proxy.url(), options)
+        backend = create_backend(parse_tier_url(url))
         made.append(backend)
         return backend
 
@@ -303,3 +327,91 @@ async def test_list_follows_pages(behind_proxy: Proxied) -> None:
     proxy.reset_counters()
     assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
     assert proxy.count_requests("GET") == 3
+
+
+# --- what an object store's errors say -----------------------------------------------
+
+
+@object_stores
+async def test_missing_bucket_is_permanent_and_says_what_to_do(behind_proxy: Proxied) -> None:
+    kind = behind_proxy.kind
+    bucket = f"missing-{uuid.uuid4().hex[:8]}"
+    backend = behind_proxy.make(bucket=bucket, **kind.large_options)
+    large = b"v" * kind.large_size
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "get": lambda: backend.get("k"),
+        "exists": lambda: backend.exists("k"),
+        "delete": lambda: backend.delete("k"),
+        "list": lambda: backend.list().__anext__(),
+    }
+    if not kind.creates_missing_bucket:
+        calls["put"] = lambda: backend.put("k", b"v")
+        calls["large put"] = lambda: backend.put("k", large, PutMode.OVERWRITE)
+    scheme = str(backend.spec.scheme)
+    for op, call in calls.items():
+        with pytest.raises(PermanentBackendError) as info:
+            await call()
+        message = str(info.value)
+        assert "does not exist" in message, (op, message)
+        assert f"terraform/modules/{kind.terraform_module}" in message
+        assert message.startswith(f"{scheme}://{bucket}")
+
+
+class _Overloaded(BaseHTTPRequestHandler):
+    """Answers every request like an overloaded store: 503 with the store's error body."""
+
+    requests: list[str]
+    answer: tuple[str, bytes]
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        type(self).requests.append(self.command)
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        content_type, body = self.answer
+        self.send_response(503)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def overloaded_endpoint(behind_proxy: Proxied) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server that answers everything with the case's store's 503; its URL and the
+    methods of the requests it got."""
+    handler: type[_Overloaded] = type(
+        "Handler", (_Overloaded,), {"requests": [], "answer": behind_proxy.kind.overloaded}
+    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    server.shutdown()
+    server.server_close()
+
+
+@object_stores
+async def test_an_overloaded_store_is_transient_and_retried_only_by_the_policy(
+    behind_proxy: Proxied, overloaded_endpoint: tuple[str, list[str]]
+) -> None:
+    kind = behind_proxy.kind
+    endpoint, seen = overloaded_endpoint
+    backend = behind_proxy.make(endpoint=endpoint)
+    with pytest.raises(TransientBackendError, match=kind.overloaded_match):
+        await backend.get("k")
+    assert seen == ["GET"], "the client library must not retry"
+    seen.clear()
+    tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
+    assert await tier.get("k") == (None, "error")
+    assert seen == ["GET"] * 3, "the policy layer retries transient errors"
+    seen.clear()
+    with pytest.raises(TransientBackendError, match=kind.overloaded_match):
+        await backend.put("k", b"v")
+    assert seen == [kind.put_method]
