@@ -1,31 +1,26 @@
 """gs:// backend against fake-gcs-server, directly and through a fault proxy. The shared
-contract runs in tests/contract; these tests cover the shared client and thread pool,
-resumable uploads of large entries, conditional creates, and that every failure is
-classified, actionable and bounded in time (google's own retries are off)."""
+contract and the fault contract (refused, black-holed and reset connections, client sharing,
+paged listing, a missing bucket, a 503) run in tests/contract; these tests cover what is
+GCS's own: the thread pool, resumable uploads of large entries, conditional creates, and
+that every failure is classified and actionable (google's own retries are off)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as gauth
 
-from objcache.backends.base import PutMode
 from objcache.backends.gcs.errors import classify
-from objcache.backends.gcs.store import SHARED, GCSBackend
+from objcache.backends.gcs.store import GCSBackend
 from objcache.config.urls import parse_tier_url
-from objcache.core.policy import CircuitBreaker, RetryPolicy
-from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
 from tests.support.cloud import gcs_url
 from tests.support.proxy import FaultProxy
@@ -71,26 +66,6 @@ async def gcs_via_proxy(
 
 
 # --- client sharing ------------------------------------------------------------------
-
-
-async def test_construction_does_no_io_and_instances_share_one_client(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    tasks = asyncio.all_tasks()
-    a, b = gcs_via_proxy(), gcs_via_proxy()
-    assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    gcs_proxy.settle()
-    assert gcs_proxy.connections == 0, "nor connect"
-    assert a.client_key not in SHARED.clients, "nor create a client"
-    await a.put("k", b"v")
-    assert await b.get("k") == b"v"
-    assert a.client_key == b.client_key
-    assert sum(1 for k in SHARED.clients if k == a.client_key) == 1
-    await a.close()
-    await a.close()  # idempotent
-    assert await b.exists("k") is True
-    await b.close()
-    assert await b.get("k") == b"v"
 
 
 async def test_a_miss_costs_one_request(
@@ -164,17 +139,6 @@ async def test_concurrent_large_creates_have_one_winner(
     assert await backend.get("race") == values[results.index(True)]
 
 
-async def test_large_create_of_existing_key_uploads_nothing(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    backend = gcs_via_proxy()
-    assert await backend.put("k", b"a" * (9 * MiB)) is True
-    gcs_proxy.reset_counters()
-    assert await backend.put("k", b"b" * (9 * MiB)) is False
-    assert gcs_proxy.bytes_to_server < 64 * 1024
-    assert await backend.get("k") == b"a" * (9 * MiB)
-
-
 @pytest.mark.parametrize("size", [2 * MiB, 12 * MiB], ids=["multipart", "resumable"])
 async def test_reset_mid_upload_leaves_nothing(
     gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend], size: int
@@ -199,25 +163,6 @@ async def test_reset_mid_upload_leaves_nothing(
 # --- errors --------------------------------------------------------------------------
 
 
-async def test_missing_bucket_is_permanent_and_says_what_to_do(fake_gcs: FakeGCS) -> None:
-    backend = make(gcs_url(fake_gcs, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "get": lambda: backend.get("k"),
-        "exists": lambda: backend.exists("k"),
-        "put": lambda: backend.put("k", b"v"),
-        "large put": lambda: backend.put("k", b"v" * (9 * MiB), PutMode.OVERWRITE),
-        "delete": lambda: backend.delete("k"),
-        "list": lambda: backend.list().__anext__(),
-    }
-    for op, call in calls.items():
-        with pytest.raises(PermanentBackendError) as info:
-            await call()
-        message = str(info.value)
-        assert "does not exist" in message, (op, message)
-        assert "terraform/modules/gcs-cache" in message
-        assert message.startswith("gs://missing-")
-
-
 async def test_no_application_default_credentials_is_permanent(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -226,131 +171,6 @@ async def test_no_application_default_credentials_is_permanent(
     backend = make("gs://some-bucket/p")  # no emulator: ADC only, which fails offline
     with pytest.raises(PermanentBackendError, match="Application Default Credentials"):
         await asyncio.wait_for(backend.get("k"), 60)
-
-
-async def test_refused_connection_is_transient_and_fast(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    backend = gcs_via_proxy(connect_timeout=10)
-    gcs_proxy.refuse()
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError):
-        await backend.get("k")
-    with pytest.raises(TransientBackendError):
-        await backend.put("k", b"v")
-    # Refused costs no timeout: a call that waited out the 10 s connect timeout would not
-    # fit; a busy machine does.
-    assert time.monotonic() - started < 5.0
-
-
-async def test_blackhole_is_one_bounded_attempt(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    backend = gcs_via_proxy(read_timeout=1, connect_timeout=1)
-    gcs_proxy.blackhole()  # before the first call: each attempt opens its own connection
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
-        await backend.get("k")
-    elapsed = time.monotonic() - started
-    gcs_proxy.settle()
-    assert gcs_proxy.connections == 1, "one attempt: a second one would connect again"
-    assert elapsed > 0.9, "it waited out the 1 s read timeout"
-    assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
-
-
-async def test_blackhole_get_returns_within_tier_deadline(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    # The read timeout bounds the abandoned worker thread; without the deadline one
-    # attempt alone would wait it out (10 s).
-    backend = gcs_via_proxy(read_timeout=10)
-    await backend.put("k", b"v")
-    gcs_proxy.blackhole()
-    tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
-    started = time.monotonic()
-    assert await tier.get("k") == (None, "timeout")
-    elapsed = time.monotonic() - started
-    assert elapsed < 5, f"{elapsed:.1f} s: the 0.5 s deadline, not the 10 s read timeout"
-
-
-async def test_reset_mid_body_is_transient(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    backend = gcs_via_proxy()
-    data = os.urandom(2 * MiB)
-    await backend.put("body", data)
-    gcs_proxy.reset_after(256 * 1024)
-    with pytest.raises(TransientBackendError):
-        await asyncio.wait_for(backend.get("body"), 60)
-    gcs_proxy.passthrough()
-    assert await backend.get("body") == data
-
-
-class _Unavailable(BaseHTTPRequestHandler):
-    """Answers every request like an overloaded GCS: 503 with a JSON error."""
-
-    requests: list[str]
-    protocol_version = "HTTP/1.1"
-
-    def _answer(self) -> None:
-        type(self).requests.append(self.command)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = json.dumps({"error": {"code": 503, "message": "Backend Error"}}).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_PUT = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def unavailable_endpoint() -> Iterator[tuple[str, list[str]]]:
-    handler = type("Handler", (_Unavailable,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
-    server.shutdown()
-    server.server_close()
-
-
-async def test_503_is_transient_and_retried_only_by_the_policy(
-    unavailable_endpoint: tuple[str, list[str]],
-) -> None:
-    endpoint, seen = unavailable_endpoint
-    backend = make(f"gs://any-bucket/p?endpoint={endpoint}")
-    with pytest.raises(TransientBackendError, match="503"):
-        await backend.get("k")
-    assert seen == ["GET"], "google-cloud-storage must not retry"
-    seen.clear()
-    tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
-    assert await tier.get("k") == (None, "error")
-    assert seen == ["GET"] * 3, "the policy layer retries transient errors"
-    seen.clear()
-    with pytest.raises(TransientBackendError, match="503"):
-        await backend.put("k", b"v")
-    assert seen == ["POST"]
-
-
-# --- listing and fan-out -------------------------------------------------------------
-
-
-async def test_list_follows_pages(
-    gcs_proxy: FaultProxy, gcs_via_proxy: Callable[..., GCSBackend]
-) -> None:
-    backend = gcs_via_proxy()
-    backend.list_page_size = 2
-    for i in range(5):
-        await backend.put(f"l/{i}", b"x" * i)
-    gcs_proxy.reset_counters()
-    assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
-    assert gcs_proxy.count_requests("GET") == 3
 
 
 # --- classification of conditions the emulator cannot produce -------------------------

@@ -1,8 +1,9 @@
 """redis:// backend against a real redis-server, directly and through a fault proxy.
 
-The shared contract (round trips, CREATE races, listing, keys) runs in tests/contract;
-these tests cover what is Redis-specific: pool sharing, TTL, the size limit, glob escaping,
-and that every failure is classified and bounded in time (no hidden redis-py retries).
+The shared contract (round trips, CREATE races, listing, keys) and the fault contract
+(pool sharing; refused, black-holed and reset connections bounded in time, no hidden
+redis-py retries) run in tests/contract; these tests cover what is Redis-specific: TTL, the
+size limit, glob escaping, and that every failure is classified.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import redis
 from objcache.backends.base import PutMode
 from objcache.backends.redis.cluster import parse_topology
 from objcache.backends.redis.store import (
-    CLIENTS,
     RedisBackend,
     classify,
     connection_url,
@@ -62,29 +62,6 @@ def redis_proxy(redis_server: RedisServer, fault_proxy: MakeProxy) -> FaultProxy
 
 def proxied(proxy: FaultProxy, prefix: str, **options: object) -> RedisBackend:
     return backend(f"redis://{proxy.host}:{proxy.port}/0", prefix=prefix, **options)
-
-
-async def test_construction_does_no_io_and_instances_share_one_pool(
-    redis_proxy: FaultProxy, redis_prefix: str
-) -> None:
-    tasks = asyncio.all_tasks()
-    a, b2 = proxied(redis_proxy, redis_prefix), proxied(redis_proxy, redis_prefix)
-    assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    redis_proxy.settle()
-    assert redis_proxy.connections == 0, "nor connect"
-    assert CLIENTS.peek(a.pool_key) is None
-    await a.put("k", b"v")
-    assert await b2.get("k") == b"v"
-    client = CLIENTS.peek(a.pool_key)
-    assert client is not None and client is CLIENTS.peek(b2.pool_key)
-    assert redis_proxy.connections == 1  # sequential calls reuse one pooled connection
-    await a.close()
-    assert CLIENTS.peek(a.pool_key) is client, "the other instance still uses the pool"
-    await a.close()  # idempotent
-    assert await b2.get("k") == b"v"
-    await b2.close()
-    assert CLIENTS.peek(b2.pool_key) is None
-    await b2.close()
 
 
 async def test_closed_instance_reopens_on_next_call(b: RedisBackend) -> None:
@@ -226,89 +203,7 @@ async def test_a_name_that_is_not_utf8_is_skipped_and_counted_not_the_end_of_the
         await tier.backend.close()
 
 
-# --- failures: classified and bounded in time ----------------------------------------
-
-
-async def test_blackholed_server_get_returns_within_tier_deadline(
-    redis_proxy: FaultProxy, redis_prefix: str
-) -> None:
-    """redis-py's default retries took 26.7 s to fail here; the tier deadline rules."""
-    made = proxied(redis_proxy, redis_prefix)
-    tier = Tier(made, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(failures=100))
-    try:
-        await made.put("k", b"v")  # a pooled connection exists, then the server vanishes
-        redis_proxy.blackhole()
-        # Without the deadline a get waits out the 5 s socket timeout, per attempt.
-        started = time.monotonic()
-        data, reason = await tier.get("k")
-        elapsed = time.monotonic() - started
-        assert (data, reason) == (None, "timeout")
-        assert elapsed < 4, f"get took {elapsed:.2f}s with a 0.5s tier deadline"
-        # a fresh connection (connect succeeds, handshake never answers) is bounded too
-        fresh = proxied(redis_proxy, redis_prefix + "fresh/")
-        started = time.monotonic()
-        assert await Tier(fresh, RetryPolicy(0.5, 2), CircuitBreaker(100)).get("k") == (
-            None,
-            "timeout",
-        )
-        elapsed = time.monotonic() - started
-        assert elapsed < 4, f"get took {elapsed:.2f}s with a 0.5s tier deadline"
-        await fresh.close()
-    finally:
-        redis_proxy.passthrough()
-        await made.close()
-
-
-async def test_blackhole_socket_timeout_is_transient_without_retries(
-    redis_proxy: FaultProxy, redis_prefix: str
-) -> None:
-    made = proxied(redis_proxy, redis_prefix, socket_timeout=1, connect_timeout=1)
-    try:
-        await made.put("k", b"v")  # on the one pooled connection
-        redis_proxy.blackhole()
-        redis_proxy.reset_counters()
-        started = time.monotonic()
-        with pytest.raises(TransientBackendError):
-            await made.get("k")
-        elapsed = time.monotonic() - started
-        redis_proxy.settle()
-        assert redis_proxy.connections == 0, "one attempt: a retry would reconnect"
-        assert elapsed > 0.9, "it waited out the 1 s socket timeout"
-        assert elapsed < 4, "the configured 1 s socket timeout, not the default 5 s"
-    finally:
-        redis_proxy.passthrough()
-        await made.close()
-
-
-async def test_refused_is_transient_and_fast(redis_proxy: FaultProxy, redis_prefix: str) -> None:
-    made = proxied(redis_proxy, redis_prefix, connect_timeout=10)
-    redis_proxy.refuse()
-    try:
-        started = time.monotonic()
-        with pytest.raises(TransientBackendError):
-            await made.get("k")
-        with pytest.raises(TransientBackendError):
-            await made.put("k", b"v")
-        # Refused costs no timeout: a call that waited out the 10 s connect timeout would
-        # not fit; a busy machine does.
-        assert time.monotonic() - started < 5
-    finally:
-        redis_proxy.passthrough()
-        await made.close()
-
-
-async def test_reset_mid_reply_is_transient(redis_proxy: FaultProxy, redis_prefix: str) -> None:
-    made = proxied(redis_proxy, redis_prefix)
-    try:
-        await made.put("big", b"z" * (1 << 20))
-        redis_proxy.reset_after(64 * 1024)
-        with pytest.raises(TransientBackendError):
-            await asyncio.wait_for(made.get("big"), 60)
-        redis_proxy.passthrough()
-        assert await made.get("big") == b"z" * (1 << 20)  # the pool recovers
-    finally:
-        redis_proxy.passthrough()
-        await made.close()
+# --- failures: classified (bounded in time: tests/contract/test_fault_contract.py) ---
 
 
 async def test_oom_is_transient(b: RedisBackend, redis_client: redis.Redis) -> None:

@@ -1,18 +1,17 @@
 """s3:// backend against real S3 servers (SeaweedFS and moto), directly and through a
-fault proxy. The shared contract runs in tests/contract; these tests cover client
-sharing, multipart uploads, conditional creates of large entries, and that every failure
-is classified, actionable and bounded in time (botocore makes exactly one attempt)."""
+fault proxy. The shared contract and the fault contract (refused, black-holed and reset
+connections, client sharing, paged listing, a missing bucket, a 503) run in tests/contract;
+these tests cover what is S3's own: one client for concurrent first calls, multipart uploads
+and their aborts, conditional creates of large entries, and that every failure is
+classified and actionable (botocore makes exactly one attempt)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import os
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -77,28 +76,6 @@ def uploads_left(s3: S3Server, prefix: str) -> list[str]:
 # --- client sharing ------------------------------------------------------------------
 
 
-async def test_construction_does_no_io_and_instances_share_one_client(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    tasks = asyncio.all_tasks()
-    a, b = s3_via_proxy(), s3_via_proxy()
-    assert asyncio.all_tasks() == tasks, "constructing a backend must start no task"
-    s3_proxy.settle()
-    assert s3_proxy.connections == 0, "nor connect"
-    assert CLIENTS.peek(a.client_key) is None, "nor create a client"
-    await a.put("k", b"v")
-    assert await b.get("k") == b"v"
-    client = CLIENTS.peek(a.client_key)
-    assert client is not None and client is CLIENTS.peek(b.client_key)
-    await a.close()
-    await a.close()  # idempotent
-    assert CLIENTS.peek(b.client_key) is client, "b still uses the shared client"
-    assert await b.exists("k") is True
-    await b.close()
-    assert CLIENTS.peek(b.client_key) is None, "the last close closes the client"
-    assert await b.get("k") == b"v", "a closed instance reopens lazily"
-
-
 async def test_concurrent_first_calls_create_one_client(
     s3_via_proxy: Callable[..., S3Backend],
 ) -> None:
@@ -148,17 +125,6 @@ async def test_concurrent_large_creates_store_one_whole_entry(
     assert uploads_left(s3_server, s3_prefix) == [], "losing uploads must be aborted"
 
 
-async def test_large_create_of_existing_key_uploads_nothing(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(multipart_threshold=6 * MiB, part_size=5 * MiB)
-    assert await backend.put("k", b"a" * (7 * MiB)) is True
-    s3_proxy.reset_counters()
-    assert await backend.put("k", b"b" * (7 * MiB)) is False
-    assert s3_proxy.bytes_to_server < 64 * 1024
-    assert await backend.get("k") == b"a" * (7 * MiB)
-
-
 async def test_reset_mid_upload_leaves_nothing(
     s3_proxy: FaultProxy,
     s3_via_proxy: Callable[..., S3Backend],
@@ -201,28 +167,6 @@ async def test_cancelled_upload_is_aborted(
 
 
 # --- errors --------------------------------------------------------------------------
-
-
-async def test_missing_bucket_is_permanent_and_says_what_to_do(s3_server: S3Server) -> None:
-    backend = make(s3_url(s3_server, "p", bucket=f"missing-{uuid.uuid4().hex[:8]}"))
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "get": lambda: backend.get("k"),
-        "exists": lambda: backend.exists("k"),
-        "delete": lambda: backend.delete("k"),
-        "list": lambda: backend.list().__anext__(),
-    }
-    if not isinstance(s3_server, SeaweedS3):  # SeaweedFS creates the bucket on a PUT by an admin
-        calls["put"] = lambda: backend.put("k", b"v")
-    try:
-        for op, call in calls.items():
-            with pytest.raises(PermanentBackendError) as info:
-                await call()
-            message = str(info.value)
-            assert "does not exist" in message, (op, message)
-            assert "terraform/modules/s3-cache" in message
-            assert message.startswith("s3://missing-")
-    finally:
-        await backend.close()
 
 
 @pytest.mark.parametrize(
@@ -272,133 +216,6 @@ async def test_no_credentials_is_permanent(
             await unknown.get("k")
     finally:
         await unknown.close()
-
-
-async def test_refused_connection_is_transient_and_fast(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(connect_timeout=10)
-    s3_proxy.refuse()
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError):
-        await backend.get("k")
-    with pytest.raises(TransientBackendError):
-        await backend.put("k", b"v")
-    # Refused costs no timeout: a call that waited out the 10 s connect timeout would not
-    # fit, nor would botocore's retries with backoff; a busy machine does.
-    assert time.monotonic() - started < 5.0
-
-
-async def test_blackhole_is_one_bounded_attempt(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy(read_timeout=1, connect_timeout=1)
-    s3_proxy.blackhole()  # before the first call: each attempt opens its own connection
-    started = time.monotonic()
-    with pytest.raises(TransientBackendError, match=r"(?i)timeout"):
-        await backend.get("k")
-    elapsed = time.monotonic() - started
-    s3_proxy.settle()
-    assert s3_proxy.connections == 1, "one attempt: a second one would connect again"
-    assert elapsed > 0.9, "it waited out the 1 s read timeout"
-    assert elapsed < 10, "the configured 1 s read timeout, not the default 20 s"
-
-
-async def test_blackhole_get_returns_within_tier_deadline(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()  # default socket timeouts (20 s read): the deadline must rule
-    await backend.put("k", b"v")
-    s3_proxy.blackhole()
-    tier = Tier(backend, RetryPolicy(timeout_s=0.5, retries=2), CircuitBreaker(100))
-    started = time.monotonic()
-    assert await tier.get("k") == (None, "timeout")
-    elapsed = time.monotonic() - started
-    assert elapsed < 8, f"{elapsed:.1f} s: the 0.5 s deadline, not the 20 s socket timeout"
-
-
-async def test_reset_mid_body_is_transient(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()
-    data = os.urandom(2 * MiB)
-    await backend.put("body", data)
-    s3_proxy.reset_after(256 * 1024)
-    with pytest.raises(TransientBackendError):
-        await asyncio.wait_for(backend.get("body"), 60)
-    s3_proxy.passthrough()
-    assert await backend.get("body") == data, "the client recovers on the next call"
-
-
-class _Throttling(BaseHTTPRequestHandler):
-    """Answers every request like an overloaded S3: 503 SlowDown."""
-
-    requests: list[str]
-    protocol_version = "HTTP/1.1"
-
-    def _answer(self) -> None:
-        type(self).requests.append(self.command)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = (
-            b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>"
-        )
-        self.send_response(503)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def throttling_endpoint() -> Iterator[tuple[str, list[str]]]:
-    handler = type("Handler", (_Throttling,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
-    server.shutdown()
-    server.server_close()
-
-
-async def test_throttling_is_transient_and_retried_only_by_the_policy(
-    moto_s3: S3Server, throttling_endpoint: tuple[str, list[str]]
-) -> None:
-    endpoint, seen = throttling_endpoint
-    backend = make(s3_url(moto_s3, "p", bucket="any-bucket", endpoint_url=endpoint))
-    try:
-        with pytest.raises(TransientBackendError, match="SlowDown"):
-            await backend.get("k")
-        assert seen == ["GET"], "botocore must not retry"
-        seen.clear()
-        tier = Tier(backend, RetryPolicy(timeout_s=5, retries=2), CircuitBreaker(100))
-        assert await tier.get("k") == (None, "error")
-        assert seen == ["GET"] * 3, "the policy layer retries transient errors"
-    finally:
-        await backend.close()
-
-
-# --- listing and fan-out -------------------------------------------------------------
-
-
-async def test_list_follows_pages(
-    s3_proxy: FaultProxy, s3_via_proxy: Callable[..., S3Backend]
-) -> None:
-    backend = s3_via_proxy()
-    backend.list_page_size = 2
-    for i in range(5):
-        await backend.put(f"l/{i}", b"x" * i)
-    s3_proxy.reset_counters()
-    assert {i.key: i.size async for i in backend.list("l/")} == {f"l/{i}": i for i in range(5)}
-    assert s3_proxy.count_requests("GET") == 3
 
 
 # --- classification of conditions the test servers cannot produce --------------------

@@ -184,6 +184,15 @@ def tier_stats(result: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     raise AssertionError(f"no tier {prefix!r} in {json.dumps(result.get('stats'))[:500]}")
 
 
+def python_c(code: str, env: Mapping[str, str]) -> str:
+    """``python -c code`` in ``env``; its stdout (asserts it ran)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def run_script(path: Path, program: str, env: Mapping[str, str]) -> dict[str, Any]:
     """``program`` written to ``path/program.py`` and run there with ``path`` first on
     ``PYTHONPATH`` (its helper modules beside it); the dict it printed as ``RESULT <json>``

@@ -18,7 +18,7 @@ import pickle
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -198,21 +198,12 @@ class FakeGraph:
 
 
 @pytest.fixture
-def candidates_file_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    import objcache
-    from objcache.client import reset_client
-
-    monkeypatch.setenv("OBJCACHE_TIERS", f"file://{tmp_path / 'store'}")
-    monkeypatch.setenv("OBJCACHE_LOCAL_DIR", str(tmp_path / "local"))
-    monkeypatch.setenv("OBJCACHE_PREFETCH", "0")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.delenv("OBJCACHE_SIGNING_KEY", raising=False)
+def candidates_file_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``installed_file_store`` (tests/integrations/torch/conftest.py) with guarded candidates
+    at their default, on, whatever the environment says: unset before the install reads it."""
     monkeypatch.delenv("OBJCACHE_GUARDED_CANDIDATES", raising=False)
-    reset_client()
-    objcache.install()
-    yield tmp_path
-    objcache.uninstall()
-    reset_client()
+    store: Path = request.getfixturevalue("installed_file_store")
+    return store
 
 
 def _machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, **env: str) -> Path:

@@ -1,9 +1,11 @@
 """``objcache demo``'s report, rendered from worker results without compiling anything: it
-fits an 80-column terminal with every value whole, and stays the same when wider."""
+fits an 80-column terminal with every value whole, and stays the same when wider; and the
+demo's three runs (cold, then a new machine twice) with the worker's runs faked."""
 
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import pytest
@@ -178,3 +180,37 @@ def test_the_report_ends_with_the_new_machine_against_the_cold_one() -> None:
     text = rendered(TYPICAL, 80)
     summary = "New machine: first step 3.9s instead of 25.6s (6.6x), 0 kernel builds."
     assert text.splitlines()[-1] == summary
+
+
+def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from objcache.integrations.torch import demo, demo_jobs
+
+    machines: list[str] = []
+
+    def fake_run_job(args: Any, env: Any, **kw: Any) -> demo_jobs.Job:
+        machines.append(env["TORCHINDUCTOR_CACHE_DIR"])
+        assert env["TMPDIR"].startswith(os.path.dirname(env["TORCHINDUCTOR_CACHE_DIR"]))
+        kw["on_stage"]("compile")
+        n = len(machines) - 1
+        result = {
+            "ok": True,
+            "match": True,
+            "first_step_s": (40.0, 5.0, 4.0)[n],
+            "torch": {"fxgraph_cache_miss": 2} if n == 0 else {"fxgraph_cache_hit": 2},
+            "stats": {
+                "cache": {"gets": {"fx-graph": 2}, "hits": {"fx-graph": 2 if n == 1 else 0}},
+                "tiers": [{"local": False, "bytes_read": 2048 * n, "bytes_written": 0}],
+            },
+            "integration": {"kernels": {"builds": (10, 0, 0)[n]}},
+        }
+        return demo_jobs.Job(result, 1.0, 0)
+
+    monkeypatch.setattr(demo, "run_job", fake_run_job)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert demo.main() == 0  # what `objcache demo` calls: no arguments
+    out = capsys.readouterr().out
+    assert machines[0] != machines[1] == machines[2]
+    for text in ("cold", "new machine", "warm", "objcache fx-graph", "8.0x", "0 kernel builds"):
+        assert text in out, text

@@ -1,0 +1,31 @@
+"""Helpers for the torch integration tests that run torch's cache classes in this process
+against a real file:// store (the ``installed_file_store`` fixture of
+tests/integrations/torch/conftest.py): a new machine, and one of torch's remote caches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def new_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    """Forget everything local: a fresh objcache local dir and Inductor dir, same store."""
+    from objcache.client import get_client, reset_client
+
+    get_client().flush()
+    reset_client()
+    monkeypatch.setenv("OBJCACHE_LOCAL_DIR", str(tmp_path / f"local-{name}"))
+    inductor = tmp_path / f"inductor-{name}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    return inductor
+
+
+def remote_cache(name: str, cache_id: str) -> Any:
+    """torch's remote cache class ``name`` (as installed) for ``cache_id``."""
+    from torch._inductor import remote_cache
+
+    cache = remote_cache.create_cache(cache_id, False, "Fb" + name, name)
+    assert cache is not None
+    return cache
