@@ -706,9 +706,23 @@ def _path_in(module: Any, code: types.CodeType, qualname: str) -> str | None:
             target, steps = target.__func__, [*steps, "__func__"]
         if getattr(target, "__code__", None) is code:
             return f"__import__({top!r})" + "".join(f".{s}" for s in (*steps, "__code__"))
-        target, steps = getattr(target, "__wrapped__", None), [*steps, "__wrapped__"]
-        if target is None:
-            return None
+        wrapped = getattr(target, "__wrapped__", None)
+        if wrapped is None:  # a wrapper holding what it wraps in its closure (Dynamo's own
+            return _in_closure(target, code, top, steps)  # patch of nn.Module.__init__)
+        target, steps = wrapped, [*steps, "__wrapped__"]
+    return None
+
+
+def _in_closure(fn: Any, code: types.CodeType, top: str, steps: list[str]) -> str | None:
+    """The source of ``code`` as the code of a function in one of ``fn``'s closure cells."""
+    for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        try:
+            held = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if getattr(held, "__code__", None) is code:
+            path = "".join(f".{s}" for s in steps)
+            return f"__import__({top!r}){path}.__closure__[{i}].cell_contents.__code__"
     return None
 
 

@@ -712,3 +712,25 @@ def test_a_tuple_rebuilt_at_every_call_passes_while_it_holds_the_same_items() ->
     check = pg.check_for([record], {})
     assert check({"args": items(_square, 0.0)})
     assert not check({"args": items(_square, -0.0)})
+
+
+def test_a_method_a_closure_wraps_is_named_through_the_closure() -> None:
+    """Dynamo replaces ``nn.Module.__init__`` by a function that calls the original from
+    its closure: an inlined original ``__init__`` is named through that cell."""
+    import torch
+
+    init = torch.nn.Module.__init__
+    original = init
+    for cell in getattr(init, "__closure__", None) or ():
+        if getattr(cell.cell_contents, "__qualname__", "") == "Module.__init__":
+            original = cell.cell_contents
+    if original is init:  # Dynamo has not patched it in this process yet
+        torch._dynamo.mutation_guard.install_generation_tagging_init()
+        init = torch.nn.Module.__init__
+        original = next(c.cell_contents for c in init.__closure__ if callable(c.cell_contents))
+    (record,) = pg.inlined_code_records([_square.__code__, original.__code__])
+    assert ".__closure__[" in record.source and record.source.endswith(".cell_contents.__code__")
+    check = pg.check_for([record], {})
+    assert check({})
+    root, steps = pg.parse_source(record.source) or ("", ())
+    assert pg.resolve(root, steps, {}, {}) is original.__code__
