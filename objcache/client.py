@@ -135,6 +135,12 @@ class Client:
             return payload
         return self._run(lambda: self.cache.get(kind, key), None)
 
+    def get_local(self, kind: str, key: str) -> bytes | None:
+        """A verified payload from the local tier only, no lookup counted (work a prefetch
+        does beside the compile: objcache/integrations/torch/kernel_places.py)."""
+        hit = reads.read_local_sync(self.cache, kind, key)
+        return None if hit is None else hit[0]
+
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: writes.put(self.cache, kind, key, payload), None)

@@ -238,11 +238,13 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
 
 
 def _apply_kernels(module: Any) -> None:
-    from objcache.integrations.torch import kernels
+    from objcache.integrations.torch import kernel_places, kernels
 
     if features.off("kernels") is not None:
         return
     kernels.apply(module)
+    if kernel_places.note not in kernels.output_listeners:
+        kernels.output_listeners.append(kernel_places.note)
     _installed_parts.add("kernels")
 
 
@@ -436,9 +438,17 @@ def start_client() -> None:
     job's prefetch (:mod:`objcache.core.manifest`) in the background.
     """
     try:
-        objcache.get_client()
+        client = objcache.get_client()
     except Exception as exc:
         failed("client", exc)
+        return
+    if "kernels" in _installed_parts:
+        from objcache.integrations.torch import kernel_places
+
+        try:
+            kernel_places.start(client)
+        except Exception as exc:
+            failed("kernel placement", exc)
 
 
 def installed() -> bool:

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -904,3 +905,66 @@ def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
         os.chown(root, 12345, -1)
         with pytest.raises(seed.UnsafeDir, match="owned by uid 12345"):
             seed.import_local(inductor_dir=root)
+
+
+def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel built on one machine is put where torch's loader looks on the next, from
+    the prefetch's local entries, before any build runs there; only a record of this
+    machine's, in the form torch names a kernel, naming the binary's own key, is placed, and
+    never over a file already there (docs/architecture.md, "Kernels placed before the
+    compile")."""
+    from objcache.client import get_client
+    from objcache.integrations.torch import kernel_places, kernels
+
+    src = installed_file_store / "inductor" / "ab" / "cabxyz.cpp"
+    src.parent.mkdir(parents=True)
+    src.write_text('extern "C" int answer() { return 42; }\n')
+    built = _builder(src, src.parent)
+    built.build()
+    p = kernels.plan(built)
+    assert p is not None and Path(p.target).name == "cabxyz.so"
+    kernels.wait_stored(60)
+    record = f"{kernel_places.machine()}-{p.key}"
+    assert get_client().get(kernel_places.KIND, record) == b"ab/cabxyz.so"
+
+    inductor = _new_machine(installed_file_store, monkeypatch, "b")
+    client = get_client()
+    # the prefetch brings the entries into the local tier (here: read through once)
+    assert client.get(kernels.KIND, p.key) is not None
+    assert client.get(kernel_places.KIND, record) is not None
+    deadline = time.monotonic() + 10  # the local write-through of a remote hit is behind
+    while client.get_local(kernels.KIND, p.key) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    while client.get_local(kernel_places.KIND, record) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    placer = kernel_places.Placer(client, str(inductor))
+    before = kernels.counters()
+    assert placer.place(p.key)
+    placed = inductor / "ab" / "cabxyz.so"
+    assert placed.read_bytes() == Path(p.target).read_bytes() and os.access(placed, os.X_OK)
+    assert placer.place(p.key) is False  # once
+    # torch's own loader now finds it: the build is skipped, nothing is fetched
+    again = _builder(inductor / "ab" / "cabxyz.cpp", inductor / "ab")
+    assert again.get_target_file_path() == str(placed)
+    assert kernels.counters().get("placed", 0) == before.get("placed", 0) + 1
+
+    # refused: another machine's record, a path not torch's, a path with another suffix, a
+    # file already there (left as it is)
+    other = kernel_places.Placer(client, str(inductor))
+    other.prefix = "0" * 20 + "-"
+    assert other.place(p.key) is None  # not local: tried again later, never placed
+    for bad in (b"../ab/cabxyz.so", b"ab/cdexyz.so", b"/ab/cabxyz.so", b"ab/cabxyz.o", b"ab"):
+        assert not kernel_places.Placer(client, str(inductor)).place(p.key, record=bad)
+    placed.unlink()
+    placed.write_bytes(b"torch's own")
+    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert placed.read_bytes() == b"torch's own"
+    placed.unlink()
+    placed.symlink_to(installed_file_store / "elsewhere")
+    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert not (installed_file_store / "elsewhere").exists()
+    after = kernels.counters()
+    assert after.get("place_refused", 0) - before.get("place_refused", 0) == 5
+    assert after.get("place_present", 0) - before.get("place_present", 0) >= 2
