@@ -26,7 +26,7 @@ from typing import Any
 from objcache.core.read_decision import LEASED_ELSEWHERE
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
-from objcache.entry.layout import parse_object_key
+from objcache.entry.layout import CANDIDATES_MARK, parse_object_key
 from objcache.errors import EntryError
 from objcache.observe.prefetch_timeline import PrefetchTimeline
 
@@ -300,4 +300,21 @@ async def record_run(cache: TieredCache, job: str, run_id: str | None = None) ->
     used = {k for k in cache.recorded if parse_object_key(k) and f"/{KIND}/" not in k}
     if not used or used <= cache.prefetched or cache.read_only:
         return None
-    return await write_run(cache, job, used | cache.prefetched, run_id, order=cache.asked)
+    listed = used | cache.prefetched
+    return await write_run(cache, job, listed, run_id, order=need_order(cache.asked, listed))
+
+
+def need_order(asked: Iterable[str], listed: set[str]) -> list[str]:
+    """The keys of ``listed`` a run asked for, in the order it first did: a candidate
+    (``<key>!/<digest>``) where its folder was first listed (``asked`` holds the folder)."""
+    place: dict[str, int] = {}
+    for i, okey in enumerate(asked):
+        place.setdefault(okey, i)
+    ranked: list[tuple[int, str]] = []
+    for okey in listed:
+        cut = okey.rfind(CANDIDATES_MARK + "/")
+        folder = place.get(okey[: cut + 2]) if cut >= 0 else None
+        seen = [i for i in (place.get(okey), folder) if i is not None]
+        if seen:
+            ranked.append((min(seen), okey))
+    return [okey for _, okey in sorted(ranked)]

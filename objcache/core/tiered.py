@@ -109,8 +109,10 @@ class TieredCache:
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
         self.prefetched: set[str] = set()
-        #: Object keys in the order this process first looked each up (at most
-        #: :data:`MAX_ASKED`): the order a manifest asks the next machine to fetch them in.
+        #: Object keys in the order this process first looked each up, or wrote one no
+        #: lookup asked for, and candidate folders (``<key>!/``) in the order it listed them
+        #: (at most :data:`MAX_ASKED`): the order a manifest asks the next machine to fetch
+        #: them in (core/manifest.py, ``record_run``).
         self.asked: dict[str, None] = {}
         #: Told (on the loop thread) each prefetched object key as it is fetched, with its
         #: payload, or found local (None); a listener only queues work (core/manifest.py).

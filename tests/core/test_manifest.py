@@ -404,6 +404,41 @@ async def test_lookups_are_remembered_in_first_asked_order_and_written_with_the_
     assert sorted(need.rank, key=need.rank.__getitem__) == [okeys[2], okeys[0], okeys[1]]
 
 
+async def test_a_candidate_ranks_where_its_folder_was_listed_and_an_unasked_write_where_made() -> (
+    None
+):
+    """A guarded candidate's object key is only known once listed: it ranks where the run
+    first listed its key's folder; an entry no lookup asked for (a kernel's place record)
+    ranks where the run wrote it, next to what it goes with."""
+    from objcache.core import candidates, writes
+
+    writer, _okeys, _ = await job_in_a_store(1)
+    reader, _local = make(writer.remotes[0])
+    await reader.get("kernel", "first")  # a miss, asked first
+    assert await candidates.get_candidates(reader, "fx-graph", "graph") == []
+    await writes.put(reader, "kernel-place", "record", b"ab/cab.so")
+    folder = await candidates.put_candidate(reader, "fx-graph", "graph", b"g")
+    await writes.put(reader, "kernel", "first", b"k")
+    listed = {
+        folder,
+        *(
+            reader.namespace.object_key(k, n)
+            for k, n in (
+                ("kernel-place", "record"),
+                ("kernel", "first"),
+                ("kernel", "never-asked-listed"),
+            )
+        ),
+    }
+    order = manifest.need_order(reader.asked, listed)
+    assert order == [
+        reader.namespace.object_key("kernel", "first"),
+        folder,
+        reader.namespace.object_key("kernel-place", "record"),
+    ]
+    await reader.flush(5)
+
+
 def test_a_hostile_order_costs_a_bounded_parse_and_is_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -34,6 +34,7 @@ vector-ISA probe's verdict still skips the dlopen child for it (docs/architectur
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -65,6 +66,8 @@ _machine: str | None = None
 _written: set[str] = set()
 _lock = threading.Lock()
 _placer: Placer | None = None
+#: What :meth:`Placer.stop` queues.
+_STOP = ("", None, None, -1)
 
 
 def machine() -> str:
@@ -177,9 +180,18 @@ class Placer:
             self.queued += 1
             self.queue.put((name, None, payload, 0))
 
+    def stop(self) -> None:
+        """No more placements: the listener is removed and the thread ends."""
+        with contextlib.suppress(ValueError):
+            self.client.cache.prefetch_listeners.remove(self.arrived)
+        self.queue.put(_STOP)
+
     def _run(self) -> None:
         while True:
-            key, record, binary, tries = self.queue.get()
+            item = self.queue.get()
+            if item is _STOP:
+                return
+            key, record, binary, tries = item
             try:
                 if self.place(key, record, binary) is None and tries < RETRIES:
                     # a prefetched entry still on its way to the local tier: once more later
@@ -234,8 +246,41 @@ class Placer:
         return True
 
 
+def enable() -> None:
+    """Start placement beside the prefetch of every process-wide client: the one built
+    already, and each one built later, on any path (``install()`` builds it up front, the
+    zero-code path at its first lookup: :data:`objcache.client.client_listeners`)."""
+    from objcache import client as clients
+
+    if _started not in clients.client_listeners:
+        clients.client_listeners.append(_started)
+    current = clients.current_client()
+    if current is not None:
+        _started(current)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: no placement for clients built later, the running one stopped."""
+    global _placer
+    from objcache import client as clients
+
+    with contextlib.suppress(ValueError):
+        clients.client_listeners.remove(_started)
+    with _lock:
+        placer, _placer = _placer, None
+    if placer is not None:
+        placer.stop()
+
+
+def _started(client: Any) -> None:
+    try:
+        start(client)
+    except Exception as exc:
+        kernels.warn_once("kernel placement", exc)
+
+
 def start(client: Any) -> Placer | None:
-    """Place this process's prefetched kernels in the background (once per process)."""
+    """Place this process's prefetched kernels in the background (once per client)."""
     global _placer
     if client.prefetch_result is None:
         return None
@@ -245,7 +290,10 @@ def start(client: Any) -> Placer | None:
         root = kernels.inductor_cache_dir()
         if root is None:
             return None
+        if _placer is not None:
+            _placer.stop()  # a client replaced (install(config)) or a forked child's
         placer = _placer = Placer(client, root)
+        kernels.count("place_started")
     cache = client.cache
     cache.prefetch_listeners.append(placer.arrived)
     # keys the prefetch found or fetched before the listener was there

@@ -907,6 +907,20 @@ def test_seed_reads_only_what_this_user_put_in_the_inductor_dir(
             seed.import_local(inductor_dir=root)
 
 
+def _kernel_built(src: Path, answer: int) -> Any:
+    """A kernel built (and stored, with its place record) from ``src``; returns its plan."""
+    from objcache.integrations.torch import kernels
+
+    src.parent.mkdir(parents=True)
+    src.write_text(f'extern "C" int answer() {{ return {answer}; }}\n')
+    built = _builder(src, src.parent)
+    built.build()
+    p = kernels.plan(built)
+    assert p is not None
+    kernels.wait_stored(60)
+    return p
+
+
 def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -918,14 +932,8 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     from objcache.client import get_client
     from objcache.integrations.torch import kernel_places, kernels
 
-    src = installed_file_store / "inductor" / "ab" / "cabxyz.cpp"
-    src.parent.mkdir(parents=True)
-    src.write_text('extern "C" int answer() { return 42; }\n')
-    built = _builder(src, src.parent)
-    built.build()
-    p = kernels.plan(built)
-    assert p is not None and Path(p.target).name == "cabxyz.so"
-    kernels.wait_stored(60)
+    p = _kernel_built(installed_file_store / "inductor" / "ab" / "cabxyz.cpp", 42)
+    assert Path(p.target).name == "cabxyz.so"
     record = f"{kernel_places.machine()}-{p.key}"
     assert get_client().get(kernel_places.KIND, record) == b"ab/cabxyz.so"
 
@@ -968,3 +976,35 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     after = kernels.counters()
     assert after.get("place_refused", 0) - before.get("place_refused", 0) == 5
     assert after.get("place_present", 0) - before.get("place_present", 0) >= 2
+
+
+def test_kernels_are_placed_beside_the_prefetch_of_a_client_built_by_a_first_lookup(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placement starts with whichever client the process builds, not only with the one
+    ``install()`` builds up front: the zero-code path builds it at its first lookup
+    (objcache.client.client_listeners)."""
+    from objcache.client import get_client, reset_client
+    from objcache.integrations.torch import kernel_places, kernels
+
+    p = _kernel_built(installed_file_store / "inductor" / "cd" / "ccdxyz.cpp", 7)
+    get_client().flush()
+    reset_client()  # the run's manifest lists the kernel and its place record
+    inductor = _new_machine(installed_file_store, monkeypatch, "b")
+    monkeypatch.setenv("OBJCACHE_PREFETCH", "1")
+    before = kernels.counters()
+    client = get_client()  # as a first lookup would: no start_client()
+    assert client.prefetch_result is not None
+    client.prefetch_result.result(30)
+    placed = inductor / "cd" / "ccdxyz.so"
+    deadline = time.monotonic() + 10
+    while not placed.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    after = kernels.counters()
+    assert placed.exists(), (before, after)
+    assert placed.read_bytes() == Path(p.target).read_bytes()
+    # (a background store of an earlier test may build a client too: at least ours)
+    assert after.get("place_started", 0) >= before.get("place_started", 0) + 1
+    assert after.get("placed", 0) >= before.get("placed", 0) + 1
+    assert kernel_places.start(client) is not None  # the same placer: started once
+    assert kernels.counters().get("place_started", 0) == after.get("place_started", 0)
