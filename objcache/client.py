@@ -135,6 +135,12 @@ class Client:
             return payload
         return self._run(lambda: self.cache.get(kind, key), None)
 
+    def get_local(self, kind: str, key: str) -> bytes | None:
+        """A verified payload from the local tier only, no lookup counted (work a prefetch
+        does beside the compile: objcache/integrations/torch/kernel_places.py)."""
+        hit = reads.read_local_sync(self.cache, kind, key)
+        return None if hit is None else hit[0]
+
     def put(self, kind: str, key: str, payload: bytes) -> None:
         """Local write now, remote writes in the background."""
         self._run(lambda: writes.put(self.cache, kind, key, payload), None)
@@ -315,6 +321,11 @@ def _write_stats_file(client: Client) -> None:
 _lock = threading.Lock()
 _client: Client | None = None
 _client_pid = 0
+#: Told each process-wide client once it is built (on the thread that built it, after the
+#: lock): work an integration starts beside the client's prefetch, whichever path built it
+#: (``install()``, or a first lookup on the zero-code path). A listener that raises is
+#: logged and dropped.
+client_listeners: list[Callable[[Client], None]] = []
 
 
 def get_client(config: Config | None = None) -> Client:
@@ -325,13 +336,27 @@ def get_client(config: Config | None = None) -> Client:
     if client is not None and _client_pid == pid and config is None:
         return client
     with _lock:
-        if _client is None or _client_pid != pid or config is not None:
-            if _client is not None and _client_pid == pid:
-                _client.close()
-            _client = Client(config or Config.from_env())
-            _client_pid = pid
-            process_stats.run_group()  # named before this process starts others
-        return _client
+        if _client is not None and _client_pid == pid and config is None:
+            return _client  # another thread built it meanwhile
+        if _client is not None and _client_pid == pid:
+            _client.close()
+        client = _client = Client(config or Config.from_env())
+        _client_pid = pid
+        process_stats.run_group()  # named before this process starts others
+    for listener in list(client_listeners):
+        try:
+            listener(client)
+        except Exception:
+            log.debug("client listener %r failed; dropped", listener, exc_info=True)
+            with contextlib.suppress(ValueError):
+                client_listeners.remove(listener)
+    return client
+
+
+def current_client() -> Client | None:
+    """The process-wide client where this process has built one, else None (builds none)."""
+    client = _client
+    return client if client is not None and _client_pid == os.getpid() else None
 
 
 # Whether key cards are kept is this client's configuration: observe reads it through the

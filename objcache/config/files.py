@@ -92,6 +92,7 @@ def publish_file(
     mode: int = 0o644,
     dir_mode: int = 0o700,
     create_root: bool = False,
+    replace: bool = True,
 ) -> None:
     """Atomically replace the file ``root/parts[0]/.../parts[-1]`` with ``data``.
 
@@ -104,8 +105,11 @@ def publish_file(
     in the last folder (``O_CREAT | O_EXCL | O_NOFOLLOW``, so no leftover of a killed start
     and no planted link is ever reused), given exactly ``mode``, fsynced, and renamed over
     the final name relative to the folder's fd (a rename replaces a link at the final name,
-    never follows it); the folder is then fsynced, best-effort. On any error the temporary
-    file is removed and the final name keeps what it had. Raises ``OSError``.
+    never follows it); the folder is then fsynced, best-effort. With ``replace`` false the
+    file is hard-linked to the final name instead, which raises :class:`FileExistsError`
+    where anything (a file, a link) already has that name: nothing is ever overwritten. On
+    any error the temporary file is removed and the final name keeps what it had. Raises
+    ``OSError``.
     """
     *folders, name = (_check_name(part) for part in parts)
     if create_root:
@@ -126,12 +130,12 @@ def publish_file(
             why = distrust(os.fstat(fd), euid)
             if why is not None:
                 raise UnsafeFolder(f"{walked} {why}; refusing to write there")
-        _replace_in(fd, name, data, mode)
+        _replace_in(fd, name, data, mode, replace)
     finally:
         os.close(fd)
 
 
-def _replace_in(directory: int, name: str, data: bytes, mode: int) -> None:
+def _replace_in(directory: int, name: str, data: bytes, mode: int, replace: bool = True) -> None:
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}"
     fd = os.open(tmp, CREATE_FLAGS, 0o600, dir_fd=directory)
     try:
@@ -141,7 +145,11 @@ def _replace_in(directory: int, name: str, data: bytes, mode: int) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+        if replace:
+            os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+        else:  # create only: a link fails on any name already there, never follows one
+            os.link(tmp, name, src_dir_fd=directory, dst_dir_fd=directory, follow_symlinks=False)
+            os.unlink(tmp, dir_fd=directory)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=directory)

@@ -59,6 +59,8 @@ async def get_candidates(
     (:func:`adopt_candidate`).
     """
     cache.stats.gets[kind] += 1
+    # the folder stands for every candidate in it (manifest.record_run: the order of need)
+    cache.note_asked(cache.namespace.object_prefix(kind, key))
     started = time.perf_counter()
     trail = new_trail()
     token = LOOKUP_TRAIL.set(trail)

@@ -26,7 +26,7 @@ from typing import Any
 from objcache.core.read_decision import LEASED_ELSEWHERE
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
-from objcache.entry.layout import parse_object_key
+from objcache.entry.layout import CANDIDATES_MARK, parse_object_key
 from objcache.errors import EntryError
 from objcache.observe.prefetch_timeline import PrefetchTimeline
 
@@ -58,10 +58,17 @@ class Manifest:
     job: str
     keys: frozenset[str]
     created: float
+    #: Keys in the order the run first asked for them (a subset of ``keys``): the order a
+    #: new machine fetches them in. Optional: a manifest without it is fetched unordered.
+    order: tuple[str, ...] = ()
+    #: Entries of a read ``order`` left out: not in ``keys``, repeated (counted, not fatal).
+    order_dropped: int = 0
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {"format": FORMAT, "job": self.job, "created": self.created}
         body["keys"] = sorted(self.keys)
+        if self.order:
+            body["order"] = [k for k in dict.fromkeys(self.order) if k in self.keys]
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -80,7 +87,12 @@ class Manifest:
             raise ManifestError("bad created time")
         if not all(isinstance(k, str) and parse_object_key(k) for k in keys):
             raise ManifestError("a key is not an objcache object key")
-        return cls(job, frozenset(keys), float(created))
+        order = body.get("order", [])
+        if not isinstance(order, list) or len(order) > MAX_KEYS:
+            raise ManifestError("bad order")
+        listed = frozenset(keys)
+        kept = tuple(dict.fromkeys(k for k in order if isinstance(k, str) and k in listed))
+        return cls(job, listed, float(created), kept, len(order) - len(kept))
 
 
 def _run_name(job: str) -> str:
@@ -106,9 +118,37 @@ async def list_manifests(cache: TieredCache, job: str) -> list[str]:
 
 async def read_job(cache: TieredCache, job: str) -> tuple[set[str], list[str]]:
     """The union of keys in every manifest of ``job``, and the manifest names read."""
+    keys, read, _ = await read_job_ordered(cache, job)
+    return keys, read
+
+
+@dataclass
+class Need:
+    """When a job's runs first asked for each key: its smallest place in any manifest's
+    order (``rank``), and the order entries left out (``dropped``)."""
+
+    rank: dict[str, int]
+    dropped: int = 0
+
+    def arrange(self, keys: list[str], window: int) -> list[str]:
+        """``keys`` in order of need, the unranked last; shuffled within each ``window``
+        (fetched at once anyway), so ranks of a node still fetch in different orders."""
+        random.shuffle(keys)
+        ranked = sorted(keys, key=lambda k: self.rank.get(k, len(self.rank)))
+        out: list[str] = []
+        for i in range(0, len(ranked), max(1, window)):
+            chunk = ranked[i : i + max(1, window)]
+            random.shuffle(chunk)
+            out.extend(chunk)
+        return out
+
+
+async def read_job_ordered(cache: TieredCache, job: str) -> tuple[set[str], list[str], Need]:
+    """:func:`read_job` and the order of need its manifests record (:class:`Need`)."""
     names = await list_manifests(cache, job)
     keys: set[str] = set()
     read: list[str] = []
+    need = Need({})
     payloads = await asyncio.gather(
         *(cache.get_object(cache.namespace.object_key(KIND, n)) for n in names)
     )
@@ -116,31 +156,45 @@ async def read_job(cache: TieredCache, job: str) -> tuple[set[str], list[str]]:
         if payload is None:
             continue
         try:
-            keys |= Manifest.from_bytes(payload).keys
+            parsed = Manifest.from_bytes(payload)
         except (ManifestError, EntryError):
             continue
+        keys |= parsed.keys
+        need.dropped += parsed.order_dropped
+        for place, okey in enumerate(parsed.order):
+            if place < need.rank.get(okey, place + 1):
+                need.rank[okey] = place
         read.append(name)
-    return keys, read
+    return keys, read, need
 
 
 async def write_run(
-    cache: TieredCache, job: str, keys: Iterable[str], run_id: str | None = None
+    cache: TieredCache,
+    job: str,
+    keys: Iterable[str],
+    run_id: str | None = None,
+    order: Iterable[str] = (),
 ) -> str:
-    """Write a run manifest, named ``<job>/<run_id>`` when given (the run's summary id)."""
+    """Write a run manifest, named ``<job>/<run_id>`` when given (the run's summary id);
+    ``order``: the keys in the order the run first asked for them."""
     name = f"{job}/{run_id}" if run_id else _run_name(job)
-    manifest = Manifest(job, frozenset(keys), time.time())
+    listed = frozenset(keys)
+    manifest = Manifest(job, listed, time.time(), tuple(k for k in order if k in listed))
     await put(cache, KIND, name, manifest.to_bytes())
     return name
 
 
-async def compact(cache: TieredCache, job: str, keys: set[str], merged: list[str]) -> bool:
-    """Replace ``merged`` run manifests by one; returns whether anything was compacted."""
+async def compact(
+    cache: TieredCache, job: str, keys: set[str], merged: list[str], order: Iterable[str] = ()
+) -> bool:
+    """Replace ``merged`` run manifests by one (keeping ``order``, the keys' order of need);
+    returns whether anything was compacted."""
     runs = [n for n in merged if "/run-" in n]
     if len(runs) <= COMPACT_AFTER or cache.read_only:
         return False
     name = _merged_name(job, keys)
     okey = cache.namespace.object_key(KIND, name)
-    payload = Manifest(job, frozenset(keys), time.time()).to_bytes()
+    payload = Manifest(job, frozenset(keys), time.time(), tuple(order)).to_bytes()
     # Written directly, not through write-behind: a failed or refused put (error, breaker,
     # max_size) is not "left pending", so only each tier's own answer proves it is stored.
     written = await write(cache, okey, payload, remote=Remote.DIRECT)
@@ -172,16 +226,22 @@ async def prefetch(
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = PrefetchTimeline()
-    keys, names = await read_job(cache, job)
+    keys, names, need = await read_job_ordered(cache, job)
     cache.prefetched = set(keys)
     missing = [k for k in keys if cache.local is None or not await _local_has(cache, k)]
     timeline.manifest(keys, len(names), missing)
-    # Ranks of a node prefetch in different orders and leave a key another rank is
-    # fetching to it (its lease), so together they fetch each key about once.
-    random.shuffle(missing)
+    absent = set(missing)
+    for okey in keys:
+        if okey not in absent:
+            _tell(cache, okey, None)
+    # In the order the job's runs first asked for each key (the first graph's entries
+    # first); ranks of a node still fetch in different orders within each window and leave
+    # a key another rank is fetching to it (its lease), so together they fetch each about once.
+    window = concurrency or PREFETCH_CONCURRENCY
+    missing = need.arrange(missing, window)
     if planned is not None:
         planned(len(missing))
-    limit = asyncio.Semaphore(concurrency or PREFETCH_CONCURRENCY)
+    limit = asyncio.Semaphore(window)
     elsewhere = fetched_bytes = 0
 
     async def fetch(okey: str) -> bool:
@@ -196,6 +256,7 @@ async def prefetch(
             timeline.arrive(okey, size, tier, elsewhere=tier == LEASED_ELSEWHERE)
             if payload is not None:
                 cache.stats.prefetch_fetched[tier] += 1
+                _tell(cache, okey, payload)
             fetched_bytes += size or 0
         if progress is not None:
             progress(size or 0)
@@ -203,7 +264,7 @@ async def prefetch(
 
     fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
     timeline.end()
-    compacted = await compact(cache, job, keys, names)
+    compacted = await compact(cache, job, keys, names, sorted(need.rank, key=need.rank.__getitem__))
     return {
         "job": job,
         "manifests": len(names),
@@ -212,9 +273,21 @@ async def prefetch(
         "bytes": fetched_bytes,
         "already_local": len(keys) - len(missing),
         "fetched_by_another_process": elsewhere,
+        "ordered": sum(k in need.rank for k in missing),
+        "order_dropped": need.dropped,
         "compacted": compacted,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _tell(cache: TieredCache, okey: str, payload: bytes | None) -> None:
+    """Tell the prefetch's listeners ``okey`` arrived (``payload``) or is local (None); a
+    listener that raises is dropped."""
+    for listener in list(cache.prefetch_listeners):
+        try:
+            listener(okey, payload)
+        except Exception:
+            cache.prefetch_listeners.remove(listener)
 
 
 async def _local_has(cache: TieredCache, okey: str) -> bool:
@@ -227,4 +300,21 @@ async def record_run(cache: TieredCache, job: str, run_id: str | None = None) ->
     used = {k for k in cache.recorded if parse_object_key(k) and f"/{KIND}/" not in k}
     if not used or used <= cache.prefetched or cache.read_only:
         return None
-    return await write_run(cache, job, used | cache.prefetched, run_id)
+    listed = used | cache.prefetched
+    return await write_run(cache, job, listed, run_id, order=need_order(cache.asked, listed))
+
+
+def need_order(asked: Iterable[str], listed: set[str]) -> list[str]:
+    """The keys of ``listed`` a run asked for, in the order it first did: a candidate
+    (``<key>!/<digest>``) where its folder was first listed (``asked`` holds the folder)."""
+    place: dict[str, int] = {}
+    for i, okey in enumerate(asked):
+        place.setdefault(okey, i)
+    ranked: list[tuple[int, str]] = []
+    for okey in listed:
+        cut = okey.rfind(CANDIDATES_MARK + "/")
+        folder = place.get(okey[: cut + 2]) if cut >= 0 else None
+        seen = [i for i in (place.get(okey), folder) if i is not None]
+        if seen:
+            ranked.append((min(seen), okey))
+    return [okey for _, okey in sorted(ranked)]

@@ -37,6 +37,7 @@ def note_local_hit(cache: TieredCache, kind: str, okey: str, size: int, ms: floa
     """Account a fast-path hit (event loop thread)."""
     local = cache.local
     assert local is not None
+    cache.note_asked(okey)
     cache.stats.gets[kind] += 1
     cache.stats.hits[kind] += 1
     cache.stats.served_by[local.name] += 1

@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
@@ -58,6 +58,10 @@ OFFLOAD_BYTES = 1 << 20
 #: Entries under one key are interchangeable (verified, same environment), so a slow or
 #: hung near tier must not hold a far hit back for a whole deadline.
 PRIORITY_GRACE_S = 0.020
+
+
+#: Lookups whose order a process remembers (a manifest's largest, core/manifest.py).
+MAX_ASKED = 200_000
 
 
 class TieredCache:
@@ -105,6 +109,14 @@ class TieredCache:
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
         self.prefetched: set[str] = set()
+        #: Object keys in the order this process first looked each up, or wrote one no
+        #: lookup asked for, and candidate folders (``<key>!/``) in the order it listed them
+        #: (at most :data:`MAX_ASKED`): the order a manifest asks the next machine to fetch
+        #: them in (core/manifest.py, ``record_run``).
+        self.asked: dict[str, None] = {}
+        #: Told (on the loop thread) each prefetched object key as it is fetched, with its
+        #: payload, or found local (None); a listener only queues work (core/manifest.py).
+        self.prefetch_listeners: list[Callable[[str, bytes | None], None]] = []
         #: Remote hits whose write-through to the local tier has not finished: a lookup that
         #: arrives after the shared fetch ended but before the entry is on disk is served
         #: from here instead of issuing a second remote GET.
@@ -135,6 +147,7 @@ class TieredCache:
         self.stats.gets[kind] += 1
         started = time.perf_counter()
         okey = self.namespace.object_key(kind, key)
+        self.note_asked(okey)
         trail = new_trail()
         token = LOOKUP_TRAIL.set(trail)
         timeline = self.prefetch_timeline
@@ -179,6 +192,11 @@ class TieredCache:
         if result[0] is not None:
             self.recorded.add(okey)
         return result
+
+    def note_asked(self, okey: str) -> None:
+        """Remember that a lookup asked for ``okey`` (the first time only; bounded)."""
+        if okey not in self.asked and len(self.asked) < MAX_ASKED:
+            self.asked[okey] = None
 
     def fetching(self, okey: str) -> bool:
         """Whether a fetch of ``okey`` is under way (a lookup of it would join it)."""

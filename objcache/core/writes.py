@@ -78,6 +78,8 @@ async def write(
         raise ValueError("write-behind writes in CREATE mode only")
     if manifest:
         cache.recorded.add(okey)
+        # an entry no lookup asked for (a kernel's place record) is needed where it is made
+        cache.note_asked(okey)
         if cache.remote_writable():
             body = cache.env_note.take()
             if body is not None:

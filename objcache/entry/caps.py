@@ -38,6 +38,9 @@ DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType(
         "miss-cards": 8 << 20,
         # a kernel's load verdict: a few bytes (objcache/integrations/torch/kernels.py)
         "isa-probe": 64 << 10,
+        # where a kernel lives in torch's cache dir: a short path
+        # (objcache/integrations/torch/kernel_places.py)
+        "kernel-place": 64 << 10,
         "manifest": 64 << 20,
         "pgo": 64 << 20,
         # Dynamo's bytecode, guards and the compiled graphs' code, not their kernels

@@ -33,6 +33,7 @@ KINDS: tuple[str, ...] = (
     "fx-graph",
     "isa-probe",
     "kernel",
+    "kernel-place",
     "manifest",
     "mega",
     "miss-cards",

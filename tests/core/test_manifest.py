@@ -341,6 +341,8 @@ async def test_prefetch_reports_what_it_did() -> None:
         "bytes": sum(done),
         "already_local": 2,
         "fetched_by_another_process": 0,
+        "ordered": 0,
+        "order_dropped": 0,
         "compacted": True,
     }
     assert isinstance(seconds, float) and 0 <= seconds < 2.9 and round(seconds, 3) == seconds
@@ -369,3 +371,85 @@ async def test_prefetch_leaves_a_key_another_process_is_fetching_to_it(tmp_path:
     assert await holder == b"v0" and remote.calls["get"] == 1 + 3  # the manifest, 3 entries
     await first.flush(5)
     await second.flush(5)
+
+
+async def test_a_new_machine_fetches_in_the_order_a_start_asked_and_tells_its_listeners() -> None:
+    """The manifest records the order of a run's first lookups; the next machine's prefetch
+    fetches in that order (shuffled only within a window fetched at once) and tells each
+    listener every key as it is local (docs/architecture.md, "Prefetch ordered by need")."""
+    writer, okeys, _ = await job_in_a_store(12)
+    need = list(reversed(okeys))  # asked last-written first
+    await manifest.write_run(writer, "ordered", okeys, order=need)
+    await writer.flush(5)
+    reader, local = make(writer.remotes[0])
+    mem(local).data[okeys[0]] = mem(writer.remotes[0]).data[okeys[0]]  # already local
+    told: list[tuple[str, bool]] = []
+    reader.prefetch_listeners.append(lambda okey, payload: told.append((okey, payload is None)))
+    result = await manifest.prefetch(reader, "ordered", concurrency=1)
+    assert result["ordered"] == 11 and result["order_dropped"] == 0
+    fetched = [k for k, was_local in told if not was_local]
+    assert fetched == need[:-1], "one at a time: exactly the order of need"
+    assert [k for k, was_local in told if was_local] == [okeys[0]]
+
+
+async def test_lookups_are_remembered_in_first_asked_order_and_written_with_the_run() -> None:
+    writer, okeys, _ = await job_in_a_store(3)
+    reader, _local = make(writer.remotes[0])
+    for key in ("k2", "k0", "k2", "k1"):
+        await reader.get("fx-graph", key)
+    assert list(reader.asked) == [okeys[2], okeys[0], okeys[1]]
+    await manifest.record_run(reader, "asked")
+    await reader.flush(5)
+    _, _, need = await manifest.read_job_ordered(reader, "asked")
+    assert sorted(need.rank, key=need.rank.__getitem__) == [okeys[2], okeys[0], okeys[1]]
+
+
+async def test_a_candidate_ranks_where_its_folder_was_listed_and_an_unasked_write_where_made() -> (
+    None
+):
+    """A guarded candidate's object key is only known once listed: it ranks where the run
+    first listed its key's folder; an entry no lookup asked for (a kernel's place record)
+    ranks where the run wrote it, next to what it goes with."""
+    from objcache.core import candidates, writes
+
+    writer, _okeys, _ = await job_in_a_store(1)
+    reader, _local = make(writer.remotes[0])
+    await reader.get("kernel", "first")  # a miss, asked first
+    assert await candidates.get_candidates(reader, "fx-graph", "graph") == []
+    await writes.put(reader, "kernel-place", "record", b"ab/cab.so")
+    folder = await candidates.put_candidate(reader, "fx-graph", "graph", b"g")
+    await writes.put(reader, "kernel", "first", b"k")
+    listed = {
+        folder,
+        *(
+            reader.namespace.object_key(k, n)
+            for k, n in (
+                ("kernel-place", "record"),
+                ("kernel", "first"),
+                ("kernel", "never-asked-listed"),
+            )
+        ),
+    }
+    order = manifest.need_order(reader.asked, listed)
+    assert order == [
+        reader.namespace.object_key("kernel", "first"),
+        folder,
+        reader.namespace.object_key("kernel-place", "record"),
+    ]
+    await reader.flush(5)
+
+
+def test_a_hostile_order_costs_a_bounded_parse_and_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = NS.object_key("fx-graph", "k")
+    body = {"format": 1, "job": "j", "created": 1.0, "keys": [key]}
+    hostile = [key, key, "v1/x/../y", 7, NS.object_key("fx-graph", "other")]
+    parsed = Manifest.from_bytes(json.dumps({**body, "order": hostile}).encode())
+    assert parsed.order == (key,) and parsed.order_dropped == 4
+    monkeypatch.setattr(manifest, "MAX_KEYS", 3)
+    for bad in ([key] * 4, {"a": 1}, "k"):
+        with pytest.raises(ManifestError):
+            Manifest.from_bytes(json.dumps({**body, "order": bad}).encode())
+    ordered = Manifest("j", frozenset({key}), 1.0, (key, key, "v1/e/fx-graph/00/gone"))
+    assert json.loads(ordered.to_bytes())["order"] == [key]

@@ -17,12 +17,12 @@ def written_kinds() -> set[str]:
     """The kinds named by the constants of the modules that write them."""
     from objcache.core import manifest
     from objcache.integrations import triton, triton_host, vllm, vllm_aot
-    from objcache.integrations.torch import features, kernels, mega, precompile_entry
+    from objcache.integrations.torch import features, kernel_places, kernels, mega, precompile_entry
     from objcache.observe import keycards
     from objcache.observe import run_summary as summary
 
     written = {manifest.KIND, mega.KIND, summary.KIND, triton.KIND, kernels.KIND}
-    written |= {kernels.VERDICT_KIND, precompile_entry.KIND, triton_host.KIND}
+    written |= {kernels.VERDICT_KIND, kernel_places.KIND, precompile_entry.KIND, triton_host.KIND}
     written |= {vllm.KIND_MODELINFO, vllm_aot.KIND, keycards.MISSES_KIND}
     return written | set(keycards.CARD_KIND.values()) | set(features.PART_OF_KIND)
 

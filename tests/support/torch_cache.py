@@ -1,6 +1,7 @@
 """Helpers for the torch integration tests that run torch's cache classes in this process
 against a real file:// store (the ``installed_file_store`` fixture of
-tests/integrations/torch/conftest.py): a new machine, and one of torch's remote caches."""
+tests/integrations/torch/conftest.py): a new machine, one of torch's remote caches, and
+torch's C++ builder for a kernel source."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def remote_cache(name: str, cache_id: str) -> Any:
     cache = remote_cache.create_cache(cache_id, False, "Fb" + name, name)
     assert cache is not None
     return cache
+
+
+def kernel_builder(src: Path, out_dir: Path | None, **options: Any) -> Any:
+    """torch's ``CppBuilder`` for ``src`` into ``out_dir`` (None: as ``_precompile_header``
+    names its builder, by the header's full path)."""
+    from torch._inductor.cpp_builder import CppBuilder, CppOptions
+
+    header = options.pop("precompiled_header", None)
+    opts = CppOptions(**options)
+    opts.precompiled_header = header
+    if out_dir is None:
+        return CppBuilder(str(src), str(src), opts)
+    return CppBuilder(src.stem, [str(src)], opts, str(out_dir))

@@ -238,11 +238,16 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
 
 
 def _apply_kernels(module: Any) -> None:
-    from objcache.integrations.torch import kernels
+    from objcache.integrations.torch import kernel_places, kernels
 
     if features.off("kernels") is not None:
         return
     kernels.apply(module)
+    if kernel_places.note not in kernels.output_listeners:
+        kernels.output_listeners.append(kernel_places.note)
+    # beside the prefetch of whichever client is built, whenever: the zero-code path builds
+    # it at its first lookup, never through start_client()
+    kernel_places.enable()
     _installed_parts.add("kernels")
 
 
@@ -436,7 +441,7 @@ def start_client() -> None:
     job's prefetch (:mod:`objcache.core.manifest`) in the background.
     """
     try:
-        objcache.get_client()
+        objcache.get_client()  # kernel placement starts with it (kernel_places.enable)
     except Exception as exc:
         failed("client", exc)
 
@@ -459,6 +464,9 @@ def uninstall() -> None:
         if rc is not None and hasattr(rc, "ObjcacheBackend"):
             del rc.ObjcacheBackend
         if "kernels" in _installed_parts:
+            from objcache.integrations.torch import kernel_places
+
+            kernel_places.disable()
             kernels.uninstall()
         candidates.uninstall()
         keycard_capture.uninstall()

@@ -93,6 +93,8 @@ LOAD_OK = ".load_ok"
 #: Outputs of this process: target path -> (content key, whether objcache placed it).
 _outputs: dict[str, tuple[str, bool]] = {}
 _outputs_lock = threading.Lock()
+#: Told each output this process built or fetched (kernel_places.note: where it lives).
+output_listeners: list[Callable[[Plan], None]] = []
 
 
 def count(name: str, n: int = 1) -> None:
@@ -390,12 +392,19 @@ def _build(builder: Any, original: Callable[[Any], None]) -> None:
         return
     if fetch(p):
         _note_output(p, placed=True)
+        _tell(p)
         return
     _ensure_precompiled_header(builder)
     original(builder)
     count("builds")
     _note_output(p, placed=False)
     store(p)
+    _tell(p)
+
+
+def _tell(p: Plan) -> None:
+    for listener in output_listeners:
+        listener(p)  # never raises (kernel_places.note)
 
 
 # --- the vector-ISA probe ---------------------------------------------------------------------
@@ -564,6 +573,7 @@ def uninstall() -> None:
     if "_probe_load" in _originals:
         vec_isa: Any = sys.modules["torch._inductor.cpu_vec_isa"].VecISA
         vec_isa._probe_load = _originals.pop("_probe_load")
+    output_listeners.clear()
     with _outputs_lock:
         _outputs.clear()
     with _pch_lock:
@@ -591,3 +601,14 @@ def used_artifacts(include_headers: bool = False) -> Iterator[tuple[str, bytes]]
             _warn_once("bundle", exc)
             continue
         yield p.key, data
+
+
+# --- what kernel_places shares ------------------------------------------------------------------
+
+digest = _digest
+cpuinfo = _cpuinfo
+machine_roots = _roots
+inductor_cache_dir = _inductor_cache_dir
+warn_once = _warn_once
+submit = _submit
+note_output = _note_output

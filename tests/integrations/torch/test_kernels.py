@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.torch_cache import kernel_builder as _builder
 from tests.support.torch_cache import new_machine
 
 torch = pytest.importorskip("torch")
@@ -38,17 +39,6 @@ def test_a_compile_command_splits_as_shlex_splits_it(command: str) -> None:
             split_command(command)
         return
     assert split_command(command) == expected
-
-
-def _builder(src: Path, out_dir: Path | None, **options: Any) -> Any:
-    from torch._inductor.cpp_builder import CppBuilder, CppOptions
-
-    header = options.pop("precompiled_header", None)
-    opts = CppOptions(**options)
-    opts.precompiled_header = header
-    if out_dir is None:  # how _precompile_header names its builder: the header's full path
-        return CppBuilder(str(src), str(src), opts)
-    return CppBuilder(src.stem, [str(src)], opts, str(out_dir))
 
 
 def test_kernel_keys_follow_content_and_flags_not_paths(tmp_path: Path) -> None:
