@@ -161,6 +161,7 @@ async def prefetch(
     concurrency: int | None = None,
     progress: Callable[[int], None] | None = None,
     planned: Callable[[int], None] | None = None,
+    byte_budget: int = 0,
 ) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
@@ -171,6 +172,9 @@ async def prefetch(
     shares the machine with its compile; ``objcache pull --job`` has it to itself,
     docs/operations.md). ``planned`` is told how many entries
     will be fetched, ``progress`` each one's bytes as it is done (0: not fetched).
+    ``byte_budget`` (0: none): no fetch starts while the entries fetched but not yet
+    written to the local tier hold more bytes than this (a bulk pull's many fetches in
+    flight must not pile large entries up in memory faster than the disk takes them).
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = PrefetchTimeline()
@@ -184,11 +188,15 @@ async def prefetch(
     if planned is not None:
         planned(len(missing))
     limit = asyncio.Semaphore(concurrency or PREFETCH_CONCURRENCY)
+    room = asyncio.Event()  # set as a write-through ends (byte_budget)
     elsewhere = fetched_bytes = 0
 
     async def fetch(okey: str) -> bool:
         nonlocal elsewhere, fetched_bytes
         async with limit:
+            while byte_budget and cache.landing_bytes > byte_budget:
+                room.clear()
+                await room.wait()
             timeline.request(okey)
             payload, tier = await cache.get_object(
                 okey, wait=False, absent_locally=cache.local is not None
@@ -203,7 +211,13 @@ async def prefetch(
             progress(size or 0)
         return payload is not None
 
-    fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    if byte_budget:
+        cache.on_landed = room.set
+    try:
+        fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    finally:
+        if byte_budget:
+            cache.on_landed = None
     timeline.end()
     compacted = await compact(cache, job, keys, names)
     return {

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
@@ -95,6 +95,11 @@ class TieredCache:
         #: arrives after the shared fetch ended but before the entry is on disk is served
         #: from here instead of issuing a second remote GET.
         self._landing: dict[str, bytes] = {}
+        #: Bytes held by the write-throughs of :attr:`_landing` (entry and payload), which a
+        #: bulk prefetch keeps under its budget (objcache/core/manifest.py).
+        self.landing_bytes = 0
+        #: Called each time such a write-through ends (a prefetch waiting for room).
+        self.on_landed: Callable[[], None] | None = None
         #: The lookup lines (objcache/core/lookup_log.py).
         self.lookups = LookupLog()
         #: The start-up prefetch's time line, once one started (objcache/core/manifest.py).
@@ -210,7 +215,8 @@ class TieredCache:
         winner, entry, payload, absent_in = hit
         if self.local is not None:
             self._landing[okey] = payload
-            self.spawn(self.write_through(okey, entry, lease))
+            self.landing_bytes += len(entry) + len(payload)
+            self.spawn(self._land(okey, entry, payload, lease))
         elif lease is not None:
             await lease.release("")
         if not self.read_only:
@@ -335,6 +341,15 @@ class TieredCache:
 
     def _remote_readable(self) -> bool:
         return any(t.readable for t in self.remotes)
+
+    async def _land(self, okey: str, entry: bytes, payload: bytes, lease: Lease | None) -> None:
+        """:meth:`write_through` of a remote hit held in :attr:`_landing`."""
+        try:
+            await self.write_through(okey, entry, lease)
+        finally:
+            self.landing_bytes -= len(entry) + len(payload)
+            if self.on_landed is not None:
+                self.on_landed()
 
     async def write_through(self, okey: str, entry: bytes, lease: Lease | None = None) -> None:
         """A verified remote entry into the local tier (OVERWRITE), letting go of the key's

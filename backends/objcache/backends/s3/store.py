@@ -5,7 +5,7 @@ URL options (all optional)::
     region=us-east-1            endpoint_url=http://host:port    profile=ci
     addressing_style=path|virtual|auto
     connect_timeout=3  read_timeout=20           (seconds, per socket operation)
-    max_pool_connections=64
+    max_pool_connections=256
     multipart_threshold=16777216  part_size=8388608  part_concurrency=8
     direct=1                    (0: send every request through botocore)
 
