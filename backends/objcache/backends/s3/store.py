@@ -12,10 +12,10 @@ URL options (all optional)::
 * **One client per (process, event loop, region/endpoint/profile/...)**, shared by every
   instance: construction does no I/O; the client is created on the first call and closed
   when the last instance that used it is closed (:mod:`objcache.backends.shared`).
-* **Single-part GET, PUT and HEAD skip botocore's per-call machinery**
-  (:mod:`objcache.backends.s3.direct`): signed here, sent over aiohttp, at about a quarter
-  of the CPU. botocore still resolves the endpoint and credentials and makes every other
-  call; ``direct=0`` sends everything through it.
+* **Single-part GET, PUT and HEAD, and the parts of a multipart upload, skip botocore's
+  per-call machinery** (:mod:`objcache.backends.s3.direct`): signed here, sent over
+  aiohttp, at about a quarter of the CPU. botocore still resolves the endpoint and
+  credentials and makes every other call; ``direct=0`` sends everything through it.
 * **No hidden retries**: botocore makes one attempt; :mod:`objcache.core.policy` retries
   transient errors inside the tier deadline. Errors are classified in
   :mod:`objcache.backends.s3.errors`.
@@ -444,7 +444,7 @@ class S3Backend(Backend):
             raise await self._fail(client, exc, "put") from exc
         upload_id: str = created["UploadId"]
         try:
-            parts = await self._upload_parts(client, name, upload_id, data)
+            parts = await self._upload_parts(s3, name, upload_id, data)
             extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
             await client.complete_multipart_upload(
                 Bucket=self.bucket,
@@ -466,15 +466,27 @@ class S3Backend(Backend):
         return True
 
     async def _upload_parts(
-        self, client: Any, name: str, upload_id: str, data: bytes
+        self, s3: S3Client, name: str, upload_id: str, data: bytes
     ) -> builtins.list[dict[str, Any]]:
         size = max(self.part_size, -(-len(data) // MAX_PARTS))
         offsets = range(0, len(data), size)
         gate = asyncio.Semaphore(self.part_concurrency)
+        view = memoryview(data)
 
         async def part(number: int, start: int) -> dict[str, Any]:
             async with gate:  # bounds both requests and the bytes sliced out of ``data``
-                response = await client.upload_part(
+                # The direct path sends a view of ``data`` (no copy of the part) and signs
+                # it off the event loop; botocore hashed each part on the loop over http
+                # (docs/architecture.md, "S3 requests").
+                query = {"partNumber": str(number), "uploadId": upload_id}
+                headers: dict[str, str] = {}
+                body = view[start : start + size]
+                sent = await self._direct(
+                    s3, "PUT", name, "UploadPart", body=body, query=query, response_headers=headers
+                )
+                if sent is not None:
+                    return {"PartNumber": number, "ETag": headers["etag"]}
+                response = await s3.boto.upload_part(
                     Bucket=self.bucket,
                     Key=name,
                     UploadId=upload_id,
