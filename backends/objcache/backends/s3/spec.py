@@ -1,5 +1,5 @@
 """What ``s3://`` is, for the registry: scheme, location check, option table, extra;
-importing it does not import aioboto3."""
+importing it does not import aiobotocore."""
 
 from __future__ import annotations
 
@@ -25,5 +25,5 @@ OPTIONS: OptionTable = (
 )
 
 SCHEMES = (
-    Scheme("s3", "objcache.backends.s3.store:S3Backend", "s3", bucket, OPTIONS, sdk="aioboto3"),
+    Scheme("s3", "objcache.backends.s3.store:S3Backend", "s3", bucket, OPTIONS, sdk="aiobotocore"),
 )

@@ -1,4 +1,5 @@
-"""``s3://bucket/prefix``: Amazon S3 and S3-compatible stores, through aioboto3.
+"""``s3://bucket/prefix``: Amazon S3 and S3-compatible stores, through aiobotocore (which
+the ``s3`` extra installs with aioboto3).
 
 URL options (all optional)::
 
@@ -46,8 +47,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aioboto3
 from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession
 from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
@@ -101,7 +102,14 @@ class S3Client:
 
 
 async def _open_client(key: ClientKey) -> S3Client:
-    session = aioboto3.Session(profile_name=key.profile, region_name=key.region)
+    # aiobotocore's session, not aioboto3's: boto3 (the resource layer, S3 transfer
+    # helpers) is 0.1 s of every command's start-up and none of this backend's calls
+    # (docs/architecture.md, "S3 requests").
+    session = AioSession()
+    if key.profile is not None:
+        session.set_config_variable("profile", key.profile)
+    if key.region is not None:
+        session.set_config_variable("region", key.region)
     config = AioConfig(
         region_name=key.region,
         connect_timeout=key.connect_timeout,
@@ -114,7 +122,8 @@ async def _open_client(key: ClientKey) -> S3Client:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    boto = await session.client("s3", endpoint_url=key.endpoint_url, config=config).__aenter__()
+    creating = session.create_client("s3", endpoint_url=key.endpoint_url, config=config)
+    boto = await creating.__aenter__()
     direct = None
     if key.direct:
         credentials = await session.get_credentials()
@@ -134,7 +143,7 @@ async def _open_client(key: ClientKey) -> S3Client:
 def _configured_ca_bundle(session: Any) -> str | None:
     """``AWS_CA_BUNDLE`` or the profile's ``ca_bundle``, as botocore reads them."""
     try:
-        value = session._session.get_config_variable("ca_bundle")  # the botocore session
+        value = session.get_config_variable("ca_bundle")
     except Exception:
         value = os.environ.get("AWS_CA_BUNDLE")
     return str(value) if value else None
