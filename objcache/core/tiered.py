@@ -249,6 +249,12 @@ class TieredCache:
             tiers.append(t)
         if not tiers:
             return None
+        if len(tiers) == 1:  # nothing to race: no task, no wait (a bulk pull's every key)
+            found, reason = await self._get_verified(tiers[0], okey, cap)
+            if found is None:
+                reasons.append(reason)
+                return None
+            return tiers[0], found[0], found[1], []
         tasks: dict[asyncio.Future[Any], int] = {
             asyncio.ensure_future(self._get_verified(t, okey, cap)): i for i, t in enumerate(tiers)
         }
