@@ -133,10 +133,13 @@ def _copy(
 
     report = ops.CopyReport()
     keys: list[str] = []
+    sizes: dict[str, int] = {}
     started = time.perf_counter()
 
     async def run() -> ops.CopyReport:
-        keys.extend([e.info.key async for e in ops.entries(source, env=env)])
+        async for e in ops.entries(source, env=env):
+            keys.append(e.info.key)
+            sizes[e.info.key] = e.info.size
         if env:
             keys.append(f"v1/{env}/ENV.json")
         bar, advance = common.progress_bar(len(keys), what)
@@ -150,6 +153,7 @@ def _copy(
                 read_only=read_only,
                 caps=config.max_entry_bytes,
                 report=report,
+                sizes=sizes,
             )
 
     try:
@@ -284,7 +288,8 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_
                 return await manifest.prefetch(
                     cache,
                     job,
-                    concurrency=ops.CONCURRENCY,
+                    concurrency=ops.BULK_CONCURRENCY,
+                    byte_budget=ops.BULK_BYTE_BUDGET,
                     progress=lambda n: advance[0](n),
                     planned=planned,
                 )

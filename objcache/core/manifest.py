@@ -11,6 +11,7 @@ a run written meanwhile is not deleted, so no update is ever lost.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.core.read_decision import LEASED_ELSEWHERE
+from objcache.core.tier import Failed
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
 from objcache.entry.layout import CANDIDATES_MARK, parse_object_key
@@ -213,6 +215,7 @@ async def prefetch(
     concurrency: int | None = None,
     progress: Callable[[int], None] | None = None,
     planned: Callable[[int], None] | None = None,
+    byte_budget: int = 0,
 ) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
@@ -223,12 +226,15 @@ async def prefetch(
     shares the machine with its compile; ``objcache pull --job`` has it to itself,
     docs/operations.md). ``planned`` is told how many entries
     will be fetched, ``progress`` each one's bytes as it is done (0: not fetched).
+    ``byte_budget`` (0: none): no fetch starts while the entries fetched but not yet
+    written to the local tier hold more bytes than this (a bulk pull's many fetches in
+    flight must not pile large entries up in memory faster than the disk takes them).
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = PrefetchTimeline()
     keys, names, need = await read_job_ordered(cache, job)
     cache.prefetched = set(keys)
-    missing = [k for k in keys if cache.local is None or not await _local_has(cache, k)]
+    missing = await _absent_locally(cache, keys)
     timeline.manifest(keys, len(names), missing)
     absent = set(missing)
     for okey in keys:
@@ -242,11 +248,15 @@ async def prefetch(
     if planned is not None:
         planned(len(missing))
     limit = asyncio.Semaphore(window)
+    room = asyncio.Event()  # set as a write-through ends (byte_budget)
     elsewhere = fetched_bytes = 0
 
     async def fetch(okey: str) -> bool:
         nonlocal elsewhere, fetched_bytes
         async with limit:
+            while byte_budget and cache.landing_bytes > byte_budget:
+                room.clear()
+                await room.wait()
             timeline.request(okey)
             payload, tier = await cache.get_object(
                 okey, wait=False, absent_locally=cache.local is not None
@@ -262,7 +272,13 @@ async def prefetch(
             progress(size or 0)
         return payload is not None
 
-    fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    if byte_budget:
+        cache.on_landed = room.set
+    try:
+        fetched = sum(await asyncio.gather(*(fetch(k) for k in missing)))
+    finally:
+        if byte_budget:
+            cache.on_landed = None
     timeline.end()
     compacted = await compact(cache, job, keys, names, sorted(need.rank, key=need.rank.__getitem__))
     return {
@@ -290,9 +306,30 @@ def _tell(cache: TieredCache, okey: str, payload: bytes | None) -> None:
             cache.prefetch_listeners.remove(listener)
 
 
-async def _local_has(cache: TieredCache, okey: str) -> bool:
-    assert cache.local is not None
-    return bool(await cache.local.exists(okey))
+#: Keys whose presence in the local tier one worker-thread hop checks.
+PRESENCE_BATCH = 512
+
+
+async def _absent_locally(cache: TieredCache, keys: Iterable[str]) -> list[str]:
+    """The keys the local tier lacks (all of them without one). A disk tier answers for
+    :data:`PRESENCE_BATCH` keys a hop, not one hop a key: a bulk pull of 10,000 entries
+    otherwise spent seconds on these checks before its first fetch (docs/architecture.md,
+    "Prefetch manifests"). A tier that cannot answer reports the keys absent."""
+    keys = list(keys)
+    local, store = cache.local, cache.local_store
+    if local is None:
+        return keys
+    if store is None:
+        return [k for k in keys if not await local.exists(k)]
+    absent: list[str] = []
+    for i in range(0, len(keys), PRESENCE_BATCH):
+        batch = keys[i : i + PRESENCE_BATCH]
+        try:
+            held = await local.call("exists", functools.partial(store.present, batch))
+        except Failed:
+            held = set()
+        absent.extend(k for k in batch if k not in held)
+    return absent
 
 
 async def record_run(cache: TieredCache, job: str, run_id: str | None = None) -> str | None:

@@ -1,6 +1,6 @@
 """Call policies, in one place: deadlines, retries and the circuit breaker.
 
-``call_with_policy`` runs one backend call under a hard deadline (``asyncio.wait_for``),
+``call_with_policy`` runs one backend call under a hard deadline (``asyncio.timeout``),
 retrying transient errors with jittered exponential backoff (tenacity) while time remains.
 The breaker opens after N consecutive failures; while open, calls are skipped at no cost;
 after a cool-down one probe call is let through (half-open) and its outcome closes or
@@ -10,6 +10,8 @@ re-opens the breaker.
 from __future__ import annotations
 
 import asyncio
+import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -114,13 +116,24 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
     """
     timeout = policy.timeout_s if policy.timeout_s > 0 else None
     if policy.retries <= 0:  # one attempt: no retry machinery per call (listing pages)
-        return await asyncio.wait_for(fn(), timeout)
+        return await within(fn(), timeout)
 
     async def attempts() -> T:
+        # The first attempt without tenacity's machinery (about 25 us a call): nearly every
+        # call succeeds at once, and a bulk command makes thousands (docs/architecture.md,
+        # "Policies"). After a retried error the waits are tenacity's as before: the first
+        # one here, the later ones with the multiplier doubled, which is
+        # wait_random_exponential's schedule shifted by the attempt already made.
+        try:
+            return await fn()
+        except Exception as exc:
+            if not retried(exc):
+                raise
+        await asyncio.sleep(random.uniform(0, min(policy.backoff_max_s, policy.backoff_initial_s)))
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.retries + 1),
+            stop=stop_after_attempt(policy.retries),
             wait=wait_random_exponential(
-                multiplier=policy.backoff_initial_s, max=policy.backoff_max_s
+                multiplier=2 * policy.backoff_initial_s, max=policy.backoff_max_s
             ),
             retry=retry_if_exception(retried),
             reraise=True,
@@ -130,4 +143,17 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
                 return await fn()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    return await asyncio.wait_for(attempts(), timeout)
+    return await within(attempts(), timeout)
+
+
+async def within(call: Awaitable[T], timeout: float | None) -> T:
+    """``await call``, cancelled with ``TimeoutError`` after ``timeout`` seconds (None: no
+    limit). Python 3.11's ``asyncio.timeout`` runs it in the caller's task, where
+    ``asyncio.wait_for`` made a task of it: half the cost, on every call of every tier
+    (docs/architecture.md, "Policies")."""
+    if timeout is None:
+        return await call
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):
+            return await call
+    return await asyncio.wait_for(call, timeout)  # pragma: no cover (Python 3.10)

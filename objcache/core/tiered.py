@@ -121,6 +121,11 @@ class TieredCache:
         #: arrives after the shared fetch ended but before the entry is on disk is served
         #: from here instead of issuing a second remote GET.
         self._landing: dict[str, bytes] = {}
+        #: Bytes held by the write-throughs of :attr:`_landing` (entry and payload), which a
+        #: bulk prefetch keeps under its budget (objcache/core/manifest.py).
+        self.landing_bytes = 0
+        #: Called each time such a write-through ends (a prefetch waiting for room).
+        self.on_landed: Callable[[], None] | None = None
         #: The lookup lines (objcache/core/lookup_log.py).
         self.lookups = LookupLog()
         #: The start-up prefetch's time line, once one started (objcache/core/manifest.py).
@@ -249,7 +254,8 @@ class TieredCache:
         winner, entry, payload, _ = hit
         if then.write_through:
             self._landing[okey] = payload
-            self.spawn(self.write_through(okey, entry, lease))
+            self.landing_bytes += len(entry) + len(payload)
+            self.spawn(self._land(okey, entry, payload, lease))
         for i in then.backfill:  # never a ?read_only=1 tier, nothing in read-only mode
             self.stats.backfills += 1
             self.spawn(absent_in[i].put(okey, entry, PutMode.CREATE))
@@ -279,6 +285,12 @@ class TieredCache:
                 tiers.append(t)
         if not tiers:
             return None
+        if len(tiers) == 1:  # nothing to race: no task, no wait (a bulk pull's every key)
+            found, reason = await self._get_verified(tiers[0], okey, cap)
+            if found is None:
+                reasons.append(reason)
+                return None
+            return tiers[0], found[0], found[1], []
         tasks: dict[asyncio.Future[Any], int] = {
             asyncio.ensure_future(self._get_verified(t, okey, cap)): i for i, t in enumerate(tiers)
         }
@@ -368,6 +380,15 @@ class TieredCache:
 
     def _remote_readable(self) -> bool:
         return any(t.readable for t in self.remotes)
+
+    async def _land(self, okey: str, entry: bytes, payload: bytes, lease: Lease | None) -> None:
+        """:meth:`write_through` of a remote hit held in :attr:`_landing`."""
+        try:
+            await self.write_through(okey, entry, lease)
+        finally:
+            self.landing_bytes -= len(entry) + len(payload)
+            if self.on_landed is not None:
+                self.on_landed()
 
     async def write_through(self, okey: str, entry: bytes, lease: Lease | None = None) -> None:
         """A verified remote entry into the local tier (OVERWRITE), letting go of the key's

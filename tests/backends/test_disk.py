@@ -44,6 +44,17 @@ async def present(backend: DiskBackend, keys: list[str]) -> list[str]:
     return [k for k in keys if await backend.exists(k)]
 
 
+async def test_present_answers_for_many_keys_as_exists_does(tmp_path: Path) -> None:
+    backend = make(tmp_path)
+    assert await backend.put("v1/e/k/a", b"x")
+    assert await backend.put("v1/e/k/b", b"y")
+    (tmp_path / "v1" / "e" / "k" / "folder").mkdir()
+    valid = ["v1/e/k/a", "v1/e/k/b", "v1/e/k/c", "v1/e/k/folder", "v1/x/y"]
+    assert await backend.present(valid) == {k for k in valid if await backend.exists(k)}
+    # a key no call can address is not held (exists raises InvalidKey for it)
+    assert await backend.present([*valid, "../a", "v1/.objcache-x"]) == {"v1/e/k/a", "v1/e/k/b"}
+
+
 async def test_evicts_least_recently_read_first(tmp_path: Path) -> None:
     backend = make(tmp_path, "?max_bytes=10000")
     keys = [f"e/{i:02d}" for i in range(11)]

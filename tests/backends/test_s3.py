@@ -18,6 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from objcache.backends.base import PutMode
+from objcache.backends.s3.direct import DirectS3
 from objcache.backends.s3.errors import classify
 from objcache.backends.s3.store import CLIENTS, S3Backend
 from objcache.config.urls import parse_tier_url
@@ -102,6 +103,26 @@ async def test_large_entry_goes_multipart_and_round_trips(
     got = await backend.get("big")
     assert got is not None and hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
     assert uploads_left(s3_server, s3_prefix) == []
+
+
+async def test_parts_of_a_large_entry_take_the_direct_path(
+    s3_via_proxy: Callable[..., S3Backend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UploadPart is sent by the direct path (a view of the entry, signed off the loop);
+    botocore creates and completes the upload."""
+    sent: list[str] = []
+    request = DirectS3.request
+
+    async def spy(self: DirectS3, method: str, route: Any, name: str, op: str, **kw: Any) -> bytes:
+        sent.append(op)
+        return await request(self, method, route, name, op, **kw)
+
+    monkeypatch.setattr(DirectS3, "request", spy)
+    backend = s3_via_proxy()
+    data = os.urandom(17 * MiB)
+    assert await backend.put("big", data, PutMode.OVERWRITE) is True
+    assert sent.count("UploadPart") == 3
+    assert await backend.get("big") == data
 
 
 async def test_concurrent_large_creates_store_one_whole_entry(

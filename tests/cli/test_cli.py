@@ -405,6 +405,46 @@ def test_push_counts_an_entry_a_write_once_store_refuses_as_already_there() -> N
     assert (report.copied, report.existed, report.failed) == (0, 1, 2), report
 
 
+def test_a_copy_holds_large_entries_within_its_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries of BUDGETED_BYTES and more hold their listed size of BULK_BYTE_BUDGET while
+    copied (one over the budget goes alone); smaller ones are bounded by count only."""
+    import asyncio
+
+    from objcache.backends.base import PutMode
+    from objcache.cli import ops
+    from objcache.entry.codec import Codec
+    from objcache.entry.layout import Namespace
+    from tests.support.memory_backend import MemoryBackend
+
+    monkeypatch.setattr(ops, "BUDGETED_BYTES", 100)
+    monkeypatch.setattr(ops, "BULK_BYTE_BUDGET", 1000)
+    held = peak = 0
+
+    class Slow(MemoryBackend):
+        async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
+            nonlocal held, peak
+            held += sizes[key]
+            peak = max(peak, held)
+            await asyncio.sleep(0.01)
+            held -= sizes[key]
+            return await super().put(key, data, mode)
+
+    codec, namespace = Codec(), Namespace("e" * 16)
+    keys = [namespace.object_key("fx-graph", f"k{i}") for i in range(12)]
+    source, target = MemoryBackend("mem://source"), Slow("mem://target")
+    source.data = {k: codec.encode(k.encode(), k) for k in keys}
+    sizes = {k: 400 for k in keys[:10]}  # as listed: 2 at a time fit the budget
+    sizes[keys[10]] = 5000  # over the budget: alone
+    sizes[keys[11]] = 50  # under BUDGETED_BYTES: not counted against it
+    report = asyncio.run(ops.copy(source, [target], keys, codec, sizes=sizes))
+    assert report.copied == 12 and set(target.data) == set(keys)
+    assert peak <= 5000 + 50, "the entry over the budget went alone (but for a small one)"
+    held = peak = 0
+    target.data.clear()
+    asyncio.run(ops.copy(source, [target], keys[:10], codec, sizes=sizes))
+    assert peak == 800, "two entries of 400 at a time within a budget of 1000"
+
+
 def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None:
     """Ctrl-C landing after the local write of an entry, before its coroutine runs again:
     the entry is whole on disk, so the count an interrupted pull reports includes it."""

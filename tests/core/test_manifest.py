@@ -113,6 +113,31 @@ async def test_prefetch_fills_local_and_lookups_join_in_flight_fetches() -> None
     assert CODEC.decode(mem(local).data[okeys[7]], okeys[7]) == b"v7"
 
 
+@pytest.mark.parametrize("budget", [0, 1])
+async def test_prefetch_starts_no_fetch_while_unwritten_entries_pass_its_byte_budget(
+    budget: int,
+) -> None:
+    writer, okeys, _ = await job_in_a_store(10)
+    reader, local = make(writer.remotes[0])
+    mem(local).delay_s = 0.02  # the local tier takes longer to write than the remote to read
+    held_at_start: list[int] = []
+    fetch = reader.get_object
+
+    async def watched(okey: str, **kw: bool) -> tuple[bytes | None, str]:
+        held_at_start.append(reader.landing_bytes)
+        return await fetch(okey, **kw)
+
+    reader.get_object = watched  # type: ignore[method-assign]
+    result = await manifest.prefetch(reader, "job", concurrency=2, byte_budget=budget)
+    await reader.flush(5)
+    assert result["fetched"] == 10 and all(k in mem(local).data for k in okeys)
+    assert reader.landing_bytes == 0 and reader.on_landed is None
+    if budget:
+        assert max(held_at_start) <= budget, "a fetch started over the budget"
+    else:
+        assert max(held_at_start) > 0, "without a budget, fetches outrun the local writes"
+
+
 def tier_of(cache: TieredCache) -> Tier:
     return cache.remotes[0]
 

@@ -174,6 +174,9 @@ class LocalStore(Protocol):
     async def quarantine(self, key: str) -> bool:
         """Move a refused entry aside so it is no longer served; whether one was moved."""
 
+    async def present(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` the store holds (as ``exists`` tells each), in one hop."""
+
     async def put_then(
         self, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None]
     ) -> bool:

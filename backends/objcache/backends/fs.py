@@ -91,6 +91,24 @@ class FsBackend(Backend):
         check_key(key)
         return await self._run(f"exists {key}", self.store.stat, key) is not None
 
+    async def present(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` the store holds, as :meth:`exists` tells each, in one
+        worker-thread hop for all of them (a bulk pull asks about thousands of keys
+        before it fetches: docs/architecture.md, "Prefetch manifests"). A key no call can
+        address is not held."""
+        return await self._run("exists", self._present_sync, keys)
+
+    def _present_sync(self, keys: list[str]) -> set[str]:
+        held = set()
+        for key in keys:
+            try:
+                check_key(key)
+            except BackendError:
+                continue
+            if self.store.stat(key) is not None:
+                held.add(key)
+        return held
+
     async def delete(self, key: str) -> bool:
         check_key(key)
         return await self._run(f"delete {key}", self.store.delete, key)

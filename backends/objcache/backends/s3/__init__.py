@@ -1,4 +1,4 @@
-"""``s3://``: S3 and S3-compatible stores, through aioboto3.
+"""``s3://``: S3 and S3-compatible stores, through aiobotocore.
 
 The folder: ``spec`` (what the registry reads: scheme, options, location check, extra),
 ``store`` (the backend, ``S3Backend``, which the registry names), ``direct`` (single-part

@@ -1,11 +1,13 @@
-"""Single-part GET, PUT and HEAD of S3 objects over aiohttp, signed by botocore's SigV4.
+"""Single-part GET, PUT and HEAD of S3 objects, and UploadPart, over aiohttp, signed by
+botocore's SigV4.
 
 botocore spends about 1.5 ms of CPU on every request before and after the bytes move (event
 hooks, an endpoint-ruleset evaluation per call, since S3's ruleset takes the object key as
 a parameter and so defeats botocore's cache, request and response models). A cache makes
-three kinds of call per entry, and a bulk copy makes thousands: for those three, objcache
-sends the request itself over aiohttp, signed by botocore's ``S3SigV4Auth`` (not by a
-signer of its own: docs/security.md), at a fraction of the CPU (docs/benchmarks.md).
+three kinds of call per entry, and a bulk copy makes thousands: for those three, and for
+the parts of a large entry's upload, objcache sends the request itself over aiohttp, signed
+by botocore's ``S3SigV4Auth`` (not by a signer of its own: docs/security.md), at a fraction
+of the CPU (docs/benchmarks.md).
 
 botocore still decides everything that needs its knowledge of S3:
 
@@ -14,7 +16,8 @@ botocore still decides everything that needs its knowledge of S3:
   runs botocore's own endpoint ruleset; the signing region is the client's (or the one in
   the presigned credential scope);
 * **credentials**: the client's own provider chain and refresh (profile, SSO, role, IMDS);
-* **everything else**: listing, multipart uploads, deletes, bucket checks.
+* **everything else**: listing, creating, completing and aborting multipart uploads,
+  deletes, bucket checks.
 
 Buckets botocore routes specially (access-point or Outposts ARNs, S3 Express directory
 buckets) never take this path. A redirect, a region complaint or a refused signature turns
@@ -26,6 +29,7 @@ Error responses become botocore ``ClientError`` objects, so one classifier
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import hashlib
@@ -62,6 +66,8 @@ _HAND_BACK_CODES = frozenset(
 )
 _ERROR_FIELD = re.compile(rb"<(Code|Message)>([^<]{0,1024})</\1>")
 USER_AGENT = "objcache-s3-direct"
+#: Bodies at least this big are signed in a worker thread (their SHA-256, over plain http).
+SIGN_OFFLOAD_BYTES = 1 << 20
 
 
 class Reroute(Exception):
@@ -131,7 +137,7 @@ class SigV4:
         route: Route,
         encoded_path: str,
         credentials: Any,
-        body: bytes | None,
+        body: bytes | memoryview | None,
         extra: dict[str, str],
         now: datetime.datetime | None = None,
     ) -> dict[str, str]:
@@ -238,18 +244,28 @@ class DirectS3:
         name: str,
         operation: str,
         *,
-        body: bytes | None = None,
+        body: bytes | memoryview | None = None,
         extra: dict[str, str] | None = None,
         response_headers: dict[str, str] | None = None,
+        query: dict[str, str] | None = None,
     ) -> bytes:
         """Send one request; the body of a 2xx answer, else the ``ClientError`` botocore
         would raise (:class:`Reroute` for answers botocore may get past: redirects, region
-        complaints, a refused signature)."""
+        complaints, a refused signature). ``query``: the URL's parameters (UploadPart's
+        ``partNumber`` and ``uploadId``), signed with it. A body of
+        :data:`SIGN_OFFLOAD_BYTES` or more is signed in a worker thread: over plain http
+        the signature covers its SHA-256 (hashlib lets go of the GIL)."""
         encoded = quote(name, safe="/~")
+        if query:
+            encoded += "?" + "&".join(
+                f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query.items())
+            )
         frozen = await self.credentials.get_frozen_credentials()
-        headers = self.signer.headers(
-            method, route, f"{route.path}/{encoded}", frozen, body, extra or {}
-        )
+        sign = (method, route, f"{route.path}/{encoded}", frozen, body, extra or {})
+        if body is not None and len(body) >= SIGN_OFFLOAD_BYTES:
+            headers = await asyncio.to_thread(self.signer.headers, *sign)
+        else:
+            headers = self.signer.headers(*sign)
         url = URL(f"{route.base}/{encoded}", encoded=True)
         async with self._session().request(
             method, url, headers=headers, data=body, allow_redirects=False, proxy=route.proxy

@@ -1,5 +1,5 @@
 """What ``s3://`` is, for the registry: scheme, location check, option table, extra;
-importing it does not import aioboto3."""
+importing it does not import aiobotocore."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ OPTIONS: OptionTable = (
     Option("addressing_style", "str", "auto", "auto, path or virtual."),
     Option("connect_timeout", "float", 3.0, "Seconds to open a connection."),
     Option("read_timeout", "float", 20.0, "Seconds to wait for response bytes."),
-    Option("max_pool_connections", "int", 64, "HTTP connections per process.", 1),
+    Option("max_pool_connections", "int", 256, "HTTP connections per process.", 1),
     Option("direct", "bool", True, "Send GET/PUT/HEAD/DELETE without botocore's overhead."),
     Option("multipart_threshold", "int", 16 * MiB, "Entries from this size upload in parts.", 1),
     Option("part_size", "int", 8 * MiB, "Bytes per multipart part (>= 5 MiB).", MIN_PART_SIZE),
@@ -25,5 +25,5 @@ OPTIONS: OptionTable = (
 )
 
 SCHEMES = (
-    Scheme("s3", "objcache.backends.s3.store:S3Backend", "s3", bucket, OPTIONS, sdk="aioboto3"),
+    Scheme("s3", "objcache.backends.s3.store:S3Backend", "s3", bucket, OPTIONS, sdk="aiobotocore"),
 )

@@ -1,21 +1,22 @@
-"""``s3://bucket/prefix``: Amazon S3 and S3-compatible stores, through aioboto3.
+"""``s3://bucket/prefix``: Amazon S3 and S3-compatible stores, through aiobotocore (which
+the ``s3`` extra installs with aioboto3).
 
 URL options (all optional)::
 
     region=us-east-1            endpoint_url=http://host:port    profile=ci
     addressing_style=path|virtual|auto
     connect_timeout=3  read_timeout=20           (seconds, per socket operation)
-    max_pool_connections=64
+    max_pool_connections=256
     multipart_threshold=16777216  part_size=8388608  part_concurrency=8
     direct=1                    (0: send every request through botocore)
 
 * **One client per (process, event loop, region/endpoint/profile/...)**, shared by every
   instance: construction does no I/O; the client is created on the first call and closed
   when the last instance that used it is closed (:mod:`objcache.backends.shared`).
-* **Single-part GET, PUT and HEAD skip botocore's per-call machinery**
-  (:mod:`objcache.backends.s3.direct`): signed here, sent over aiohttp, at about a quarter
-  of the CPU. botocore still resolves the endpoint and credentials and makes every other
-  call; ``direct=0`` sends everything through it.
+* **Single-part GET, PUT and HEAD, and the parts of a multipart upload, skip botocore's
+  per-call machinery** (:mod:`objcache.backends.s3.direct`): signed here, sent over
+  aiohttp, at about a quarter of the CPU. botocore still resolves the endpoint and
+  credentials and makes every other call; ``direct=0`` sends everything through it.
 * **No hidden retries**: botocore makes one attempt; :mod:`objcache.core.policy` retries
   transient errors inside the tier deadline. Errors are classified in
   :mod:`objcache.backends.s3.errors`.
@@ -46,8 +47,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aioboto3
 from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession
 from botocore import exceptions as bce
 from botocore.httpsession import get_cert_path
 
@@ -101,7 +102,14 @@ class S3Client:
 
 
 async def _open_client(key: ClientKey) -> S3Client:
-    session = aioboto3.Session(profile_name=key.profile, region_name=key.region)
+    # aiobotocore's session, not aioboto3's: boto3 (the resource layer, S3 transfer
+    # helpers) is 0.1 s of every command's start-up and none of this backend's calls
+    # (docs/architecture.md, "S3 requests").
+    session = AioSession()
+    if key.profile is not None:
+        session.set_config_variable("profile", key.profile)
+    if key.region is not None:
+        session.set_config_variable("region", key.region)
     config = AioConfig(
         region_name=key.region,
         connect_timeout=key.connect_timeout,
@@ -114,7 +122,8 @@ async def _open_client(key: ClientKey) -> S3Client:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    boto = await session.client("s3", endpoint_url=key.endpoint_url, config=config).__aenter__()
+    creating = session.create_client("s3", endpoint_url=key.endpoint_url, config=config)
+    boto = await creating.__aenter__()
     direct = None
     if key.direct:
         credentials = await session.get_credentials()
@@ -134,7 +143,7 @@ async def _open_client(key: ClientKey) -> S3Client:
 def _configured_ca_bundle(session: Any) -> str | None:
     """``AWS_CA_BUNDLE`` or the profile's ``ca_bundle``, as botocore reads them."""
     try:
-        value = session._session.get_config_variable("ca_bundle")  # the botocore session
+        value = session.get_config_variable("ca_bundle")
     except Exception:
         value = os.environ.get("AWS_CA_BUNDLE")
     return str(value) if value else None
@@ -444,7 +453,7 @@ class S3Backend(Backend):
             raise await self._fail(client, exc, "put") from exc
         upload_id: str = created["UploadId"]
         try:
-            parts = await self._upload_parts(client, name, upload_id, data)
+            parts = await self._upload_parts(s3, name, upload_id, data)
             extra = {"IfNoneMatch": "*"} if mode is PutMode.CREATE else {}
             await client.complete_multipart_upload(
                 Bucket=self.bucket,
@@ -466,15 +475,27 @@ class S3Backend(Backend):
         return True
 
     async def _upload_parts(
-        self, client: Any, name: str, upload_id: str, data: bytes
+        self, s3: S3Client, name: str, upload_id: str, data: bytes
     ) -> builtins.list[dict[str, Any]]:
         size = max(self.part_size, -(-len(data) // MAX_PARTS))
         offsets = range(0, len(data), size)
         gate = asyncio.Semaphore(self.part_concurrency)
+        view = memoryview(data)
 
         async def part(number: int, start: int) -> dict[str, Any]:
             async with gate:  # bounds both requests and the bytes sliced out of ``data``
-                response = await client.upload_part(
+                # The direct path sends a view of ``data`` (no copy of the part) and signs
+                # it off the event loop; botocore hashed each part on the loop over http
+                # (docs/architecture.md, "S3 requests").
+                query = {"partNumber": str(number), "uploadId": upload_id}
+                headers: dict[str, str] = {}
+                body = view[start : start + size]
+                sent = await self._direct(
+                    s3, "PUT", name, "UploadPart", body=body, query=query, response_headers=headers
+                )
+                if sent is not None:
+                    return {"PartNumber": number, "ETag": headers["etag"]}
+                response = await s3.boto.upload_part(
                     Bucket=self.bucket,
                     Key=name,
                     UploadId=upload_id,
