@@ -144,6 +144,13 @@ def is_isa_probe(build: str) -> bool:
         return False
 
 
+#: The plain path (graphs, AOTAutograd entries, kernels, profiles; Dynamo traces as usual),
+#: for a test whose subject is its lookups and counters: with precompile entries served
+#: (``OBJCACHE_PRECOMPILE=1`` in the environment) a frame is not traced and those lookups
+#: never happen. Precompile entries have their own files (docs/testing.md).
+PLAIN_PATH = {"OBJCACHE_PRECOMPILE": "0"}
+
+
 def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a fresh simulated machine under ``root`` using ``tiers``."""
     from objcache.integrations.torch.demo_jobs import machine_env

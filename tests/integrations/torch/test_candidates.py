@@ -37,6 +37,7 @@ from objcache.core.tiered import TieredCache
 from objcache.entry.caps import SizeCaps
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace, parse_object_key
+from tests.support import torch_runs as ts
 from tests.support.memory_backend import MemoryBackend
 from tests.support.paths import ROOT
 
@@ -343,6 +344,7 @@ def _compile(base: Path, machine: str, flag: str, shape: tuple[int, int]) -> dic
         OBJCACHE_LOCAL_DIR=str(root / "local"),
         OBJCACHE_TIERS=f"file://{base / 'store'}",
         OBJCACHE_GUARDED_CANDIDATES=flag,
+        **ts.PLAIN_PATH,
         OBJCACHE_STATS_FILE=str(root / "stats.json"),
         OBJCACHE_TIMEOUT_MS="2000",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),

@@ -47,7 +47,7 @@ class World:
         self.site = ts.make_site_dir(base / "site")
 
     def env(self, machine: str, tiers: str) -> tuple[dict[str, str], Path]:
-        env = ts.compile_env(self.base / machine, tiers)
+        env = {**ts.compile_env(self.base / machine, tiers), **ts.PLAIN_PATH}
         shim_dir, log = ts.make_gxx_shim(self.base / machine / "shim")
         env["PATH"] = f"{shim_dir}{os.pathsep}{env.get('PATH', '')}"
         return env, log
@@ -195,7 +195,7 @@ def test_entries_are_not_served_to_another_cpu_isa(world: World) -> None:
     if other is None:
         pytest.skip("this machine's ISA is ATen's lowest (default): no other level to force")
 
-    env = ts.compile_env(world.base / "d", f"file://{world.store}")
+    env = {**ts.compile_env(world.base / "d", f"file://{world.store}"), **ts.PLAIN_PATH}
     env["ATEN_CPU_CAPABILITY"] = other
     code = (
         "import json, sys, torch, objcache\n"

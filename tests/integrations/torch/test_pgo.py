@@ -33,7 +33,7 @@ KERNEL_KIND = "kernel"
 def machine(
     base: Path, name: str, store: Path, gxx_delay_s: float = 0.0
 ) -> tuple[dict[str, str], Path]:
-    env = ts.compile_env(base / name, f"file://{store}")
+    env = {**ts.compile_env(base / name, f"file://{store}"), **ts.PLAIN_PATH}
     env["OBJCACHE_PREFETCH"] = "0"  # the profile must come from the PGO record itself
     shim_dir, log = ts.make_gxx_shim(
         base / name / f"shim-{len(os.listdir(base))}", delay_s=gxx_delay_s
