@@ -71,7 +71,11 @@ def test_new_machine_from_a_real_store(
     got = hits(result)
     for kind in ("fx-graph", "aot-autograd", "pgo"):
         assert got[kind][0] == got[kind][1] > 0, (kind, got)
-    assert got["kernel"][0] == got["kernel"][1] > 0, got
+    # a kernel is placed where torch looks while the prefetch runs (never asked for), or
+    # asked for and served on load
+    placed = result["integration"]["kernels"].get("placed", 0)
+    hit, asked = got.get("kernel", (0, 0))
+    assert hit == asked and placed + hit > 0, (got, result["integration"]["kernels"])
     assert result["torch"].get("fxgraph_cache_hit") == 2
     assert result["gxx"] == [], "\n".join(result["gxx"])
     assert ts.tier_stats(result, f"{scheme}://")["hits"] > 0
