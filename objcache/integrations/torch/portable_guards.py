@@ -42,6 +42,7 @@ import hashlib
 import json
 import keyword
 import logging
+import operator
 import re
 import struct
 import sys
@@ -866,6 +867,11 @@ def check_for(
     #: named by what it is, never a container that can change inside or a module's hooks)
     stable: list[bool] = [False] * len(parsed)
     fast = fast_resolver([(root, steps) for root, steps, *_ in parsed])
+    #: one snapshot (replaced whole: calls may come from several threads) of a getter of
+    #: the stable records' values, the objects that last passed there (compared in one
+    #: C-level pass at every call) and the other records' indexes, which go through the loop
+    same: list[tuple[Callable[[Any], tuple[Any, ...]], tuple[Any, ...], list[int]] | None]
+    same = [None]
 
     def holds(f_locals: Any) -> bool:
         nonlocal settled
@@ -879,7 +885,15 @@ def check_for(
                 values = fast(f_locals, f_globals)
             except Exception:  # one is absent: read one by one, which says which
                 values = None
-        for i, (root, steps, expected, kind, source) in enumerate(parsed):
+        rest: Sequence[int] = range(len(parsed))
+        snapshot = same[0]
+        if values is not None and snapshot is not None:
+            pick, objects, others = snapshot
+            if all(map(operator.is_, pick(values), objects)):
+                rest = others  # every stable record holds the very object that passed
+        changed = False
+        for i in rest:
+            root, steps, expected, kind, source = parsed[i]
             if values is None:
                 value = resolve(root, steps, f_locals, f_globals)
             else:
@@ -911,9 +925,13 @@ def check_for(
             if found != expected:
                 return fail(kind, source, expected, found or "no portable identity")
             passed[i], frozen[i], shallow[i] = value, _frozen(value), _shallow(value)
-            stable[i] = kind != HOOKS_KIND and (
-                frozen[i] or not isinstance(value, dict | list | tuple)
+            was, stable[i] = (
+                stable[i],
+                kind != HOOKS_KIND and (frozen[i] or not isinstance(value, dict | list | tuple)),
             )
+            changed = changed or was != stable[i] or stable[i]
+        if changed:
+            _index_stable(same, stable, passed)
         settled = True
         return True
 
@@ -926,6 +944,20 @@ def check_for(
             return fail("error")
 
     return check
+
+
+def _index_stable(same: list[Any], stable: Sequence[bool], passed: Sequence[Any]) -> None:
+    """``same`` of :func:`check_for`: a getter of the stable records' values (a tuple, even
+    for one), the objects that passed there, and the other records' indexes, as one
+    snapshot; None while no record is stable."""
+    keep = [i for i, s in enumerate(stable) if s]
+    if not keep:
+        same[0] = None
+        return
+    getter = operator.itemgetter(*keep)
+    pick = getter if len(keep) > 1 else lambda values: (getter(values),)
+    objects = tuple(passed[i] for i in keep)
+    same[0] = (pick, objects, [i for i, s in enumerate(stable) if not s])
 
 
 def _frozen(value: Any, depth: int = 0) -> bool:

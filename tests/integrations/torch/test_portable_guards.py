@@ -734,3 +734,28 @@ def test_a_method_a_closure_wraps_is_named_through_the_closure() -> None:
     assert check({})
     root, steps = pg.parse_source(record.source) or ("", ())
     assert pg.resolve(root, steps, {}, {}) is original.__code__
+
+
+def test_records_that_passed_as_the_same_objects_are_compared_at_once_the_rest_one_by_one() -> None:
+    """Once the stable records (objects named by what they are) passed, a call compares all
+    of them with the objects that passed in one pass; a container is still read by content
+    at every call, and a rebound name still fails."""
+    cfg = {"act": "relu"}
+    scope = {"ACT": math.sqrt, "CFG": cfg, "torch": math}
+    records = [
+        pg.Portable("G['ACT']", "BUILTIN_MATCH", pg.identity(math.sqrt) or ""),
+        pg.Portable("G['CFG']", "DICT_VERSION", pg.identity(cfg) or ""),
+        pg.Portable("G['torch']", "MODULE_MATCH", pg.identity(math) or ""),
+    ]
+    check = pg.check_for(records, scope)
+    assert check({}) and check({}) and check({})
+    cfg["act"] = "gelu"
+    assert not check({})
+    cfg["act"] = "relu"
+    assert check({})
+    scope["torch"] = json
+    assert not check({})
+    scope["torch"] = math
+    assert check({})
+    scope["ACT"] = math.exp
+    assert not check({})
