@@ -471,6 +471,11 @@ def fast_resolver(
     #: (parent, step kind, hash of the step) -> (its variable, the step itself)
     nodes: dict[tuple[str, str, int], tuple[str, tuple[str, str, Any]]] = {}
     outs: list[str] = []
+    #: a ``dict_of`` node's variable -> the variable of the object whose ``__dict__`` it
+    #: copies: an item of it is read from that ``__dict__`` itself, and the copy, made only
+    #: where a record holds it, is dropped from the source below otherwise
+    proxies: dict[str, str] = {}
+    copied: set[str] = set()
 
     def const(value: Any) -> str:
         consts.append(value)
@@ -488,7 +493,11 @@ def fast_resolver(
             if found is not None and found[1] == memo:
                 var = found[0]
                 continue
-            if how == "import":
+            if var in proxies and how != "dict_item":
+                copied.add(var)  # a step that reads the copy itself
+            if how == "dict_item" and var in proxies:  # the object's own dict: no copy
+                expr = f"{proxies[var]}.__dict__[{const(key)}]"
+            elif how == "import":
                 expr = f"_import({const(key)})"
             elif how == "dict_of":
                 expr = f"dict({var}.__dict__)"
@@ -511,9 +520,13 @@ def fast_resolver(
             name = f"v{len(nodes)}"
             nodes[ident] = (name, memo)
             lines.append(f"    {name} = {expr}")
+            if how == "dict_of":
+                proxies[name] = var
             var = name
         outs.append(var)
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    unused = proxies.keys() - set(outs) - copied
+    lines = [line for line in lines if line[4:].split(" = ", 1)[0] not in unused]
     scope: dict[str, Any] = {
         "__builtins__": {"dict": dict, "list": list, "getattr": getattr},
         "K": tuple(consts),
@@ -602,6 +615,10 @@ HOOKS_KIND = "MODULE_HOOKS"
 SET_ORDER_KIND = "SET_ORDER"
 GLOBAL_HOOKS_KIND = "GLOBAL_HOOKS"
 INLINED_KIND = "INLINED_CODE"
+#: Record kinds of facts torch checks only when it compiles a frame (one process never
+#: changes a class's methods, as torch assumes): checked until a served code's whole guard
+#: first holds in the process, as a normal compile would have read them then.
+CHECKED_ONCE = frozenset({INLINED_KIND})
 #: The identity of a module with no hooks of its own.
 _NO_HOOKS = identity(({}, {}, {}, {}))
 
@@ -823,14 +840,17 @@ def check_for(
     f_globals: Any,
     settings: Callable[[], str | None] | None = None,
     failed: Callable[[str], None] | None = None,
+    hooks_unguarded: bool = False,
 ) -> Callable[[Any], bool]:
     """The root guard of one served guarded code: True while every record holds. The
     compiler settings record is checked until the whole guard first holds (a normal compile
     fixes its settings at the frame's first compile); without a ``settings`` reader it never
-    holds. ``failed`` hears the first failure of each kind (``settings`` or the failing
-    record's guard kind)."""
+    holds. A module's empty hook dicts are checked each time another module object sits at
+    the record's source, where torch's ``skip_nnmodule_hook_guards`` (its default) has a
+    normal compile emit no guard on them (``hooks_unguarded``); otherwise at every call.
+    ``failed`` hears the first failure of each kind (``settings`` or the failing record's
+    guard kind)."""
     expected_settings = [r.identity for r in records if r.source == SETTINGS]
-    settled = not expected_settings
     reported: set[str] = set()
 
     def fail(why: str, source: str = "", expected: str = "", found: str | None = None) -> bool:
@@ -849,7 +869,7 @@ def check_for(
                 )
         return False
 
-    parsed = []
+    parsed: list[_Parsed] = []
     for record in records:
         if record.source == SETTINGS:
             continue
@@ -857,107 +877,271 @@ def check_for(
         if path is None:
             raise ValueError(f"unparseable portable guard source {record.source!r}")
         parsed.append((path[0], path[1], record.identity, record.kind, record.source))
-    #: per record, the last object that passed (see the module docstring)
-    passed: list[Any] = [_MISSING] * len(parsed)
-    #: per record, whether that object can never change (a tuple of constants)
-    frozen: list[bool] = [False] * len(parsed)
-    #: per record, a dict's items as they were when it passed (see :func:`_shallow`)
-    shallow: list[tuple[Any, ...] | None] = [None] * len(parsed)
-    #: per record, whether the object that last passed passes again as it is (an object
-    #: named by what it is, never a container that can change inside or a module's hooks)
-    stable: list[bool] = [False] * len(parsed)
-    fast = fast_resolver([(root, steps) for root, steps, *_ in parsed])
-    #: one snapshot (replaced whole: calls may come from several threads) of a getter of
-    #: the stable records' values, the objects that last passed there (compared in one
-    #: C-level pass at every call) and the other records' indexes, which go through the loop
-    same: list[tuple[Callable[[Any], tuple[Any, ...]], tuple[Any, ...], list[int]] | None]
-    same = [None]
 
-    def holds(f_locals: Any) -> bool:
-        nonlocal settled
-        if not settled:
-            now = settings() if settings is not None else None
-            if now is None or any(now != e for e in expected_settings):
-                return fail("settings")
-        values: tuple[Any, ...] | None = None
-        if fast is not None:
-            try:
-                values = fast(f_locals, f_globals)
-            except Exception:  # one is absent: read one by one, which says which
-                values = None
-        rest: Sequence[int] = range(len(parsed))
-        snapshot = same[0]
-        if values is not None and snapshot is not None:
-            pick, objects, others = snapshot
-            if all(map(operator.is_, pick(values), objects)):
-                rest = others  # every stable record holds the very object that passed
-        changed = False
-        for i in rest:
-            root, steps, expected, kind, source = parsed[i]
-            if values is None:
-                value = resolve(root, steps, f_locals, f_globals)
-            else:
-                value = values[i]
-                if value is passed[i] and stable[i]:
+    def over(parsed: list[_Parsed], settled: bool, state: _Passed) -> Any:
+        """The check of ``parsed`` at one call (``settled``: the settings record held), from
+        what passed before (``state``)."""
+        passed, frozen, shallow = state.passed, state.frozen, state.shallow
+        texts, stable, sealed = state.texts, state.stable, state.sealed
+        fast = fast_resolver([(root, steps) for root, steps, *_ in parsed])
+        #: one snapshot (replaced whole: calls may come from several threads) of a getter of
+        #: the stable records' values, the objects that last passed there (compared in one
+        #: C-level pass at every call) and the other records' indexes, which go through the loop
+        same: list[_Snapshot | None] = [None]
+        _index_stable(same, stable, passed, sealed)
+
+        def holds(f_locals: Any) -> bool:
+            if not settled:
+                now = settings() if settings is not None else None
+                if now is None or any(now != e for e in expected_settings):
+                    return fail("settings")
+            values: tuple[Any, ...] | None = None
+            if fast is not None:
+                try:
+                    values = fast(f_locals, f_globals)
+                except Exception:  # one is absent: read one by one, which says which
+                    values = None
+            rest: Sequence[int] = range(len(parsed))
+            snapshot = same[0]
+            if values is not None and snapshot is not None and snapshot.holds(values):
+                rest = snapshot.others  # every such record holds what passed there
+            changed = False
+            for i in rest:
+                root, steps, expected, kind, source = parsed[i]
+                if values is None:
+                    value = resolve(root, steps, f_locals, f_globals)
+                else:
+                    value = values[i]
+                    if value is passed[i] and stable[i]:
+                        continue
+                if value is _MISSING:
+                    return fail(kind, source, expected)
+                if kind == SET_ORDER_KIND:  # the order, at every call (a set changes inside)
+                    if not isinstance(value, set | frozenset):
+                        return fail(kind, source, expected, identity(value))
+                    order = tuple(value)
+                    if value is passed[i] and order == shallow[i]:
+                        continue
+                    found = identity(order)
+                    if found != expected:
+                        return fail(kind, source, expected, found or "no portable identity")
+                    passed[i], shallow[i] = value, order
                     continue
-            if value is _MISSING:
-                return fail(kind, source, expected)
-            if kind == SET_ORDER_KIND:  # the order, at every call (a set changes inside)
-                if not isinstance(value, set | frozenset):
-                    return fail(kind, source, expected, identity(value))
-                order = tuple(value)
-                if value is passed[i] and order == shallow[i]:
-                    continue
-                found = identity(order)
+                if kind == HOOKS_KIND:  # the module's own hook dicts, usually all empty
+                    module, value = value, hooks_of(value)
+                    if expected == _NO_HOOKS and value is not None and not any(value):
+                        if hooks_unguarded:  # as torch: this module object is not looked at again
+                            passed[i], stable[i], changed = module, True, True
+                        continue
+                if value is passed[i]:
+                    if frozen[i] or not isinstance(value, dict | list | tuple):
+                        continue
+                    seal = sealed[i]
+                    if seal is not None and _unchanged(value, seal):
+                        continue
+                text = texts[i]
+                if (
+                    text is not None
+                    and type(value) is tuple
+                    and set(map(type, value)) <= _TEXT
+                    and value == text
+                ):
+                    if stable[i] or sealed[i] is not None:  # rebuilt at each call
+                        stable[i], sealed[i], changed = False, None, True
+                    continue  # a tuple of strings made at each call (a code's names)
+                if shallow[i] is not None and _shallow(value) == shallow[i]:
+                    if value is passed[i]:  # changed and changed back: sealed as it is now
+                        sealed[i], changed = _seal(value), True
+                    elif stable[i] or sealed[i] is not None:  # rebuilt at each call
+                        stable[i], sealed[i], changed = False, None, True
+                    continue  # a container holding the very same objects
+                found = identity(value)
                 if found != expected:
                     return fail(kind, source, expected, found or "no portable identity")
-                passed[i], shallow[i] = value, order
-                continue
-            if kind == HOOKS_KIND:  # the module's own hook dicts, usually all empty
-                value = hooks_of(value)
-                if expected == _NO_HOOKS and value is not None and not any(value):
-                    continue
-            if value is passed[i] and (frozen[i] or not isinstance(value, dict | list | tuple)):
-                continue
-            if shallow[i] is not None and _shallow(value) == shallow[i]:
-                continue  # a container holding the very same objects
-            found = identity(value)
-            if found != expected:
-                return fail(kind, source, expected, found or "no portable identity")
-            passed[i], frozen[i], shallow[i] = value, _frozen(value), _shallow(value)
-            was, stable[i] = (
-                stable[i],
-                kind != HOOKS_KIND and (frozen[i] or not isinstance(value, dict | list | tuple)),
-            )
-            changed = changed or was != stable[i] or stable[i]
-        if changed:
-            _index_stable(same, stable, passed)
-        settled = True
-        return True
+                passed[i], frozen[i], shallow[i] = value, _frozen(value), _shallow(value)
+                sealed[i] = _seal(value) if shallow[i] is not None else None
+                is_text = type(value) is tuple and set(map(type, value)) <= _TEXT
+                texts[i] = value if is_text else None
+                was, stable[i] = (
+                    stable[i],
+                    kind != HOOKS_KIND
+                    and (frozen[i] or not isinstance(value, dict | list | tuple)),
+                )
+                changed = changed or was != stable[i] or stable[i] or sealed[i] is not None
+            if changed:
+                _index_stable(same, stable, passed, sealed)
+            return True
+
+        return holds
+
+    #: the check at each call: every record until the whole guard first holds, then only
+    #: those torch itself checks at every call (:data:`CHECKED_ONCE` left out), replaced whole
+    state = _Passed.fresh(len(parsed))
+    current = [over(parsed, not expected_settings, state)]
+    steady = [i for i, p in enumerate(parsed) if p[3] not in CHECKED_ONCE]
 
     def check(f_locals: Any) -> bool:
         """Never raises into torch's guard evaluation: anything unexpected fails the guard
         (Dynamo then compiles the frame as without the entry)."""
+        holds = current[0]
         try:
-            return holds(f_locals)
+            ok = bool(holds(f_locals))
         except Exception:
             return fail("error")
+        if ok and holds is first:
+            current[0] = over([parsed[i] for i in steady], True, state.only(steady))
+        return ok
 
+    first = current[0]
     return check
 
 
-def _index_stable(same: list[Any], stable: Sequence[bool], passed: Sequence[Any]) -> None:
-    """``same`` of :func:`check_for`: a getter of the stable records' values (a tuple, even
-    for one), the objects that passed there, and the other records' indexes, as one
-    snapshot; None while no record is stable."""
-    keep = [i for i, s in enumerate(stable) if s]
+#: A record as :func:`check_for` reads it: root, steps, identity, kind, source.
+_Parsed = tuple[str, tuple[Step, ...], str, str, str]
+_Seal = tuple[int | None, tuple[tuple[Any, Any], ...]]
+
+
+@dataclasses.dataclass
+class _Passed:
+    """Per record of :func:`check_for`, what last passed there and how it may pass again."""
+
+    #: the last object that passed (see the module docstring)
+    passed: list[Any]
+    #: whether that object can never change (a tuple of constants)
+    frozen: list[bool]
+    #: a container's items as they were when it passed (see :func:`_shallow`)
+    shallow: list[tuple[Any, ...] | None]
+    #: a tuple of strings that passed (compared with ``==`` when rebuilt at each call)
+    texts: list[tuple[str, ...] | None]
+    #: whether the object that last passed passes again as it is (an object named by what
+    #: it is, never a container that can change inside)
+    stable: list[bool]
+    #: how the very container that passed is known unchanged (:func:`_seal`)
+    sealed: list[_Seal | None]
+
+    @classmethod
+    def fresh(cls, count: int) -> _Passed:
+        return cls(
+            [_MISSING] * count,
+            [False] * count,
+            [None] * count,
+            [None] * count,
+            [False] * count,
+            [None] * count,
+        )
+
+    def only(self, keep: Sequence[int]) -> _Passed:
+        """A copy of the records at ``keep``, in that order."""
+        columns = (getattr(self, field.name) for field in dataclasses.fields(self))
+        return _Passed(*([column[i] for i in keep] for column in columns))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    """What :func:`check_for` compares at every call in a few C-level passes: the records
+    that last passed as objects named by what they are (:func:`_unchanging` ones) or as
+    sealed containers (:func:`_seal`), each the very object that passed, the sealed dicts'
+    version tags and the sealed functions' code; ``others`` go through the loop."""
+
+    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]]
+    objects: tuple[Any, ...]
+    dicts: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    versions: list[int]
+    functions: tuple[Any, ...]
+    codes: tuple[Any, ...]
+    others: list[int]
+
+    def holds(self, values: tuple[Any, ...]) -> bool:
+        if not all(map(operator.is_, self.pick(values), self.objects)):
+            return False
+        if self.dicts is not None and list(map(_READER[0], self.dicts(values))) != self.versions:
+            return False
+        return all(map(operator.is_, map(_CODE_OF, self.functions), self.codes))
+
+
+_CODE_OF = operator.attrgetter("__code__")
+_TEXT = frozenset({str})
+
+
+def _picker(indexes: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A getter of ``indexes``' values as a tuple (even of one)."""
+    getter = operator.itemgetter(*indexes)
+    if len(indexes) > 1:
+        return getter
+    return lambda values: (getter(values),)
+
+
+def _index_stable(
+    same: list[Any],
+    stable: Sequence[bool],
+    passed: Sequence[Any],
+    sealed: Sequence[_Seal | None],
+) -> None:
+    """``same`` of :func:`check_for`: one :class:`_Snapshot` of the records that pass as
+    they last passed, replaced whole; None while there are none."""
+    keep = [i for i, s in enumerate(stable) if s or sealed[i] is not None]
     if not keep:
         same[0] = None
         return
-    getter = operator.itemgetter(*keep)
-    pick = getter if len(keep) > 1 else lambda values: (getter(values),)
-    objects = tuple(passed[i] for i in keep)
-    same[0] = (pick, objects, [i for i, s in enumerate(stable) if not s])
+    kept = set(keep)
+    seals = [(i, seal) for i in keep if (seal := sealed[i]) is not None]
+    dicts = [i for i, seal in seals if seal[0] is not None]
+    pairs = [pair for _, seal in seals for pair in seal[1]]
+    same[0] = _Snapshot(
+        pick=_picker(keep),
+        objects=tuple(passed[i] for i in keep),
+        dicts=_picker(dicts) if dicts else None,
+        versions=[seal[0] for _, seal in seals if seal[0] is not None],
+        functions=tuple(fn for fn, _ in pairs),
+        codes=tuple(code for _, code in pairs),
+        others=[i for i in range(len(stable)) if i not in kept],
+    )
+
+
+def _seal(value: Any) -> _Seal | None:
+    """How a container of unchanging items that passed is known unchanged at the next call
+    without naming its items again: a tuple never changes; a dict while its version tag
+    (PEP 509, changed by every insert, delete or rebinding of a key) stays the same; an
+    ``OrderedDict`` of two or more items never (``move_to_end`` reorders it with no new
+    version). Its Python functions are kept with their code, compared too. None where there
+    is no such way (a list; no version reader in this torch)."""
+    if isinstance(value, tuple):
+        version, items = None, value
+    elif isinstance(value, dict) and (reader := _version_reader()) is not None:
+        if type(value) is not dict and len(value) > 1:
+            return None
+        version, items = reader(value), tuple(value.values())
+    else:
+        return None
+    codes = tuple((v, v.__code__) for v in items if isinstance(v, types.FunctionType))
+    return version, codes
+
+
+def _unchanged(value: Any, seal: _Seal) -> bool:
+    """Whether the very container :func:`_seal` sealed still holds what it held then."""
+    version, codes = seal
+    if version is not None and _READER[0](value) != version:
+        return False
+    return all(fn.__code__ is code for fn, code in codes)
+
+
+#: torch's reader of a dict's version tag, once looked up (a one-item list: None inside
+#: where this torch has none)
+_READER: list[Any] = []
+
+
+def _version_reader() -> Callable[[Any], int] | None:
+    """torch's reader of a dict's version tag (``torch._C._dynamo.guards.dict_version``, in
+    every release objcache supports); None where it is absent."""
+    if not _READER:
+        found: Callable[[Any], int] | None
+        try:
+            from torch._C._dynamo.guards import dict_version as found
+        except Exception:  # no reader: containers are compared item by item
+            found = None
+        _READER.append(found)
+    reader: Callable[[Any], int] | None = _READER[0]
+    return reader
 
 
 def _frozen(value: Any, depth: int = 0) -> bool:

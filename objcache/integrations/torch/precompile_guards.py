@@ -251,7 +251,11 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
             raise RuntimeError("objcache: a served guarded code has no portable guards")
         # never empty here: the settings record is always one of them
         check = portable_guards.check_for(
-            portable, scope, compile_settings.settings_digest, guard_failed
+            portable,
+            scope,
+            compile_settings.settings_digest,
+            guard_failed,
+            hooks_unguarded=_hook_guards_skipped(),
         )
         parts = portable_guards.describe(portable)
         try:
@@ -263,6 +267,14 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
 
     load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
     return load_guard_manager
+
+
+def _hook_guards_skipped() -> bool:
+    """torch's ``skip_nnmodule_hook_guards`` (on by default): a normal compile then emits no
+    guard on a module's empty hook dicts, so a hook added after it is not seen."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(getattr(dynamo_config, "skip_nnmodule_hook_guards", False))
 
 
 def forget() -> None:

@@ -22,6 +22,10 @@ def _cube(x: Any) -> Any:
     return x * x * x
 
 
+def _double(x: Any) -> Any:
+    return x + x
+
+
 def test_identities_name_the_same_object_in_any_process() -> None:
     assert pg.identity(math) == "module:math"
     assert pg.identity(math.sqrt) != pg.identity(math.exp)
@@ -602,15 +606,47 @@ def test_an_inlined_method_of_a_frozen_module_is_named_by_a_path_that_reaches_it
     code = collections.abc.Mapping.get.__code__
     [record] = pg.inlined_code_records([_square.__code__, code])
     assert record.kind == pg.INLINED_KIND and record.identity == f"code:{pg.code_digest(code)}"
-    check = pg.check_for((record,), {})
-    assert check({})
     original = collections.abc.Mapping.get
     try:
         collections.abc.Mapping.get = lambda self, key, default=None: default  # type: ignore[method-assign]
-        assert not check({})
+        assert not pg.check_for((record,), {})({})  # a reader with another method
     finally:
         collections.abc.Mapping.get = original  # type: ignore[method-assign]
-    assert check({})
+    assert pg.check_for((record,), {})({})
+
+
+def test_what_torch_checks_only_when_it_compiles_is_checked_until_the_guard_first_holds() -> None:
+    """A class's method Dynamo inlined and a module's empty hook dicts are facts torch reads
+    when it compiles a frame and never guards (a method patched or a hook added after the
+    compile runs the compiled code, with torch alone too: docs/torch.md): a served code
+    checks them when it is first served in the process, as a compile would have read them
+    then, and a module's hooks again whenever another module object sits at its source."""
+    import collections.abc
+
+    [inlined] = pg.inlined_code_records([_square.__code__, collections.abc.Mapping.get.__code__])
+
+    def module() -> SimpleNamespace:
+        return SimpleNamespace(**{name: {} for name in pg.MODULE_HOOKS})
+
+    hooks = pg.Portable("L['self']", pg.HOOKS_KIND, pg.identity(pg.hooks_of(module())) or "")
+    check = pg.check_for((inlined, hooks), {}, hooks_unguarded=True)
+    served = module()
+    assert check({"self": served})
+    original = collections.abc.Mapping.get
+    try:
+        collections.abc.Mapping.get = lambda self, key, default=None: default  # type: ignore[method-assign]
+        served._forward_hooks[7] = _square
+        assert check({"self": served})  # as torch: not looked at again
+        hooked = module()
+        hooked._forward_hooks[7] = _square
+        assert not check({"self": hooked})  # another module object: its hooks are read
+    finally:
+        collections.abc.Mapping.get = original  # type: ignore[method-assign]
+    strict = pg.check_for((hooks,), {}, hooks_unguarded=False)  # torch guarding hooks
+    watched = module()
+    assert strict({"self": watched})
+    watched._forward_hooks[7] = _square
+    assert not strict({"self": watched})
 
 
 def test_a_sets_order_is_a_record_checked_at_every_call() -> None:
@@ -759,3 +795,48 @@ def test_records_that_passed_as_the_same_objects_are_compared_at_once_the_rest_o
     assert check({})
     scope["ACT"] = math.exp
     assert not check({})
+
+
+def test_a_container_that_passed_as_it_is_is_known_unchanged_until_it_changes() -> None:
+    """A dict of unchanging values that passed is compared by its version tag and its
+    functions' code (no second naming at each call); each way it can change still fails:
+    a key rebound, a function's code swapped, an ``OrderedDict`` reordered. A tuple of
+    strings rebuilt at each call passes while equal."""
+    import collections
+
+    registry = {"sq": _double, "n": 1}
+    ordered = collections.OrderedDict(a=_square, b=_cube)
+    names = ["x", "y"]
+    records = (
+        pg.Portable("G['REG']", "TYPE_MATCH", pg.identity(registry) or ""),
+        pg.Portable("G['ORD']", "TYPE_MATCH", pg.identity(ordered) or ""),
+        pg.Portable("G['holder'].names", "SEQUENCE_LENGTH", pg.identity(tuple(names)) or ""),
+    )
+
+    class Holder:
+        @property
+        def names(self) -> tuple[str, ...]:
+            return tuple(names)  # a new tuple at each read, as a code's co_varnames
+
+    scope: dict[str, Any] = {"REG": registry, "ORD": ordered, "holder": Holder()}
+    check = pg.check_for(records, scope)
+    assert check({}) and check({}) and check({})
+    registry["sq"] = _cube
+    assert not check({})
+    registry["sq"] = _double
+    assert check({})
+    original = _double.__code__
+    try:
+        _double.__code__ = _cube.__code__
+        assert not check({})
+    finally:
+        _double.__code__ = original
+    assert check({})
+    ordered.move_to_end("a")
+    assert not check({})
+    ordered.move_to_end("b")
+    assert check({})
+    names[1] = "z"
+    assert not check({})
+    names[1] = "y"
+    assert check({})
