@@ -1,6 +1,6 @@
 """What a served precompile entry costs at every step: its portable guards run at each call.
 
-    python bench/precompile_steady_state.py --rounds 3 --steps 40
+    python bench/precompile_steady_state.py --rounds 3 --steps 40 [--size base]
 
 Per model: one writer run fills a ``file://`` store with precompile entries
 (``OBJCACHE_PRECOMPILE=1``); then, round by round, a new machine served those entries and a
@@ -36,16 +36,38 @@ import objcache
 
 objcache.install()
 from torch import nn
-from objcache.integrations.torch import precompile_entry
+from objcache.integrations.torch import portable_guards, precompile_entry
 
+# what the served check costs a call, timed around each call torch makes of it
+CHECK = []
+_check_for = portable_guards.check_for
+
+
+def _timed_check_for(*args, **kwargs):
+    check = _check_for(*args, **kwargs)
+
+    def timed(f_locals):
+        start = time.perf_counter()
+        try:
+            return check(f_locals)
+        finally:
+            CHECK.append(time.perf_counter() - start)
+
+    return timed
+
+
+portable_guards.check_for = _timed_check_for
 torch.manual_seed(0)
-name, steps = sys.argv[1], int(sys.argv[2])
+name, steps, size = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# "small": sub-millisecond steps, where the check's cost shows most; "base": a step of a
+# few to tens of milliseconds on a CPU, nearer a real training step
+width, layers, heads, seq, batch = (64, 2, 4, 16, 4) if size == "small" else (256, 4, 4, 128, 8)
 
 
 def model_and_input():
     if name == "transformer":
-        layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0)
-        return nn.TransformerEncoder(layer, 2), (torch.randn(4, 16, 64),)
+        layer = nn.TransformerEncoderLayer(width, heads, 2 * width, batch_first=True, dropout=0.0)
+        return nn.TransformerEncoder(layer, layers), (torch.randn(batch, seq, width),)
     if name == "convnet":
         net = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
@@ -56,16 +78,17 @@ def model_and_input():
 
     if name == "bert":
         config = transformers.BertConfig(
-            vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=128, attn_implementation="eager",
+            vocab_size=512, hidden_size=width, num_hidden_layers=layers,
+            num_attention_heads=heads, intermediate_size=2 * width, attn_implementation="eager",
         )
         model = transformers.BertModel(config)
     else:
         config = transformers.GPT2Config(
-            vocab_size=512, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+            vocab_size=512, n_embd=width, n_layer=layers, n_head=heads,
+            attn_implementation="eager",
         )
         model = transformers.GPT2Model(config)
-    return model, (torch.randint(0, 512, (4, 16)),)
+    return model, (torch.randint(0, 512, (batch, seq)),)
 
 
 model, args = model_and_input()
@@ -92,13 +115,16 @@ for i in range(3 + steps):
     model.zero_grad(set_to_none=True)
 print("RESULT " + json.dumps({
     "median_step_s": sorted(times[3:])[len(times[3:]) // 2],
+    "check_us": 1e6 * sorted(CHECK[3:])[len(CHECK[3:]) // 2] if len(CHECK) > 3 else None,
     "same": ok,
     "precompile": dict(precompile_entry.counters),
 }))
 """
 
 
-def run(model: str, root: Path, machine: str, precompile: bool, steps: int) -> dict[str, Any]:
+def run(
+    model: str, root: Path, machine: str, precompile: bool, steps: int, size: str
+) -> dict[str, Any]:
     home = root / machine
     home.mkdir(parents=True, exist_ok=True)
     env = {
@@ -112,7 +138,7 @@ def run(model: str, root: Path, machine: str, precompile: bool, steps: int) -> d
         "PYTHONPATH": str(ROOT),
     }
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, model, str(steps)],
+        [sys.executable, "-c", CHILD, model, str(steps), size],
         env=env,
         capture_output=True,
         text=True,
@@ -130,6 +156,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--model", action="append", help="default: every available model")
+    parser.add_argument(
+        "--size",
+        choices=("small", "base"),
+        default="small",
+        help="small: width 64, 2 layers, 4x16 tokens (sub-ms steps); base: width 256, "
+        "4 layers, 8x128 tokens",
+    )
     args = parser.parse_args()
     models = args.model or ["transformer", "convnet"]
     if not args.model:
@@ -139,16 +172,21 @@ def main() -> int:
             models += ["bert", "gpt2"]
         except ImportError:
             print("transformers is not installed: torch's own models only", file=sys.stderr)
-    print("| model | served step | plain step | ratio (paired median) | served runs clean |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| model ({args.size}) | served step | plain step | ratio (paired median) "
+        "| the check a call | served runs clean |"
+    )
+    print("|---|---|---|---|---|---|")
     for model in models:
         with tempfile.TemporaryDirectory(prefix=f"steady-{model}-") as tmp:
             root = Path(tmp)
-            run(model, root, "writer", True, 3)
-            ratios, served, plain, clean = [], [], [], 0
+            run(model, root, "writer", True, 3, args.size)
+            ratios, served, plain, checks, clean = [], [], [], [], 0
             for r in range(args.rounds):
-                s = run(model, root, f"served{r}", True, args.steps)
-                p = run(model, root, f"plain{r}", False, args.steps)
+                s = run(model, root, f"served{r}", True, args.steps, args.size)
+                p = run(model, root, f"plain{r}", False, args.steps, args.size)
+                if s.get("check_us") is not None:
+                    checks.append(s["check_us"])
                 counts = s["precompile"]
                 good = (
                     s["same"]
@@ -165,6 +203,7 @@ def main() -> int:
             print(
                 f"| {model} | {statistics.median(served) * 1e3:.2f} ms "
                 f"| {statistics.median(plain) * 1e3:.2f} ms | {statistics.median(ratios):.3f}x "
+                f"| {statistics.median(checks) if checks else 0:.0f} us "
                 f"| {clean} of {args.rounds} |",
                 flush=True,
             )
