@@ -15,7 +15,10 @@ its kernels (which dispatch keys, registered where), the digest of every Python 
 it names, and the code of the Python functions registered for it (``torch.library.impl``
 after objcache installed, ``torch.library.custom_op``'s functions). Another implementation
 is another key: a miss, not another result. A graph without such ops keeps the key torch
-gives it.
+gives it, unless the program replaced a kernel of one of torch's own ops in Python
+(``Library("aten", "IMPL").impl("linear", ...)``): AOTAutograd traces that kernel for graphs
+whose ops never name it, so every graph of such a process is keyed by those overrides
+(:func:`torch_overrides`).
 """
 
 from __future__ import annotations
@@ -135,8 +138,74 @@ def op_identity(name: str) -> str:
 
 
 def graph_identity(gm: Any) -> tuple[tuple[str, str], ...]:
-    """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls."""
-    return tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
+    """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls, then
+    every op of torch's own namespaces whose kernel the program replaced
+    (:func:`torch_overrides`)."""
+    ops = tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
+    return ops + torch_overrides()
+
+
+#: Dispatch keys whose kernels only say what an op's result looks like (shapes, dtypes),
+#: never its values; torch registers a thousand of them in Python itself.
+_SHAPE_ONLY_KEYS = frozenset({"Meta"})
+#: the sizes of ``_impls`` and of the Python kernels recorded -> the overrides then
+_overrides_memo: dict[int, tuple[tuple[str, str], ...]] = {}
+
+
+def torch_overrides() -> tuple[tuple[str, str], ...]:
+    """``((op, identity), ...)`` for each op of torch's own namespaces whose kernel the
+    program registered in Python (``torch.library.Library("aten", "IMPL").impl(...)``):
+    AOTAutograd traces that kernel where a graph names ``torch.nn.functional.linear``, which
+    no graph's ops show, so such an override keys every graph of the process. Registrations
+    torch makes itself (from its own sources, or of shape-only kernels) are left out: they
+    are part of the release in every key."""
+    import torch.library
+
+    impls = getattr(torch.library, "_impls", None)
+    if not isinstance(impls, set):
+        return ()
+    with _lock:
+        later = [n for n in _python_kernels if n.split("::", 1)[0] in TORCH_NAMESPACES]
+        # registrations are added (a library's are dropped only with it): the sizes say
+        # whether anything changed since the last graph's key
+        token = hash((len(impls), sum(len(_python_kernels[n]) for n in later)))
+        known = _overrides_memo.get(token)
+    if known is not None:
+        return known
+    mine = [
+        entry
+        for entry in list(impls)
+        if entry.split("/", 1)[0] in TORCH_NAMESPACES
+        and entry.rsplit("/", 1)[-1] not in _SHAPE_ONLY_KEYS
+    ]
+    names = set(later)
+    for entry in mine:
+        ns, op, key = entry.split("/")
+        name = f"{ns}::{op.split('.', 1)[0]}"
+        if not _registered_by_torch(name, key):
+            names.add(name)
+    found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
+    with _lock:
+        _overrides_memo[token] = found
+    return found
+
+
+def _registered_by_torch(name: str, key: str) -> bool:
+    """Whether the dispatcher says ``key``'s kernel of ``name`` was registered from torch's
+    own files (a C++ source of its build, or a Python file of its package)."""
+    import torch
+
+    try:
+        dump = str(torch._C._dispatch_dump(name))
+    except Exception:
+        return False
+    home = os.path.dirname(torch.__file__)
+    for line in dump.splitlines():
+        if line.startswith(f"{key}:") or line.startswith(f"{key}[alias]:"):
+            # only Python registrations are in ``_impls``: torch's come from its package
+            where = line.split("registered at ", 1)[-1].split(":", 1)[0]
+            return where.startswith(home)
+    return True  # no such kernel now: nothing of the program's runs there
 
 
 def _wrap_details_init(original: Callable[..., None]) -> Any:
@@ -167,7 +236,11 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
                 name = f"{self.ns}::{name}"
             name = name.split(".", 1)[0]
             code = getattr(fn, "__code__", None)
-            if code is not None:
+            module = str(getattr(fn, "__module__", "") or "")
+            torchs = name.split("::", 1)[0] in TORCH_NAMESPACES and (
+                module == "torch" or module.startswith("torch.")
+            )
+            if code is not None and not torchs:  # torch's own kernels are in its release
                 with _lock:
                     _python_kernels.setdefault(name, []).append(portable_guards.code_digest(code))
         except Exception:

@@ -28,6 +28,21 @@ def scale(x):
 lib.impl("scale", scale, "CompositeImplicitAutograd")
 """
 
+#: A program's own kernel for one of torch's ops (a library that patches ``aten::linear``):
+#: AOTAutograd traces it for a graph that only names ``torch.nn.functional.linear``.
+OVERRIDE = """
+import torch
+
+aten = torch.library.Library("aten", "IMPL")
+
+
+def linear(x, w, b=None):
+    return torch.matmul(x, w.t()) * 0 + 7
+
+
+aten.impl("linear", linear, "CompositeImplicitAutograd")
+"""
+
 PROGRAM = """\
 import json
 import torch
@@ -35,10 +50,14 @@ import objcache
 
 objcache.install()
 import kernels
+import patches
+
+
+W = torch.linspace(0.0, 1.0, 16).reshape(2, 8)
 
 
 def f(x):
-    return torch.ops.objcache_test_ops.scale(x.sin()) + 1.0
+    return torch.nn.functional.linear(torch.ops.objcache_test_ops.scale(x.sin()) + 1.0, W)
 
 
 x = torch.linspace(-1.0, 1.0, 8)
@@ -54,10 +73,11 @@ print("RESULT " + json.dumps({
 """
 
 
-def run(base: Path, machine: str, factor: str) -> dict[str, Any]:
+def run(base: Path, machine: str, factor: str, override: str = "") -> dict[str, Any]:
     path = base / machine
     path.mkdir(parents=True)
     (path / "kernels.py").write_text(KERNELS.format(factor=factor))
+    (path / "patches.py").write_text(override)
     env = ts.compile_env(path, f"file://{base / 'store'}")
     env.update(OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
     return ts.run_script(path, PROGRAM, env)
@@ -75,6 +95,25 @@ def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
     other = run(tmp_path, "other", "3.0")  # the library at another version
     assert other["same"], other
     assert other["aot_hits"] == 0 and other["fx_hits"] == 0, other
+    patched = run(tmp_path, "patched", "2.0", OVERRIDE)  # its own kernel of torch's linear
+    assert patched["same"], patched
+    assert patched["aot_hits"] == 0 and patched["fx_hits"] == 0, patched
+
+
+def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph() -> None:
+    """An override of one of torch's ops registered in Python is in every graph's key
+    while it is registered; torch's own Python registrations are not."""
+    from objcache.integrations.torch import custom_ops
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    assert custom_ops.graph_identity(gm) == ()
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("linear", lambda x, w, b=None: x, "CompositeImplicitAutograd")
+        assert [name for name, _ in custom_ops.graph_identity(gm)] == ["override:aten::linear"]
+    finally:
+        lib._destroy()
+    assert custom_ops.graph_identity(gm) == ()
 
 
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
