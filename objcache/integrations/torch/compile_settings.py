@@ -31,7 +31,7 @@ import hashlib
 import importlib
 from typing import Any
 
-from objcache.integrations.torch import portable_guards
+from objcache.integrations.torch import custom_ops, portable_guards
 
 #: Config modules whose settings a served frame must have been compiled with.
 CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._dynamo.config")
@@ -115,7 +115,9 @@ def process_facts() -> str:
     never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
     backend, world size and rank once it is initialized, a fixed ``PYTHONHASHSEED`` (set
     order and ``hash()`` of a string read while tracing), cuBLAS's TF32 switch, the
-    privateuse1 backend's name, and the CUDA devices' names and capabilities once CUDA is
+    privateuse1 backend's name, the attention backends turned off, the autocast dtypes
+    (``torch.get_autocast_dtype`` is folded; with autocast off torch's global-state guard
+    does not compare them), and the CUDA devices' names and capabilities once CUDA is
     initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
     import sys
 
@@ -127,6 +129,13 @@ def process_facts() -> str:
         if torch is not None:
             parts.append(f"tf32={torch._C._get_cublas_allow_tf32()}")
             parts.append(f"privateuse1={torch._C._get_privateuse1_backend_name()}")
+            # the attention backends a graph's sdpa lowers to, and the dtype
+            # ``torch.get_autocast_dtype`` folds into a trace (autocast off: no guard reads it)
+            parts.append(f"sdp_off={','.join(custom_ops.sdp_backends_off())}")
+            parts.extend(
+                f"autocast_{device}={torch.get_autocast_dtype(device)}"
+                for device in ("cpu", "cuda")
+            )
             cuda = torch.cuda
             if cuda.is_initialized():  # without it, nothing read the devices' properties
                 parts.extend(

@@ -116,9 +116,10 @@ def test_the_settings_digest_is_the_same_in_another_process() -> None:
 def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """torch.distributed's backend, world size and rank (constant-folded while tracing) and a
-    fixed PYTHONHASHSEED: another value on the reader is another digest, so a served frame's
-    settings guard fails and Dynamo compiles it."""
+    """torch.distributed's backend, world size and rank (constant-folded while tracing), a
+    fixed PYTHONHASHSEED, the attention backends turned off and the autocast dtype: another
+    value on the reader is another digest, so a served frame's settings guard fails and
+    Dynamo compiles it."""
     import torch.distributed as dist
 
     before = cs.settings_digest()
@@ -135,6 +136,17 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
         assert cs.settings_digest() not in (None, before)
     finally:
         torch._C._set_cublas_allow_tf32(tf32)
+    assert cs.settings_digest() == before
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):  # the attention kernel a graph lowers to
+        assert cs.settings_digest() not in (None, before)
+    autocast = torch.get_autocast_dtype("cpu")  # folded by get_autocast_dtype, autocast off
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        assert cs.settings_digest() not in (None, before)
+    finally:
+        torch.set_autocast_dtype("cpu", autocast)
     assert cs.settings_digest() == before
     if not dist.is_available():
         pytest.skip("torch without torch.distributed")

@@ -122,3 +122,28 @@ def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
 
     gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
     assert custom_ops.graph_identity(gm) == ()
+
+
+def test_attention_backends_turned_off_are_in_every_graph_s_key() -> None:
+    """Which kernel a graph's attention lowers to follows the backends enabled when
+    AOTAutograd decomposes it: a process that turned one off keys its graphs by that (and a
+    process with torch's defaults keeps torch's keys)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from objcache.integrations.torch import custom_ops
+
+    class Details:
+        def __init__(self, gm: Any) -> None:
+            self.gm = gm
+
+    init = custom_ops._wrap_details_init(Details.__init__)
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    plain = Details.__new__(Details)
+    init(plain, gm)
+    assert custom_ops.FIELD not in plain.__dict__
+    with sdpa_kernel([SDPBackend.MATH]):
+        math_only = Details.__new__(Details)
+        init(math_only, gm)
+    assert math_only.__dict__[custom_ops.FIELD] == (
+        ("sdp_backends_off", "flash,mem_efficient,cudnn"),
+    )
