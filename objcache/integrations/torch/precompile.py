@@ -176,6 +176,84 @@ def _wrap_create_resume(original: Callable[..., Any]) -> Any:
     return create_resume
 
 
+def _wrap_should_save_cache(original: Callable[..., bool], bundled: Callable[[], bool]) -> Any:
+    """Under caching precompile torch bundles every AOTAutograd result with its compiled
+    code and asserts each is Inductor's ``OutputCode``; a graph Inductor never compiles (one
+    that reduces to its inputs, ``x * 1.0``) hands back a plain method, and torch 2.13-2.15
+    raise ``AssertionError: expected OutputCode`` out of the user's call (plain torch with
+    ``TORCH_CACHING_PRECOMPILE=1`` too). Such a graph gets no cache entry, its frame's
+    package is never saved (``unsaved:no_output_code``), and the compile goes on."""
+
+    def should_save(*compiled: Any) -> bool:
+        if not original(*compiled):
+            return False
+        if not bundled() or all(_is_output_code(fn) for fn in compiled if fn is not None):
+            return True
+        counters["no_output_code"] += 1
+        with contextlib.suppress(Exception):
+            from torch._guards import TracingContext
+
+            context = TracingContext.try_get()
+            if context is not None:  # read where the frame's guards are serialized
+                context.__dict__.setdefault("_objcache_unsaveable", "no_output_code")
+        return False
+
+    should_save.__objcache__ = True  # type: ignore[attr-defined]
+    should_save.__wrapped__ = original  # type: ignore[attr-defined]
+    return should_save
+
+
+def _on_first_wrap(original: Callable[..., Any]) -> Any:
+    """``torch.compile``'s wrapping of a function (:func:`precompile_serve.wrap_context_call`),
+    which first patches AOTAutograd's cache decision (:func:`_patch_graph_compile`): torch is
+    whole by then, while importing AOTAutograd from inside the install, itself run as a
+    torch module imports, is a circular import on 2.13-2.15."""
+    call = precompile_serve.wrap_context_call(original)
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _graph_compile_patched:
+            _patch_graph_compile()
+        return call(self, *args, **kwargs)
+
+    __call__.__objcache__ = True  # type: ignore[attr-defined]
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+_graph_compile_patched: list[bool] = []
+
+
+def _patch_graph_compile() -> None:
+    """Patch ``graph_compile._should_save_cache`` (:func:`_wrap_should_save_cache`) once,
+    while the part is on; a torch without it is left as it is."""
+    with lock:
+        if _graph_compile_patched or not _patched:
+            return
+        _graph_compile_patched.append(True)
+        try:
+            import torch._functorch._aot_autograd.graph_compile as graph_compile
+        except Exception:
+            return
+        should_save = getattr(graph_compile, "_should_save_cache", None)
+        bundled = getattr(graph_compile, "should_bundle_autograd_cache", None)
+        if callable(should_save) and callable(bundled):
+            wrapped = _wrap_should_save_cache(should_save, bundled)
+            _patch(graph_compile, "_should_save_cache", wrapped)
+
+
+def _is_output_code(fn: Any) -> bool:
+    """Whether ``fn``, under the wrappers AOTAutograd adds, is Inductor's ``OutputCode``
+    (how torch's ``unwrap_output_code`` looks)."""
+    from torch._inductor.output_code import OutputCode
+
+    for _ in range(64):  # a chain of wrappers, never a cycle
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return isinstance(fn, OutputCode)
+
+
 def _refuse_torch_store_write(*args: Any, **kwargs: Any) -> None:
     """torch's own Dynamo store (``<cache>/dynamo/<sha(qualname, line)>/entry``, read
     unverified) is never written while this part is on: Mega-Cache loads and torch's own
@@ -235,9 +313,7 @@ def apply(package_module: Any) -> None:
         if not callable(getattr(eval_frame, "innermost_backend", None)):
             raise AttributeError("torch has no eval_frame.innermost_backend")
         try:
-            _patch(
-                context_cls, "__call__", precompile_serve.wrap_context_call(context_cls.__call__)
-            )
+            _patch(context_cls, "__call__", _on_first_wrap(context_cls.__call__))
             _patch(cache, "load", precompile_serve.load)
             _patch(
                 cache, "record_package", precompile_save.wrap_record_package(cache.record_package)
@@ -324,6 +400,7 @@ def uninstall() -> None:
                 else:
                     setattr(obj, attr, value)
         _patched.clear()
+        _graph_compile_patched.clear()
         precompile_serve.forget()
         precompile_guards.forget()
         superseded_codes.forget()

@@ -86,6 +86,10 @@ def wrap_serialize_guards(
         if getattr(output_graph, "package", None) is None:
             # not a frame of a precompile package (torch's aot_compile saves its own way)
             return original(self, builder, sorted_guards, *args, **kwargs)
+        context = getattr(output_graph, "tracing_context", None)
+        refused = getattr(context, "__dict__", {}).get("_objcache_unsaveable")
+        if refused:  # found while the frame's graph compiled (precompile._wrap_should_save_cache)
+            return _not_saved(output_graph, str(refused), refused)
         try:
             kept, records = portable_guards.split(sorted_guards, builder.get)
             traced = _traced_code(output_graph)
