@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 
-from objcache.integrations.torch.demo_jobs import machine_env, run_job
+from objcache.demo.demo_jobs import machine_env, run_job
 
 out = os.environ.get("OUT", ".")
 mode = sys.argv[1] if len(sys.argv) > 1 else ""

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("objcache.core",)),
     ("client", ("objcache.client", "objcache.bridge", "objcache.run_observer", "objcache.stores")),
     ("integrations", ("objcache.integrations",)),
+    ("demo", ("objcache.demo",)),
     ("cli, testing", ("objcache.cli", "objcache.testing")),
     ("public API", ("objcache", "objcache.mega", "objcache.backend_contract")),
 )

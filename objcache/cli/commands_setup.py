@@ -90,8 +90,8 @@ def demo(
     import argparse
     import importlib.util
 
-    from objcache.integrations.torch.demo import main as demo_main
-    from objcache.integrations.torch.demo import model_name
+    from objcache.demo.demo import main as demo_main
+    from objcache.demo.demo import model_name
 
     try:
         model_name(model)

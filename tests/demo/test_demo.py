@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from objcache.integrations.torch import demo
+from objcache.demo import demo
 
 
 def result(
@@ -185,7 +185,7 @@ def test_the_report_ends_with_the_new_machine_against_the_cold_one() -> None:
 def test_demo_runs_cold_then_a_new_machine_twice_and_prints_the_table(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from objcache.integrations.torch import demo, demo_jobs
+    from objcache.demo import demo, demo_jobs
 
     machines: list[str] = []
 

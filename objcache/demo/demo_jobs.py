@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from objcache.integrations.torch.demo_worker import RESULT_TAG, STAGE_TAG
+from objcache.demo.demo_worker import RESULT_TAG, STAGE_TAG
 
 
 @dataclass
@@ -46,7 +46,7 @@ def run_job(
 ) -> Job:
     """Run a worker in a subprocess and parse its result line."""
     cmd = [
-        *(command or [sys.executable, "-m", "objcache.integrations.torch.demo"]),
+        *(command or [sys.executable, "-m", "objcache.demo.demo"]),
         "--worker",
         *args,
     ]

@@ -1,4 +1,4 @@
-"""The demo and bench worker (:mod:`objcache.integrations.torch.demo_worker`) without
+"""The demo and bench worker (:mod:`objcache.demo.demo_worker`) without
 compiling: its model names, and torch's stock models stepped eagerly."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def test_demo_models_are_built_in_or_from_a_library() -> None:
     one-line usage error, before torch is imported."""
     import argparse
 
-    from objcache.integrations.torch.demo_worker import model_name
+    from objcache.demo.demo_worker import model_name
 
     for ok in (
         "tiny",
@@ -38,7 +38,7 @@ def test_torch_stock_models_compile_and_infer_like_eager(tmp_path: Path) -> None
     --inference), built and stepped eagerly: shapes and gradients as the bench needs."""
     import argparse
 
-    from objcache.integrations.torch import demo_worker
+    from objcache.demo import demo_worker
 
     for name in demo_worker.TORCH_MODELS:
         model, x = demo_worker.build_model(f"torch:{name}", 1.0)

@@ -15,7 +15,7 @@ model bakes a per-demo constant into its graph, so each demo's cold run really i
 
 Each run is a worker (:mod:`.demo_worker`) run as a simulated machine (:mod:`.demo_jobs`),
 the workload of the tests and of ``bench/warm_start.py`` too:
-``python -m objcache.integrations.torch.demo --worker ...`` runs one compile and prints one
+``python -m objcache.demo.demo --worker ...`` runs one compile and prints one
 JSON result line.
 """
 
@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from objcache.integrations.torch.demo_jobs import (
+from objcache.demo.demo_jobs import (
     Job,
     gxx_builds,
     machine_env,
@@ -40,7 +40,7 @@ from objcache.integrations.torch.demo_jobs import (
     remote_bytes,
     run_job,
 )
-from objcache.integrations.torch.demo_worker import model_name, worker_main
+from objcache.demo.demo_worker import model_name, worker_main
 
 #: What ``objcache demo`` imports from here (``model_name`` is the worker's, for ``--model``).
 __all__ = ["main", "model_name"]

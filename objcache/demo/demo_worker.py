@@ -1,6 +1,6 @@
 """The compile workload of ``objcache demo``, the tests and ``bench/``: one process, one compile.
 
-``python -m objcache.integrations.torch.demo --worker ...`` builds one model (a built-in one,
+``python -m objcache.demo.demo --worker ...`` builds one model (a built-in one,
 or one of a model library's, with random weights), compiles it, runs one step (a training
 step, or inference), compares it with eager and prints everything the parent reports as one
 JSON line tagged :data:`RESULT_TAG`; the stage it is in goes to stderr tagged
@@ -69,7 +69,7 @@ def make_input(name: str, batch: int | None = None) -> Any:
 
 def build_model(name: str, salt: float) -> tuple[Any, Any]:
     """``(module, input)``: ``tiny`` is a 2-layer MLP; ``block`` a 4-layer MLP + attention
-    (:mod:`objcache.integrations.torch.demo_models`, at module level as torch's caching
+    (:mod:`objcache.demo.demo_models`, at module level as torch's caching
     precompile needs).
 
     The ``forward`` methods close over nothing (no captured locals, no ``super()``): torch's
@@ -79,7 +79,7 @@ def build_model(name: str, salt: float) -> tuple[Any, Any]:
     """
     import torch
 
-    from objcache.integrations.torch.demo_models import Block, Salted, TextLogits, Tiny
+    from objcache.demo.demo_models import Block, Salted, TextLogits, Tiny
 
     torch.manual_seed(0)
     if name.startswith("transformers:"):
@@ -347,7 +347,7 @@ def _kernels_hooked() -> bool:
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m objcache.integrations.torch.demo --worker")
+    p = argparse.ArgumentParser(prog="python -m objcache.demo.demo --worker")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--model", type=model_name, default="tiny")
     p.add_argument("--salt", type=float, default=1.0)

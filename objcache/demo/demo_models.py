@@ -2,7 +2,7 @@
 
 torch's caching precompile cannot save a package whose guards name a class defined inside a
 function (docs/torch.md, "Precompile entries"), so the models the demo's worker builds
-live here rather than inside :func:`objcache.integrations.torch.demo_worker.build_model`.
+live here rather than inside :func:`objcache.demo.demo_worker.build_model`.
 Their ``forward`` methods close over nothing (see that function on PGO and closures).
 """
 
