@@ -36,7 +36,7 @@ import objcache
 
 objcache.install()
 from torch import nn
-from objcache.integrations.torch import precompile_entry
+from objcache.integrations.torch.precompile import precompile_entry
 
 torch.manual_seed(0)
 name, steps = sys.argv[1], int(sys.argv[2])

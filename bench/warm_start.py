@@ -458,7 +458,7 @@ def precompile_scenarios(
 
 def precompile_supported() -> bool:
     """Whether the torch this bench runs has caching precompile (as objcache detects it)."""
-    from objcache.integrations.torch import features
+    from objcache.integrations.install import features
 
     failed = features.load(("precompile",))
     return not failed and not features.missing("precompile")

@@ -137,7 +137,7 @@ class Client:
 
     def get_local(self, kind: str, key: str) -> bytes | None:
         """A verified payload from the local tier only, no lookup counted (work a prefetch
-        does beside the compile: objcache/integrations/torch/kernel_places.py)."""
+        does beside the compile: objcache/integrations/torch/kernels/kernel_places.py)."""
         hit = reads.read_local_sync(self.cache, kind, key)
         return None if hit is None else hit[0]
 

@@ -32,7 +32,7 @@ DEFAULT_FILES = (
     "tests/test_client_deadline.py",
     "tests/core/test_policy.py",
     "tests/core/test_records.py",
-    "tests/integrations/torch/test_pgo_join.py",
+    "tests/integrations/torch/remote/test_pgo_join.py",
     "tests/core/test_manifest.py",
     "tests/backends/test_file.py",
     "tests/backends/test_disk.py",

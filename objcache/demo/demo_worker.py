@@ -210,7 +210,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # compile + step alike with and without objcache (not who paid for the imports).
     import importlib
 
-    from objcache.integrations.torch.watched import NOT_IMPORTED, WATCHED
+    from objcache.integrations.install.watched import NOT_IMPORTED, WATCHED
 
     for name in WATCHED:
         if name not in NOT_IMPORTED:  # another package's (vLLM's): not what install() imports
@@ -227,7 +227,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         with open(args.torch_mega_load, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
     if args.mega_load:
-        from objcache.integrations.torch import mega
+        from objcache.integrations.torch.mega import mega
 
         result["mega_load"] = mega.load(args.mega_load)
     result["setup_s"] = time.perf_counter() - setup_started
@@ -276,7 +276,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     result["graphs"] = int(counters["stats"]["unique_graphs"])
     # where the compile time went, in torch's own figures, with or without objcache
     # (docs/architecture.md, "Phase times")
-    from objcache.integrations.torch import phase_times
+    from objcache.integrations.torch.timing import phase_times
 
     result["phases"] = {k: list(v) for k, v in phase_times.snapshot().items()}
     if args.torch_mega_save:
@@ -285,7 +285,7 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
             with open(args.torch_mega_save, "wb") as f:
                 f.write(saved[0])
     if args.mega_save:
-        from objcache.integrations.torch import mega
+        from objcache.integrations.torch.mega import mega
 
         result["mega_save"] = mega.save(args.mega_save)
     _report_objcache(result)
@@ -324,7 +324,7 @@ def _report_objcache(result: dict[str, Any]) -> None:
     if not integration.installed() and not _kernels_hooked():
         return
     from objcache.client import get_client
-    from objcache.integrations.torch import kernels
+    from objcache.integrations.torch.kernels import kernels
 
     _stage("flush")
     kernels.wait_stored(60)

@@ -116,7 +116,7 @@ def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize:
     from torch._dynamo import aot_compile
     from torch._dynamo.package import SystemInfo
 
-    from objcache.integrations.torch.precompile_entry import same_code
+    from objcache.integrations.torch.precompile.precompile_entry import same_code
 
     if len(payload) > MAX_BYTES:
         raise Rejected("oversized")

@@ -65,7 +65,7 @@ class _Stub:
 def test_a_bad_payload_is_a_counted_miss(
     monkeypatch: pytest.MonkeyPatch, payload: bytes, why: str
 ) -> None:
-    from objcache.integrations.torch import precompile_entry, precompile_serve
+    from objcache.integrations.torch.precompile import precompile_entry, precompile_serve
 
     monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(payload))
     before = precompile_entry.counters[f"rejected:{why}"]
@@ -80,7 +80,7 @@ def test_a_bad_payload_is_a_counted_miss(
 def test_no_entry_is_looked_up_outside_a_known_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch loading an entry where no ``torch.compile()`` wrapper named its compiler, or
     for a backend without a portable name: never looked up, counted."""
-    from objcache.integrations.torch import precompile_entry, precompile_serve
+    from objcache.integrations.torch.precompile import precompile_entry, precompile_serve
 
     monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(b"never read"))
     before = dict(precompile_entry.counters)
@@ -97,7 +97,7 @@ def test_no_entry_is_looked_up_outside_a_known_compiler(monkeypatch: pytest.Monk
 
 
 def test_the_key_follows_the_source_not_only_the_qualname() -> None:
-    from objcache.integrations.torch import precompile_entry
+    from objcache.integrations.torch.precompile import precompile_entry
 
     def f(x: Any) -> Any:
         return x + 1

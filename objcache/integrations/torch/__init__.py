@@ -17,26 +17,26 @@ from typing import Any
 
 def install(config: Any | None = None) -> None:
     """Route torch's remote caches and C++ kernel builds through objcache (idempotent)."""
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.install import hooks
 
     hooks.install(config)
 
 
 def uninstall() -> None:
     """Put torch back exactly as it was before :func:`install`."""
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.install import hooks
 
     hooks.uninstall()
 
 
 def installed() -> bool:
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.install import hooks
 
     return hooks.installed()
 
 
 def stats() -> dict[str, Any]:
     """Counters of the torch integration in this process."""
-    from objcache.integrations.torch import hooks
+    from objcache.integrations.install import hooks
 
     return hooks.stats()
