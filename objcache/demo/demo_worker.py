@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from objcache.integrations.patching import is_marked
+
 RESULT_TAG = "OBJCACHE_RESULT "
 STAGE_TAG = "objcache-demo: stage "
 MODELS = ("tiny", "block")
@@ -343,7 +345,7 @@ def _report_objcache(result: dict[str, Any]) -> None:
 
 def _kernels_hooked() -> bool:
     mod = sys.modules.get("torch._inductor.cpp_builder")
-    return mod is not None and bool(getattr(mod.CppBuilder.build, "__objcache__", False))
+    return mod is not None and is_marked(mod.CppBuilder.build)
 
 
 def worker_parser() -> argparse.ArgumentParser:

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.triton")
@@ -193,7 +193,7 @@ def apply(build: Any) -> bool:
             counters["off:no_hooks"] += 1
             log.info("objcache: this Triton builds host modules another way; part off")
             return False
-        if getattr(original, "__objcache__", False):
+        if is_marked(original):
             return True
         _patched.set(build, "get_cache_manager", _wrap(original, build, file_manager))
         return True

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.entry.caps import DEFAULT_PER_KIND
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.vllm")
@@ -187,7 +187,7 @@ def apply(registry: Any) -> bool:
             counters["off:no_hooks"] += 1
             log.info("objcache: this vLLM has no model-inspection cache hooks; part off")
             return False
-        if getattr(load, "__objcache__", False):
+        if is_marked(load):
             return True
         _patched.set(
             lazy, "_load_modelinfo_from_cache", _wrap_load(load, save, registry._ModelInfo)

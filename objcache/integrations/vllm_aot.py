@@ -54,7 +54,7 @@ from typing import Any
 from objcache.config.files import publish_file
 from objcache.entry.caps import DEFAULT_PER_KIND
 from objcache.errors import UnsafeFolder
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.integrations.vllm import (
     Rejected,
     calls_finalize_unguarded,
@@ -220,7 +220,7 @@ def _hook_save(model: Any) -> None:
         save = owner.__dict__.get("save_aot_compiled_function")
         if save is None:
             continue
-        if not getattr(save, "__objcache__", False):
+        if not is_marked(save):
             _patched.set(owner, "save_aot_compiled_function", _wrap_save(save))
         return
 
@@ -259,7 +259,7 @@ def apply(decorators: Any) -> bool:
             counters["off:no_aot_hooks"] += 1
             log.info("objcache: this vLLM has no AOT compile load hook; AOT part off")
             return False
-        if getattr(load, "__objcache__", False):
+        if is_marked(load):
             return True
         _patched.set(decorators, "_try_load_aot_compiled_fn", _wrap_load(load))
         return True

@@ -6,7 +6,7 @@ so replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCa
 ``RemoteAutotuneCache``, ``RemoteBundledAutotuneCache`` and ``RemoteDynamoPGOCache`` with
 subclasses (:mod:`.remote_cache_classes`, working at the value level) routes every cache
 object torch creates from then on, each with its ``cache_id``. Everything this module
-changes on torch is recorded in :mod:`.patch_ledger` and put back from there.
+changes on torch is recorded in :mod:`objcache.integrations.patching` and put back from there.
 
 Nothing here raises into torch: every failure is a counted miss, logged once. Gets are
 bounded by the client's deadline; puts write the local objcache tier and go remote through
@@ -27,8 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import objcache
-from objcache.integrations.install import features, patch_ledger, watched
+from objcache.integrations import patching
+from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
+from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.precompile import precompile, precompile_entry
 from objcache.integrations.torch.remote import (
     custom_ops,
@@ -98,7 +100,7 @@ def _apply_remote_cache(module: Any) -> None:
     no signature). On any failure, the classes swapped so far and the flags set are put
     back before the error goes on to :func:`apply_part`.
     """
-    saved_before = set(patch_ledger.saved)
+    saved_before = set(patching.saved)
     # Only the classes of parts whose hooks are all there (docs/torch.md, "Feature detection").
     wanted = {
         name: kind
@@ -113,7 +115,7 @@ def _apply_remote_cache(module: Any) -> None:
             current = getattr(module, name)
             if getattr(current, "objcache_kind", None):
                 continue
-            patch_ledger.save(module.__name__, name, current)
+            patching.save(module.__name__, name, current)
             cls = remote_cache_classes.make_cache_class(
                 current, kind, backend_cls, module.RemoteCacheJsonSerde
             )
@@ -121,7 +123,7 @@ def _apply_remote_cache(module: Any) -> None:
         for config_module in _flags_waiting:
             _set_flags(config_module)
     except BaseException:
-        patch_ledger.undo_since(saved_before)
+        patching.undo_since(saved_before)
         if hasattr(module, "ObjcacheBackend"):
             del module.ObjcacheBackend
         raise
@@ -163,11 +165,11 @@ def _set_flags(module: Any) -> None:
             continue
         if attr == "caching_precompile":
             if precompile.wanted() and getattr(module, attr, None) is False:
-                patch_ledger.set_config(module, attr, True)
+                patching.set_config(module, attr, True)
             continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
             continue
-        patch_ledger.set_config(module, attr, True)
+        patching.set_config(module, attr, True)
     if module.__name__ == "torch._dynamo.config":
         _apply_job_id()
 
@@ -180,7 +182,7 @@ def _apply_job_id() -> None:
     cconfig = sys.modules.get("torch.compiler.config")
     if cconfig is None or getattr(cconfig, "job_id", None) is not None:
         return
-    patch_ledger.set_config(cconfig, "job_id", job)
+    patching.set_config(cconfig, "job_id", job)
 
 
 # --- parts -----------------------------------------------------------------------------------
@@ -189,15 +191,15 @@ def _apply_job_id() -> None:
 def _apply_autotune(module: Any) -> None:
     if features.off("autotune") is None:
         cls = module.AutotuneCache
-        if not getattr(cls._read, "__objcache__", False):
-            patch_ledger.save(module.__name__, "AutotuneCache._read", cls._read)
+        if not is_marked(cls._read):
+            patching.save(module.__name__, "AutotuneCache._read", cls._read)
             cls._read = writethrough.wrap_autotune_read(cls._read)
     if features.off("bundled autotune") is not None:
         return
     bundler = module.AutotuneCacheBundler
-    if getattr(getattr(bundler.__dict__["begin_compile"], "__func__", None), "__objcache__", False):
+    if is_marked(getattr(bundler.__dict__["begin_compile"], "__func__", None)):
         return
-    patch_ledger.save(
+    patching.save(
         module.__name__, "AutotuneCacheBundler.begin_compile", bundler.__dict__["begin_compile"]
     )
     bundler.begin_compile = classmethod(_guarded_begin_compile(bundler.begin_compile))
@@ -231,8 +233,7 @@ def _guarded_begin_compile(original: Callable[..., None]) -> Callable[..., None]
             log.debug("objcache: bundled autotune cache skipped: %r", exc)
             cls._bundler = None
 
-    begin_compile.__wrapped__ = original  # type: ignore[attr-defined]
-    begin_compile.__objcache__ = True  # type: ignore[attr-defined]
+    marked(begin_compile, original)
     return begin_compile
 
 
@@ -287,7 +288,7 @@ def _apply_precompile(module: Any) -> None:
     try:
         precompile.apply(package)
     except BaseException:
-        patch_ledger.undo_flag("torch._dynamo.config", "caching_precompile")
+        patching.undo_flag("torch._dynamo.config", "caching_precompile")
         raise
 
 
@@ -344,7 +345,7 @@ def _undo_flags_of_parts_off() -> None:
     """
     for mod_name, attr, _env in FLAGS:
         if features.missing(features.PART_OF_FLAG[attr]):
-            patch_ledger.undo_flag(mod_name, attr)
+            patching.undo_flag(mod_name, attr)
 
 
 _config_checked: list[bool] = []
@@ -458,7 +459,7 @@ def uninstall() -> None:
 
     with _lock:
         watched.stop_watching()
-        patch_ledger.undo_all(failed)
+        patching.undo_all(failed)
         rc = sys.modules.get("torch._inductor.remote_cache")
         if rc is not None and hasattr(rc, "ObjcacheBackend"):
             del rc.ObjcacheBackend

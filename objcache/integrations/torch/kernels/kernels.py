@@ -62,6 +62,7 @@ from typing import Any
 
 import objcache
 from objcache.config.files import publish_file
+from objcache.integrations.patching import is_marked, marked
 from objcache.observe.metrics import log_once
 
 log = logging.getLogger("objcache.torch")
@@ -499,7 +500,7 @@ def install() -> bool:
 
 def apply(cpp_builder: Any) -> bool:
     cls = cpp_builder.CppBuilder
-    if getattr(cls.build, "__objcache__", False):
+    if is_marked(cls.build):
         return True
     original_build = cls.build
     original_init = cls.__init__
@@ -515,8 +516,7 @@ def apply(cpp_builder: Any) -> bool:
         except Exception:
             pass
 
-    build.__objcache__ = True  # type: ignore[attr-defined]
-    build.__wrapped__ = original_build  # type: ignore[attr-defined]
+    marked(build, original_build)
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
     _originals["build"] = original_build
     _originals["__init__"] = original_init
@@ -531,14 +531,13 @@ def _apply_probe(cpu_vec_isa: Any) -> None:
     """Hook ``VecISA._probe_load`` where this torch has it (an optional part of the hook)."""
     cls = getattr(cpu_vec_isa, "VecISA", None)
     original = getattr(cls, "_probe_load", None)
-    if not callable(original) or getattr(original, "__objcache__", False):
+    if not callable(original) or is_marked(original):
         return
 
     def probe_load(self: Any, output_path: Any) -> bool:
         return _probe_load(self, output_path, original)
 
-    probe_load.__objcache__ = True  # type: ignore[attr-defined]
-    probe_load.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(probe_load, original)
     _originals["_probe_load"] = original
     cls._probe_load = probe_load  # type: ignore[union-attr]
 

@@ -28,6 +28,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from objcache.integrations.patching import marked
+
 #: Values whose hash is the same in every process, whatever the seed.
 _NUMBERS = (type(None), bool, int, float, complex)
 #: The ``counters`` reason of a frame whose trace read the hash order.
@@ -103,6 +105,5 @@ def wrap_generic_hash(original: Callable[..., Any]) -> Any:
             _mark(tx)
         return original(tx, obj, *args, **kwargs)
 
-    generic_hash.__objcache__ = True  # type: ignore[attr-defined]
-    generic_hash.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(generic_hash, original)
     return generic_hash

@@ -49,6 +49,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     hash_order,
     precompile_guards,
@@ -101,8 +102,7 @@ def _wrap_add_inlined_source(original: Callable[..., None]) -> Any:
             self.__dict__.setdefault("_objcache_unsaveable", "no_source")
             log.debug("objcache: precompile package not saveable: %r", exc)
 
-    add_inlined_source.__objcache__ = True  # type: ignore[attr-defined]
-    add_inlined_source.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(add_inlined_source, original)
     return add_inlined_source
 
 
@@ -139,8 +139,7 @@ def _wrap_bookkeeping(original: Callable[..., Any], name: str) -> Any:
                 _stand_in(self, args[0])
             return None
 
-    bookkeeping.__objcache__ = True  # type: ignore[attr-defined]
-    bookkeeping.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(bookkeeping, original)
     bookkeeping.__name__ = name
     return bookkeeping
 
@@ -171,8 +170,7 @@ def _wrap_create_resume(original: Callable[..., Any]) -> Any:
         finally:
             self.package = package
 
-    create_resume.__objcache__ = True  # type: ignore[attr-defined]
-    create_resume.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(create_resume, original)
     return create_resume
 
 
@@ -200,7 +198,7 @@ def _wrap_cleanup_create(original: Callable[..., Any], hook_cls: type, manager: 
             return hook_cls({name: val}, name)
         return original(scope, name, val)
 
-    create.__objcache__ = True  # type: ignore[attr-defined]
+    marked(create)
     return staticmethod(create)
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     portable_guards,
     precompile_entry,
@@ -92,7 +93,7 @@ def wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None
         except Exception as exc:
             failed("record", exc)
 
-    record_package.__objcache__ = True  # type: ignore[attr-defined]
+    marked(record_package)
     return record_package
 
 
@@ -105,7 +106,7 @@ def wrap_record_artifact(original: Callable[..., None]) -> Any:
         except Exception as exc:
             failed("record", exc)
 
-    record_artifact.__objcache__ = True  # type: ignore[attr-defined]
+    marked(record_artifact)
     return classmethod(record_artifact)
 
 

@@ -26,6 +26,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     compile_settings,
     portable_guards,
@@ -227,8 +228,7 @@ def wrap_initialize(original: Callable[..., None]) -> Callable[..., None]:
         except Exception as exc:
             _reset(self, fn, original, "initialize", exc)
 
-    initialize.__objcache__ = True  # type: ignore[attr-defined]
-    initialize.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(initialize, original)
     return initialize
 
 
@@ -252,8 +252,7 @@ def wrap_install(original: Callable[..., None], initialize: Callable[..., None])
         finally:
             precompile_guards.installing_served.reset(token)
 
-    install.__objcache__ = True  # type: ignore[attr-defined]
-    install.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(install, original)
     return install
 
 
@@ -278,8 +277,7 @@ def wrap_context_call(original: Callable[..., Any]) -> Any:
         finally:
             current_compiler.reset(token)
 
-    __call__.__objcache__ = True  # type: ignore[attr-defined]
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(__call__, original)
     return __call__
 
 

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.precompile import portable_guards
 
 counters: Counter[str] = Counter()
@@ -153,8 +154,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             self.__dict__[FIELD] = ops
             counters["keyed_graphs"] += 1
 
-    __init__.__objcache__ = True  # type: ignore[attr-defined]
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(__init__, original)
     return __init__
 
 
@@ -174,8 +174,7 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
             counters["impl_unrecorded"] += 1
         return result
 
-    impl.__objcache__ = True  # type: ignore[attr-defined]
-    impl.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(impl, original)
     return impl
 
 
@@ -191,11 +190,11 @@ def apply(details_classes: list[Any]) -> None:
     with _lock:
         for cls in details_classes:
             init = cls.__dict__.get("__init__")
-            if init is not None and not getattr(init, "__objcache__", False):
+            if init is not None and not is_marked(init):
                 _patch(cls, "__init__", _wrap_details_init(init))
         library = torch.library.Library
         impl = library.__dict__.get("impl")
-        if impl is not None and not getattr(impl, "__objcache__", False):
+        if impl is not None and not is_marked(impl):
             _patch(library, "impl", _wrap_library_impl(impl))
 
 

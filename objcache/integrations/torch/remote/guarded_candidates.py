@@ -38,6 +38,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import objcache
+from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.remote import serde, writethrough
 from objcache.observe.metrics import FailureLog
 
@@ -120,8 +121,7 @@ def _make_iterate(kind: str, original: Callable[..., Any]) -> Callable[..., Any]
             _state.pending = None
             counters[f"guard_misses:{kind}"] += 1
 
-    iterate_over_candidates.__wrapped__ = original  # type: ignore[attr-defined]
-    iterate_over_candidates.__objcache__ = True  # type: ignore[attr-defined]
+    marked(iterate_over_candidates, original)
     return iterate_over_candidates
 
 
@@ -144,15 +144,14 @@ def _make_find(kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
             _failed(f"write-through ({kind})", exc)
         return result
 
-    find_guarded_entry.__wrapped__ = original  # type: ignore[attr-defined]
-    find_guarded_entry.__objcache__ = True  # type: ignore[attr-defined]
+    marked(find_guarded_entry, original)
     return find_guarded_entry
 
 
 def _patch(cls: type, kind: str) -> None:
     with _lock:
         current = cls.__dict__.get("iterate_over_candidates")
-        if getattr(getattr(current, "__func__", None), "__objcache__", False):
+        if is_marked(getattr(current, "__func__", None)):
             return
         for attr, make in (
             ("iterate_over_candidates", _make_iterate),
@@ -187,4 +186,4 @@ def uninstall() -> None:
 
 def patched(cls: type) -> bool:
     current = cls.__dict__.get("iterate_over_candidates")
-    return bool(getattr(getattr(current, "__func__", None), "__objcache__", False))
+    return is_marked(getattr(current, "__func__", None))

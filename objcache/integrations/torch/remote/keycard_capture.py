@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from objcache.integrations.patching import is_marked, marked
 from objcache.observe.keycards import (
     CARD_KIND,
     CARDS_ENV,
@@ -69,8 +70,7 @@ def _wrap_load_with_key(original: Any) -> Any:
             failed("capture", exc)
         return result
 
-    load_with_key.__wrapped__ = original  # type: ignore[attr-defined]
-    load_with_key.__objcache__ = True  # type: ignore[attr-defined]
+    marked(load_with_key, original)
     return load_with_key
 
 
@@ -78,7 +78,7 @@ def apply_fx(module: Any) -> None:
     """Part for ``torch._inductor.codecache`` (idempotent)."""
     cls = module.FxGraphCache
     current = cls.__dict__.get("load_with_key")
-    if getattr(getattr(current, "__func__", current), "__objcache__", False):
+    if is_marked(getattr(current, "__func__", current)):
         return
     _saved_attrs[(cls, "load_with_key")] = current
     cls.load_with_key = staticmethod(_wrap_load_with_key(cls.load_with_key))

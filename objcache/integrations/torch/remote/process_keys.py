@@ -24,6 +24,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from objcache.integrations.patching import is_marked, marked
+
 counters: Counter[str] = Counter()
 
 #: ``unique_id("__compiled_fn", with_uuid=True)``: the ordinal, then a uuid4 with underscores.
@@ -56,7 +58,7 @@ def apply(autograd_cache: Any) -> bool:
     """Leave the uuid out of AOTAutograd's key (False where this torch keys differently)."""
     pickler: Any = getattr(autograd_cache, "AOTAutogradCachePickler", None)
     original = getattr(pickler, "_reduce_aot_config", None)
-    if pickler is None or original is None or getattr(original, "__objcache__", False):
+    if pickler is None or original is None or is_marked(original):
         return original is not None
     # the key's config tuple ends with the backend name (torch 2.13 to 2.15)
 
@@ -70,8 +72,7 @@ def apply(autograd_cache: Any) -> bool:
             pass
         return reduced
 
-    _reduce_aot_config.__objcache__ = True  # type: ignore[attr-defined]
-    _reduce_aot_config.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(_reduce_aot_config, original)
     pickler._reduce_aot_config = _reduce_aot_config
     _patched.append((pickler, original))
     return True

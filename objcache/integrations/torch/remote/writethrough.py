@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -114,6 +115,5 @@ def wrap_autotune_read(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 _failed("autotune", exc)
         return best
 
-    _read.__wrapped__ = original  # type: ignore[attr-defined]
-    _read.__objcache__ = True  # type: ignore[attr-defined]
+    marked(_read, original)
     return _read

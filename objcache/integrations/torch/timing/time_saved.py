@@ -23,6 +23,8 @@ import threading
 from collections import Counter
 from typing import Any
 
+from objcache.integrations.patching import is_marked, marked
+
 FUNCTION = "add_ephemeral_timeout_increase_for_distributed"
 #: The module whose code calls the function -> the kind it accounts for.
 CALLERS = {
@@ -66,8 +68,7 @@ def _wrap(original: Any) -> Any:
         record(CALLERS.get(caller, "other"), time_saved_ns)
         return original(time_saved_ns, *args, **kwargs)
 
-    counted.__objcache__ = True  # type: ignore[attr-defined]
-    counted.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(counted, original)
     return counted
 
 
@@ -77,7 +78,7 @@ def apply(module: Any) -> bool:
     current = getattr(module, FUNCTION, None)
     if current is None or not callable(current):
         return False
-    if getattr(current, "__objcache__", False):
+    if is_marked(current):
         return True
     with _lock:
         _originals[module] = current
@@ -90,7 +91,7 @@ def uninstall() -> None:
         originals = list(_originals.items())
         _originals.clear()
     for module, original in originals:
-        if getattr(getattr(module, FUNCTION, None), "__objcache__", False):
+        if is_marked(getattr(module, FUNCTION, None)):
             setattr(module, FUNCTION, original)
 
 

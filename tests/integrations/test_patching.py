@@ -1,5 +1,5 @@
 """The ledger of what install() changed in torch
-(:mod:`objcache.integrations.install.patch_ledger`): what it sets, it can put back."""
+(:mod:`objcache.integrations.patching`): what it sets, it can put back."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ def test_a_config_entry_holding_its_override_as_a_value_is_set_and_restored() ->
     and left every torch part off on 2.11) and uninstall() puts the attribute back."""
     from types import SimpleNamespace
 
-    from objcache.integrations.install import patch_ledger
+    from objcache.integrations import patching
 
     module = SimpleNamespace(
         __name__="fake_config", flag=None, _config={"flag": SimpleNamespace(user_override=object())}
     )
-    saved_before = dict(patch_ledger.saved)
-    patch_ledger.set_config(module, "flag", True)
+    saved_before = dict(patching.saved)
+    patching.set_config(module, "flag", True)
     try:
         assert module.flag is True
-        assert patch_ledger.saved[("fake_config", "flag")] is None
+        assert patching.saved[("fake_config", "flag")] is None
     finally:
-        patch_ledger.saved.clear()
-        patch_ledger.saved.update(saved_before)
+        patching.saved.clear()
+        patching.saved.update(saved_before)
