@@ -222,9 +222,9 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         # 2-vCPU machine), paid alike by every start: out of the first step when asked
         importlib.import_module("torch._inductor.compile_fx")
     if args.objcache == "install":
-        import objcache
+        from objcache.integrations.install import install
 
-        objcache.install()
+        install()
     if args.torch_mega_load:
         with open(args.torch_mega_load, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
@@ -325,12 +325,12 @@ def _report_objcache(result: dict[str, Any]) -> None:
 
     if not integration.installed() and not _kernels_hooked():
         return
-    from objcache.client import get_client
+    from objcache.integrations import cache_client
     from objcache.integrations.torch.kernels import kernels
 
     _stage("flush")
     kernels.wait_stored(60)
-    client = get_client()
+    client = cache_client.get_client()
     client.flush()
     result["integration"] = integration.stats()
     result["stats"] = client.stats()

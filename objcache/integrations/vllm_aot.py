@@ -54,6 +54,7 @@ from typing import Any
 from objcache.config.files import publish_file
 from objcache.entry.caps import DEFAULT_PER_KIND
 from objcache.errors import UnsafeFolder
+from objcache.integrations import cache_client
 from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.integrations.vllm import (
     Rejected,
@@ -79,12 +80,6 @@ _RANK = re.compile(r"^rank_\d+_\d+$")
 _lock = threading.Lock()
 #: What :func:`apply` patched (vLLM's loader, and the saver vLLM set on each model class).
 _patched = Patches()
-
-
-def _client() -> Any:
-    import objcache
-
-    return objcache.get_client()
 
 
 def artifact_key(path: str | os.PathLike[str]) -> str | None:
@@ -166,7 +161,7 @@ def _place(path: Path, payload: bytes) -> None:
 def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:
     """Place the verified artifact of ``key`` at ``path``; False on a counted miss."""
     try:
-        payload = _client().get(KIND, key)
+        payload = cache_client.get_client().get(KIND, key)
     except Exception as exc:
         failed("AOT artifact lookup", exc)
         return False
@@ -200,7 +195,7 @@ def _store(model: Any) -> None:
         if len(payload) > MAX_BYTES:
             counters["unsaved:aot_oversized"] += 1
             return
-        _client().put(KIND, key, payload)
+        cache_client.get_client().put(KIND, key, payload)
         counters["aot_stored"] += 1
     except Exception as exc:
         failed("AOT artifact store", exc)

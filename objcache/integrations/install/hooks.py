@@ -26,8 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import objcache
-from objcache.integrations import patching
+from objcache.integrations import cache_client, patching
 from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
@@ -399,7 +398,7 @@ def install(config: Any | None = None) -> None:
 
     with _lock:
         if config is not None:
-            objcache.get_client(config)
+            cache_client.get_client(config)
             _config_checked[:] = [True]
         elif not _config_ok():
             return
@@ -441,7 +440,7 @@ def start_client() -> None:
     job's prefetch (:mod:`objcache.core.manifest`) in the background.
     """
     try:
-        objcache.get_client()  # kernel placement starts with it (kernel_places.enable)
+        cache_client.get_client()  # kernel placement starts with it (kernel_places.enable)
     except Exception as exc:
         failed("client", exc)
 

@@ -23,10 +23,10 @@ def test_importing_the_torch_layer_has_no_side_effects_and_no_import_circle() ->
     env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_ENABLE="1")
     code = (
         "import sys\n"
-        "from objcache.integrations.torch import hooks\n"
+        "from objcache.integrations.install import hooks\n"
         "hooks.uninstall()\n"
         "assert 'objcache.integrations.install.autoload' not in sys.modules\n"
-        "from objcache.integrations.torch import autoload\n"
+        "from objcache.integrations.install import autoload\n"
         "finders = lambda: [type(f).__name__ for f in sys.meta_path]\n"
         "assert '_PostImportFinder' not in finders()\n"
         "assert autoload.activate()\n"

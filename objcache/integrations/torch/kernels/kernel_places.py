@@ -45,6 +45,7 @@ from typing import Any
 
 from objcache.config.files import publish_file
 from objcache.entry.layout import parse_object_key
+from objcache.integrations import cache_client
 from objcache.integrations.torch.kernels import kernels
 
 log = logging.getLogger("objcache.torch")
@@ -125,9 +126,8 @@ def note(p: kernels.Plan) -> None:
         if rel is None or p.precompiled_header:
             return
         name = f"{machine()}-{p.key}"
-        import objcache
 
-        client = objcache.get_client()
+        client = cache_client.get_client()
         if client.object_key(KIND, name) in client.cache.prefetched:
             return  # the store has it already
         with _lock:

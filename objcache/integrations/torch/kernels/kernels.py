@@ -60,8 +60,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import objcache
 from objcache.config.files import publish_file
+from objcache.integrations import cache_client
 from objcache.integrations.patching import is_marked, marked
 from objcache.observe.metrics import log_once
 
@@ -307,7 +307,7 @@ def _keep_out_of_prefetch(client: Any, p: Plan) -> None:
 def fetch(p: Plan) -> bool:
     """Write the cached output of ``p`` where torch expects it; False on a miss."""
     try:
-        client = objcache.get_client()
+        client = cache_client.get_client()
         data = client.get(KIND, p.key)
         _keep_out_of_prefetch(client, p)
         if data is None:
@@ -326,7 +326,7 @@ def _put_now(p: Plan) -> None:
     try:
         with open(p.target, "rb") as f:
             data = f.read()
-        client = objcache.get_client()
+        client = cache_client.get_client()
         client.put(KIND, p.key, data)
         _keep_out_of_prefetch(client, p)
         count("stored")
@@ -414,7 +414,7 @@ def _tell(p: Plan) -> None:
 def _probe_verdict_stored(key: str) -> bool:
     """Whether the store says torch's dlopen probe of the binary ``key`` succeeded."""
     try:
-        return objcache.get_client().get(VERDICT_KIND, key + LOAD_OK) is not None
+        return cache_client.get_client().get(VERDICT_KIND, key + LOAD_OK) is not None
     except Exception as exc:
         _warn_once("probe verdict fetch", exc)
         return False
@@ -423,7 +423,7 @@ def _probe_verdict_stored(key: str) -> bool:
 def _store_probe_verdict(key: str) -> None:
     def put() -> None:
         try:
-            objcache.get_client().put(VERDICT_KIND, key + LOAD_OK, b"load_ok\n")
+            cache_client.get_client().put(VERDICT_KIND, key + LOAD_OK, b"load_ok\n")
             count("probe_verdicts_stored")
         except Exception as exc:
             _warn_once("probe verdict store", exc)

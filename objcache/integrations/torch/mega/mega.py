@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import objcache
 from objcache.errors import ObjcacheError
+from objcache.integrations import cache_client
 
 if TYPE_CHECKING:
     from objcache.client import Client
@@ -321,7 +321,7 @@ def save(name: str) -> str:
     collected = collect(name)
     bundle = collected.bundle
     payload = bundle.to_bytes()
-    client = objcache.get_client()
+    client = cache_client.get_client()
     okey = client.object_key(KIND, bundle.name)
     pointer = json.dumps(
         {
@@ -356,7 +356,7 @@ def fetch(name: str) -> Bundle:
     from objcache.config.fingerprint import differences, fingerprint
 
     name = _check_name(name)
-    client = objcache.get_client()
+    client = cache_client.get_client()
     # the pointer (what to say when the bundle is not served) is read at the same time: a
     # store that never answers costs one deadline, not two
     with ThreadPoolExecutor(1, thread_name_prefix="objcache-mega") as pool:
@@ -390,7 +390,7 @@ def fetch(name: str) -> Bundle:
 def load(name: str) -> str:
     """Load bundle ``name`` into torch's local caches and objcache's local tier."""
     bundle = fetch(name)
-    client = objcache.get_client()
+    client = cache_client.get_client()
     populated = 0
     if bundle.torch_bytes:
         from torch.compiler._cache import CacheArtifactManager
@@ -437,7 +437,7 @@ def list_infos(unlisted: list[str] | None = None) -> list[BundleInfo]:
     could not list are appended to ``unlisted``."""
     from objcache.entry.layout import parse_object_key
 
-    client = objcache.get_client()
+    client = cache_client.get_client()
     found: dict[str, BundleInfo] = {}
     listed, failed = client.listing(KIND)
     if unlisted is not None:

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from objcache.integrations import cache_client
 from objcache.integrations.torch.remote.remote_cache_classes import CACHE_IDS
 
 #: Mega-Cache artifact type -> objcache kind.
@@ -182,7 +183,6 @@ def import_local(
     """Put the importable artifacts into objcache's local tier; returns how many. Raises
     :class:`UnsafeDir` for an inductor directory others may have filled; ``skipped`` counts
     what was left out below it, by reason."""
-    from objcache.client import get_client
     from objcache.integrations.torch.mega.mega import put_local
 
     items: list[tuple[str, str, bytes]] = []
@@ -190,7 +190,7 @@ def import_local(
         items.extend(scan_inductor_dir(Path(os.path.expanduser(str(inductor_dir))), skipped))
     for path in bundles:
         items.extend(bundle_items(Path(path).read_bytes()))
-    client = get_client()
+    client = cache_client.get_client()
     for kind, key, payload in items:
         put_local(client, kind, key, payload)
     return len(items)

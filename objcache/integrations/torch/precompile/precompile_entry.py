@@ -76,13 +76,6 @@ def entry_key(fn: Any, job: str, compiler: str) -> tuple[str, str]:
     return torch_key, h.hexdigest()
 
 
-def client() -> Any:
-    """The process-wide objcache client."""
-    import objcache
-
-    return objcache.get_client()
-
-
 def same_code(serialized: Any, code: types.CodeType) -> bool:
     """Whether torch's ``SerializedCode`` of an entry is ``code`` (paths and line tables
     aside, which differ by machine)."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations import cache_client
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     portable_guards,
@@ -86,7 +87,7 @@ def wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None
             original(package)
             fn = package._innermost_fn
             entry = package.cache_entry()  # this package's, whatever torch's key maps to
-            _, key = precompile_entry.entry_key(fn, precompile_entry.client().job, compiler)
+            _, key = precompile_entry.entry_key(fn, cache_client.get_client().job, compiler)
             with lock:
                 _entries[key] = (fn, entry)
             _mark(key)
@@ -224,7 +225,7 @@ def _save_locked(final: bool) -> int:
             entry = _complete_entry(key, final)
             if entry is not None:
                 blobs[key] = entry[0], pickle.dumps(entry[1])
-    client = precompile_entry.client()
+    client = cache_client.get_client()
     cap = client.cache.caps.for_kind(precompile_entry.KIND)
     put = 0
     for key, (left_out, blob) in blobs.items():

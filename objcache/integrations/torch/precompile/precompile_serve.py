@@ -26,11 +26,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations import cache_client
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     compile_settings,
     portable_guards,
-    precompile_entry,
     precompile_guards,
 )
 from objcache.integrations.torch.precompile.precompile_entry import (
@@ -83,7 +83,7 @@ def load(fn: Any) -> Any | None:
         return None
     counters["lookups"] += 1
     try:
-        client = precompile_entry.client()
+        client = cache_client.get_client()
         torch_key, key = entry_key(fn, client.job, compiler)
         payload = client.get(KIND, key)
     except Exception as exc:

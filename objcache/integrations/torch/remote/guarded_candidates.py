@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
-import objcache
+from objcache.integrations import cache_client
 from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.remote import serde, writethrough
 from objcache.observe.metrics import FailureLog
@@ -65,7 +65,7 @@ _failed = FailureLog(
 def enabled() -> bool:
     """Whether the process-wide client stores and serves guarded candidates."""
     try:
-        return bool(objcache.get_client().config.guarded_candidates)
+        return bool(cache_client.get_client().config.guarded_candidates)
     except Exception as exc:
         _failed("config", exc)
         return False
@@ -99,7 +99,7 @@ def _make_iterate(kind: str, original: Callable[..., Any]) -> Callable[..., Any]
                 yield value, content, in_local
         counters[f"lookups:{kind}"] += 1
         try:
-            found = objcache.get_client().get_candidates(kind, remote_cache._get_key(key))
+            found = cache_client.get_client().get_candidates(kind, remote_cache._get_key(key))
         except Exception as exc:
             _failed(f"list candidates ({kind})", exc)
             return
@@ -139,7 +139,7 @@ def _make_find(kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 _, _, candidate, raw = pending
                 counters[f"remote_hits:{kind}"] += 1
                 writethrough.write_through(kind, key, raw)
-                objcache.get_client().adopt_candidate(candidate)
+                cache_client.get_client().adopt_candidate(candidate)
         except Exception as exc:
             _failed(f"write-through ({kind})", exc)
         return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from objcache.integrations import cache_client
 from objcache.integrations.patching import is_marked, marked
 from objcache.observe.keycards import (
     CARD_KIND,
@@ -35,9 +36,8 @@ _saved_attrs: dict[tuple[type, str], Any] = {}
 
 
 def _env_fields() -> dict[str, str]:
-    import objcache
 
-    fields = getattr(objcache.get_client().cache, "env_fields", None)
+    fields = getattr(cache_client.get_client().cache, "env_fields", None)
     if isinstance(fields, dict) and fields:
         return {str(k): str(v) for k, v in fields.items()}
     from objcache.config.fingerprint import fingerprint

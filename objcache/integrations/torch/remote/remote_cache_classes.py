@@ -20,7 +20,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-import objcache
+from objcache.integrations import cache_client
 from objcache.integrations.torch.remote import guarded_candidates as candidates
 from objcache.integrations.torch.remote import (
     keycard_capture,
@@ -76,7 +76,7 @@ def make_backend_class(base: type) -> type:
 
         def _get(self, key: str) -> bytes | None:
             try:
-                payload = objcache.get_client().get(self.kind, key)
+                payload = cache_client.get_client().get(self.kind, key)
                 return None if payload is None else serde.envelope_bytes(self.kind, payload)
             except Exception as exc:
                 failed(f"backend get ({self.kind})", exc)
@@ -84,7 +84,7 @@ def make_backend_class(base: type) -> type:
 
         def _put(self, key: str, data: bytes) -> None:
             try:
-                objcache.get_client().put(
+                cache_client.get_client().put(
                     self.kind, key, serde.pack_envelope_bytes(self.kind, data)
                 )
             except Exception as exc:
@@ -111,9 +111,9 @@ def make_cache_class(original: type, kind: str, backend_cls: type, json_serde: t
             counters[f"gets:{kind}"] += 1
             try:
                 if kind in pgo_join.RECORD_KINDS:
-                    payload = objcache.get_client().get_record(kind, self._get_key(key))
+                    payload = cache_client.get_client().get_record(kind, self._get_key(key))
                 else:
-                    payload = objcache.get_client().get(kind, self._get_key(key))
+                    payload = cache_client.get_client().get(kind, self._get_key(key))
                 if payload is None:
                     return None
                 value, raw = serde.unpack(kind, payload)
@@ -130,7 +130,7 @@ def make_cache_class(original: type, kind: str, backend_cls: type, json_serde: t
                 super()._put(key, value, sample)
                 return
             try:
-                client = objcache.get_client()
+                client = cache_client.get_client()
                 payload = serde.pack(kind, value)
                 if kind in pgo_join.RECORD_KINDS:
                     # a join with every other writer's profile, never last-writer-wins

@@ -94,7 +94,7 @@ def test_the_settings_digest_is_the_same_in_another_process() -> None:
     inside the configs are ordered by the seed; a fixed PYTHONHASHSEED is a setting of its
     own, below)."""
     code = (
-        "from objcache.integrations.torch import compile_settings as cs\n"
+        "from objcache.integrations.torch.precompile import compile_settings as cs\n"
         "print(cs.settings_digest())"
     )
     digests = {

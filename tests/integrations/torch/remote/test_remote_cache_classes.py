@@ -19,13 +19,13 @@ torch = pytest.importorskip("torch")
 def test_hooks_never_raise_into_torch(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import objcache
+    from objcache.integrations import cache_client
     from objcache.integrations.install import hooks
 
     def broken() -> Any:
         raise RuntimeError("client exploded")
 
-    monkeypatch.setattr(objcache, "get_client", broken)
+    monkeypatch.setattr(cache_client, "get_client", broken)
     cache = remote_cache("RemoteAOTAutogradCache", "autograd-experimental")
     cache.put("k", {"data": base64.b64encode(pickle.dumps(1)).decode(), "time_taken_ms": 1})
     assert cache.get("k") is None
