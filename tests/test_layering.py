@@ -372,7 +372,7 @@ def test_the_checks_catch_a_planted_violation(tree_with: Path) -> None:
         "objcache/core/tier.py": "from objcache.cli.ops import bounded",
         "objcache/entry/codec.py": "from objcache.entry.caps import _planted",
         "objcache/entry/caps.py": "from objcache.entry import codec",
-        "objcache/core/nodelease.py": "from objcache.backends.fs_store import FsStore",
+        "objcache/core/fetch_once/nodelease.py": "from objcache.backends.fs_store import FsStore",
         "objcache/observe/keycards.py": "import objcache",
         "backends/__init__.py": "from objcache.config import registry",
     }

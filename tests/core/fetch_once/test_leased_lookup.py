@@ -1,5 +1,5 @@
-"""A lookup's local look and node lease (objcache/core/leased_lookup.py) through the cache,
-with another rank of the node in the same process: what a waiting lookup is served, and how
+"""A lookup's local look and node lease (objcache/core/fetch_once/leased_lookup.py) through the
+cache, with another rank of the node in the same process: what a waiting lookup is served, and how
 claims and takeovers are counted (docs/architecture.md, "One remote fetch per node")."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from objcache.backends.base import PutMode
 from objcache.backends.disk.store import DiskBackend
-from objcache.core.nodelease import Claim, NodeLeases, lease_path
+from objcache.core.fetch_once.nodelease import Claim, NodeLeases, lease_path
 from tests.support.flock import blocked_on
 from tests.support.tiers import NS, leased_cache, mem, seed, tier
 

@@ -1,4 +1,5 @@
-"""Lease files of cross-process single-flight (objcache/core/nodelease.py), on a real filesystem.
+"""Lease files of cross-process single-flight (objcache/core/fetch_once/nodelease.py), on a
+real filesystem.
 
 Other holders are separate open file descriptions (flock locks conflict between them even in
 one process) or real subprocesses, so the kernel's lock semantics are what is tested.
@@ -24,7 +25,7 @@ import pytest
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs_store import FsStore
-from objcache.core.nodelease import (
+from objcache.core.fetch_once.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,
     RECORD_BYTES,
@@ -33,9 +34,9 @@ from objcache.core.nodelease import (
     lease_path,
     poll_pause,
 )
+from objcache.core.fetch_once.singleflight import SingleFlight
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.read_decision import LEASED_ELSEWHERE
-from objcache.core.singleflight import SingleFlight
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.entry.codec import Codec
@@ -199,7 +200,7 @@ async def test_a_record_that_cannot_be_written_leaves_no_lease_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk: the claim goes unleased and no empty lease file is left behind."""
-    monkeypatch.setattr("objcache.core.nodelease._write_record", _no_space)
+    monkeypatch.setattr("objcache.core.fetch_once.nodelease._write_record", _no_space)
     claim, lease = await NodeLeases(str(tmp_path), hold_s=5).claim(KEY)
     assert (claim, lease) == (Claim.UNLEASED, None)
     assert not exists(lease_path(str(tmp_path), KEY))
@@ -219,7 +220,7 @@ async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     watch = os.open(first.path, os.O_RDONLY)
     try:
         with monkeypatch.context() as m:
-            m.setattr("objcache.core.nodelease._write_record", _no_space)
+            m.setattr("objcache.core.fetch_once.nodelease._write_record", _no_space)
             await first.release("hit")
         assert os.fstat(watch).st_nlink == 0
     finally:
@@ -273,10 +274,10 @@ async def test_a_waiter_never_waits_past_its_budget(tmp_path: Path, held: int) -
 async def test_a_waiter_sees_the_release(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: float
 ) -> None:
-    monkeypatch.setattr(f"objcache.core.nodelease.{setting}", value)
+    monkeypatch.setattr(f"objcache.core.fetch_once.nodelease.{setting}", value)
     polls: list[float] = []
     monkeypatch.setattr(
-        "objcache.core.nodelease.poll_pause",
+        "objcache.core.fetch_once.nodelease.poll_pause",
         lambda waited: polls.append(waited) or poll_pause(waited),
     )
     before = lease_wait_threads()
@@ -301,7 +302,7 @@ def lease_wait_threads() -> int:
 
 WAITS_ON_A_HUNG_HOLDER = """
 import asyncio, fcntl, os, sys
-from objcache.core.nodelease import Claim, NodeLeases, lease_path
+from objcache.core.fetch_once.nodelease import Claim, NodeLeases, lease_path
 root, key = sys.argv[1], sys.argv[2]
 path = lease_path(root, key)
 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -326,7 +327,7 @@ def test_a_thread_blocked_on_a_hung_holder_never_holds_up_exit(tmp_path: Path) -
 
 HOLDER = """
 import asyncio, sys, time
-from objcache.core.nodelease import NodeLeases
+from objcache.core.fetch_once.nodelease import NodeLeases
 async def main():
     claim, lease = await NodeLeases(sys.argv[1], hold_s=60).claim(sys.argv[2])
     print(claim.value, flush=True)

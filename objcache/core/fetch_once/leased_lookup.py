@@ -1,6 +1,6 @@
 """A lookup's local look and node lease, in one worker-thread hop (docs/architecture.md, "One
 remote fetch per node"): what :class:`objcache.core.tiered.TieredCache` does on a local miss
-before it asks the remote tiers, when node leases are on (objcache/core/nodelease.py).
+before it asks the remote tiers, when node leases are on (objcache/core/fetch_once/nodelease.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from objcache.backends.base import LocalStore
-from objcache.core.nodelease import Claim, Lease, NodeLeases
+from objcache.core.fetch_once.nodelease import Claim, Lease, NodeLeases
 from objcache.core.read_decision import LEASED_ELSEWHERE, lease_outcome_of_write
 from objcache.core.tier import Tier
 from objcache.observe.metrics import CacheStats

@@ -18,7 +18,7 @@ import redis
 
 from objcache.client import Client
 from objcache.config.settings import Config
-from objcache.core.nodelease import LEASE_PREFIX
+from objcache.core.fetch_once.nodelease import LEASE_PREFIX
 from tests.support.flock import blocked_count
 from tests.support.node_worker import KIND, payload_for, results, start_ranks
 from tests.support.proxy import FaultProxy
