@@ -352,6 +352,24 @@ def test_the_registry_and_the_packages_it_walks_do_not_import_each_other() -> No
     assert walk_leaks(modules()) == []
 
 
+#: The most modules (``.py`` files besides ``__init__.py``) one folder of objcache/ holds: past
+#: it, a folder is split by feature (docs/architecture.md, "Modules, top to bottom").
+MOST_MODULES_A_FOLDER = 15
+
+
+def crowded_folders(root: Path = SOURCES["objcache"]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py" and "__pycache__" not in path.parts:
+            folder = str(path.parent.relative_to(ROOT))
+            counts[folder] = counts.get(folder, 0) + 1
+    return {f: n for f, n in sorted(counts.items()) if n > MOST_MODULES_A_FOLDER}
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    assert crowded_folders() == {}
+
+
 @pytest.fixture
 def tree_with(tmp_path: Path) -> Path:
     """A copy of the two source trees to plant a violation in."""
