@@ -4,7 +4,7 @@ torch resolves its remote cache classes **by name at call time**
 (``torch._inductor.remote_cache.create_cache`` does ``getattr(this_module, oss_cache_cls)``),
 so replacing the module attributes ``RemoteFxGraphCache``, ``RemoteAOTAutogradCache``,
 ``RemoteAutotuneCache``, ``RemoteBundledAutotuneCache`` and ``RemoteDynamoPGOCache`` with
-subclasses (:mod:`.remote_cache_classes`, working at the value level) routes every cache
+subclasses (:mod:`..torch.remote.remote_cache_classes`, at the value level) routes every cache
 object torch creates from then on, each with its ``cache_id``. Everything this module
 changes on torch is recorded in :mod:`objcache.integrations.patching` and put back from there.
 

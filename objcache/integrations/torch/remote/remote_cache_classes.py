@@ -1,8 +1,8 @@
 """torch's remote cache classes, replaced at the value level by objcache's (docs/torch.md,
 "How torch is hooked").
 
-:mod:`.hooks` swaps torch's ``RemoteFxGraphCache`` and the other four module attributes for
-subclasses made here, one per kind (:data:`CACHE_CLASSES`). They work at the *value* level
+:mod:`...install.hooks` swaps torch's ``RemoteFxGraphCache`` and the other four module attributes
+for subclasses made here, one per kind (:data:`CACHE_CLASSES`). They work at the *value* level
 (``RedisRemoteCache._get`` / ``_put``): torch's JSON/base64 envelope is never built on a put,
 the raw pickle is stored (:mod:`.serde`), and a hit is written through to Inductor's local
 cache (:mod:`.writethrough`). Their ``backend`` is an ``ObjcacheBackend`` (a real
@@ -55,7 +55,7 @@ CACHE_IDS: dict[str, str] = {
 }
 
 #: Hook counters: ``errors:<where>``, ``gets:<kind>``, ``hits:<kind>``, ``puts:<kind>``...
-#: (:mod:`.hooks` counts and logs its own failures here too: ``stats()["hooks"]``).
+#: (:mod:`...install.hooks` counts and logs its own failures here too: ``stats()["hooks"]``).
 counters: Counter[str] = Counter()
 failed = FailureLog(
     log,
