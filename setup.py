@@ -3,7 +3,7 @@
 A ``.pth`` file must sit at the top of site-packages, which package data cannot reach, so
 ``build_py`` writes it into the build root (wheels install it into purelib) and, for editable
 installs, into the editable wheel. Its one line imports nothing unless ``OBJCACHE_TIERS`` or
-``OBJCACHE_ENABLE`` is set, and then calls ``objcache.integrations.torch.autoload.activate()``
+``OBJCACHE_ENABLE`` is set, and then calls ``objcache.integrations.install.autoload.activate()``
 (importing that module alone does nothing).
 """
 
@@ -18,8 +18,8 @@ from setuptools.command.build_py import build_py
 PTH_NAME = "objcache-autoload.pth"
 PTH_LINE = (
     "import os; (os.environ.get('OBJCACHE_TIERS') or os.environ.get('OBJCACHE_ENABLE')) "
-    "and __import__('objcache.integrations.torch.autoload')"
-    ".integrations.torch.autoload.activate()\n"
+    "and __import__('objcache.integrations.install.autoload')"
+    ".integrations.install.autoload.activate()\n"
 )
 
 

@@ -7,7 +7,7 @@
 (a) warm start at 50 ms added RTT, with and without the start-up prefetch: at the cache level
     (a fresh Client replays the key set of a compile, 200 entries of realistic sizes looked up
     one after another as torch does) and at the torch level (the worker of
-    ``objcache.integrations.torch.demo``: a real torch.compile and training step in fresh
+    ``objcache.demo.demo``: a real torch.compile and training step in fresh
     subprocess "machines").
 (c) 8 ranks on one node (real redis-server on 127.0.0.1): 8 processes start at once on a
     fresh shared local dir and look up 300 entries of 60 KB; remote GETs per entry counted
@@ -336,12 +336,12 @@ def bench_torch_warm(
     server: SeaweedS3, rtt_ms: float, work: Path, rounds: int
 ) -> dict[str, Any] | None:
     """(a) at the torch level: a real compile (the worker of
-    ``objcache.integrations.torch.demo``, model ``tiny``)
+    ``objcache.demo.demo``, model ``tiny``)
     seeds the store; then, ``rounds`` times, through a proxy adding ``rtt_ms``: a fresh
     machine (fresh objcache, Inductor and temp dirs) without prefetch, another with it, and
     the seeding machine again (warm-local: everything already on its disks)."""
     try:
-        from objcache.integrations.torch import demo_jobs
+        from objcache.demo import demo_jobs
     except ImportError:
         return None
     bucket, job = "bench-torch", f"torchwarm-{random.randrange(1 << 30):08x}"
@@ -638,7 +638,7 @@ def report(
         t = torch_warm
         lines += [
             f"**(a) Warm start at the torch level, {t['rtt_ms']:.0f} ms added RTT.** "
-            "`objcache.integrations.torch.demo`'s worker (model `tiny`, one training step, "
+            "`objcache.demo.demo`'s worker (model `tiny`, one training step, "
             "`objcache.install()`) "
             "in subprocesses: a cold run seeds the bucket (no proxy); then, through the proxy, "
             "a fresh machine (fresh objcache local dir, `TORCHINDUCTOR_CACHE_DIR` and temp "

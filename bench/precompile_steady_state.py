@@ -36,7 +36,7 @@ import objcache
 
 objcache.install()
 from torch import nn
-from objcache.integrations.torch import portable_guards, precompile_entry
+from objcache.integrations.torch.precompile import portable_guards, precompile_entry
 
 # what the served check costs a call, timed around each call torch makes of it
 CHECK = []

@@ -4,7 +4,7 @@
         [--remote file|redis|NAME=URL]...
 
 Every run is a fresh process running the shared workload
-(``python -m objcache.integrations.torch.demo --worker``: compile, one forward+backward step,
+(``python -m objcache.demo.demo --worker``: compile, one forward+backward step,
 compare with eager). A "fresh machine" is a fresh set of local dirs: objcache local tier,
 ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``TMPDIR`` (where Inductor keeps
 precompiled headers); only the remote store is shared.
@@ -71,8 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
-from objcache.integrations.torch.demo_jobs import Job, machine_env, run_job  # noqa: E402
-from objcache.integrations.torch.demo_worker import model_name  # noqa: E402
+from objcache.demo.demo_jobs import Job, machine_env, run_job  # noqa: E402
+from objcache.demo.demo_worker import model_name  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
 from tests.support.torch_runs import gxx_builds, make_gxx_shim  # noqa: E402
 
@@ -458,7 +458,7 @@ def precompile_scenarios(
 
 def precompile_supported() -> bool:
     """Whether the torch this bench runs has caching precompile (as objcache detects it)."""
-    from objcache.integrations.torch import features
+    from objcache.integrations.install import features
 
     failed = features.load(("precompile",))
     return not failed and not features.missing("precompile")

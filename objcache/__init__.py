@@ -57,10 +57,9 @@ def __getattr__(name: str) -> Any:
 
 
 def get_client(config: Config | None = None) -> Client:
-    """The process-wide synchronous client (see :mod:`objcache.client`).
-
-    The one accessor the integrations use: it imports the client (asyncio and the rest of
-    the core) only on first call, so importing an integration stays cheap.
+    """The process-wide synchronous client (see :mod:`objcache.client`); it imports the client
+    (asyncio and the rest of the core) only on first call. The integrations reach it through
+    :func:`objcache.integrations.cache_client.get_client`, never through this package.
     """
     from objcache.client import get_client as _get_client
 
@@ -74,15 +73,13 @@ def stats() -> dict[str, Any]:
 
 def install(config: Config | None = None) -> None:
     """Route torch.compile's caches (and CPU kernel builds) through objcache (idempotent)."""
-    from objcache.integrations.torch import install as _install
-    from objcache.integrations.triton import install_from_env
+    from objcache.integrations.install import install as _install
 
-    _install(config)
-    install_from_env()  # Triton's own kernel cache, when OBJCACHE_TRITON=1
+    _install(config)  # Triton's own kernel cache too, when OBJCACHE_TRITON=1
 
 
 def uninstall() -> None:
     """Undo :func:`install`: torch's cache classes, flags and builders as they were."""
-    from objcache.integrations.torch import uninstall as _uninstall
+    from objcache.integrations.install import uninstall as _uninstall
 
     _uninstall()

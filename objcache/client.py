@@ -33,8 +33,8 @@ from objcache.config.fingerprint import env_id, fingerprint
 from objcache.config.settings import Config, user_cache_dir
 from objcache.core import candidates, reads, tiered_records, writes
 from objcache.core.candidates import Candidate
+from objcache.core.fetch_once.nodelease import NodeLeases
 from objcache.core.manifest import default_job_name, prefetch, record_run
-from objcache.core.nodelease import NodeLeases
 from objcache.core.records import Change
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, Written
@@ -137,7 +137,7 @@ class Client:
 
     def get_local(self, kind: str, key: str) -> bytes | None:
         """A verified payload from the local tier only, no lookup counted (work a prefetch
-        does beside the compile: objcache/integrations/torch/kernel_places.py)."""
+        does beside the compile: objcache/integrations/torch/kernels/kernel_places.py)."""
         hit = reads.read_local_sync(self.cache, kind, key)
         return None if hit is None else hit[0]
 

@@ -133,18 +133,18 @@ class RunObserver:
 def _phases() -> dict[str, tuple[float, int]]:
     """torch's phase times of this process when the torch integration is loaded (never
     imports torch)."""
-    module = sys.modules.get("objcache.integrations.torch.phase_times")
+    module = sys.modules.get("objcache.integrations.torch.timing.phase_times")
     return dict(module.snapshot()) if module is not None else {}
 
 
 def _recompiles() -> list[tuple[str, str, float]]:
     """torch's recompiles of this process, with their reasons (never imports torch)."""
-    module = sys.modules.get("objcache.integrations.torch.phase_times")
+    module = sys.modules.get("objcache.integrations.torch.timing.phase_times")
     return list(module.recompiles()) if module is not None else []
 
 
 def _time_saved() -> dict[str, float]:
     """Compile time this process's hits saved, per kind, when the torch integration is loaded
     (never imports torch)."""
-    module = sys.modules.get("objcache.integrations.torch.time_saved")
+    module = sys.modules.get("objcache.integrations.torch.timing.time_saved")
     return dict(module.snapshot()) if module is not None else {}

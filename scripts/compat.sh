@@ -67,12 +67,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/objcache-compat.XXXXXX")
 step doctor env OBJCACHE_TIERS="file://$work/store" OBJCACHE_LOCAL_DIR="$work/local" \
     "$venv/bin/python" -m objcache.cli doctor
 step tests "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs \
-    tests/integrations/torch/test_features.py \
-    tests/integrations/torch/test_{autoload,demo,demo_worker,hooks,kernels,mega}.py \
-    tests/integrations/torch/test_{patch_ledger,remote_cache_classes,seed,serde}.py \
-    tests/integrations/torch/test_{watched,writethrough,zero_code_switch}.py tests/test_client.py \
-    tests/integrations/torch/test_pgo.py tests/mega/test_mega_recipe.py \
-    tests/integrations/torch/test_candidates.py tests/integrations/torch/test_compile.py \
+    tests/integrations/install/test_{autoload,features,hooks,watched,zero_code_switch}.py \
+    tests/demo/test_{demo,demo_worker}.py tests/integrations/test_patching.py \
+    tests/integrations/torch/kernels/test_kernels.py tests/integrations/torch/mega/test_{mega,seed}.py \
+    tests/integrations/torch/remote/test_{remote_cache_classes,serde,writethrough}.py tests/test_client.py \
+    tests/integrations/torch/remote/test_pgo.py tests/mega/test_mega_recipe.py \
+    tests/integrations/torch/remote/test_guarded_candidates.py tests/integrations/torch/test_compile.py \
     ${COMPAT_PYTEST_ARGS:-}
 step demo "$venv/bin/python" -m objcache.cli demo
 # A new machine against torch's own warm local cache (model block, one run each): the ratio

@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 
-from objcache.integrations.torch.demo_jobs import machine_env, run_job
+from objcache.demo.demo_jobs import machine_env, run_job
 
 out = os.environ.get("OUT", ".")
 mode = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -22,8 +22,20 @@ for label in ("a", "b"):
     with open(os.path.join(out, f"diag-{tag}-{label}.json"), "w") as f:
         json.dump({"result": job.result, "tail": job.stderr_tail[-60:]}, f, indent=1, default=str)
     r = job.result
-    print(tag, label, r.get("first_step_s"), "triton", r.get("triton_compiles"),
-          "match", r.get("match"), "hits", r.get("stats", {}).get("cache", {}).get("hits"),
-          "gets", r.get("stats", {}).get("cache", {}).get("gets"), "torch", r.get("torch"),
-          flush=True)
+    print(
+        tag,
+        label,
+        r.get("first_step_s"),
+        "triton",
+        r.get("triton_compiles"),
+        "match",
+        r.get("match"),
+        "hits",
+        r.get("stats", {}).get("cache", {}).get("hits"),
+        "gets",
+        r.get("stats", {}).get("cache", {}).get("gets"),
+        "torch",
+        r.get("torch"),
+        flush=True,
+    )
     print("integration", json.dumps(r.get("integration"))[:1200], flush=True)

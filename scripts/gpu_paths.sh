@@ -33,7 +33,7 @@ if want triton; then
   # Inductor's FX cache off, must compile 0 Triton kernels: Triton's own cache is served
   timeout 200 $PY - >"$OUT/triton.txt" 2>&1 <<'EOF'
 import json, os, tempfile
-from objcache.integrations.torch.demo import machine_env, run_job
+from objcache.demo.demo import machine_env, run_job
 root = tempfile.mkdtemp(prefix="gpu-triton-")
 store = f"file://{root}/store"
 for label in ("a", "b"):

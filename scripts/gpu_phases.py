@@ -119,7 +119,7 @@ def main() -> int:
     if "profile" not in steps:
         return 0
     # one cProfile of each side (the profiler's cost is in both)
-    import objcache.integrations.torch.demo_jobs as demo_jobs
+    import objcache.demo.demo_jobs as demo_jobs
 
     original = demo_jobs.run_job
     for label, machine, args, tiers in (
@@ -136,7 +136,7 @@ def main() -> int:
                 "-o",
                 str(p),
                 "-m",
-                "objcache.integrations.torch.demo",
+                "objcache.demo.demo",
             ]
             return original(a, e, command=cmd, **kw)
 

@@ -21,18 +21,18 @@ from collections import defaultdict
 
 #: The files whose tests order threads, processes, servers or deadlines.
 DEFAULT_FILES = (
-    "tests/core/test_nodelease.py",
-    "tests/core/test_node_single_flight.py",
+    "tests/core/fetch_once/test_nodelease.py",
+    "tests/core/fetch_once/test_node_single_flight.py",
     "tests/core/test_tiered.py",
     "tests/core/test_tier.py",
     "tests/core/test_writes.py",
     "tests/core/test_writebehind.py",
-    "tests/core/test_leased_lookup.py",
+    "tests/core/fetch_once/test_leased_lookup.py",
     "tests/test_bridge.py",
     "tests/test_client_deadline.py",
     "tests/core/test_policy.py",
     "tests/core/test_records.py",
-    "tests/integrations/torch/test_pgo_join.py",
+    "tests/integrations/torch/remote/test_pgo_join.py",
     "tests/core/test_manifest.py",
     "tests/backends/test_file.py",
     "tests/backends/test_disk.py",

@@ -24,9 +24,12 @@ SOURCES = {"objcache": ROOT / "objcache", "objcache.backends": ROOT / "backends/
 #: Bottom to top. A module belongs to the layer of the longest prefix naming it (``*`` stands
 #: for one name); it may import its own layer and those below. A backend's ``spec`` (what the
 #: registry reads: scheme, options, location check) is config, in the backend's folder. The
-#: package root ``objcache`` (the public API: lazy accessors only, loaded before any submodule
-#: anyway) may be imported from anywhere: ``import objcache`` and ``objcache.get_client()`` are
-#: how the integrations reach the client.
+#: package root ``objcache`` (the public API) is imported by no module of the tree: the
+#: integrations reach the client through ``objcache.integrations.cache_client``, and the root
+#: imports them for ``install()``. The integrations are five layers: the ledger and the client
+#: accessor every part uses; the parts that stand alone (precompile, kernels, timing, Triton,
+#: vLLM); torch's remote caches (their keys check precompile's state); the Mega-Cache bundles
+#: (kernels and the remote caches' ids); the installer, which applies them all.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("objcache.errors",)),
     ("entry", ("objcache.entry",)),
@@ -35,7 +38,26 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("observe", ("objcache.observe",)),
     ("core", ("objcache.core",)),
     ("client", ("objcache.client", "objcache.bridge", "objcache.run_observer", "objcache.stores")),
-    ("integrations", ("objcache.integrations",)),
+    (
+        "integration helpers",
+        ("objcache.integrations.patching", "objcache.integrations.cache_client"),
+    ),
+    (
+        "integration parts",
+        (
+            "objcache.integrations.torch.precompile",
+            "objcache.integrations.torch.kernels",
+            "objcache.integrations.torch.timing",
+            "objcache.integrations.triton",
+            "objcache.integrations.triton_host",
+            "objcache.integrations.vllm",
+            "objcache.integrations.vllm_aot",
+        ),
+    ),
+    ("torch remote caches", ("objcache.integrations.torch.remote",)),
+    ("Mega-Cache bundles", ("objcache.integrations.torch.mega",)),
+    ("installer", ("objcache.integrations", "objcache.integrations.install")),
+    ("demo", ("objcache.demo",)),
     ("cli, testing", ("objcache.cli", "objcache.testing")),
     ("public API", ("objcache", "objcache.mega", "objcache.backend_contract")),
 )
@@ -249,12 +271,13 @@ def stores_reached_from_below(known: dict[str, Path]) -> list[str]:
 
 
 def calls_up_through_the_root(known: dict[str, Path]) -> list[str]:
-    """Imports of the root package ``objcache`` (``objcache.get_client()``, ...) below the
-    client's layer: a call up into the client."""
+    """Imports of the root package ``objcache`` (``objcache.get_client()``, ...) from any
+    module of the tree: the root imports the integrations for ``install()``, so one of them
+    importing it would be a loop, and below the client a call up into it."""
     return [
         f"{path.relative_to(ROOT)}:{imp.line}: {name} imports objcache"
         for name, path in known.items()
-        if layer_of(name) < _layer("client")
+        if name != "objcache"
         for imp in imports_of(name, path, known)
         if imp.target == "objcache" and not imp.type_only
     ]
@@ -316,7 +339,7 @@ def test_observe_and_core_reach_no_store_only_the_contract_and_helpers() -> None
     assert stores_reached_from_below(modules()) == []
 
 
-def test_no_module_below_the_client_calls_up_through_the_root_package() -> None:
+def test_no_module_imports_the_root_package() -> None:
     assert calls_up_through_the_root(modules()) == []
 
 
@@ -327,6 +350,24 @@ def test_the_registry_and_the_packages_it_walks_do_not_import_each_other() -> No
     loaded = loaded_by_the_walk(modules())
     assert "objcache.backends" in loaded and "objcache.backends.disk" in loaded
     assert walk_leaks(modules()) == []
+
+
+#: The most modules (``.py`` files besides ``__init__.py``) one folder of objcache/ holds: past
+#: it, a folder is split by feature (docs/architecture.md, "Modules, top to bottom").
+MOST_MODULES_A_FOLDER = 15
+
+
+def crowded_folders(root: Path = SOURCES["objcache"]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py" and "__pycache__" not in path.parts:
+            folder = str(path.parent.relative_to(ROOT))
+            counts[folder] = counts.get(folder, 0) + 1
+    return {f: n for f, n in sorted(counts.items()) if n > MOST_MODULES_A_FOLDER}
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    assert crowded_folders() == {}
 
 
 @pytest.fixture
@@ -349,7 +390,7 @@ def test_the_checks_catch_a_planted_violation(tree_with: Path) -> None:
         "objcache/core/tier.py": "from objcache.cli.ops import bounded",
         "objcache/entry/codec.py": "from objcache.entry.caps import _planted",
         "objcache/entry/caps.py": "from objcache.entry import codec",
-        "objcache/core/nodelease.py": "from objcache.backends.fs_store import FsStore",
+        "objcache/core/fetch_once/nodelease.py": "from objcache.backends.fs_store import FsStore",
         "objcache/observe/keycards.py": "import objcache",
         "backends/__init__.py": "from objcache.config import registry",
     }

@@ -28,7 +28,7 @@ from objcache.stores import local_spec, open_tier
 def _in_force(config: Config) -> dict[str, Any]:
     """What this process's configuration really puts in force (docs/operations.md)."""
     from objcache.config.settings import unknown_variables
-    from objcache.integrations.torch import autoload
+    from objcache.integrations.install import autoload
 
     environ = dict(os.environ)
     state: dict[str, Any] = {
@@ -42,7 +42,7 @@ def _in_force(config: Config) -> dict[str, Any]:
     if importlib.util.find_spec("torch") is None:
         state["torch_parts"] = {"active": [], "off": {}, "torch": "not installed"}
     else:
-        from objcache.integrations.torch import features
+        from objcache.integrations.install import features
 
         parts = features.in_force(environ)  # docs/torch.md, "Feature detection"
         state["torch_parts"] = {

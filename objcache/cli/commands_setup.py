@@ -20,7 +20,7 @@ from objcache.cli.common import JsonOpt, UserError, out
 #: process compiled, so only that process can save it (docs/torch.md, "Mega-Cache bundles").
 MEGA_SAVE_IN_PROCESS = (
     "mega save: a bundle holds what the compiling process recorded, so it is saved in that "
-    "process: call objcache.integrations.torch.mega.save(NAME) after torch.compile (docs/torch.md, "
+    "process: call objcache.mega.save(NAME) after torch.compile (docs/torch.md, "
     '"Mega-Cache bundles"); to seed a store from this machine\'s caches, run objcache push '
     "(--inductor-dir DIR for a TORCHINDUCTOR_CACHE_DIR)"
 )
@@ -33,7 +33,7 @@ def mega_save(name: str) -> None:
 
 def mega_load(name: str) -> None:
     """Load bundle NAME into torch's caches (refused when the environment differs)."""
-    from objcache.integrations.torch import mega
+    from objcache.integrations.torch.mega import mega
 
     try:
         common.print_line(out, mega.load(name))
@@ -43,7 +43,7 @@ def mega_load(name: str) -> None:
 
 def mega_ls(as_json: JsonOpt = False) -> None:
     """List the bundles stored for this environment (exit 1 when a tier could not list)."""
-    from objcache.integrations.torch import mega
+    from objcache.integrations.torch.mega import mega
 
     unlisted: list[str] = []
     if as_json:
@@ -90,8 +90,8 @@ def demo(
     import argparse
     import importlib.util
 
-    from objcache.integrations.torch.demo import main as demo_main
-    from objcache.integrations.torch.demo import model_name
+    from objcache.demo.demo import main as demo_main
+    from objcache.demo.demo import model_name
 
     try:
         model_name(model)

@@ -214,7 +214,7 @@ def push(
     if inductor_dir is not None or bundle:
         from collections import Counter
 
-        from objcache.integrations.torch.seed import UnsafeDir, import_local
+        from objcache.integrations.torch.mega.seed import UnsafeDir, import_local
 
         skipped: Counter[str] = Counter()
         try:

@@ -33,7 +33,7 @@ app = typer.Typer(
 )
 mega_app = typer.Typer(
     help="Mega-Cache bundles (torch.compiler.save/load_cache_artifacts): list and load; a "
-    "bundle is saved in the compiling process with objcache.integrations.torch.mega.save(NAME).",
+    "bundle is saved in the compiling process with objcache.mega.save(NAME).",
     rich_markup_mode=None,
 )
 app.add_typer(mega_app, name="mega")

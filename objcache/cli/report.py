@@ -28,7 +28,7 @@ from objcache.cli.ops import Newest, Progress, bounded
 from objcache.entry.codec import Codec
 from objcache.entry.layout import LAYOUT_VERSION, parse_object_key
 from objcache.errors import EntryError
-from objcache.integrations.torch import time_saved
+from objcache.integrations.torch.timing import time_saved
 from objcache.observe import run_summary as summary
 from objcache.observe.plaintext import text
 

@@ -24,12 +24,13 @@ REFUSED = "refused"
 BREAKER = "breaker"
 
 #: The tier name a lookup without ``wait`` (prefetch) reports for a key another process of
-#: the node is fetching: left to that process (objcache/core/leased_lookup.py).
+#: the node is fetching: left to that process (objcache/core/fetch_once/leased_lookup.py).
 LEASED_ELSEWHERE = "~leased-elsewhere"
 
-#: What a node lease is let go of with (objcache/core/nodelease.py): the entry landed in the
-#: local tier, every remote tier answered absent, or nothing the waiting processes may share
-#: (an error, a timeout, a refusal, a write that failed: each of them tries for itself).
+#: What a node lease is let go of with (objcache/core/fetch_once/nodelease.py): the entry
+#: landed in the local tier, every remote tier answered absent, or nothing the waiting
+#: processes may share (an error, a timeout, a refusal, a write that failed: each of them
+#: tries for itself).
 LANDED = "hit"
 SHARED_MISS = "miss"
 UNSHARED = ""

@@ -25,9 +25,10 @@ from typing import Any
 
 from objcache.backends.base import LocalStore, PutMode
 from objcache.core.env_note import EnvNote
-from objcache.core.leased_lookup import claim, let_go
+from objcache.core.fetch_once.leased_lookup import claim, let_go
+from objcache.core.fetch_once.nodelease import Lease, NodeLeases
+from objcache.core.fetch_once.singleflight import SingleFlight
 from objcache.core.lookup_log import LookupLog, new_trail
-from objcache.core.nodelease import Lease, NodeLeases
 from objcache.core.read_decision import (
     BREAKER,
     HIT,
@@ -40,7 +41,6 @@ from objcache.core.read_decision import (
     fetch_again,
     lease_outcome_of_write,
 )
-from objcache.core.singleflight import SingleFlight
 from objcache.core.tier import Tier
 from objcache.core.writebehind import WriteBehind, write_remotes, write_targets
 from objcache.entry.caps import SizeCaps

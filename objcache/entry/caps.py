@@ -29,17 +29,17 @@ LARGE_KINDS: frozenset[str] = frozenset({"aot-autograd", "fx-graph", "kernel", "
 #: here or in :data:`LARGE_KINDS` (tests/entry/test_caps.py).
 DEFAULT_PER_KIND: Mapping[str, int] = MappingProxyType(
     {
-        # torch's autotune results: JSON dicts (objcache/integrations/torch/serde.py)
+        # torch's autotune results: JSON dicts (objcache/integrations/torch/remote/serde.py)
         "autotune": 64 << 20,
         "bundled-autotune": 64 << 20,
         # key cards (objcache/observe/keycards.py: MAX_CARD_BYTES, MAX_MISSES_BYTES)
         "aot-card": 128 << 10,
         "fx-card": 128 << 10,
         "miss-cards": 8 << 20,
-        # a kernel's load verdict: a few bytes (objcache/integrations/torch/kernels.py)
+        # a kernel's load verdict: a few bytes (objcache/integrations/torch/kernels/kernels.py)
         "isa-probe": 64 << 10,
         # where a kernel lives in torch's cache dir: a short path
-        # (objcache/integrations/torch/kernel_places.py)
+        # (objcache/integrations/torch/kernels/kernel_places.py)
         "kernel-place": 64 << 10,
         "manifest": 64 << 20,
         "pgo": 64 << 20,

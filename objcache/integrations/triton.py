@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from objcache.config.files import publish_file
+from objcache.integrations import cache_client
 from objcache.observe.metrics import log_once
 
 if TYPE_CHECKING:
@@ -255,9 +256,7 @@ class _BackendImpl:
 
     def _get_client(self) -> Client:
         if self._client is None:
-            from objcache.client import get_client
-
-            self._client = get_client()
+            self._client = cache_client.get_client()
         return self._client
 
     def get(self, filenames: Iterable[str]) -> dict[str, bytes]:

@@ -43,7 +43,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations import cache_client
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.triton")
@@ -67,12 +68,6 @@ _failed = FailureLog(
 _lock = threading.Lock()
 _patched = Patches()
 _compiler_ids: dict[str, str] = {}
-
-
-def _client() -> Any:
-    import objcache
-
-    return objcache.get_client()
 
 
 def compiler_identity() -> str:
@@ -134,7 +129,7 @@ class _HostModules:
 
     def _fetch(self, filename: str) -> bytes | None:
         try:
-            data = _client().get(KIND, module_key(self._triton_key, filename))
+            data = cache_client.get_client().get(KIND, module_key(self._triton_key, filename))
         except Exception as exc:
             _failed("lookup", exc)
             return None
@@ -152,7 +147,9 @@ class _HostModules:
             try:
                 payload = data if isinstance(data, bytes) else bytes(data, "utf-8")
                 if len(payload) <= MAX_BYTES:
-                    _client().put(KIND, module_key(self._triton_key, filename), payload)
+                    cache_client.get_client().put(
+                        KIND, module_key(self._triton_key, filename), payload
+                    )
                     counters["stored"] += 1
             except Exception as exc:
                 _failed("store", exc)
@@ -160,7 +157,7 @@ class _HostModules:
 
 
 def _on() -> bool:
-    return bool(getattr(_client().config, "triton_host", True))
+    return bool(getattr(cache_client.get_client().config, "triton_host", True))
 
 
 def _builds_with_cc(build: Any) -> bool:
@@ -193,7 +190,7 @@ def apply(build: Any) -> bool:
             counters["off:no_hooks"] += 1
             log.info("objcache: this Triton builds host modules another way; part off")
             return False
-        if getattr(original, "__objcache__", False):
+        if is_marked(original):
             return True
         _patched.set(build, "get_cache_manager", _wrap(original, build, file_manager))
         return True

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from objcache.entry.caps import DEFAULT_PER_KIND
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations import cache_client
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.vllm")
@@ -62,12 +63,6 @@ failed = FailureLog(
 _lock = threading.Lock()
 #: What :func:`apply` patched.
 _patched = Patches()
-
-
-def _client() -> Any:
-    import objcache
-
-    return objcache.get_client()
 
 
 def vllm_version() -> str:
@@ -129,7 +124,7 @@ def _served(model: Any, module_hash: str, info_cls: type) -> Any | None:
     None (a counted miss or refusal)."""
     try:
         key = modelinfo_key(model.module_name, model.class_name, module_hash)
-        payload = _client().get(KIND_MODELINFO, key)
+        payload = cache_client.get_client().get(KIND_MODELINFO, key)
         if payload is None:
             counters["modelinfo_misses"] += 1
             return None
@@ -168,7 +163,7 @@ def _wrap_save(original: Callable[..., None]) -> Any:
                 {"hash": module_hash, "modelinfo": dataclasses.asdict(mi)}, sort_keys=True
             ).encode()
             key = modelinfo_key(self.module_name, self.class_name, module_hash)
-            _client().put(KIND_MODELINFO, key, payload)
+            cache_client.get_client().put(KIND_MODELINFO, key, payload)
             counters["modelinfo_stored"] += 1
         except Exception as exc:
             failed("modelinfo store", exc)
@@ -187,7 +182,7 @@ def apply(registry: Any) -> bool:
             counters["off:no_hooks"] += 1
             log.info("objcache: this vLLM has no model-inspection cache hooks; part off")
             return False
-        if getattr(load, "__objcache__", False):
+        if is_marked(load):
             return True
         _patched.set(
             lazy, "_load_modelinfo_from_cache", _wrap_load(load, save, registry._ModelInfo)

@@ -54,7 +54,8 @@ from typing import Any
 from objcache.config.files import publish_file
 from objcache.entry.caps import DEFAULT_PER_KIND
 from objcache.errors import UnsafeFolder
-from objcache.integrations.patching import Patches, marked
+from objcache.integrations import cache_client
+from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.integrations.vllm import (
     Rejected,
     calls_finalize_unguarded,
@@ -79,12 +80,6 @@ _RANK = re.compile(r"^rank_\d+_\d+$")
 _lock = threading.Lock()
 #: What :func:`apply` patched (vLLM's loader, and the saver vLLM set on each model class).
 _patched = Patches()
-
-
-def _client() -> Any:
-    import objcache
-
-    return objcache.get_client()
 
 
 def artifact_key(path: str | os.PathLike[str]) -> str | None:
@@ -116,7 +111,7 @@ def check_artifact(payload: bytes, code: types.CodeType | None, strict_finalize:
     from torch._dynamo import aot_compile
     from torch._dynamo.package import SystemInfo
 
-    from objcache.integrations.torch.precompile_entry import same_code
+    from objcache.integrations.torch.precompile.precompile_entry import same_code
 
     if len(payload) > MAX_BYTES:
         raise Rejected("oversized")
@@ -166,7 +161,7 @@ def _place(path: Path, payload: bytes) -> None:
 def _serve(model: Any, path: str, key: str, strict_finalize: bool) -> bool:
     """Place the verified artifact of ``key`` at ``path``; False on a counted miss."""
     try:
-        payload = _client().get(KIND, key)
+        payload = cache_client.get_client().get(KIND, key)
     except Exception as exc:
         failed("AOT artifact lookup", exc)
         return False
@@ -200,7 +195,7 @@ def _store(model: Any) -> None:
         if len(payload) > MAX_BYTES:
             counters["unsaved:aot_oversized"] += 1
             return
-        _client().put(KIND, key, payload)
+        cache_client.get_client().put(KIND, key, payload)
         counters["aot_stored"] += 1
     except Exception as exc:
         failed("AOT artifact store", exc)
@@ -220,7 +215,7 @@ def _hook_save(model: Any) -> None:
         save = owner.__dict__.get("save_aot_compiled_function")
         if save is None:
             continue
-        if not getattr(save, "__objcache__", False):
+        if not is_marked(save):
             _patched.set(owner, "save_aot_compiled_function", _wrap_save(save))
         return
 
@@ -259,7 +254,7 @@ def apply(decorators: Any) -> bool:
             counters["off:no_aot_hooks"] += 1
             log.info("objcache: this vLLM has no AOT compile load hook; AOT part off")
             return False
-        if getattr(load, "__objcache__", False):
+        if is_marked(load):
             return True
         _patched.set(decorators, "_try_load_aot_compiled_fn", _wrap_load(load))
         return True

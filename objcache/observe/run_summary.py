@@ -85,7 +85,7 @@ def build(
 ) -> dict[str, Any]:
     """The summary of one run from its ``TieredCache.stats_dict()``; ``time_saved`` is the
     compile time its hits saved per kind, in torch's figures
-    (:mod:`objcache.integrations.torch.time_saved`); ``env`` the environment's fingerprint
+    (:mod:`objcache.integrations.torch.timing.time_saved`); ``env`` the environment's fingerprint
     fields (torch, cpu_isa, gpu, ...), so a store holding only summaries of an environment
     still describes it (``objcache ls --envs``, ``objcache report``); ``prefetch`` the
     start-up prefetch's time line (:mod:`objcache.observe.prefetch_timeline`), when one ran."""

@@ -10,7 +10,7 @@ import pytest
 
 from bench import warm_start_matrix as matrix
 from bench.warm_start import BASELINE, Scenario, new_machine_label
-from objcache.integrations.torch.demo_jobs import Job
+from objcache.demo.demo_jobs import Job
 
 NEW = new_machine_label("file")
 

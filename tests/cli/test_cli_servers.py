@@ -110,7 +110,7 @@ TIMED_CLI = """
 import sys, time
 import aioboto3, google.cloud.storage, torch
 import objcache.cli.main
-from objcache.integrations.torch import features
+from objcache.integrations.install import features
 features.load()  # the torch modules doctor reports on
 sys.argv = ["objcache", *sys.argv[1:]]
 print("started", time.monotonic(), file=sys.stderr, flush=True)

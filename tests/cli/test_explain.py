@@ -17,7 +17,7 @@ from objcache.cli import main as cli
 from objcache.config.urls import parse_tier_list
 from objcache.entry.codec import Codec
 from objcache.entry.layout import Namespace
-from objcache.integrations.torch import keycard_capture as capture
+from objcache.integrations.torch.remote import keycard_capture as capture
 from objcache.observe import keycards
 from objcache.observe.keycards import Card, Written
 

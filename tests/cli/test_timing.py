@@ -1,7 +1,7 @@
 """``objcache explain --time``: phase times in run summaries, compared with a warm run.
 
 The real-compile case (a new machine made slow on purpose, named by its phase) is
-``tests/integrations/torch/test_pgo.py::test_explain_time_names_the_phase_a_new_machine_spent_longer_in_and_why``.
+``tests/integrations/torch/remote/test_pgo.py::test_explain_time_names_the_phase_a_new_machine_spent_longer_in_and_why``.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_recompiles_are_read_from_torch_with_their_reasons() -> None:
     """torch's own recompile reasons (a real Dynamo recompile); how they are redacted:
     tests/observe/test_recompile_reasons.py."""
     torch = pytest.importorskip("torch")
-    from objcache.integrations.torch import phase_times
+    from objcache.integrations.torch.timing import phase_times
 
     torch._dynamo.reset()
     torch._dynamo.utils.clear_compilation_metrics()

@@ -1,6 +1,6 @@
 """Guarded candidates across the tiers (objcache/core/candidates.py): listings that fail are
 counted, fetches stay within their concurrency and their kind's cap. What torch makes of them:
-tests/integrations/torch/test_candidates.py."""
+tests/integrations/torch/remote/test_guarded_candidates.py."""
 
 from __future__ import annotations
 

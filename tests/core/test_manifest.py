@@ -19,7 +19,7 @@ from objcache.core import manifest
 from objcache.core.manifest import Manifest, ManifestError, default_job_name
 from objcache.core.tier import Tier, TierFlags
 from objcache.core.tiered import TieredCache
-from tests.core.test_nodelease import rank
+from tests.core.fetch_once.test_nodelease import rank
 from tests.support.memory_backend import MemoryBackend
 from tests.support.tiers import CODEC, NS, make, mem, seed, tier
 from tests.support.waiting import until

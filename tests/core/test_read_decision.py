@@ -207,7 +207,8 @@ def test_a_write_through_lets_the_lease_go_as_landed_only_once_stored(
 
 
 def test_the_lease_outcomes_are_the_node_lease_files_words() -> None:
-    """objcache/core/nodelease.py publishes these strings for the other processes to read."""
+    """objcache/core/fetch_once/nodelease.py publishes these strings for the other processes to
+    read."""
     assert (LANDED, SHARED_MISS, UNSHARED) == ("hit", "miss", "")
 
 

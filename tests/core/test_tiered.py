@@ -25,7 +25,7 @@ from objcache.backends.base import PutMode
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs_store import QUARANTINE_DIR
 from objcache.config.urls import parse_tier_url
-from objcache.core.nodelease import Claim, NodeLeases, lease_path
+from objcache.core.fetch_once.nodelease import Claim, NodeLeases, lease_path
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.reads import read_local_sync
 from objcache.core.tier import Tier, TierFlags

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from objcache.integrations.torch.demo_jobs import objcache_hits
+from objcache.demo.demo_jobs import objcache_hits
 from tests.support import torch_runs as ts
 from tests.support.servers import RedisClusterNode, RedisClusterServer
 from tests.support.waiting import wait_until

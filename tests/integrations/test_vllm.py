@@ -288,7 +288,7 @@ def test_a_per_process_backend_name_leaves_the_aot_key() -> None:
     from torch._functorch._aot_autograd import autograd_cache as ac
     from torch._functorch._aot_autograd.schemas import AOTConfig
 
-    from objcache.integrations.torch import process_keys
+    from objcache.integrations.torch.remote import process_keys
 
     gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
 
@@ -322,13 +322,13 @@ def test_a_per_process_backend_name_leaves_the_aot_key() -> None:
     ],
 )
 def test_a_nonce_key_is_recognised(kind: str, key: str, nonce: bool) -> None:
-    from objcache.integrations.torch import process_keys
+    from objcache.integrations.torch.remote import process_keys
 
     assert process_keys.is_nonce_key(kind, key) is nonce
 
 
 def test_a_backend_name_without_a_uuid_is_kept() -> None:
-    from objcache.integrations.torch import process_keys
+    from objcache.integrations.torch.remote import process_keys
 
     assert process_keys.stable_backend_id("__compiled_fn_3") == "__compiled_fn_3"
     assert process_keys.stable_backend_id(None) is None
@@ -341,7 +341,7 @@ import objcache
 objcache.install()
 import torch
 from torch._dynamo.utils import counters
-from objcache.integrations.torch import process_keys
+from objcache.integrations.torch.remote import process_keys
 
 def f(x, w):
     return torch.relu(x @ w) * 2 + 1

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from objcache.integrations.torch import keycard_capture as capture
+from objcache.integrations.torch.remote import keycard_capture as capture
 from objcache.observe import keycards
 from objcache.observe.keycards import Card, CardError
 
@@ -257,7 +257,7 @@ def test_the_part_is_feature_detected_and_undone() -> None:
     torch = pytest.importorskip("torch")
     from torch._inductor import codecache
 
-    from objcache.integrations.torch import features
+    from objcache.integrations.install import features
 
     assert features.missing("key cards") == []
     before = codecache.FxGraphCache.__dict__["load_with_key"]

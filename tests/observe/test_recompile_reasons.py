@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from objcache.integrations.torch import phase_times
+from objcache.integrations.torch.timing import phase_times
 from objcache.observe.recompile_reasons import looks_like_credential, redact_reason
 
 #: torch 2.13's form of a guard failure: ``L['x']`` written as ``x``, the user's source line

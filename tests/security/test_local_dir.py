@@ -3,8 +3,8 @@
 Another user of the machine, or a member of this user's group when the user runs with umask
 002, must neither plant an entry that this user's lookups serve nor make the cache create
 or write anything outside its own folders (docs/security.md, "Local filesystem"). Node
-leases (objcache/core/nodelease.py) go through the store's own folder walk, so they keep the
-same promises as every other operation of the store.
+leases (objcache/core/fetch_once/nodelease.py) go through the store's own folder walk, so they
+keep the same promises as every other operation of the store.
 
 The tests marked ``ROOT_ONLY`` run a second local user: a forked child process that
 setuid's to another uid, possible only where the tests run as root.
@@ -30,8 +30,8 @@ from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs_folders import LEASE_PREFIX
 from objcache.backends.fs_store import FsStore
 from objcache.config.urls import parse_tier_url
+from objcache.core.fetch_once.nodelease import Claim, NodeLeases
 from objcache.core.manifest import Manifest, ManifestError, prefetch
-from objcache.core.nodelease import Claim, NodeLeases
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache

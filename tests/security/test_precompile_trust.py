@@ -65,9 +65,10 @@ class _Stub:
 def test_a_bad_payload_is_a_counted_miss(
     monkeypatch: pytest.MonkeyPatch, payload: bytes, why: str
 ) -> None:
-    from objcache.integrations.torch import precompile_entry, precompile_serve
+    from objcache.integrations import cache_client
+    from objcache.integrations.torch.precompile import precompile_entry, precompile_serve
 
-    monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(payload))
+    monkeypatch.setattr(cache_client, "get_client", lambda: _Stub(payload))
     before = precompile_entry.counters[f"rejected:{why}"]
     token = precompile_serve.current_compiler.set("inductor:trust")  # as torch.compile() does
     try:
@@ -80,9 +81,10 @@ def test_a_bad_payload_is_a_counted_miss(
 def test_no_entry_is_looked_up_outside_a_known_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch loading an entry where no ``torch.compile()`` wrapper named its compiler, or
     for a backend without a portable name: never looked up, counted."""
-    from objcache.integrations.torch import precompile_entry, precompile_serve
+    from objcache.integrations import cache_client
+    from objcache.integrations.torch.precompile import precompile_entry, precompile_serve
 
-    monkeypatch.setattr(precompile_entry, "client", lambda: _Stub(b"never read"))
+    monkeypatch.setattr(cache_client, "get_client", lambda: _Stub(b"never read"))
     before = dict(precompile_entry.counters)
     assert precompile_serve.load(compiled_function) is None
     token = precompile_serve.current_compiler.set(None)
@@ -97,7 +99,7 @@ def test_no_entry_is_looked_up_outside_a_known_compiler(monkeypatch: pytest.Monk
 
 
 def test_the_key_follows_the_source_not_only_the_qualname() -> None:
-    from objcache.integrations.torch import precompile_entry
+    from objcache.integrations.torch.precompile import precompile_entry
 
     def f(x: Any) -> Any:
         return x + 1

@@ -104,7 +104,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 import objcache
 objcache.install()
 import torch._inductor.config as c
-from objcache.integrations.torch import hooks
+from objcache.integrations.install import hooks
 print(hooks.installed(), c.fx_graph_remote_cache)
 """
 

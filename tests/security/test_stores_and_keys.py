@@ -618,7 +618,7 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
 ) -> None:
     """A torch release changed one of the cache classes so that the swap fails half-way (a
     class that is simply gone is feature detection's case: that part alone stays off,
-    tests/integrations/torch/test_features.py). torch's remote-cache flags must stay off and
+    tests/integrations/install/test_features.py). torch's remote-cache flags must stay off and
     the classes swapped so far must be put back, so torch never falls back to its own
     unauthenticated ``RedisRemoteCache``."""
     pytest.importorskip("torch")
@@ -631,7 +631,8 @@ def test_red_team_a_failed_class_swap_leaves_torchs_remote_caches_off(
     from torch._inductor import utils as iutils
 
     import objcache
-    from objcache.integrations.torch import hooks, remote_cache_classes
+    from objcache.integrations.install import hooks
+    from objcache.integrations.torch.remote import remote_cache_classes
 
     for _, _, env in hooks.FLAGS:
         monkeypatch.delenv(env, raising=False)

@@ -17,7 +17,10 @@ def written_kinds() -> set[str]:
     """The kinds named by the constants of the modules that write them."""
     from objcache.core import manifest
     from objcache.integrations import triton, triton_host, vllm, vllm_aot
-    from objcache.integrations.torch import features, kernel_places, kernels, mega, precompile_entry
+    from objcache.integrations.install import features
+    from objcache.integrations.torch.kernels import kernel_places, kernels
+    from objcache.integrations.torch.mega import mega
+    from objcache.integrations.torch.precompile import precompile_entry
     from objcache.observe import keycards
     from objcache.observe import run_summary as summary
 

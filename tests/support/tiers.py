@@ -9,7 +9,7 @@ from pathlib import Path
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.records_contract import Versioned
 from objcache.config.urls import parse_tier_url
-from objcache.core.nodelease import NodeLeases
+from objcache.core.fetch_once.nodelease import NodeLeases
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier, TierFlags
 from objcache.core.tiered import TieredCache

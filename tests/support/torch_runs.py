@@ -1,7 +1,7 @@
 """Helpers for the torch integration tests: compile subprocesses, fault tiers, a g++ counter.
 
 Compiles run in subprocesses through :func:`run_compile`, which starts the shared workload
-(``objcache.integrations.torch.demo --worker``) via :func:`bootstrap`. The bootstrap can
+(``objcache.demo.demo --worker``) via :func:`bootstrap`. The bootstrap can
 register the ``fault://`` test scheme (a tier that errors or hangs) and load
 ``objcache-autoload.pth`` from a site dir, exactly as site.py would for an installed
 package. ``g++`` calls are counted by a shim put first on ``PATH``: the count is independent
@@ -87,7 +87,7 @@ def bootstrap(argv: Sequence[str]) -> int:
         import site
 
         site.addsitedir(site_dir)  # processes objcache-autoload.pth like an installed package
-    from objcache.integrations.torch.demo_worker import worker_main
+    from objcache.demo.demo_worker import worker_main
 
     return worker_main(list(argv))
 
@@ -153,7 +153,7 @@ PLAIN_PATH = {"OBJCACHE_PRECOMPILE": "0"}
 
 def compile_env(root: Path, tiers: str, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a fresh simulated machine under ``root`` using ``tiers``."""
-    from objcache.integrations.torch.demo_jobs import machine_env
+    from objcache.demo.demo_jobs import machine_env
 
     env = machine_env(str(root), base)
     env.update(
@@ -173,7 +173,7 @@ def run_compile(
     env: Mapping[str, str], args: Sequence[str] = (), *, timeout: float = 600.0
 ) -> dict[str, Any]:
     """Run the workload in a subprocess; returns its result dict (asserts it ran)."""
-    from objcache.integrations.torch.demo_jobs import run_job
+    from objcache.demo.demo_jobs import run_job
 
     command = [sys.executable, "-c", BOOTSTRAP.format(root=str(ROOT))]
     job = run_job(["--model", "tiny", *args], env, command=command, timeout=timeout)

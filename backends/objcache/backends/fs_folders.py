@@ -6,7 +6,8 @@ keys may not contain a path segment starting with it (:func:`check_key`); listin
 names.
 
 :class:`FsFolders` is the hardened walk the filesystem store (:mod:`objcache.backends.fs_store`)
-is built on and the core's lease files (objcache/core/nodelease.py) use without the store:
+is built on and the core's lease files (objcache/core/fetch_once/nodelease.py) use without the
+store:
 every folder is opened relative to its parent's fd, ``O_NOFOLLOW``, and refused unless its
 owner and mode pass (docs/security.md, "Local filesystem"; docs/architecture.md, "One
 remote fetch per node").
@@ -22,7 +23,8 @@ from objcache.errors import InvalidKey, PermanentBackendError, UnsafeFolder
 
 #: Prefix of every name objcache creates inside a store; no key segment may start with it.
 RESERVED = ".objcache-"
-#: Lease files of cross-process single-flight (objcache/core/nodelease.py), beside the entry.
+#: Lease files of cross-process single-flight (objcache/core/fetch_once/nodelease.py), beside
+#: the entry.
 LEASE_PREFIX = RESERVED + "lease-"
 #: Longest path segment (NAME_MAX on every common filesystem).
 MAX_SEGMENT_BYTES = 255
@@ -140,7 +142,7 @@ class FsFolders:
         except UnsafeFolder as exc:
             raise InvalidKey(str(exc)) from None
 
-    # --- node leases (objcache/core/nodelease.py) ---------------------------------------------
+    # --- node leases (objcache/core/fetch_once/nodelease.py) ---------------------------------
 
     def open_lease(self, key: str) -> tuple[int, str, int]:
         """``(folder fd, name, file fd)`` of the lease file of ``key``, beside the entry:

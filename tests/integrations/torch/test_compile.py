@@ -97,7 +97,7 @@ class World:
 
 
 def hits(result: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    from objcache.integrations.torch.demo_jobs import objcache_hits
+    from objcache.demo.demo_jobs import objcache_hits
 
     return objcache_hits(result)
 

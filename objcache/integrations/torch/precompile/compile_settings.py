@@ -1,0 +1,213 @@
+"""What a precompile entry was compiled *with*: the backend and the compiler settings
+(docs/torch.md, "Precompile entries: what a served entry still checks").
+
+A precompile entry holds the code one backend produced under one set of compiler settings;
+torch's own caching precompile serves it to any ``torch.compile`` of the same function,
+whatever backend, mode or options it names and whatever the process set in
+``torch._inductor.config`` (``fallback_random``, ``freezing``, custom passes) or Dynamo's
+config. A normal compile would have produced other code there. Two checks close that:
+
+* :func:`compiler_identity`: the backend a ``torch.compile(...)`` wrapper names, with its
+  mode, options and ``dynamic``/``fullgraph`` choices, as a portable string. It is part of
+  the entry's key (fixed when ``torch.compile()`` wraps the function).
+* :func:`settings_digest`: Inductor's, AOTAutograd's and Dynamo's configs (the keys torch
+  itself says affect compiled code: Inductor's as its FX-graph cache key takes them, Dynamo's
+  and functorch's less the ``compile_ignored`` ones), custom passes by their ``uuid()``, and
+  the float32 matmul precision. The writer records it beside each frame's guards when the
+  frame is compiled (configs may change between ``torch.compile()`` and the first call); the
+  reader compares it where torch checks guards, until it first holds, as a normal compile
+  fixes its settings at the frame's first compile.
+
+Anything without a portable identity (a backend object with ``__call__``, a custom pass
+object without ``uuid()``) gives None: the entry is neither served nor saved, and the
+compile goes on normally. A lambda is named by what it does (its module, code, defaults and
+closure: :func:`portable_guards.identity`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import importlib
+from typing import Any
+
+from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.remote import custom_ops
+
+#: Config modules whose settings a served frame must have been compiled with.
+CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._dynamo.config")
+#: Settings that only say whether or where to cache, never what code comes out: the
+#: precompile part itself turns ``caching_precompile`` off around the writer's guards.
+IGNORED = frozenset({"caching_precompile"})
+#: Inductor's custom pass settings: torch's FX-graph cache key takes them by ``uuid()``.
+CUSTOM_PASSES = (
+    "pre_grad_custom_pass",
+    "post_grad_custom_pre_pass",
+    "post_grad_custom_post_pass",
+    "joint_custom_pre_pass",
+    "joint_custom_post_pass",
+    "_pre_fusion_custom_pass",
+    "_post_fusion_custom_pass",
+    "_fuse_ddp_communication_passes",
+    "custom_partitioner_fn",
+)
+
+
+def _canonical(value: Any) -> str | None:
+    """A portable rendering of one setting, or None where it has none."""
+    uuid = getattr(value, "uuid", None)
+    if callable(uuid) and not isinstance(value, type):
+        try:
+            return f"uuid:{type(value).__module__}.{type(value).__qualname__}:{uuid()!r}"
+        except Exception:
+            return None
+    if isinstance(value, set | frozenset):
+        parts = [_canonical(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return "set:{" + ",".join(sorted(p or "" for p in parts)) + "}"
+    if isinstance(value, dict):
+        items = [(_canonical(k), _canonical(v)) for k, v in value.items()]
+        if any(k is None or v is None for k, v in items):
+            return None
+        return "dict:{" + ",".join(sorted(f"{k}={v}" for k, v in items)) + "}"
+    if isinstance(value, list | tuple):
+        parts = [_canonical(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return f"{type(value).__name__}:[" + ",".join(p or "" for p in parts) + "]"
+    if isinstance(value, enum.Enum):
+        return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+    if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
+        return f"{type(value).__name__}:{value}"
+    return portable_guards.identity(value)
+
+
+def _config_items(module_name: str) -> dict[str, Any]:
+    module: Any = importlib.import_module(module_name)
+    items = dict(module.save_config_portable(ignore_private_configs=False))
+    for name in getattr(module, "_compile_ignored_keys", ()):
+        items.pop(name, None)
+    if module_name == "torch._inductor.config":
+        for name in CUSTOM_PASSES:
+            if hasattr(module, name):
+                items[name] = getattr(module, name)
+    return items
+
+
+#: (torch's own hashes of the configs and the matmul precision, the digest they gave).
+_memo: tuple[Any, str | None] | None = None
+
+
+def _state() -> Any:
+    """What changes whenever a setting :func:`settings_digest` covers changes: torch's cached
+    ``get_hash()`` of each config (the same keys, less ``compile_ignored``), or None."""
+    import torch
+
+    try:
+        hashes = tuple(importlib.import_module(m).get_hash() for m in CONFIG_MODULES)
+    except Exception:
+        return None
+    return (*hashes, torch.get_float32_matmul_precision(), process_facts())
+
+
+def process_facts() -> str:
+    """What Dynamo folds into a trace as constants without a guard, because one process
+    never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
+    backend, world size and rank once it is initialized, a fixed ``PYTHONHASHSEED`` (set
+    order and ``hash()`` of a string read while tracing), cuBLAS's TF32 switch, the
+    privateuse1 backend's name, the attention backends turned off, the autocast dtypes
+    (``torch.get_autocast_dtype`` is folded; with autocast off torch's global-state guard
+    does not compare them), and the CUDA devices' names and capabilities once CUDA is
+    initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
+    import sys
+
+    from objcache.integrations.torch.precompile import hash_order
+
+    parts = [f"hashseed={hash_order.fixed_seed() or 'per-process'}"]
+    torch = sys.modules.get("torch")
+    try:  # Dynamo's constant_fold_functions that one process never changes, less the guarded
+        if torch is not None:
+            parts.append(f"tf32={torch._C._get_cublas_allow_tf32()}")
+            parts.append(f"privateuse1={torch._C._get_privateuse1_backend_name()}")
+            # the attention backends a graph's sdpa lowers to, and the dtype
+            # ``torch.get_autocast_dtype`` folds into a trace (autocast off: no guard reads it)
+            parts.append(f"sdp_off={','.join(custom_ops.sdp_backends_off())}")
+            parts.extend(
+                f"autocast_{device}={torch.get_autocast_dtype(device)}"
+                for device in ("cpu", "cuda")
+            )
+            cuda = torch.cuda
+            if cuda.is_initialized():  # without it, nothing read the devices' properties
+                parts.extend(
+                    f"cuda{i}={cuda.get_device_name(i)}:{cuda.get_device_capability(i)}"
+                    for i in range(cuda.device_count())
+                )
+    except Exception as exc:  # a torch without one of these: say which, never fail
+        parts.append(f"torch=unreadable:{type(exc).__name__}")
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            parts.append(f"dist={dist.get_backend()}:{dist.get_world_size()}:{dist.get_rank()}")
+    except Exception as exc:  # a process group in a state of its own: never served
+        parts.append(f"dist=unreadable:{type(exc).__name__}:{id(exc)}")
+    return ";".join(parts)
+
+
+def settings_digest() -> str | None:
+    """Digest of the compiler settings in effect now, or None where one has no portable
+    rendering (computed again only when torch's config hashes change)."""
+    global _memo
+    state = _state()
+    memo = _memo
+    if state is not None and memo is not None and memo[0] == state:
+        return memo[1]
+    digest = _digest()
+    if state is not None:
+        _memo = (state, digest)
+    return digest
+
+
+def _digest() -> str | None:
+    import torch
+
+    h = hashlib.sha256()
+    for module_name in CONFIG_MODULES:
+        items = _config_items(module_name)
+        for name in sorted(items):
+            if name in IGNORED:
+                continue
+            rendered = _canonical(items[name])
+            if rendered is None:
+                return None
+            h.update(f"{module_name}.{name}={rendered}\0".encode())
+    h.update(f"matmul:{torch.get_float32_matmul_precision()}\0".encode())
+    h.update(f"process:{process_facts()}\0".encode())
+    return h.hexdigest()[:32]
+
+
+def compiler_identity(context: Any) -> str | None:
+    """The backend and choices of one ``torch.compile(...)`` wrapper (torch's
+    ``_TorchDynamoContext``) as a portable string, or None."""
+    from torch._dynamo.eval_frame import innermost_backend
+
+    backend: Any = innermost_backend(context.callback)
+    choices = (
+        f"dynamic={getattr(context, '_dynamic', None)!r}"
+        f":fullgraph={getattr(context, 'fullgraph', None)!r}"
+        f":error_on_graph_break={getattr(context, 'error_on_graph_break', None)!r}"
+    )
+    name = getattr(backend, "compiler_name", None)
+    if name == "inductor" and isinstance(getattr(backend, "config", None), dict):
+        what = _canonical(backend.config)
+        dynamic = getattr(backend, "dynamic", None)
+        return None if what is None else f"inductor:{what}:{dynamic!r}:{choices}"
+    if isinstance(name, str) and hasattr(backend, "compiler_fn"):
+        fn = _canonical(backend.compiler_fn)
+        kwargs = _canonical(getattr(backend, "kwargs", {}))
+        dynamic = getattr(backend, "dynamic", None)
+        if fn is None or kwargs is None:
+            return None
+        return f"backend:{name}:{fn}:{kwargs}:{dynamic!r}:{choices}"
+    what = portable_guards.identity(backend)
+    return None if what is None else f"callable:{what}:{choices}"

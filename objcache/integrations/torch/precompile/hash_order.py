@@ -1,0 +1,109 @@
+"""What a trace takes from this process's hash order (docs/torch.md, "What a served entry
+depends on").
+
+Unless ``PYTHONHASHSEED`` fixes it when the interpreter starts, Python salts the hash of
+``str`` and ``bytes`` per process: a set of names iterates in another order in every
+process, and ``hash("x")`` is another number. Dynamo folds both into a trace as constants
+with no guard that could tell (a guard on a set compares its contents, not its order), so a
+served entry would replay the writer's order on a reader that iterates its own. objcache:
+
+* a set at a guard's source is a ``SET_ORDER`` record (:mod:`.portable_guards`): its order
+  on the writer, checked on the reader;
+* a frozenset constant of a traced code that the code iterates (``for n in {"a", "b"}``
+  compiles to one; an ``in`` test does not iterate) makes the frame unsaveable in a process
+  whose hash order is its own (:func:`iterated_constant_sets`);
+* ``hash()`` of anything but a number while tracing does the same (:func:`wrap_generic_hash`).
+
+A fixed seed is part of the compiler settings a served frame is checked against
+(:mod:`.compile_settings`), so there both are the same in every process that shares it.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from objcache.integrations.patching import marked
+
+#: Values whose hash is the same in every process, whatever the seed.
+_NUMBERS = (type(None), bool, int, float, complex)
+#: The ``counters`` reason of a frame whose trace read the hash order.
+UNSAVED = "hash_order"
+
+
+@functools.cache
+def fixed_seed() -> str | None:
+    """``PYTHONHASHSEED`` as the interpreter read it at start (``/proc/self/environ``: a
+    program may change ``os.environ`` later), or None where hashes are salted per process."""
+    value: str | None = None
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"PYTHONHASHSEED="):
+                    value = item.split(b"=", 1)[1].decode("ascii", "replace")
+    except OSError:  # not Linux: the environment as it is now
+        value = os.environ.get("PYTHONHASHSEED")
+    if not sys.flags.hash_randomization:
+        return "0"
+    if value is None or not value.isdigit():  # unset or "random"
+        return None
+    return value
+
+
+def per_process() -> bool:
+    """Whether this process's hashes of strings are its own."""
+    return fixed_seed() is None
+
+
+def _seed_dependent(value: Any) -> bool:
+    return not isinstance(value, _NUMBERS)
+
+
+def iterated_constant_sets(codes: Iterable[types.CodeType]) -> bool:
+    """Whether a code iterates (or otherwise uses, other than an ``in`` test) a frozenset
+    constant whose order depends on the hash seed."""
+    for code in codes:
+        try:
+            instructions = list(dis.get_instructions(code))
+        except Exception:
+            return True  # fail closed: a code we cannot read
+        for i, ins in enumerate(instructions):
+            value = ins.argval
+            if ins.opname != "LOAD_CONST" or not isinstance(value, frozenset):
+                continue
+            if not any(_seed_dependent(v) for v in value) or len(value) < 2:
+                continue
+            following = instructions[i + 1].opname if i + 1 < len(instructions) else ""
+            if following != "CONTAINS_OP":
+                return True
+    return False
+
+
+def _mark(tx: Any) -> None:
+    output = getattr(tx, "output", None)
+    package = getattr(output, "package", None)
+    if package is not None:
+        package.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
+
+
+def wrap_generic_hash(original: Callable[..., Any]) -> Any:
+    """Dynamo's ``hash()`` of a traced value: a value whose hash is salted per process makes
+    the frame's package unsaveable (its result is folded into the trace)."""
+
+    def generic_hash(tx: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if per_process():
+                constant = obj.as_python_constant() if obj.is_python_constant() else obj
+                if _seed_dependent(constant):
+                    _mark(tx)
+        except Exception:
+            _mark(tx)
+        return original(tx, obj, *args, **kwargs)
+
+    marked(generic_hash, original)
+    return generic_hash

@@ -1,0 +1,287 @@
+"""The guards of a precompile entry (docs/torch.md, "What a served entry still checks").
+
+* **Written** (``CheckFunctionManager.serialize_guards``): the guards torch drops under
+  caching precompile are replaced by portable records (:mod:`portable_guards`) and the
+  compiler settings of the frame's compile appended (:mod:`compile_settings`); the shapes of
+  the frame's inputs are noted for :mod:`superseded_codes`. It never raises: a frame that
+  cannot be saved that way is compiled and run as usual, its package never saved.
+* **Live**: the writing process keeps every guard a normal compile has
+  (``CheckFunctionManager.__init__`` with torch's filter off).
+* **Read back** (``load_guards_state``, then ``load_guard_manager``), only while torch
+  installs an entry objcache served (:data:`installing_served`): the records travel from
+  the first step to the second and become one more root guard checked at every call. torch's
+  own ``aot_compile`` load goes through the same functions and is passed through untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import sys
+import threading
+import types
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from objcache.integrations.torch.precompile import (
+    compile_settings,
+    hash_order,
+    portable_guards,
+    superseded_codes,
+)
+from objcache.observe.metrics import FailureLog
+
+log = logging.getLogger("objcache.torch")
+
+#: True while torch installs a package objcache served: only then do the guard loaders
+#: expect objcache's portable guards. torch's ``aot_compile`` load goes through the same
+#: functions with a state of its own, which they pass through untouched.
+installing_served: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "objcache_precompile_installing_served", default=False
+)
+
+_lock = threading.Lock()
+#: id(unpickled guards state) -> the portable guards that trailed its bytes, between
+#: torch's two load steps (``load_guards_state``, then ``load_guard_manager``).
+_state_records: dict[int, tuple[portable_guards.Portable, ...]] = {}
+
+
+def wrap_check_init(original: Callable[..., None], dynamo_config: Any) -> Any:
+    """``CheckFunctionManager.__init__`` with torch's caching-precompile guard filter off:
+    the live process keeps every guard a normal compile has (the saved copy leaves them out
+    in :func:`wrap_serialize_guards`, each replaced by a portable one)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with dynamo_config.patch(caching_precompile=False):
+            original(self, *args, **kwargs)
+
+    __init__.__objcache__ = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _not_saved(output_graph: Any, why: str, detail: Any) -> bytes:
+    """A frame whose guards cannot be saved with their portable replacements: its package is
+    never saved (counted ``unsaved:<why>`` when it is recorded), the compile goes on. torch
+    2.13 and 2.14 assert on a ``None`` guards state even after their own package bypass, so
+    torch gets an empty state, which no save ever carries (:func:`_all_guards_portable`)."""
+    log.info("objcache: precompile entry not saved for this function: %s", detail)
+    output_graph.package.__dict__.setdefault("_objcache_unsaveable", why)
+    return b""
+
+
+def wrap_serialize_guards(
+    original: Callable[..., Any], counters: Counter[str], failed: FailureLog
+) -> Any:
+    """torch's guards serialization with the dropped guards replaced by portable records and
+    the compiler settings appended (:mod:`portable_guards`, :mod:`compile_settings`). It
+    never raises: a frame it cannot save that way is compiled and run as usual, unsaved."""
+
+    def serialize_guards(
+        self: Any, builder: Any, sorted_guards: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        output_graph = args[0] if args else kwargs.get("output_graph")
+        if getattr(output_graph, "package", None) is None:
+            # not a frame of a precompile package (torch's aot_compile saves its own way)
+            return original(self, builder, sorted_guards, *args, **kwargs)
+        context = getattr(output_graph, "tracing_context", None)
+        refused = getattr(context, "__dict__", {}).get("_objcache_unsaveable")
+        if refused:  # found while the frame's graph compiled (precompile._wrap_should_save_cache)
+            return _not_saved(output_graph, str(refused), refused)
+        try:
+            kept, records = portable_guards.split(sorted_guards, builder.get)
+            traced = _traced_code(output_graph)
+            if hash_order.per_process() and hash_order.iterated_constant_sets(traced):
+                return _not_saved(output_graph, hash_order.UNSAVED, "a set's order was traced")
+            records = portable_guards.bounded(
+                (
+                    *records,
+                    *portable_guards.inlined_code_records(traced),
+                    *portable_guards.global_hook_records(),
+                )
+            )
+        except portable_guards.Unportable as exc:
+            return _not_saved(output_graph, f"dropped_guard:{exc.kind}", exc)
+        except Exception as exc:
+            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        try:
+            settings = compile_settings.settings_digest()
+        except Exception as exc:
+            settings = None
+            failed("compiler settings", exc)
+        if settings is None:
+            return _not_saved(output_graph, "unportable_settings", "a compiler setting")
+        try:
+            state = original(self, builder, kept, *args, **kwargs)
+        except Exception as exc:  # torch's own refusal (a class defined in a function)
+            return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        _carry_module_globals(output_graph, counters, failed)
+        state = portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
+        superseded_codes.record(state, superseded_codes.shapes_of(output_graph))
+        return state
+
+    serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
+    serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
+    return serialize_guards
+
+
+def _traced_code(output_graph: Any) -> list[Any]:
+    """The code objects Dynamo traced for this frame (its own first, then each function it
+    inlined); raises :class:`~portable_guards.Unportable` where torch keeps no such list."""
+    context = getattr(output_graph, "tracing_context", None)
+    codes = getattr(context, "traced_code", None)
+    if codes is None:
+        codes = getattr(output_graph, "traced_code", None)
+    if not isinstance(codes, list):
+        raise portable_guards.Unportable(
+            portable_guards.INLINED_KIND, "<frame>", "torch keeps no list of the inlined code"
+        )
+    return codes
+
+
+#: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).
+_BY_ID = re.compile(r"^(___module_\w+)?_\d+_c\d+$")
+
+
+def _carry_module_globals(output_graph: Any, counters: Counter[str], failed: FailureLog) -> None:
+    """Name, as import sources of the frame's entry, the modules Dynamo installed as globals
+    of its own while tracing (``type(x)`` of a tensor guards ``G['_<id>_c<n>'].Tensor``, the
+    ``torch`` module installed by id; a module a resume reconstructs). torch's install puts
+    its import sources back into the reader's globals; globals installed by id it does not,
+    so every such guard failed on the reader (``guard_failed:CLASS_MATCH``) and the frame was
+    traced again. Only a module its own name reaches (``sys.modules``) is named, the same
+    module in any process; anything else stays as torch saves it (the guard fails, the frame
+    compiles). Never raises."""
+    try:
+        package = getattr(output_graph, "package", None)
+        scope = getattr(output_graph, "global_scope", None)
+        names = getattr(output_graph, "installed_globals", ())
+        if package is None or not isinstance(scope, dict):
+            return
+        for name in sorted(n for n in names if isinstance(n, str) and _BY_ID.match(n)):
+            value = scope.get(name)
+            module = getattr(value, "__name__", None)
+            if (
+                isinstance(value, types.ModuleType)
+                and isinstance(module, str)
+                and sys.modules.get(module) is value
+            ):
+                package.add_import_source(name, module)
+                counters["module_globals_carried"] += 1
+    except Exception as exc:
+        failed("module globals", exc)
+
+
+def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
+    """``load(data)`` inside a tracing context of its own when none is on.
+
+    torch's guards state holds Dynamo's sources, and one of them (``ImportSource``, how Dynamo
+    names ``torch`` when it reaches the pytree registry, ``collections`` for a namedtuple)
+    installs a guard when it is built. Built by unpickling at ``torch.compile()``, outside
+    any trace, torch 2.13 raised ``TracingContext.get() must be called within an ongoing
+    trace`` and every frame that flattens a pytree (a library model's outputs) was refused.
+    The guard it installs is Dynamo's bookkeeping while tracing, an ``ID_MATCH`` on the
+    module, which caching precompile drops and objcache carries as a portable record
+    (``__import__('torch')``): here it lands in a scratch context that is thrown away. The
+    served code's guards are the saved guard tree plus the portable records, as before."""
+    try:
+        from torch._guards import TracingContext, tracing
+
+        if TracingContext.try_get() is not None:
+            return load(data)
+        scratch = tracing(TracingContext(None))
+    except Exception:  # a torch without these: as torch loads it
+        return load(data)
+    with scratch:
+        return load(data)
+
+
+def wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
+    def load_guards_state(guards_state: bytes) -> Any:
+        if not installing_served.get():
+            return original(guards_state)  # not an entry objcache served (aot_compile's load)
+        detached = portable_guards.detach(guards_state)
+        if detached is None:  # never served by us: checked in _unpack, refused here too
+            raise RuntimeError("objcache: a served guarded code carries no portable guards")
+        torch_state, records = detached
+        state = _in_a_scratch_trace(original, torch_state)
+        with _lock:
+            _state_records[id(state)] = records
+        return state
+
+    load_guards_state.__objcache__ = True  # type: ignore[attr-defined]
+    return load_guards_state
+
+
+def _scope_is_the_codes_module(code: Any, scope: Any) -> bool:
+    """Whether ``scope``, the globals torch installs a served guarded code's guards against
+    (``sys.modules[entry.python_module].__dict__``), are those of the module the code belongs
+    to. torch records the compiled function's ``__module__``, which ``functools.wraps``
+    copies from the wrapped function: transformers' ``wrapper`` in ``utils/generic.py`` was
+    guarded in ``modeling_bert``'s globals while it runs in its own, so a global it reads
+    could change unchecked. A code no file names (a notebook cell, ``exec``) is left to
+    torch's choice: its function's globals are the ones its key was taken in."""
+    import inspect
+
+    try:
+        module = inspect.getmodule(code)
+    except Exception:
+        return False
+    return module is None or getattr(module, "__dict__", None) is scope
+
+
+def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]) -> Any:
+    """torch's guards of a served guarded code plus one root guard checking its portable
+    replacements at every call; a guarded code without them is refused (raises: the
+    install is rejected and put back). A failed portable guard is counted
+    ``guard_failed:<kind>`` (once per code and kind): Dynamo compiles that frame as without
+    the entry."""
+
+    def guard_failed(why: str) -> None:
+        counters[f"guard_failed:{why}"] += 1
+
+    def load_guard_manager(guards_state: Any, target_code: Any, scope: Any) -> Any:
+        if not installing_served.get():
+            return original(guards_state, target_code, scope)
+        if not _scope_is_the_codes_module(target_code, scope):
+            counters["rejected:foreign_scope"] += 1
+            raise RuntimeError("objcache: torch would guard this code in another module's globals")
+        manager = original(guards_state, target_code, scope)
+        with _lock:
+            portable = _state_records.pop(id(guards_state), None)
+        if portable is None or not portable_guards.has_one_settings_record(portable):
+            raise RuntimeError("objcache: a served guarded code has no portable guards")
+        # never empty here: the settings record is always one of them
+        check = portable_guards.check_for(
+            portable,
+            scope,
+            compile_settings.settings_digest,
+            guard_failed,
+            hooks_unguarded=_hook_guards_skipped(),
+        )
+        parts = portable_guards.describe(portable)
+        try:
+            manager.root.add_lambda_guard(check, parts, None)
+        except TypeError:  # torch releases whose lambda guards take no user stack
+            manager.root.add_lambda_guard(check, parts)
+        counters["portable_guards"] += len(portable)
+        return manager
+
+    load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
+    return load_guard_manager
+
+
+def _hook_guards_skipped() -> bool:
+    """torch's ``skip_nnmodule_hook_guards`` (on by default): a normal compile then emits no
+    guard on a module's empty hook dicts, so a hook added after it is not seen."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(getattr(dynamo_config, "skip_nnmodule_hook_guards", False))
+
+
+def forget() -> None:
+    """Drop the records between the two load steps (the part's uninstall)."""
+    with _lock:
+        _state_records.clear()

@@ -1,0 +1,115 @@
+"""Kernels placed where torch's loader looks while the prefetch runs
+(docs/architecture.md, "Kernels placed before the compile")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.torch_cache import kernel_builder as _builder
+from tests.support.torch_cache import new_machine
+from tests.support.waiting import wait_until
+
+torch = pytest.importorskip("torch")
+
+
+def _kernel_built(src: Path, answer: int) -> Any:
+    """A kernel built (and stored, with its place record) from ``src``; returns its plan."""
+    from objcache.integrations.torch.kernels import kernels
+
+    src.parent.mkdir(parents=True)
+    src.write_text(f'extern "C" int answer() {{ return {answer}; }}\n')
+    built = _builder(src, src.parent)
+    built.build()
+    p = kernels.plan(built)
+    assert p is not None
+    kernels.wait_stored(60)
+    return p
+
+
+def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel built on one machine is put where torch's loader looks on the next, from
+    the prefetch's local entries, before any build runs there; only a record of this
+    machine's, in the form torch names a kernel, naming the binary's own key, is placed, and
+    never over a file already there (docs/architecture.md, "Kernels placed before the
+    compile")."""
+    from objcache.client import get_client
+    from objcache.integrations.torch.kernels import kernel_places, kernels
+
+    p = _kernel_built(installed_file_store / "inductor" / "ab" / "cabxyz.cpp", 42)
+    assert Path(p.target).name == "cabxyz.so"
+    record = f"{kernel_places.machine()}-{p.key}"
+    assert get_client().get(kernel_places.KIND, record) == b"ab/cabxyz.so"
+
+    inductor = new_machine(installed_file_store, monkeypatch, "b")
+    client = get_client()
+    # the prefetch brings the entries into the local tier (here: read through once)
+    assert client.get(kernels.KIND, p.key) is not None
+    assert client.get(kernel_places.KIND, record) is not None
+    # the local write-through of a remote hit is behind
+    wait_until(lambda: client.get_local(kernels.KIND, p.key) is not None, what="kernel local")
+    wait_until(lambda: client.get_local(kernel_places.KIND, record) is not None, what="record")
+    placer = kernel_places.Placer(client, str(inductor))
+    before = kernels.counters()
+    assert placer.place(p.key)
+    placed = inductor / "ab" / "cabxyz.so"
+    assert placed.read_bytes() == Path(p.target).read_bytes() and os.access(placed, os.X_OK)
+    assert placer.place(p.key) is False  # once
+    # torch's own loader now finds it: the build is skipped, nothing is fetched
+    again = _builder(inductor / "ab" / "cabxyz.cpp", inductor / "ab")
+    assert again.get_target_file_path() == str(placed)
+    assert kernels.counters().get("placed", 0) == before.get("placed", 0) + 1
+
+    # refused: another machine's record, a path not torch's, a path with another suffix, a
+    # file already there (left as it is)
+    other = kernel_places.Placer(client, str(inductor))
+    other.prefix = "0" * 20 + "-"
+    assert other.place(p.key) is None  # not local: tried again later, never placed
+    for bad in (b"../ab/cabxyz.so", b"ab/cdexyz.so", b"/ab/cabxyz.so", b"ab/cabxyz.o", b"ab"):
+        assert not kernel_places.Placer(client, str(inductor)).place(p.key, record=bad)
+    placed.unlink()
+    placed.write_bytes(b"torch's own")
+    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert placed.read_bytes() == b"torch's own"
+    placed.unlink()
+    placed.symlink_to(installed_file_store / "elsewhere")
+    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert not (installed_file_store / "elsewhere").exists()
+    after = kernels.counters()
+    assert after.get("place_refused", 0) - before.get("place_refused", 0) == 5
+    assert after.get("place_present", 0) - before.get("place_present", 0) >= 2
+
+
+def test_kernels_are_placed_beside_the_prefetch_of_a_client_built_by_a_first_lookup(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placement starts with whichever client the process builds, not only with the one
+    ``install()`` builds up front: the zero-code path builds it at its first lookup
+    (objcache.client.client_listeners)."""
+    from objcache.client import get_client, reset_client
+    from objcache.integrations.torch.kernels import kernel_places, kernels
+
+    p = _kernel_built(installed_file_store / "inductor" / "cd" / "ccdxyz.cpp", 7)
+    get_client().flush()
+    reset_client()  # the run's manifest lists the kernel and its place record
+    inductor = new_machine(installed_file_store, monkeypatch, "b")
+    monkeypatch.setenv("OBJCACHE_PREFETCH", "1")
+    before = kernels.counters()
+    client = get_client()  # as a first lookup would: no start_client()
+    assert client.prefetch_result is not None
+    client.prefetch_result.result(30)
+    placed = inductor / "cd" / "ccdxyz.so"
+    wait_until(placed.exists, what="the kernel placed")
+    after = kernels.counters()
+    assert placed.exists(), (before, after)
+    assert placed.read_bytes() == Path(p.target).read_bytes()
+    # (a background store of an earlier test may build a client too: at least ours)
+    assert after.get("place_started", 0) >= before.get("place_started", 0) + 1
+    assert after.get("placed", 0) >= before.get("placed", 0) + 1
+    assert kernel_places.start(client) is not None  # the same placer: started once
+    assert kernels.counters().get("place_started", 0) == after.get("place_started", 0)

@@ -1,0 +1,64 @@
+"""What a trace takes from this process's hash order: which seed is fixed, and which traced
+codes iterate a set constant (docs/torch.md, "What a served entry depends on")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from objcache.integrations.torch.precompile import hash_order
+
+
+def _fixed_seed_in_a_process(seed: str | None, later: str = "") -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    if seed is not None:
+        env["PYTHONHASHSEED"] = seed
+    code = (
+        "import os\n"
+        f"{later}\n"
+        "from objcache.integrations.torch.precompile import hash_order\n"
+        "print(hash_order.fixed_seed())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("seed", "expected"), [(None, "None"), ("random", "None"), ("0", "0"), ("123", "123")]
+)
+def test_the_seed_is_what_the_interpreter_started_with(seed: str | None, expected: str) -> None:
+    assert _fixed_seed_in_a_process(seed) == expected
+
+
+def test_a_seed_set_after_start_is_not_taken_for_a_fixed_one() -> None:
+    """A program that sets PYTHONHASHSEED for its children still hashes with its own salt."""
+    later = "os.environ['PYTHONHASHSEED'] = '7'"
+    assert _fixed_seed_in_a_process(None, later) == "None"
+
+
+def _iterates(x: int) -> int:
+    for name in {"relu", "gelu", "tanh"}:
+        x = x * 2 + len(name)
+    return x
+
+
+def _tests_membership(name: str) -> bool:
+    return name in {"relu", "gelu", "tanh"}
+
+
+def _iterates_numbers(x: int) -> int:
+    for k in {1, 2, 3}:
+        x = x * 2 + k
+    return x
+
+
+def test_a_code_that_iterates_a_set_of_strings_is_found() -> None:
+    assert hash_order.iterated_constant_sets([_iterates.__code__])
+    assert not hash_order.iterated_constant_sets([_tests_membership.__code__])
+    assert not hash_order.iterated_constant_sets([_iterates_numbers.__code__])
+    both = [_tests_membership.__code__, _iterates.__code__]
+    assert hash_order.iterated_constant_sets(both)

@@ -1,0 +1,238 @@
+"""A served precompile entry never computes another result than a normal compile on the
+reader, and torch's package bookkeeping never crashes a program (docs/torch.md, "What a
+served entry depends on").
+
+One writer and two readers, each a simulated machine on one ``file://`` store, with
+``OBJCACHE_PRECOMPILE=1``; every compiled call is compared with eager in the same process.
+One function per class of fact a served entry depends on:
+
+* **reference values**: a value read through another module or a class (torch keeps the
+  guard but saves its root by reference, so the reader's guard compared the reader's value
+  with itself);
+* **inlined methods**: a library class's method Dynamo inlined, patched on the reader (torch
+  never guards it: one process never changes it);
+* **module hooks**: a forward hook registered on a submodule on the reader only (Dynamo does
+  not guard module hooks);
+* **wrapped functions**: a ``functools.wraps`` wrapper from another module (transformers'
+  wrapper of a model's ``forward``), reading a global both modules define: torch names the
+  wrapped function's module, the code runs in the wrapper's;
+* **hash order**: a set of names iterated (read from a global, or a set constant of the code)
+  and ``hash()`` of a string, in processes whose hash seed is their own (the default);
+* **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
+  an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
+  user's call; here the package is unsaveable, counted, and the program runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import torch_runs as ts
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
+]
+
+LIBRARY = """\
+import functools
+import os
+import torch
+from torch import nn
+
+SCALE = float(os.environ["SCALE"])
+
+
+class Knobs:
+    bias = SCALE - 3.0
+
+
+FACTOR = SCALE + 1.0
+
+
+class Gain(nn.Module):
+    def forward(self, x):
+        return x * 1.5
+
+
+def scaled(fn):
+    @functools.wraps(fn)
+    def wrapper(x):
+        return fn(x) * FACTOR
+    return wrapper
+"""
+
+PROGRAM = """\
+import json, os
+import torch
+import objcache
+
+objcache.install()
+from torch import nn
+from objcache.integrations.torch.precompile import precompile_entry
+import library
+
+if os.environ.get("PATCH") == "1":  # what a kernel-patching library does
+    def patched(self, x):
+        return x * 2.5
+    library.Gain.forward = patched
+
+FACTOR = 100.0  # the wrapped function's module has one too
+results = {}
+x = torch.linspace(-1.0, 1.0, 8)
+
+
+def check(name, fn, *args):
+    ref = fn(*args)
+    out = torch.compile(fn)(*args)
+    results[name] = bool(torch.allclose(out, ref))
+
+
+def reference_values(x):
+    return x * library.SCALE + library.Knobs.bias
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gain = library.Gain()
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.gain(x)) + 0.25
+
+
+torch.manual_seed(0)
+net = Net()
+if os.environ.get("HOOK") == "1":
+    net.act.register_forward_hook(lambda module, args, out: out * 3.0)
+check("reference_values", reference_values, x)
+check("inlined_methods_and_module_hooks", net, x)
+
+
+def wrapped(x):
+    return x.cos() + 0.5
+
+
+check("wrapped_functions", library.scaled(wrapped), x)
+
+unnamed = lambda x: (torch._dynamo.graph_break(), x + 1.0)[1]
+scope = {}
+OWN = "def own(x):\\n    import torch\\n    torch._dynamo.graph_break()\\n    return x * 3.0\\n"
+exec(OWN, scope)
+own = scope["own"]
+
+
+def calls_unnamed(x):
+    return own(unnamed(x.sin())) * 2.0
+
+
+check("unnamed_code", calls_unnamed, x)
+
+NAMES = {"a", "bb", "ccc", "dddd", "eeeee", "ffffff", "ggggggg"}
+
+
+def global_set_order(x):
+    for n in NAMES:
+        x = x * 0.5 + len(n)
+    return x
+
+
+def constant_set_order(x):
+    for n in {"h", "ii", "jjj", "kkkk", "lllll", "mmmmmm"}:
+        x = x * 0.5 + len(n)
+    return x
+
+
+def string_hash(x):
+    return x + hash("objcache") % 1000
+
+
+check("global_set_order", global_set_order, x)
+check("constant_set_order", constant_set_order, x)
+check("string_hash", string_hash, x)
+
+
+def reduces_to_its_input(x):
+    return x * 1.0
+
+
+check("graph_without_code", reduces_to_its_input, x)
+print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_entry.counters)}))
+"""
+
+
+def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
+    path = store_root / machine
+    path.mkdir(parents=True)
+    (path / "library.py").write_text(LIBRARY)
+    e = ts.compile_env(path, f"file://{store_root / 'store'}")
+    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
+    e.update({"SCALE": "2", **env})
+    e.pop("PYTHONHASHSEED", None)  # each process its own hash seed, as by default
+    return ts.run_script(path, PROGRAM, e)
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("precompile-never-wrong")
+
+
+@pytest.fixture(scope="module")
+def first_machine(store_root: Path) -> dict[str, Any]:
+    return run(store_root, "writer")
+
+
+def test_the_writer_runs_every_class_and_cannot_save_unnamed_code(
+    first_machine: dict[str, Any],
+) -> None:
+    """torch's package cannot name the lambda's and the ``exec``'d function's code: counted,
+    and the program runs on (with ``TORCH_CACHING_PRECOMPILE=1`` alone torch raises
+    ``PackageError`` out of the first call); a graph Inductor never compiles (``x * 1.0``)
+    runs too (torch 2.14 and 2.15 raise ``expected OutputCode`` there: counted
+    ``unsaved:no_output_code``)."""
+    assert all(first_machine["results"].values()), first_machine
+    assert first_machine["precompile"].get("package_error", 0) >= 1, first_machine
+
+
+def test_a_trace_that_read_this_processs_hash_order_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """A set constant iterated and ``hash()`` of a string: no guard could tell another
+    order or number on the reader, so those frames are not saved (a set read through a
+    guard's source is saved with its order: the readers below)."""
+    assert first_machine["precompile"].get("unsaved:hash_order", 0) >= 2, first_machine
+
+
+def test_a_reader_like_the_writer_is_served(
+    store_root: Path, first_machine: dict[str, Any]
+) -> None:
+    reader = run(store_root, "same")
+    assert all(reader["results"].values()), reader
+    counts = reader["precompile"]
+    # the wrapper too: installed in the module whose globals it runs in
+    assert counts.get("hits", 0) >= 3 and counts.get("installed", 0) >= 3, counts
+    # a global set iterates in this process's own order: the only guard that may fail
+    failed = [k for k in counts if k.startswith(("guard_failed:", "rejected:"))]
+    assert failed in ([], ["guard_failed:SET_ORDER"]), counts
+
+
+def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_result(
+    store_root: Path, first_machine: dict[str, Any]
+) -> None:
+    """Another value through a module and a class (and in the wrapper's own globals), a
+    patched library method and a hook on a submodule: each served guarded code fails a
+    portable guard and Dynamo compiles the frame, so every result is eager's."""
+    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1")
+    assert all(reader["results"].values()), reader
+    counts = reader["precompile"]
+    assert counts.get("hits", 0) >= 2, counts
+    failed = {k.split(":", 1)[1] for k in counts if k.startswith("guard_failed:")}
+    # the module/class values (their own guard kinds) and the method or its hooks
+    assert failed & {"EQUALS_MATCH", "CONSTANT_MATCH", "TYPE_MATCH"}, counts
+    assert failed & {"INLINED_CODE", "MODULE_HOOKS"}, counts

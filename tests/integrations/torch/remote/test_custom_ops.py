@@ -1,0 +1,149 @@
+"""The implementations of the custom ops a graph calls are in its FX and AOTAutograd keys
+(docs/torch.md, "Custom ops in the keys"): a machine with another version of a kernel
+library misses, and never runs the writer's decomposition."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import torch_runs as ts
+
+torch = pytest.importorskip("torch")
+
+KERNELS = """\
+import torch
+
+lib = torch.library.Library("objcache_test_ops", "DEF")
+lib.define("scale(Tensor x) -> Tensor")
+
+
+def scale(x):
+    return x * {factor}
+
+
+lib.impl("scale", scale, "CompositeImplicitAutograd")
+"""
+
+#: A program's own kernel for one of torch's ops (a library that patches ``aten::linear``):
+#: AOTAutograd traces it for a graph that only names ``torch.nn.functional.linear``.
+OVERRIDE = """
+import torch
+
+aten = torch.library.Library("aten", "IMPL")
+
+
+def linear(x, w, b=None):
+    return torch.matmul(x, w.t()) * 0 + 7
+
+
+aten.impl("linear", linear, "CompositeImplicitAutograd")
+"""
+
+PROGRAM = """\
+import json
+import torch
+import objcache
+
+objcache.install()
+import kernels
+import patches
+
+
+W = torch.linspace(0.0, 1.0, 16).reshape(2, 8)
+
+
+def f(x):
+    return torch.nn.functional.linear(torch.ops.objcache_test_ops.scale(x.sin()) + 1.0, W)
+
+
+x = torch.linspace(-1.0, 1.0, 8)
+out = torch.compile(f)(x)
+from objcache.integrations.install import hooks
+
+print("RESULT " + json.dumps({
+    "same": bool(torch.allclose(out, f(x))),
+    "custom_ops": hooks.stats()["custom_ops"],
+    "fx_hits": torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"],
+    "aot_hits": torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"],
+}))
+"""
+
+
+def run(base: Path, machine: str, factor: str, override: str = "") -> dict[str, Any]:
+    path = base / machine
+    path.mkdir(parents=True)
+    (path / "kernels.py").write_text(KERNELS.format(factor=factor))
+    (path / "patches.py").write_text(override)
+    env = ts.compile_env(path, f"file://{base / 'store'}")
+    env.update(OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
+    return ts.run_script(path, PROGRAM, env)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
+    tmp_path: Path,
+) -> None:
+    writer = run(tmp_path, "writer", "2.0")
+    assert writer["same"] and writer["custom_ops"].get("keyed_graphs", 0) >= 1, writer
+    same = run(tmp_path, "same", "2.0")  # the same library: served as before
+    assert same["same"] and same["aot_hits"] >= 1, same
+    other = run(tmp_path, "other", "3.0")  # the library at another version
+    assert other["same"], other
+    assert other["aot_hits"] == 0 and other["fx_hits"] == 0, other
+    patched = run(tmp_path, "patched", "2.0", OVERRIDE)  # its own kernel of torch's linear
+    assert patched["same"], patched
+    assert patched["aot_hits"] == 0 and patched["fx_hits"] == 0, patched
+
+
+def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph() -> None:
+    """An override of one of torch's ops registered in Python is in every graph's key
+    while it is registered; torch's own Python registrations are not."""
+    from objcache.integrations.torch import custom_ops
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    assert custom_ops.graph_identity(gm) == ()
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("linear", lambda x, w, b=None: x, "CompositeImplicitAutograd")
+        assert [name for name, _ in custom_ops.graph_identity(gm)] == ["override:aten::linear"]
+    finally:
+        lib._destroy()
+    assert custom_ops.graph_identity(gm) == ()
+
+
+def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
+    """Only graphs that call an op outside torch's namespaces get the field."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    assert custom_ops.graph_identity(gm) == ()
+
+
+def test_attention_backends_turned_off_are_in_every_graph_s_key() -> None:
+    """Which kernel a graph's attention lowers to follows the backends enabled when
+    AOTAutograd decomposes it: a process that turned one off keys its graphs by that (and a
+    process with torch's defaults keeps torch's keys)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from objcache.integrations.torch import custom_ops
+
+    class Details:
+        def __init__(self, gm: Any) -> None:
+            self.gm = gm
+
+    init = custom_ops._wrap_details_init(Details.__init__)
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    plain = Details.__new__(Details)
+    init(plain, gm)
+    assert custom_ops.FIELD not in plain.__dict__
+    with sdpa_kernel([SDPBackend.MATH]):
+        math_only = Details.__new__(Details)
+        init(math_only, gm)
+    assert math_only.__dict__[custom_ops.FIELD] == (
+        ("sdp_backends_off", "flash,mem_efficient,cudnn"),
+    )
