@@ -32,7 +32,6 @@ import importlib
 from typing import Any
 
 from objcache.integrations.torch.precompile import portable_guards
-from objcache.integrations.torch.remote import custom_ops
 
 #: Config modules whose settings a served frame must have been compiled with.
 CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._dynamo.config")
@@ -111,6 +110,31 @@ def _state() -> Any:
     return (*hashes, torch.get_float32_matmul_precision(), process_facts())
 
 
+#: The scaled-dot-product-attention backends torch can choose between.
+SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
+
+
+def sdp_backends_off() -> tuple[str, ...]:
+    """The attention backends the process turned off (``enable_flash_sdp(False)``, inside
+    ``sdpa_kernel([...])``): which kernel implements a graph's
+    ``scaled_dot_product_attention`` is chosen while AOTAutograd decomposes it, with no guard
+    and in no key of torch's, so a graph compiled with flash attention on is otherwise served
+    where a normal compile would take the math path. Empty with torch's defaults (every
+    backend on), so such processes keep torch's keys."""
+    import torch
+
+    backends = getattr(torch.backends, "cuda", None)
+    off = []
+    for name in SDP_BACKENDS:
+        enabled = getattr(backends, f"{name}_sdp_enabled", None)
+        try:
+            if enabled is not None and not enabled():
+                off.append(name)
+        except Exception:  # a reader that fails: named, so no key is shared on a guess
+            off.append(f"{name}:unreadable")
+    return tuple(off)
+
+
 def process_facts() -> str:
     """What Dynamo folds into a trace as constants without a guard, because one process
     never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
@@ -132,7 +156,7 @@ def process_facts() -> str:
             parts.append(f"privateuse1={torch._C._get_privateuse1_backend_name()}")
             # the attention backends a graph's sdpa lowers to, and the dtype
             # ``torch.get_autocast_dtype`` folds into a trace (autocast off: no guard reads it)
-            parts.append(f"sdp_off={','.join(custom_ops.sdp_backends_off())}")
+            parts.append(f"sdp_off={','.join(sdp_backends_off())}")
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.precompile import compile_settings, portable_guards
 
 counters: Counter[str] = Counter()
 
@@ -209,31 +209,6 @@ def _registered_by_torch(name: str, key: str) -> bool:
     return True  # no such kernel now: nothing of the program's runs there
 
 
-#: The scaled-dot-product-attention backends torch can choose between.
-SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
-
-
-def sdp_backends_off() -> tuple[str, ...]:
-    """The attention backends the process turned off (``enable_flash_sdp(False)``, inside
-    ``sdpa_kernel([...])``): which kernel implements a graph's
-    ``scaled_dot_product_attention`` is chosen while AOTAutograd decomposes it, with no guard
-    and in no key of torch's, so a graph compiled with flash attention on is otherwise served
-    where a normal compile would take the math path. Empty with torch's defaults (every
-    backend on), so such processes keep torch's keys."""
-    import torch
-
-    backends = getattr(torch.backends, "cuda", None)
-    off = []
-    for name in SDP_BACKENDS:
-        enabled = getattr(backends, f"{name}_sdp_enabled", None)
-        try:
-            if enabled is not None and not enabled():
-                off.append(name)
-        except Exception:  # a reader that fails: named, so no key is shared on a guess
-            off.append(f"{name}:unreadable")
-    return tuple(off)
-
-
 def _wrap_details_init(original: Callable[..., None]) -> Any:
     def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
         original(self, gm, *args, **kwargs)
@@ -241,7 +216,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             return
         try:
             ops = graph_identity(gm)
-            off = sdp_backends_off()
+            off = compile_settings.sdp_backends_off()
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
             off = ()

@@ -103,7 +103,7 @@ def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
 def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph() -> None:
     """An override of one of torch's ops registered in Python is in every graph's key
     while it is registered; torch's own Python registrations are not."""
-    from objcache.integrations.torch import custom_ops
+    from objcache.integrations.torch.remote import custom_ops
 
     gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
     assert custom_ops.graph_identity(gm) == ()
@@ -130,7 +130,7 @@ def test_attention_backends_turned_off_are_in_every_graph_s_key() -> None:
     process with torch's defaults keeps torch's keys)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from objcache.integrations.torch import custom_ops
+    from objcache.integrations.torch.remote import custom_ops
 
     class Details:
         def __init__(self, gm: Any) -> None:
