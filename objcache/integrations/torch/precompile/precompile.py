@@ -196,8 +196,7 @@ def _wrap_should_save_cache(original: Callable[..., bool], bundled: Callable[[],
                 context.__dict__.setdefault("_objcache_unsaveable", "no_output_code")
         return False
 
-    should_save.__objcache__ = True  # type: ignore[attr-defined]
-    should_save.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(should_save, original)
     return should_save
 
 
@@ -213,8 +212,7 @@ def _on_first_wrap(original: Callable[..., Any]) -> Any:
             _patch_graph_compile()
         return call(self, *args, **kwargs)
 
-    __call__.__objcache__ = True  # type: ignore[attr-defined]
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(__call__, original)
     return __call__
 
 
@@ -222,8 +220,9 @@ _graph_compile_patched: list[bool] = []
 
 
 def _patch_graph_compile() -> None:
-    """Patch ``graph_compile._should_save_cache`` (:func:`_wrap_should_save_cache`) once,
-    while the part is on; a torch without it is left as it is."""
+    """Patch ``graph_compile._should_save_cache`` (:func:`_wrap_should_save_cache`) and
+    Dynamo's ``invoke_and_store_as_constant`` (:func:`_wrap_assumed_constant`) once, while
+    the part is on; a torch without them is left as it is."""
     with lock:
         if _graph_compile_patched or not _patched:
             return
@@ -237,6 +236,35 @@ def _patch_graph_compile() -> None:
         if callable(should_save) and callable(bundled):
             wrapped = _wrap_should_save_cache(should_save, bundled)
             _patch(graph_compile, "_should_save_cache", wrapped)
+        try:
+            import torch._dynamo.variables.functions as functions
+            import torch._dynamo.variables.nn_module as nn_module
+        except Exception:
+            return
+        invoke = getattr(functions, "invoke_and_store_as_constant", None)
+        if callable(invoke):
+            assumed = _wrap_assumed_constant(invoke)
+            for module in (functions, nn_module):  # nn_module binds the name at its import
+                if module.__dict__.get("invoke_and_store_as_constant") is invoke:
+                    _patch(module, "invoke_and_store_as_constant", assumed)
+
+
+def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:
+    """Dynamo calls a function marked ``torch.compiler.assume_constant_result`` while it
+    traces and bakes its result into the code with no guard: the user's promise that it is
+    constant holds within a process, not across machines (a core count, a world size read
+    from the environment). A frame that called one of the program's is not saved
+    (``unsaved:assumed_constant``); torch's own (``is_compile_supported``) are left alone."""
+
+    def invoke(tx: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        module = str(getattr(fn, "__module__", "") or "")
+        package = getattr(getattr(tx, "output", None), "package", None)
+        if package is not None and not (module == "torch" or module.startswith("torch.")):
+            package.__dict__.setdefault("_objcache_unsaveable", "assumed_constant")
+        return original(tx, fn, *args, **kwargs)
+
+    marked(invoke, original)
+    return invoke
 
 
 def _is_output_code(fn: Any) -> bool:

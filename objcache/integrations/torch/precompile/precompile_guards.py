@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     compile_settings,
     hash_order,
@@ -57,8 +58,7 @@ def wrap_check_init(original: Callable[..., None], dynamo_config: Any) -> Any:
         with dynamo_config.patch(caching_precompile=False):
             original(self, *args, **kwargs)
 
-    __init__.__objcache__ = True  # type: ignore[attr-defined]
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(__init__, original)
     return __init__
 
 
@@ -122,8 +122,7 @@ def wrap_serialize_guards(
         superseded_codes.record(state, superseded_codes.shapes_of(output_graph))
         return state
 
-    serialize_guards.__objcache__ = True  # type: ignore[attr-defined]
-    serialize_guards.__wrapped__ = original  # type: ignore[attr-defined]
+    marked(serialize_guards, original)
     return serialize_guards
 
 
@@ -211,7 +210,7 @@ def wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
             _state_records[id(state)] = records
         return state
 
-    load_guards_state.__objcache__ = True  # type: ignore[attr-defined]
+    marked(load_guards_state)
     return load_guards_state
 
 
@@ -269,7 +268,7 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
         counters["portable_guards"] += len(portable)
         return manager
 
-    load_guard_manager.__objcache__ = True  # type: ignore[attr-defined]
+    marked(load_guard_manager)
     return load_guard_manager
 
 

@@ -163,6 +163,18 @@ def reduces_to_its_input(x):
 
 
 check("graph_without_code", reduces_to_its_input, x)
+
+
+@torch.compiler.assume_constant_result
+def assumed_scale():
+    return float(os.environ["SCALE"])
+
+
+def assumed_constant(x):
+    return x * assumed_scale()
+
+
+check("assumed_constant", assumed_constant, x)
 print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_entry.counters)}))
 """
 
@@ -198,6 +210,15 @@ def test_the_writer_runs_every_class_and_cannot_save_unnamed_code(
     ``unsaved:no_output_code``)."""
     assert all(first_machine["results"].values()), first_machine
     assert first_machine["precompile"].get("package_error", 0) >= 1, first_machine
+
+
+def test_a_trace_that_called_an_assumed_constant_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """Dynamo bakes the result of an ``assume_constant_result`` function in with no guard:
+    constant in one process, not on every machine (the differing reader below has another
+    ``SCALE``), so such a frame is not saved."""
+    assert first_machine["precompile"].get("unsaved:assumed_constant", 0) >= 1, first_machine
 
 
 def test_a_trace_that_read_this_processs_hash_order_is_not_saved(
