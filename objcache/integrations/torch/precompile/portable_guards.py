@@ -998,7 +998,11 @@ def check_for(
 
 #: A record as :func:`check_for` reads it: root, steps, identity, kind, source.
 _Parsed = tuple[str, tuple[Step, ...], str, str, str]
-_Seal = tuple[int | None, tuple[tuple[Any, Any], ...]]
+#: A sealed container's dicts (itself and those nested in it) with their version tags, and
+#: its functions with their code (:func:`_seal`).
+_Seal = tuple[tuple[tuple[Any, int], ...], tuple[tuple[Any, Any], ...]]
+#: How deep dicts nested in a dict are compared (a registry of per-model dicts).
+_NESTED_DICTS = 2
 
 
 @dataclasses.dataclass
@@ -1045,7 +1049,8 @@ class _Snapshot:
 
     pick: Callable[[tuple[Any, ...]], tuple[Any, ...]]
     objects: tuple[Any, ...]
-    dicts: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    #: the sealed dicts (a record's own and those nested in it) and their version tags
+    dicts: tuple[Any, ...]
     versions: list[int]
     functions: tuple[Any, ...]
     codes: tuple[Any, ...]
@@ -1054,7 +1059,7 @@ class _Snapshot:
     def holds(self, values: tuple[Any, ...]) -> bool:
         if not all(map(operator.is_, self.pick(values), self.objects)):
             return False
-        if self.dicts is not None and list(map(_READER[0], self.dicts(values))) != self.versions:
+        if self.dicts and list(map(_READER[0], self.dicts)) != self.versions:
             return False
         return all(map(operator.is_, map(_CODE_OF, self.functions), self.codes))
 
@@ -1085,13 +1090,13 @@ def _index_stable(
         return
     kept = set(keep)
     seals = [(i, seal) for i in keep if (seal := sealed[i]) is not None]
-    dicts = [i for i, seal in seals if seal[0] is not None]
+    dicts = [pair for _, seal in seals for pair in seal[0]]
     pairs = [pair for _, seal in seals for pair in seal[1]]
     same[0] = _Snapshot(
         pick=_picker(keep),
         objects=tuple(passed[i] for i in keep),
-        dicts=_picker(dicts) if dicts else None,
-        versions=[seal[0] for _, seal in seals if seal[0] is not None],
+        dicts=tuple(d for d, _ in dicts),
+        versions=[version for _, version in dicts],
         functions=tuple(fn for fn, _ in pairs),
         codes=tuple(code for _, code in pairs),
         others=[i for i in range(len(stable)) if i not in kept],
@@ -1100,27 +1105,48 @@ def _index_stable(
 
 def _seal(value: Any) -> _Seal | None:
     """How a container of unchanging items that passed is known unchanged at the next call
-    without naming its items again: a tuple never changes; a dict while its version tag
-    (PEP 509, changed by every insert, delete or rebinding of a key) stays the same; an
-    ``OrderedDict`` of two or more items never (``move_to_end`` reorders it with no new
-    version). Its Python functions are kept with their code, compared too. None where there
-    is no such way (a list; no version reader in this torch)."""
+    without naming its items again: a tuple never changes; a dict, and each dict nested in
+    it, while its version tag (PEP 509, changed by every insert, delete or rebinding of a
+    key) stays the same; an ``OrderedDict`` of two or more items never (``move_to_end``
+    reorders it with no new version). Its Python functions are kept with their code,
+    compared too. None where there is no such way (a list; no version reader in this torch)."""
+    dicts: list[tuple[Any, int]] = []
+    codes: list[tuple[Any, Any]] = []
     if isinstance(value, tuple):
-        version, items = None, value
+        codes.extend((v, v.__code__) for v in value if isinstance(v, types.FunctionType))
     elif isinstance(value, dict) and (reader := _version_reader()) is not None:
-        if type(value) is not dict and len(value) > 1:
+        if not _versioned(value, reader, dicts, codes, 0):
             return None
-        version, items = reader(value), tuple(value.values())
     else:
         return None
-    codes = tuple((v, v.__code__) for v in items if isinstance(v, types.FunctionType))
-    return version, codes
+    return tuple(dicts), tuple(codes)
+
+
+def _versioned(
+    value: Any,
+    reader: Callable[[Any], int],
+    dicts: list[tuple[Any, int]],
+    codes: list[tuple[Any, Any]],
+    depth: int,
+) -> bool:
+    """Collect ``value``'s and its nested dicts' version tags and its functions' code
+    (:func:`_seal`); False where one cannot be sealed."""
+    if (type(value) is not dict and len(value) > 1) or depth > _NESTED_DICTS:
+        return False
+    dicts.append((value, reader(value)))
+    for v in value.values():
+        if isinstance(v, dict):
+            if not _versioned(v, reader, dicts, codes, depth + 1):
+                return False
+        elif isinstance(v, types.FunctionType):
+            codes.append((v, v.__code__))
+    return True
 
 
 def _unchanged(value: Any, seal: _Seal) -> bool:
     """Whether the very container :func:`_seal` sealed still holds what it held then."""
-    version, codes = seal
-    if version is not None and _READER[0](value) != version:
+    dicts, codes = seal
+    if dicts and any(_READER[0](d) != version for d, version in dicts):
         return False
     return all(fn.__code__ is code for fn, code in codes)
 
@@ -1175,10 +1201,11 @@ def _item(value: Any) -> tuple[Any, ...]:
     return (type(value), same, getattr(value, "__code__", None))
 
 
-def _shallow(value: Any) -> tuple[Any, ...] | None:
+def _shallow(value: Any, depth: int = 0) -> tuple[Any, ...] | None:
     """A dict's items, or a tuple's or list's, as a tuple that compares equal only while
-    the container holds the very same keys and values (a function's code included), or None
-    where a value could change inside (a list, a nested dict, an instance): such a container
+    the container holds the very same keys and values (a function's code included; a dict
+    nested in a dict by its own items), or None where a value could change inside (a list,
+    an instance): such a container
     is named again at every call. Module hook dicts, usually empty, are checked in O(1) this
     way; a tuple rebuilt at every call with the same items passes without being named."""
     if not isinstance(value, dict | tuple | list) or len(value) > MAX_DICT:
@@ -1186,7 +1213,15 @@ def _shallow(value: Any) -> tuple[Any, ...] | None:
     items: list[Any] = [type(value)]
     if isinstance(value, dict):
         for k, v in value.items():
-            if not _unchanging(v) or not isinstance(k, _CONSTANTS):
+            if not isinstance(k, _CONSTANTS):
+                return None
+            if isinstance(v, dict) and depth < _NESTED_DICTS:
+                inner = _shallow(v, depth + 1)
+                if inner is None:
+                    return None
+                items.append((_item(k), inner))
+                continue
+            if not _unchanging(v):
                 return None
             items.append((_item(k), _item(v)))
         return tuple(items)

@@ -840,3 +840,26 @@ def test_a_container_that_passed_as_it_is_is_known_unchanged_until_it_changes() 
     assert not check({})
     names[1] = "y"
     assert check({})
+
+
+def test_a_dict_of_dicts_is_sealed_with_the_dicts_inside_it() -> None:
+    """A registry of per-model dicts (transformers' ``_CAN_RECORD_REGISTRY``) passes without
+    being named again while neither it nor a dict in it changed; a change inside fails."""
+
+    class Registry(dict):  # type: ignore[type-arg]
+        pass
+
+    inner = {"attentions": _double, "hidden": 1}
+    registry = Registry(model=inner)
+    record = pg.Portable("G['R']", "TYPE_MATCH", pg.identity(registry) or "")
+    assert record.identity
+    check = pg.check_for((record,), {"R": registry})
+    assert check({}) and check({}) and check({})
+    inner["hidden"] = 2
+    assert not check({})
+    inner["hidden"] = 1
+    assert check({})
+    inner["attentions"] = _cube
+    assert not check({})
+    inner["attentions"] = _double
+    assert check({}) and check({})
