@@ -200,7 +200,7 @@ def _registered_by_torch(name: str, key: str) -> bool:
         dump = str(torch._C._dispatch_dump(name))
     except Exception:
         return False
-    home = os.path.dirname(torch.__file__)
+    home = os.path.dirname(torch.__file__) + os.sep  # not torchvision's, beside it
     for line in dump.splitlines():
         if line.startswith(f"{key}:") or line.startswith(f"{key}[alias]:"):
             # only Python registrations are in ``_impls``: torch's come from its package

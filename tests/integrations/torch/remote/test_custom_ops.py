@@ -147,3 +147,22 @@ def test_attention_backends_turned_off_are_in_every_graph_s_key() -> None:
     assert math_only.__dict__[custom_ops.FIELD] == (
         ("sdp_backends_off", "flash,mem_efficient,cudnn"),
     )
+
+
+def test_a_registration_from_a_package_beside_torch_is_the_program_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's own registrations come from its package's folder; one from a package whose
+    folder merely starts with the same letters (``torchvision``) is not torch's."""
+    import os
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    home = os.path.dirname(torch.__file__)
+    dumps = {
+        "aten::own": f"CompositeImplicitAutograd: registered at {home}/_decomp/x.py:3 :: ()",
+        "aten::beside": f"CompositeImplicitAutograd: registered at {home}vision/ops.py:3 :: ()",
+    }
+    monkeypatch.setattr(torch._C, "_dispatch_dump", lambda name: dumps[name])
+    assert custom_ops._registered_by_torch("aten::own", "CompositeImplicitAutograd")
+    assert not custom_ops._registered_by_torch("aten::beside", "CompositeImplicitAutograd")
