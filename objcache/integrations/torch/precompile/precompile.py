@@ -177,10 +177,11 @@ def _wrap_create_resume(original: Callable[..., Any]) -> Any:
 def _wrap_should_save_cache(original: Callable[..., bool], bundled: Callable[[], bool]) -> Any:
     """Under caching precompile torch bundles every AOTAutograd result with its compiled
     code and asserts each is Inductor's ``OutputCode``; a graph Inductor never compiles (one
-    that reduces to its inputs, ``x * 1.0``) hands back a plain method, and torch 2.13-2.15
-    raise ``AssertionError: expected OutputCode`` out of the user's call (plain torch with
-    ``TORCH_CACHING_PRECOMPILE=1`` too). Such a graph gets no cache entry, its frame's
-    package is never saved (``unsaved:no_output_code``), and the compile goes on."""
+    that reduces to its inputs, ``x * 1.0``) hands back a plain method, and torch 2.14 and
+    2.15 raise ``AssertionError: expected OutputCode`` out of the user's call (plain torch
+    with ``TORCH_CACHING_PRECOMPILE=1`` too; 2.13.0 ran ``x * 1.0`` without it). Such a
+    graph gets no cache entry, its frame's package is never saved
+    (``unsaved:no_output_code``), and the compile goes on."""
 
     def should_save(*compiled: Any) -> bool:
         if not original(*compiled):
