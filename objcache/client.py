@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from objcache import stores
+from objcache import prefetch_process, stores
 from objcache.backends.base import ObjectInfo, PutMode
 from objcache.backends.fs import FsBackend
 from objcache.bridge import Bridge, BridgeTimeout
@@ -41,6 +41,7 @@ from objcache.core.writes import Remote, Written
 from objcache.entry.layout import Namespace
 from objcache.observe import keycards, process_stats
 from objcache.observe.publish import publish
+from objcache.prefetch_process import PrefetchProcess
 from objcache.run_observer import RunObserver
 
 log = logging.getLogger("objcache")
@@ -100,10 +101,25 @@ class Client:
         self._closed = False
         self.job = config.job or default_job_name()
         self.prefetch_result: concurrent.futures.Future[dict[str, Any]] | None = None
+        #: The prefetch's own process, where it runs in one (objcache/prefetch_process.py).
+        self.prefetch_process: PrefetchProcess | None = None
         if config.prefetch and any(t.readable for t in self.cache.remotes):
-            self.prefetch_result = self.bridge.submit(lambda: prefetch(self.cache, self.job))
+            self.prefetch_result = self._start_prefetch()
             self.prefetch_result.add_done_callback(self._prefetch_done)
         self.observer = RunObserver(config, self.cache, self.bridge)
+
+    def _start_prefetch(self) -> concurrent.futures.Future[dict[str, Any]]:
+        """The start-up prefetch: in a child process from a network store (on another core,
+        docs/architecture.md, "The prefetch in its own process"), else on the bridge."""
+        if prefetch_process.wanted(self.config):
+            try:
+                self.prefetch_process = PrefetchProcess(
+                    self.cache, self.bridge, self.config, self.job
+                )
+                return self.prefetch_process.future
+            except Exception as exc:  # no child to be had (fork refused, ...): in-process
+                log.debug("objcache: no prefetch process: %r", exc)
+        return self.bridge.submit(lambda: prefetch(self.cache, self.job))
 
     def _run(self, factory: Callable[[], Coroutine[Any, Any, T]], default: T) -> T:
         try:
@@ -228,11 +244,18 @@ class Client:
         """Read-modify-write of a record: local now, remote tiers in the background."""
         self._run(lambda: tiered_records.update_record(self.cache, kind, key, change), None)
 
-    def get_candidates(self, kind: str, key: str) -> list[Candidate]:
-        """Every verified guarded candidate of ``key``, local first (a LIST, then GETs)."""
+    def get_candidates(
+        self, kind: str, key: str, *, prefetched_only: bool = False
+    ) -> list[Candidate]:
+        """Every verified guarded candidate of ``key``, local first (a LIST, then GETs);
+        ``prefetched_only``: those the start-up prefetch brought, from the local tier only
+        (objcache/core/candidates.py)."""
         try:
             return self.bridge.call(
-                lambda: candidates.get_candidates(self.cache, kind, key), 2 * self.call_timeout_s
+                lambda: candidates.get_candidates(
+                    self.cache, kind, key, prefetched_only=prefetched_only
+                ),
+                2 * self.call_timeout_s,
             )
         except BridgeTimeout:
             self.timeouts += 1
@@ -271,6 +294,8 @@ class Client:
             return
         self._closed = True
         t = self.config.flush_timeout_s
+        if self.prefetch_process is not None:
+            self.prefetch_process.stop()
 
         async def finish() -> int:
             if self.prefetch_result is not None and not self.prefetch_result.done():

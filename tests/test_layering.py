@@ -37,7 +37,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("objcache.backends",)),
     ("observe", ("objcache.observe",)),
     ("core", ("objcache.core",)),
-    ("client", ("objcache.client", "objcache.bridge", "objcache.run_observer", "objcache.stores")),
+    (
+        "client",
+        (
+            "objcache.client",
+            "objcache.bridge",
+            "objcache.prefetch_process",
+            "objcache.run_observer",
+            "objcache.stores",
+        ),
+    ),
     (
         "integration helpers",
         ("objcache.integrations.patching", "objcache.integrations.cache_client"),

@@ -192,6 +192,14 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
+    prefetch_process: bool = _opt(
+        "OBJCACHE_PREFETCH_PROCESS",
+        "Run the start-up prefetch from a network store (S3, GCS, Redis) in a child process, "
+        "on another core, so that its requests, decoding and writes never take the "
+        "interpreter from the compile it overlaps; lookups wait for the entries it brings. "
+        'See docs/architecture.md, "The prefetch in its own process".',
+        default=True,
+    )
     node_single_flight: bool = _opt(
         "OBJCACHE_NODE_SINGLE_FLIGHT",
         "Processes sharing the local dir (the ranks of a node) fetch each missing entry once: "

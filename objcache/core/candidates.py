@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from objcache.core.lookup_log import new_trail
+from objcache.core.tier import Tier
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import write
 from objcache.observe.metrics import LOOKUP_TRAIL
@@ -46,6 +47,7 @@ async def get_candidates(
     limit: int = MAX_CANDIDATES,
     concurrency: int = CANDIDATE_FETCHES,
     include_single: bool = True,
+    prefetched_only: bool = False,
 ) -> list[Candidate]:
     """Every verified candidate of ``key``: local tier first, then remote, newest first.
 
@@ -57,7 +59,17 @@ async def get_candidates(
     fetched (local ones first, then the newest remote ones), ``concurrency`` at a time.
     Nothing is written through here: the caller adopts the candidates it uses
     (:func:`adopt_candidate`).
+
+    With ``prefetched_only``, a key whose candidates the job's manifests listed is answered
+    from the local tier alone, once the start-up prefetch brought them (waiting, bounded,
+    for those still on their way): no remote LIST or GET on a far store for what the
+    prefetch listed a moment ago. The caller asks again without it if none of them fits
+    (docs/architecture.md, "Guarded candidates"). Empty where the manifests listed none.
     """
+    if prefetched_only and (
+        cache.local is None or not cache.prefetched_under(cache.namespace.object_prefix(kind, key))
+    ):
+        return []  # not a lookup: the caller asks every tier
     cache.stats.gets[kind] += 1
     # the folder stands for every candidate in it (manifest.record_run: the order of need)
     cache.note_asked(cache.namespace.object_prefix(kind, key))
@@ -65,7 +77,10 @@ async def get_candidates(
     trail = new_trail()
     token = LOOKUP_TRAIL.set(trail)
     try:
-        candidates = await _get_candidates(cache, kind, key, limit, concurrency, include_single)
+        if prefetched_only:
+            candidates = await _prefetched_candidates(cache, kind, key, limit, concurrency)
+        else:
+            candidates = await _get_candidates(cache, kind, key, limit, concurrency, include_single)
     finally:
         LOOKUP_TRAIL.reset(token)
     if candidates:
@@ -85,11 +100,34 @@ async def get_candidates(
     return candidates
 
 
+async def _prefetched_candidates(
+    cache: TieredCache, kind: str, key: str, limit: int, concurrency: int
+) -> list[Candidate]:
+    assert cache.local is not None
+    # those still on their way: wait for them (bounded), as a lookup does
+    for okey in cache.prefetched_under(cache.namespace.object_prefix(kind, key)):
+        elsewhere = cache.prefetch_elsewhere
+        if elsewhere is not None and elsewhere.pending(okey):
+            await elsewhere.wait(okey)
+        elif cache.fetching(okey):
+            await cache.get_object(okey)
+    return await _get_candidates(
+        cache, kind, key, limit, concurrency, include_single=False, tiers=[cache.local]
+    )
+
+
 async def _get_candidates(
-    cache: TieredCache, kind: str, key: str, limit: int, concurrency: int, include_single: bool
+    cache: TieredCache,
+    kind: str,
+    key: str,
+    limit: int,
+    concurrency: int,
+    include_single: bool,
+    tiers: list[Tier] | None = None,
 ) -> list[Candidate]:
     prefix = cache.namespace.object_prefix(kind, key)
-    tiers = [t for t in cache.tiers if t.readable and not t.breaker_open()]
+    if tiers is None:
+        tiers = [t for t in cache.tiers if t.readable and not t.breaker_open()]
     # The key's single value too (seeded entries, writers with candidates off), fetched
     # alongside the listings: no extra round trip on the critical path.
     single_okey = cache.namespace.object_key(kind, key)

@@ -216,6 +216,7 @@ async def prefetch(
     progress: Callable[[int], None] | None = None,
     planned: Callable[[int], None] | None = None,
     byte_budget: int = 0,
+    timeline: PrefetchTimeline | None = None,
 ) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
@@ -229,9 +230,11 @@ async def prefetch(
     ``byte_budget`` (0: none): no fetch starts while the entries fetched but not yet
     written to the local tier hold more bytes than this (a bulk pull's many fetches in
     flight must not pile large entries up in memory faster than the disk takes them).
+    ``timeline``: the time line to keep (default: a new one); a prefetch run for another
+    process passes one that relays each step to it (objcache/prefetch_process.py).
     """
     started = time.perf_counter()
-    timeline = cache.prefetch_timeline = PrefetchTimeline()
+    timeline = cache.prefetch_timeline = timeline or PrefetchTimeline()
     keys, names, need = await read_job_ordered(cache, job)
     cache.prefetched = set(keys)
     missing = await _absent_locally(cache, keys)
@@ -239,7 +242,7 @@ async def prefetch(
     absent = set(missing)
     for okey in keys:
         if okey not in absent:
-            _tell(cache, okey, None)
+            tell(cache, okey, None)
     # In the order the job's runs first asked for each key (the first graph's entries
     # first); ranks of a node still fetch in different orders within each window and leave
     # a key another rank is fetching to it (its lease), so together they fetch each about once.
@@ -266,7 +269,7 @@ async def prefetch(
             timeline.arrive(okey, size, tier, elsewhere=tier == LEASED_ELSEWHERE)
             if payload is not None:
                 cache.stats.prefetch_fetched[tier] += 1
-                _tell(cache, okey, payload)
+                tell(cache, okey, payload)
             fetched_bytes += size or 0
         if progress is not None:
             progress(size or 0)
@@ -296,7 +299,7 @@ async def prefetch(
     }
 
 
-def _tell(cache: TieredCache, okey: str, payload: bytes | None) -> None:
+def tell(cache: TieredCache, okey: str, payload: bytes | None) -> None:
     """Tell the prefetch's listeners ``okey`` arrived (``payload``) or is local (None); a
     listener that raises is dropped."""
     for listener in list(cache.prefetch_listeners):

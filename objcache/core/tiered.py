@@ -29,6 +29,7 @@ from objcache.core.fetch_once.leased_lookup import claim, let_go
 from objcache.core.fetch_once.nodelease import Lease, NodeLeases
 from objcache.core.fetch_once.singleflight import SingleFlight
 from objcache.core.lookup_log import LookupLog, new_trail
+from objcache.core.prefetch_elsewhere import PrefetchElsewhere
 from objcache.core.read_decision import (
     BREAKER,
     HIT,
@@ -109,6 +110,10 @@ class TieredCache:
         self.recorded: set[str] = set()
         #: Object keys the job's manifests listed at start-up.
         self.prefetched: set[str] = set()
+        self._folders: dict[str, list[str]] = {}
+        #: Records this process has read once (objcache/core/tiered_records.py).
+        self.records_read: set[str] = set()
+        self._folders_of: set[str] | None = None
         #: Object keys in the order this process first looked each up, or wrote one no
         #: lookup asked for, and candidate folders (``<key>!/``) in the order it listed them
         #: (at most :data:`MAX_ASKED`): the order a manifest asks the next machine to fetch
@@ -126,6 +131,12 @@ class TieredCache:
         self.landing_bytes = 0
         #: Called each time such a write-through ends (a prefetch waiting for room).
         self.on_landed: Callable[[], None] | None = None
+        #: Called with the object key each time such a write-through ends (landed or not):
+        #: a prefetch run for another process tells it the entry is done with.
+        self.on_landed_key: Callable[[str], None] | None = None
+        #: A start-up prefetch another process runs into the local tier, whose entries a
+        #: lookup waits for (objcache/core/prefetch_elsewhere.py); None: none.
+        self.prefetch_elsewhere: PrefetchElsewhere | None = None
         #: The lookup lines (objcache/core/lookup_log.py).
         self.lookups = LookupLog()
         #: The start-up prefetch's time line, once one started (objcache/core/manifest.py).
@@ -198,6 +209,22 @@ class TieredCache:
             self.recorded.add(okey)
         return result
 
+    def prefetched_under(self, prefix: str) -> list[str]:
+        """The keys the job's manifests listed under candidate folder ``prefix`` (a folder's
+        index built once per manifest set)."""
+        if self._folders_of is not self.prefetched:
+            folders: dict[str, list[str]] = {}
+            for okey in self.prefetched:
+                cut = okey.rfind("!/")
+                if cut >= 0:
+                    folders.setdefault(okey[: cut + 2], []).append(okey)
+            self._folders, self._folders_of = folders, self.prefetched
+        return self._folders.get(prefix, [])
+
+    def landing_pending(self, okey: str) -> bool:
+        """Whether a remote hit of ``okey`` is still being written to the local tier."""
+        return okey in self._landing
+
     def note_asked(self, okey: str) -> None:
         """Remember that a lookup asked for ``okey`` (the first time only; bounded)."""
         if okey not in self.asked and len(self.asked) < MAX_ASKED:
@@ -215,6 +242,10 @@ class TieredCache:
             landing = self._landing.get(okey)
             if landing is not None:
                 return landing, self.local.name
+            if self.prefetch_elsewhere is not None and not absent_locally:
+                # the entry may be on its way from the prefetch's process: wait (bounded)
+                # rather than fetch it a second time, then look locally as always
+                await self.prefetch_elsewhere.wait(okey)
             if self._leased():
                 assert self.leases is not None and self.local_store is not None
                 verify = functools.partial(self.verify, self.local)
@@ -389,6 +420,8 @@ class TieredCache:
             self.landing_bytes -= len(entry) + len(payload)
             if self.on_landed is not None:
                 self.on_landed()
+            if self.on_landed_key is not None:
+                self.on_landed_key(okey)
 
     async def write_through(self, okey: str, entry: bytes, lease: Lease | None = None) -> None:
         """A verified remote entry into the local tier (OVERWRITE), letting go of the key's
@@ -451,7 +484,7 @@ class TieredCache:
         return left
 
     def stats_dict(self) -> dict[str, Any]:
-        return {
+        stats = {
             "env": self.namespace.env,
             "cache": self.stats.as_dict(),
             "write_behind_pending": len(self._writes),
@@ -460,3 +493,6 @@ class TieredCache:
                 for t in self.tiers
             ],
         }
+        if self.prefetch_elsewhere is not None:
+            stats["prefetch_process"] = self.prefetch_elsewhere.as_dict()
+        return stats

@@ -17,6 +17,15 @@ async def get_record(cache: TieredCache, kind: str, key: str) -> bytes | None:
     cache.stats.gets[kind] += 1
     okey = cache.namespace.object_key(kind, key)
     cap = cache.caps.for_kind(kind)
+    if okey in cache.prefetched and okey not in cache.records_read:
+        # The start-up prefetch read it from the store a moment ago: its first read in this
+        # process is that copy, from the local tier, not a far round trip on the compile's
+        # path (docs/architecture.md, "Records"); later reads ask the remote tiers again.
+        cache.records_read.add(okey)
+        payload = await _prefetched_copy(cache, okey, cap)
+        if payload is not None:
+            cache.stats.hits[kind] += 1
+            return payload
     hit = await cache.race_remotes(okey, cap)
     payload = hit[2] if hit is not None else None
     if payload is None and cache.local is not None:
@@ -25,7 +34,22 @@ async def get_record(cache: TieredCache, kind: str, key: str) -> bytes | None:
             payload = await cache.verify(cache.local, okey, entry)
     if payload is not None:
         cache.stats.hits[kind] += 1
+        cache.recorded.add(okey)  # the next start's prefetch brings it (core/manifest.py)
     return payload
+
+
+async def _prefetched_copy(cache: TieredCache, okey: str, cap: int) -> bytes | None:
+    """The local copy of a record the start-up prefetch brought (waiting, bounded, for one
+    still on its way), verified; None if there is none."""
+    if cache.local is None:
+        return None
+    elsewhere = cache.prefetch_elsewhere
+    if elsewhere is not None and elsewhere.pending(okey):
+        await elsewhere.wait(okey)
+    elif cache.fetching(okey):
+        await cache.get_object(okey)
+    entry, _ = await cache.local.get(okey, cap)
+    return None if entry is None else await cache.verify(cache.local, okey, entry)
 
 
 async def update_record(cache: TieredCache, kind: str, key: str, change: Change) -> None:

@@ -185,7 +185,14 @@ def test_lookup_during_prefetch_joins_the_fetch(
     proxy.set_rtt_ms(200)
     url = s3_url(seaweed_s3, prefix, endpoint_url=proxy.url())
     client = Client(
-        Config(tiers=url, local_dir=tmp_path / "fresh", prefetch=True, job=job, timeout_ms=15_000)
+        Config(
+            tiers=url,
+            local_dir=tmp_path / "fresh",
+            prefetch=True,
+            prefetch_process=False,  # in this process: its fetch is the one a lookup joins
+            job=job,
+            timeout_ms=15_000,
+        )
     )
     try:
         target = "graph-15"

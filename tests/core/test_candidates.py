@@ -8,9 +8,11 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
+from objcache.backends.base import ObjectInfo
 from objcache.core.candidates import candidate_digest, get_candidates
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier
@@ -64,3 +66,37 @@ async def test_a_remote_candidate_over_its_cap_is_not_transferred() -> None:
     mem(remote).data[okey] = CODEC.encode(payload, okey)
     assert await get_candidates(cache, "fx-graph", "k", include_single=False) == []
     assert remote.stats.bytes_read == 0 and remote.stats.misses["too_large"] == 1
+
+
+async def test_prefetched_candidates_come_from_the_local_tier_without_a_remote_listing() -> None:
+    """The candidates the job's manifests listed are handed over from the local tier alone:
+    no remote LIST or GET for them; a key the manifests did not list is not answered here
+    (the caller asks every tier)."""
+
+    class Listing(MemoryBackend):
+        lists = 0
+
+        async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+            Listing.lists += 1
+            async for info in super().list(prefix):
+                yield info
+
+    local = tier("mem://local")
+    remote = Tier(Listing("mem://far"), RetryPolicy(timeout_s=5), CircuitBreaker(3, 60))
+    cache = TieredCache(local, [remote], CODEC, NS)
+    keys = {}
+    for payload, where in ((b"prefetched", local), (b"written-elsewhere-since", remote)):
+        okey = NS.candidate_key("fx-graph", "k", candidate_digest(payload))
+        mem(where).data[okey] = CODEC.encode(payload, okey)
+        keys[payload] = okey
+    mem(remote).data[keys[b"prefetched"]] = mem(local).data[keys[b"prefetched"]]
+    cache.prefetched = {keys[b"prefetched"]}
+
+    found = await get_candidates(cache, "fx-graph", "k", prefetched_only=True)
+    assert [c.payload for c in found] == [b"prefetched"] and found[0].local
+    assert Listing.lists == 0 and remote.stats.hits == 0
+    assert await get_candidates(cache, "fx-graph", "other", prefetched_only=True) == []
+    assert cache.stats.gets["fx-graph"] == 1  # the unlisted key's call was no lookup
+    everywhere = await get_candidates(cache, "fx-graph", "k")  # what the caller asks next
+    assert {c.payload for c in everywhere} == {b"prefetched", b"written-elsewhere-since"}
+    assert Listing.lists == 1

@@ -62,3 +62,20 @@ async def test_records_are_counted_per_lookup_and_a_corrupt_local_one_is_a_miss(
     store.store.write(okey, b"garbage", PutMode.OVERWRITE)
     await update_record(cache, "pgo", "r", appending(b"d"))
     assert cache.stats.records_unreadable == Counter({"pgo": 2})
+
+
+async def test_a_start_s_first_read_of_a_prefetched_record_is_the_local_copy() -> None:
+    """The record a run read is listed for the next start's prefetch; that start's first
+    read is the prefetched copy (no far round trip), its later reads ask the remotes."""
+    local, remote = tier("mem://local"), tier("mem://far")
+    cache = TieredCache(local, [remote], CODEC, NS)
+    okey = NS.object_key("pgo", "r")
+    mem(local).data[okey] = CODEC.encode(b"as prefetched", okey)
+    mem(remote).data[okey] = CODEC.encode(b"updated since", okey)
+    cache.prefetched = {okey}
+    assert await get_record(cache, "pgo", "r") == b"as prefetched"
+    assert remote.stats.hits == 0
+    assert await get_record(cache, "pgo", "r") == b"updated since"
+    assert okey in cache.recorded  # listed in this run's manifest
+    unlisted = TieredCache(tier("mem://l2"), [remote], CODEC, NS)
+    assert await get_record(unlisted, "pgo", "r") == b"updated since"

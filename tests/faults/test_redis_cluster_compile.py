@@ -27,6 +27,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
 ]
 
+#: The prefetch in the compiling process, whose tiers count what it fetched and failed to
+#: (in its own process the child's tiers count them: tests/test_prefetch_process.py).
+IN_PROCESS = {"OBJCACHE_PREFETCH_PROCESS": "0"}
 PREFIX = "failover/"
 #: Long enough that the cluster never promotes the replica on its own during the reader's
 #: job: the test promotes it (CLUSTER FAILOVER TAKEOVER) when it chooses.
@@ -72,7 +75,7 @@ def test_a_primary_killed_between_jobs_costs_misses_then_its_replica_serves(
 ) -> None:
     with RedisClusterServer(node_timeout_ms=NODE_TIMEOUT_MS) as cluster:
         cold_env = ts.compile_env(tmp_path / "cold", f"{cluster.url}?prefix={PREFIX}")
-        cold = ts.run_compile({**cold_env, **ts.PLAIN_PATH})
+        cold = ts.run_compile({**cold_env, **ts.PLAIN_PATH, **IN_PROCESS})
         assert cold["match"], cold["max_abs_err"]
         stored = ts.tier_stats(cold, "redis://")
         assert stored["puts"] > 0 and not stored["put_errors"], stored  # flushed at exit
@@ -90,7 +93,9 @@ def test_a_primary_killed_between_jobs_costs_misses_then_its_replica_serves(
         def reader(machine: str) -> dict[str, Any]:
             # the default breaker: a dead primary's keys (and the LISTs that need every
             # primary) are partial outages, which never open it for the whole cluster
-            return ts.run_compile({**ts.compile_env(tmp_path / machine, url), **ts.PLAIN_PATH})
+            return ts.run_compile(
+                {**ts.compile_env(tmp_path / machine, url), **ts.PLAIN_PATH, **IN_PROCESS}
+            )
 
         # a fresh machine while the primary is dead and not yet replaced
         during = reader("during")

@@ -98,28 +98,33 @@ def _make_iterate(kind: str, original: Callable[..., Any]) -> Callable[..., Any]
                 seen.add(_sha256(content))
                 yield value, content, in_local
         counters[f"lookups:{kind}"] += 1
-        try:
-            found = cache_client.get_client().get_candidates(kind, remote_cache._get_key(key))
-        except Exception as exc:
-            _failed(f"list candidates ({kind})", exc)
-            return
-        for candidate in found:
+        # First the candidates the start-up prefetch brought (the local tier only: no far
+        # LIST), then, if none of them fits, every tier's (objcache/core/candidates.py).
+        for prefetched_only in (True, False):
             try:
-                _, raw = serde.unpack(kind, candidate.payload)
-                if raw is None or _sha256(raw) in seen:
-                    counters[f"skipped_local_duplicates:{kind}"] += raw is not None
-                    continue
-                value = pickle.loads(raw)
+                found = cache_client.get_client().get_candidates(
+                    kind, remote_cache._get_key(key), prefetched_only=prefetched_only
+                )
             except Exception as exc:
-                _failed(f"load candidate ({kind})", exc)
-                continue
-            counters[f"candidates:{kind}"] += 1
-            seen.add(_sha256(raw))
-            _state.pending = (kind, key, candidate, raw)
-            yield value, raw, False
-            # Resumed: torch's guards refused this candidate.
-            _state.pending = None
-            counters[f"guard_misses:{kind}"] += 1
+                _failed(f"list candidates ({kind})", exc)
+                return
+            for candidate in found:
+                try:
+                    _, raw = serde.unpack(kind, candidate.payload)
+                    if raw is None or _sha256(raw) in seen:
+                        counters[f"skipped_local_duplicates:{kind}"] += raw is not None
+                        continue
+                    value = pickle.loads(raw)
+                except Exception as exc:
+                    _failed(f"load candidate ({kind})", exc)
+                    continue
+                counters[f"candidates:{kind}"] += 1
+                seen.add(_sha256(raw))
+                _state.pending = (kind, key, candidate, raw)
+                yield value, raw, False
+                # Resumed: torch's guards refused this candidate.
+                _state.pending = None
+                counters[f"guard_misses:{kind}"] += 1
 
     marked(iterate_over_candidates, original)
     return iterate_over_candidates
