@@ -16,7 +16,9 @@ config. A normal compile would have produced other code there. Two checks close 
   the float32 matmul precision. The writer records it beside each frame's guards when the
   frame is compiled (configs may change between ``torch.compile()`` and the first call); the
   reader compares it where torch checks guards, until it first holds, as a normal compile
-  fixes its settings at the frame's first compile.
+  fixes its settings at the frame's first compile. The program's own kernels of torch's ops
+  (:func:`.op_overrides.torch_overrides`) are part of it: AOTAutograd traces them with no
+  guard.
 
 Anything without a portable identity (a backend object with ``__call__``, a custom pass
 object without ``uuid()``) gives None: the entry is neither served nor saved, and the
@@ -31,7 +33,7 @@ import hashlib
 import importlib
 from typing import Any
 
-from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.precompile import op_overrides, portable_guards
 
 #: Config modules whose settings a served frame must have been compiled with.
 CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._dynamo.config")
@@ -107,7 +109,12 @@ def _state() -> Any:
         hashes = tuple(importlib.import_module(m).get_hash() for m in CONFIG_MODULES)
     except Exception:
         return None
-    return (*hashes, torch.get_float32_matmul_precision(), process_facts())
+    return (
+        *hashes,
+        torch.get_float32_matmul_precision(),
+        process_facts(),
+        op_overrides.token(),
+    )
 
 
 #: The scaled-dot-product-attention backends torch can choose between.
@@ -180,7 +187,8 @@ def process_facts() -> str:
 
 def settings_digest() -> str | None:
     """Digest of the compiler settings in effect now, or None where one has no portable
-    rendering (computed again only when torch's config hashes change)."""
+    rendering (computed again only when torch's config hashes, the process facts or the
+    program's kernels of torch's ops change)."""
     global _memo
     state = _state()
     memo = _memo
@@ -207,6 +215,9 @@ def _digest() -> str | None:
             h.update(f"{module_name}.{name}={rendered}\0".encode())
     h.update(f"matmul:{torch.get_float32_matmul_precision()}\0".encode())
     h.update(f"process:{process_facts()}\0".encode())
+    overrides = op_overrides.torch_overrides()
+    if overrides:  # none by default: the digest of a process without them is unchanged
+        h.update(f"overrides:{overrides!r}\0".encode())
     return h.hexdigest()[:32]
 
 

@@ -159,3 +159,22 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     finally:
         dist.destroy_process_group()
     assert cs.settings_digest() == before
+
+
+def test_the_settings_digest_follows_the_programs_kernels_of_torchs_ops() -> None:
+    """A Python kernel of one of torch's own ops (what a kernel-patching library registers)
+    is traced by AOTAutograd with no guard: registered, it is another digest; its library
+    removed, the digest is the one before (found again when torch's registry changes)."""
+    before = cs.settings_digest()
+    assert before is not None
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+
+        def linear(x: Any, w: Any, b: Any = None) -> Any:
+            return torch.matmul(x, w.t()) * 0 + 7.0
+
+        lib.impl("linear", linear, "CompositeImplicitAutograd")
+        assert cs.settings_digest() not in (None, before)
+    finally:
+        lib._destroy()
+    assert cs.settings_digest() == before
