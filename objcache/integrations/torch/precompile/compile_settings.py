@@ -20,6 +20,10 @@ config. A normal compile would have produced other code there. Two checks close 
   (:func:`.op_overrides.torch_overrides`) are part of it: AOTAutograd traces them with no
   guard.
 
+Dynamo's debug overrides (:data:`DEBUG_OVERRIDES`, ``TORCH_COMPILE_OVERRIDE_BACKENDS``...)
+choose another backend or settings for graphs by their number in one process: no entry is
+saved or served while one is set (:func:`debug_overrides`).
+
 Anything without a portable identity (a backend object with ``__call__``, a custom pass
 object without ``uuid()``) gives None: the entry is neither served nor saved, and the
 compile goes on normally. A lambda is named by what it does (its module, code, defaults and
@@ -40,6 +44,15 @@ CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._d
 #: Settings that only say whether or where to cache, never what code comes out: the
 #: precompile part itself turns ``caching_precompile`` off around the writer's guards.
 IGNORED = frozenset({"caching_precompile"})
+#: Dynamo's ``compile_ignored`` settings that still decide the code a graph gets: another
+#: backend, Inductor or Dynamo settings for the graphs a process numbers (a bisecting user's
+#: ``TORCH_COMPILE_OVERRIDE_BACKENDS='>=0:eager'``). Numbers another process gives other
+#: graphs: with one set, nothing is saved or served (:func:`debug_overrides`).
+DEBUG_OVERRIDES = (
+    "debug_backend_override",
+    "debug_inductor_config_override",
+    "debug_dynamo_config_override",
+)
 #: Inductor's custom pass settings: torch's FX-graph cache key takes them by ``uuid()``.
 CUSTOM_PASSES = (
     "pre_grad_custom_pass",
@@ -114,7 +127,18 @@ def _state() -> Any:
         torch.get_float32_matmul_precision(),
         process_facts(),
         op_overrides.token(),
+        debug_overrides(),
     )
+
+
+def debug_overrides() -> tuple[str, ...]:
+    """The names of Dynamo's debug overrides (:data:`DEBUG_OVERRIDES`) set in this process
+    now; empty by default. Left out of torch's config hash (``compile_ignored``), so read at
+    each check."""
+    import sys
+
+    config = sys.modules.get("torch._dynamo.config")
+    return tuple(name for name in DEBUG_OVERRIDES if getattr(config, name, None))
 
 
 #: The scaled-dot-product-attention backends torch can choose between.
@@ -187,8 +211,9 @@ def process_facts() -> str:
 
 def settings_digest() -> str | None:
     """Digest of the compiler settings in effect now, or None where one has no portable
-    rendering (computed again only when torch's config hashes, the process facts or the
-    program's kernels of torch's ops change)."""
+    rendering or a debug override is set (:func:`debug_overrides`; computed again only when
+    torch's config hashes, the process facts or the program's kernels of torch's ops
+    change)."""
     global _memo
     state = _state()
     memo = _memo
@@ -203,6 +228,8 @@ def settings_digest() -> str | None:
 def _digest() -> str | None:
     import torch
 
+    if debug_overrides():
+        return None
     h = hashlib.sha256()
     for module_name in CONFIG_MODULES:
         items = _config_items(module_name)

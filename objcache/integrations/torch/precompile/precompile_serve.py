@@ -75,6 +75,9 @@ def load(fn: Any) -> Any | None:
     if _code_of(fn) is None:
         counters["skipped:no_code"] += 1
         return None
+    if compile_settings.debug_overrides():  # checked again at each call (settings record)
+        counters["skipped:debug_override"] += 1
+        return None
     compiler = current_compiler.get()
     if compiler is _UNSET or compiler is None:
         counters[
