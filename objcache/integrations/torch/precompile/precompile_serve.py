@@ -284,6 +284,33 @@ def wrap_context_call(original: Callable[..., Any]) -> Any:
     return __call__
 
 
+def package_deepcopy(self: Any, memo: dict[int, Any]) -> Any:
+    """``CompilePackage.__deepcopy__``: the package itself. ``copy.deepcopy`` of a compiled
+    module (an EMA copy, a trainer's ``deepcopy(model)``) copies the wrapper's Dynamo context
+    and, in it, the package; torch's own copy of a package whose served entry was installed
+    raised ``cannot pickle 'module' object`` (its record of the globals it installed is keyed
+    by module). What the package describes is not the wrapper's to copy: the compiled code
+    is installed on the function's code objects and in its module's globals, which every
+    copy runs and shares (code objects are immutable), so both wrappers record their compiles
+    in the one package, saved as the one entry of that function (docs/torch.md, "Precompile
+    entries")."""
+    return self
+
+
+def package_reduce(self: Any) -> tuple[Any, tuple[()]]:
+    """``CompilePackage.__reduce__``: pickled as None. ``pickle``/``torch.save`` of a
+    compiled module raised ``cannot pickle code objects`` in every process with caching
+    precompile on (the package holds the compiled bytecode). The unpickled wrapper has no
+    package, as without the part: it compiles in its process, and nothing of the pickling
+    process's compiles travels in the file (they are objcache's entries to serve). Built by
+    ``NoneType()``, so a process without objcache unpickles it too."""
+    return type(None), ()
+
+
+marked(package_deepcopy)
+marked(package_reduce)
+
+
 def forget() -> None:
     """Drop the entries served and not initialized yet (the part's uninstall)."""
     _served.clear()
