@@ -161,6 +161,7 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     assert cs.settings_digest() == before
 
 
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")
 def test_the_settings_digest_follows_the_programs_kernels_of_torchs_ops() -> None:
     """A Python kernel of one of torch's own ops (what a kernel-patching library registers)
     is traced by AOTAutograd with no guard: registered, it is another digest; its library
