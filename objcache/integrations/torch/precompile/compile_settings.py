@@ -16,7 +16,13 @@ config. A normal compile would have produced other code there. Two checks close 
   the float32 matmul precision. The writer records it beside each frame's guards when the
   frame is compiled (configs may change between ``torch.compile()`` and the first call); the
   reader compares it where torch checks guards, until it first holds, as a normal compile
-  fixes its settings at the frame's first compile.
+  fixes its settings at the frame's first compile. The program's own kernels of torch's ops
+  (:func:`.op_overrides.torch_overrides`) are part of it: AOTAutograd traces them with no
+  guard.
+
+Dynamo's debug overrides (:data:`DEBUG_OVERRIDES`, ``TORCH_COMPILE_OVERRIDE_BACKENDS``...)
+choose another backend or settings for graphs by their number in one process: no entry is
+saved or served while one is set (:func:`debug_overrides`).
 
 Anything without a portable identity (a backend object with ``__call__``, a custom pass
 object without ``uuid()``) gives None: the entry is neither served nor saved, and the
@@ -31,13 +37,22 @@ import hashlib
 import importlib
 from typing import Any
 
-from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.precompile import op_overrides, portable_guards
 
 #: Config modules whose settings a served frame must have been compiled with.
 CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config", "torch._dynamo.config")
 #: Settings that only say whether or where to cache, never what code comes out: the
 #: precompile part itself turns ``caching_precompile`` off around the writer's guards.
 IGNORED = frozenset({"caching_precompile"})
+#: Dynamo's ``compile_ignored`` settings that still decide the code a graph gets: another
+#: backend, Inductor or Dynamo settings for the graphs a process numbers (a bisecting user's
+#: ``TORCH_COMPILE_OVERRIDE_BACKENDS='>=0:eager'``). Numbers another process gives other
+#: graphs: with one set, nothing is saved or served (:func:`debug_overrides`).
+DEBUG_OVERRIDES = (
+    "debug_backend_override",
+    "debug_inductor_config_override",
+    "debug_dynamo_config_override",
+)
 #: Inductor's custom pass settings: torch's FX-graph cache key takes them by ``uuid()``.
 CUSTOM_PASSES = (
     "pre_grad_custom_pass",
@@ -107,7 +122,23 @@ def _state() -> Any:
         hashes = tuple(importlib.import_module(m).get_hash() for m in CONFIG_MODULES)
     except Exception:
         return None
-    return (*hashes, torch.get_float32_matmul_precision(), process_facts())
+    return (
+        *hashes,
+        torch.get_float32_matmul_precision(),
+        process_facts(),
+        op_overrides.token(),
+        debug_overrides(),
+    )
+
+
+def debug_overrides() -> tuple[str, ...]:
+    """The names of Dynamo's debug overrides (:data:`DEBUG_OVERRIDES`) set in this process
+    now; empty by default. Left out of torch's config hash (``compile_ignored``), so read at
+    each check."""
+    import sys
+
+    config = sys.modules.get("torch._dynamo.config")
+    return tuple(name for name in DEBUG_OVERRIDES if getattr(config, name, None))
 
 
 #: The scaled-dot-product-attention backends torch can choose between.
@@ -180,7 +211,9 @@ def process_facts() -> str:
 
 def settings_digest() -> str | None:
     """Digest of the compiler settings in effect now, or None where one has no portable
-    rendering (computed again only when torch's config hashes change)."""
+    rendering or a debug override is set (:func:`debug_overrides`; computed again only when
+    torch's config hashes, the process facts or the program's kernels of torch's ops
+    change)."""
     global _memo
     state = _state()
     memo = _memo
@@ -195,6 +228,8 @@ def settings_digest() -> str | None:
 def _digest() -> str | None:
     import torch
 
+    if debug_overrides():
+        return None
     h = hashlib.sha256()
     for module_name in CONFIG_MODULES:
         items = _config_items(module_name)
@@ -207,6 +242,9 @@ def _digest() -> str | None:
             h.update(f"{module_name}.{name}={rendered}\0".encode())
     h.update(f"matmul:{torch.get_float32_matmul_precision()}\0".encode())
     h.update(f"process:{process_facts()}\0".encode())
+    overrides = op_overrides.torch_overrides()
+    if overrides:  # none by default: the digest of a process without them is unchanged
+        h.update(f"overrides:{overrides!r}\0".encode())
     return h.hexdigest()[:32]
 
 

@@ -352,6 +352,9 @@ def apply(package_module: Any) -> None:
                 "install",
                 precompile_serve.wrap_install(package_cls.install, initialize),
             )
+            # a compiled module deep-copies and pickles as without the part
+            _patch(package_cls, "__deepcopy__", precompile_serve.package_deepcopy)
+            _patch(package_cls, "__reduce__", precompile_serve.package_reduce)
             _patch(
                 package_cls,
                 "add_inlined_source",

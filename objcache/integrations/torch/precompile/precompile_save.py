@@ -25,6 +25,7 @@ from typing import Any
 from objcache.integrations import cache_client
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
+    compile_settings,
     portable_guards,
     precompile_entry,
     superseded_codes,
@@ -75,6 +76,9 @@ def _settle() -> None:
 
 def wrap_record_package(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def record_package(package: Any) -> None:
+        if compile_settings.debug_overrides():  # its frames' settings have no digest either
+            counters["unsaved:debug_override"] += 1
+            return
         why = package.__dict__.get("_objcache_unsaveable")
         if why:
             counters[f"unsaved:{why}"] += 1  # torch's own record would fail the same way

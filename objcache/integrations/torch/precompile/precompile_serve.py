@@ -75,6 +75,9 @@ def load(fn: Any) -> Any | None:
     if _code_of(fn) is None:
         counters["skipped:no_code"] += 1
         return None
+    if compile_settings.debug_overrides():  # checked again at each call (settings record)
+        counters["skipped:debug_override"] += 1
+        return None
     compiler = current_compiler.get()
     if compiler is _UNSET or compiler is None:
         counters[
@@ -279,6 +282,33 @@ def wrap_context_call(original: Callable[..., Any]) -> Any:
 
     marked(__call__, original)
     return __call__
+
+
+def package_deepcopy(self: Any, memo: dict[int, Any]) -> Any:
+    """``CompilePackage.__deepcopy__``: the package itself. ``copy.deepcopy`` of a compiled
+    module (an EMA copy, a trainer's ``deepcopy(model)``) copies the wrapper's Dynamo context
+    and, in it, the package; torch's own copy of a package whose served entry was installed
+    raised ``cannot pickle 'module' object`` (its record of the globals it installed is keyed
+    by module). What the package describes is not the wrapper's to copy: the compiled code
+    is installed on the function's code objects and in its module's globals, which every
+    copy runs and shares (code objects are immutable), so both wrappers record their compiles
+    in the one package, saved as the one entry of that function (docs/torch.md, "Precompile
+    entries")."""
+    return self
+
+
+def package_reduce(self: Any) -> tuple[Any, tuple[()]]:
+    """``CompilePackage.__reduce__``: pickled as None. ``pickle``/``torch.save`` of a
+    compiled module raised ``cannot pickle code objects`` in every process with caching
+    precompile on (the package holds the compiled bytecode). The unpickled wrapper has no
+    package, as without the part: it compiles in its process, and nothing of the pickling
+    process's compiles travels in the file (they are objcache's entries to serve). Built by
+    ``NoneType()``, so a process without objcache unpickles it too."""
+    return type(None), ()
+
+
+marked(package_deepcopy)
+marked(package_reduce)
 
 
 def forget() -> None:

@@ -18,37 +18,33 @@ is another key: a miss, not another result. A graph without such ops keeps the k
 gives it, unless the program replaced a kernel of one of torch's own ops in Python
 (``Library("aten", "IMPL").impl("linear", ...)``): AOTAutograd traces that kernel for graphs
 whose ops never name it, so every graph of such a process is keyed by those overrides
-(:func:`torch_overrides`).
+(:func:`torch_overrides`, in ``precompile/op_overrides.py``: a precompile entry's settings
+record carries them too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import compile_settings, portable_guards
+from objcache.integrations.torch.precompile import compile_settings
+from objcache.integrations.torch.precompile.op_overrides import (
+    TORCH_NAMESPACES,
+    op_identity,
+    record_kernel,
+    torch_overrides,
+)
 
 counters: Counter[str] = Counter()
 
-#: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
-TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
 #: The field added to a key-details object.
 FIELD = "_objcache_custom_ops"
-#: Largest source file digested (a larger one is named by size and mtime).
-MAX_SOURCE_BYTES = 8 << 20
-_REGISTERED_AT = re.compile(r"registered at (.+?\.py)(?=:\d+)")
 
 _lock = threading.Lock()
-#: Python kernels registered through ``Library.impl`` since objcache installed:
-#: ``"ns::name"`` -> code digests.
-_python_kernels: dict[str, list[str]] = {}
-_sources: dict[tuple[str, int, int], str] = {}
 _patched: list[tuple[Any, str, Any]] = []
 
 
@@ -85,128 +81,12 @@ def _qualified_name(target: Any) -> str | None:
     return name if isinstance(name, str) and "::" in name else None
 
 
-def _source_digest(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "absent"
-    key = (path, st.st_size, st.st_mtime_ns)
-    with _lock:
-        known = _sources.get(key)
-    if known is not None:
-        return known
-    if st.st_size > MAX_SOURCE_BYTES:
-        digest = f"size:{st.st_size}:mtime:{st.st_mtime_ns}"
-    else:
-        try:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
-        except OSError:
-            digest = "unreadable"
-    with _lock:
-        _sources[key] = digest
-    return digest
-
-
-def op_identity(name: str) -> str:
-    """What ``ns::name`` does in this process, as far as objcache can say: the dispatcher's
-    kernels and where they were registered, the sources named there, its Python kernels."""
-    import torch
-
-    parts = [name]
-    try:
-        dump = str(torch._C._dispatch_dump(name))
-    except Exception:
-        dump = "no dump"
-    # a Python source is named by its content, not its path (another venv, another machine)
-    parts.append(_REGISTERED_AT.sub(lambda m: f"registered at {_source_digest(m[1])}", dump))
-    with _lock:
-        parts.extend(_python_kernels.get(name, ()))
-    try:
-        from torch._library import custom_ops as library_custom_ops
-
-        opdef = library_custom_ops.OPDEFS.get(name)
-    except Exception:
-        opdef = None
-    if opdef is not None:
-        fns = [getattr(opdef, "_init_fn", None), getattr(opdef, "_abstract_fn", None)]
-        fns.extend((getattr(opdef, "_backend_fns", None) or {}).values())
-        for fn in fns:
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                parts.append(portable_guards.code_digest(code))
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
 def graph_identity(gm: Any) -> tuple[tuple[str, str], ...]:
     """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls, then
     every op of torch's own namespaces whose kernel the program replaced
     (:func:`torch_overrides`)."""
     ops = tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
     return ops + torch_overrides()
-
-
-#: Dispatch keys whose kernels only say what an op's result looks like (shapes, dtypes),
-#: never its values; torch registers a thousand of them in Python itself.
-_SHAPE_ONLY_KEYS = frozenset({"Meta"})
-#: the sizes of ``_impls`` and of the Python kernels recorded -> the overrides then
-_overrides_memo: dict[int, tuple[tuple[str, str], ...]] = {}
-
-
-def torch_overrides() -> tuple[tuple[str, str], ...]:
-    """``((op, identity), ...)`` for each op of torch's own namespaces whose kernel the
-    program registered in Python (``torch.library.Library("aten", "IMPL").impl(...)``):
-    AOTAutograd traces that kernel where a graph names ``torch.nn.functional.linear``, which
-    no graph's ops show, so such an override keys every graph of the process. Registrations
-    torch makes itself (from its own sources, or of shape-only kernels) are left out: they
-    are part of the release in every key."""
-    import torch.library
-
-    impls = getattr(torch.library, "_impls", None)
-    if not isinstance(impls, set):
-        return ()
-    with _lock:
-        later = [n for n in _python_kernels if n.split("::", 1)[0] in TORCH_NAMESPACES]
-        # registrations are added (a library's are dropped only with it): the sizes say
-        # whether anything changed since the last graph's key
-        token = hash((len(impls), sum(len(_python_kernels[n]) for n in later)))
-        known = _overrides_memo.get(token)
-    if known is not None:
-        return known
-    mine = [
-        entry
-        for entry in list(impls)
-        if entry.split("/", 1)[0] in TORCH_NAMESPACES
-        and entry.rsplit("/", 1)[-1] not in _SHAPE_ONLY_KEYS
-    ]
-    names = set(later)
-    for entry in mine:
-        ns, op, key = entry.split("/")
-        name = f"{ns}::{op.split('.', 1)[0]}"
-        if not _registered_by_torch(name, key):
-            names.add(name)
-    found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
-    with _lock:
-        _overrides_memo[token] = found
-    return found
-
-
-def _registered_by_torch(name: str, key: str) -> bool:
-    """Whether the dispatcher says ``key``'s kernel of ``name`` was registered from torch's
-    own files (a C++ source of its build, or a Python file of its package)."""
-    import torch
-
-    try:
-        dump = str(torch._C._dispatch_dump(name))
-    except Exception:
-        return False
-    home = os.path.dirname(torch.__file__) + os.sep  # not torchvision's, beside it
-    for line in dump.splitlines():
-        if line.startswith(f"{key}:") or line.startswith(f"{key}[alias]:"):
-            # only Python registrations are in ``_impls``: torch's come from its package
-            where = line.split("registered at ", 1)[-1].split(":", 1)[0]
-            return where.startswith(home)
-    return True  # no such kernel now: nothing of the program's runs there
 
 
 def _wrap_details_init(original: Callable[..., None]) -> Any:
@@ -245,8 +125,7 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
                 module == "torch" or module.startswith("torch.")
             )
             if code is not None and not torchs:  # torch's own kernels are in its release
-                with _lock:
-                    _python_kernels.setdefault(name, []).append(portable_guards.code_digest(code))
+                record_kernel(name, code)
         except Exception:
             counters["impl_unrecorded"] += 1
         return result

@@ -159,3 +159,41 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     finally:
         dist.destroy_process_group()
     assert cs.settings_digest() == before
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")
+def test_the_settings_digest_follows_the_programs_kernels_of_torchs_ops() -> None:
+    """A Python kernel of one of torch's own ops (what a kernel-patching library registers)
+    is traced by AOTAutograd with no guard: registered, it is another digest; its library
+    removed, the digest is the one before (found again when torch's registry changes)."""
+    before = cs.settings_digest()
+    assert before is not None
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+
+        def linear(x: Any, w: Any, b: Any = None) -> Any:
+            return torch.matmul(x, w.t()) * 0 + 7.0
+
+        lib.impl("linear", linear, "CompositeImplicitAutograd")
+        assert cs.settings_digest() not in (None, before)
+    finally:
+        lib._destroy()
+    assert cs.settings_digest() == before
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["debug_backend_override", "debug_inductor_config_override", "debug_dynamo_config_override"],
+)
+def test_dynamos_debug_overrides_leave_no_settings_to_serve(name: str) -> None:
+    """Dynamo's debug overrides (``TORCH_COMPILE_OVERRIDE_BACKENDS``...) choose another
+    backend or settings by a graph's number in one process, and torch leaves them out of its
+    config hash: while one is set there is no digest (nothing saved, nothing served)."""
+    if not hasattr(torch._dynamo.config, name):
+        pytest.skip(f"torch has no {name}")
+    before = cs.settings_digest()
+    assert before is not None and cs.debug_overrides() == ()
+    with torch._dynamo.config.patch(**{name: ">=0:eager"}):
+        assert cs.debug_overrides() == (name,)
+        assert cs.settings_digest() is None
+    assert cs.settings_digest() == before

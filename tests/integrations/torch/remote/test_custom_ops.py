@@ -156,7 +156,7 @@ def test_a_registration_from_a_package_beside_torch_is_the_program_s(
     folder merely starts with the same letters (``torchvision``) is not torch's."""
     import os
 
-    from objcache.integrations.torch.remote import custom_ops
+    from objcache.integrations.torch.precompile import op_overrides
 
     home = os.path.dirname(torch.__file__)
     dumps = {
@@ -164,5 +164,5 @@ def test_a_registration_from_a_package_beside_torch_is_the_program_s(
         "aten::beside": f"CompositeImplicitAutograd: registered at {home}vision/ops.py:3 :: ()",
     }
     monkeypatch.setattr(torch._C, "_dispatch_dump", lambda name: dumps[name])
-    assert custom_ops._registered_by_torch("aten::own", "CompositeImplicitAutograd")
-    assert not custom_ops._registered_by_torch("aten::beside", "CompositeImplicitAutograd")
+    assert op_overrides.registered_by_torch("aten::own", "CompositeImplicitAutograd")
+    assert not op_overrides.registered_by_torch("aten::beside", "CompositeImplicitAutograd")

@@ -1,0 +1,170 @@
+"""The program's own kernels of torch's ops (docs/torch.md, "Custom ops in the keys"), for
+every place that says what a compiled graph was traced through.
+
+AOTAutograd traces a ``CompositeImplicitAutograd`` kernel the program registered in Python
+for one of torch's own ops (``torch.library.Library("aten", "IMPL").impl("linear", ...)``,
+what kernel-patching libraries do) where a graph names ``torch.nn.functional.linear``; no
+graph's ops show it and torch guards nothing about it. The plain path keys every graph of
+such a process by these overrides (``remote/custom_ops.py``); a precompile entry carries
+them in its compiler settings record (:mod:`.compile_settings`), so a reader with other
+overrides (or none, or the writer none) compiles the frame. Both use :func:`torch_overrides`
+from here: precompile may not import the remote caches (docs/architecture.md, "Layers").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import threading
+import types
+from typing import Any
+
+from objcache.integrations.torch.precompile import portable_guards
+
+#: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
+TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
+#: Largest source file digested (a larger one is named by size and mtime).
+MAX_SOURCE_BYTES = 8 << 20
+_REGISTERED_AT = re.compile(r"registered at (.+?\.py)(?=:\d+)")
+#: Dispatch keys whose kernels only say what an op's result looks like (shapes, dtypes),
+#: never its values; torch registers a thousand of them in Python itself.
+_SHAPE_ONLY_KEYS = frozenset({"Meta"})
+
+_lock = threading.Lock()
+#: Python kernels registered through ``Library.impl`` since objcache installed
+#: (:func:`record_kernel`): ``"ns::name"`` -> code digests.
+_python_kernels: dict[str, list[str]] = {}
+#: How many kernels :func:`record_kernel` heard of: with the size of torch's registry of
+#: Python registrations, what says whether the overrides changed (:func:`token`).
+_generation = [0]
+_sources: dict[tuple[str, int, int], str] = {}
+#: (the :func:`token` they were found at, the overrides then)
+_overrides_memo: list[tuple[Any, tuple[tuple[str, str], ...]]] = []
+
+
+def record_kernel(name: str, code: types.CodeType) -> None:
+    """Note the code of a Python kernel registered for ``ns::name`` (``Library.impl``)."""
+    digest = portable_guards.code_digest(code)
+    with _lock:
+        _python_kernels.setdefault(name, []).append(digest)
+        _generation[0] += 1
+
+
+def token() -> tuple[int, int]:
+    """What changes whenever :func:`torch_overrides` may: the number of Python registrations
+    torch keeps (``torch.library._impls``, which a library's removal shrinks) and of the
+    kernels :func:`record_kernel` heard of (every ``Library.impl`` once objcache installed).
+    Two attribute reads: cheap enough for every call of a served entry until its settings
+    held."""
+    library = sys.modules.get("torch.library")
+    impls = getattr(library, "_impls", None)
+    return (len(impls) if isinstance(impls, set) else -1, _generation[0])
+
+
+def _source_digest(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "absent"
+    key = (path, st.st_size, st.st_mtime_ns)
+    with _lock:
+        known = _sources.get(key)
+    if known is not None:
+        return known
+    if st.st_size > MAX_SOURCE_BYTES:
+        digest = f"size:{st.st_size}:mtime:{st.st_mtime_ns}"
+    else:
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
+        except OSError:
+            digest = "unreadable"
+    with _lock:
+        _sources[key] = digest
+    return digest
+
+
+def op_identity(name: str) -> str:
+    """What ``ns::name`` does in this process, as far as objcache can say: the dispatcher's
+    kernels and where they were registered, the sources named there, its Python kernels."""
+    import torch
+
+    parts = [name]
+    try:
+        dump = str(torch._C._dispatch_dump(name))
+    except Exception:
+        dump = "no dump"
+    # a Python source is named by its content, not its path (another venv, another machine)
+    parts.append(_REGISTERED_AT.sub(lambda m: f"registered at {_source_digest(m[1])}", dump))
+    with _lock:
+        parts.extend(_python_kernels.get(name, ()))
+    try:
+        from torch._library import custom_ops as library_custom_ops
+
+        opdef = library_custom_ops.OPDEFS.get(name)
+    except Exception:
+        opdef = None
+    if opdef is not None:
+        fns = [getattr(opdef, "_init_fn", None), getattr(opdef, "_abstract_fn", None)]
+        fns.extend((getattr(opdef, "_backend_fns", None) or {}).values())
+        for fn in fns:
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                parts.append(portable_guards.code_digest(code))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def torch_overrides() -> tuple[tuple[str, str], ...]:
+    """``((op, identity), ...)`` for each op of torch's own namespaces whose kernel the
+    program registered in Python (``torch.library.Library("aten", "IMPL").impl(...)``):
+    AOTAutograd traces that kernel where a graph names ``torch.nn.functional.linear``, which
+    no graph's ops show, so such an override keys every graph of the process. Registrations
+    torch makes itself (from its own sources, or of shape-only kernels) are left out: they
+    are part of the release in every key. Found again only when :func:`token` changes."""
+    import torch.library
+
+    impls = getattr(torch.library, "_impls", None)
+    if not isinstance(impls, set):
+        return ()
+    now = token()
+    with _lock:
+        known = _overrides_memo[0] if _overrides_memo else None
+        later = [n for n in _python_kernels if n.split("::", 1)[0] in TORCH_NAMESPACES]
+    if known is not None and known[0] == now:
+        return known[1]
+    mine = [
+        entry
+        for entry in list(impls)
+        if entry.split("/", 1)[0] in TORCH_NAMESPACES
+        and entry.rsplit("/", 1)[-1] not in _SHAPE_ONLY_KEYS
+    ]
+    names = set(later)
+    for entry in mine:
+        ns, op, key = entry.split("/")
+        name = f"{ns}::{op.split('.', 1)[0]}"
+        if not registered_by_torch(name, key):
+            names.add(name)
+    found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
+    with _lock:
+        _overrides_memo[:] = [(now, found)]
+    return found
+
+
+def registered_by_torch(name: str, key: str) -> bool:
+    """Whether the dispatcher says ``key``'s kernel of ``name`` was registered from torch's
+    own files (a C++ source of its build, or a Python file of its package)."""
+    import torch
+
+    try:
+        dump = str(torch._C._dispatch_dump(name))
+    except Exception:
+        return False
+    home = os.path.dirname(torch.__file__) + os.sep  # not torchvision's, beside it
+    for line in dump.splitlines():
+        if line.startswith(f"{key}:") or line.startswith(f"{key}[alias]:"):
+            # only Python registrations are in ``_impls``: torch's come from its package
+            where = line.split("registered at ", 1)[-1].split(":", 1)[0]
+            return where.startswith(home)
+    return True  # no such kernel now: nothing of the program's runs there
