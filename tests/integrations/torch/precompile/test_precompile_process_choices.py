@@ -95,23 +95,23 @@ print("RESULT " + json.dumps(
 """
 
 
-def run(store_root: Path, store: str, machine: str, **env: str) -> dict[str, Any]:
-    path = store_root / machine
+def run(choices_root: Path, store: str, machine: str, **env: str) -> dict[str, Any]:
+    path = choices_root / machine
     path.mkdir(parents=True)
-    e = ts.compile_env(path, f"file://{store_root / store}")
+    e = ts.compile_env(path, f"file://{choices_root / store}")
     e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
     e.update(env)
     return ts.run_script(path, PROGRAM, e)
 
 
 @pytest.fixture(scope="module")
-def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def choices_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("precompile-process-choices")
 
 
 @pytest.fixture(scope="module")
-def plain_writer(store_root: Path) -> dict[str, Any]:
-    return run(store_root, "plain", "plain-writer")
+def plain_writer(choices_root: Path) -> dict[str, Any]:
+    return run(choices_root, "plain", "plain-writer")
 
 
 def test_a_compiled_module_copies_and_pickles_where_its_entry_is_saved(
@@ -125,44 +125,44 @@ def test_a_compiled_module_copies_and_pickles_where_its_entry_is_saved(
 
 
 def test_a_compiled_module_copies_and_pickles_where_its_entry_is_served(
-    store_root: Path, plain_writer: dict[str, Any]
+    choices_root: Path, plain_writer: dict[str, Any]
 ) -> None:
     """The package of a served entry records the globals it installed by module:
     ``copy.deepcopy`` raised ``cannot pickle 'module' object``. The copies compute eager's
     results."""
-    reader = run(store_root, "plain", "plain-reader")
+    reader = run(choices_root, "plain", "plain-reader")
     assert reader["results"]["deepcopy"] and reader["results"]["pickle"], reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2 and counts.get("installed", 0) >= 2, counts
 
 
 def test_a_reader_with_its_own_kernel_of_a_torch_op_compiles(
-    store_root: Path, plain_writer: dict[str, Any]
+    choices_root: Path, plain_writer: dict[str, Any]
 ) -> None:
-    reader = run(store_root, "plain", "override-reader", OVERRIDE="1")
+    reader = run(choices_root, "plain", "override-reader", OVERRIDE="1")
     assert reader["results"]["kernels_of_torch_ops"], reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 1 and counts.get("guard_failed:settings", 0) >= 1, counts
 
 
 def test_a_reader_with_a_debug_override_compiles_and_saves_nothing(
-    store_root: Path, plain_writer: dict[str, Any]
+    choices_root: Path, plain_writer: dict[str, Any]
 ) -> None:
     """Set after ``torch.compile()`` served the entry: the settings record fails at the call,
     and the override's backend runs; the frame it compiled is not saved."""
-    reader = run(store_root, "plain", "debug-reader", DEBUG_BACKEND=">=0:eager")
+    reader = run(choices_root, "plain", "debug-reader", DEBUG_BACKEND=">=0:eager")
     assert reader["results"]["debug_overrides"], reader
     counts = reader["precompile"]
     assert counts.get("guard_failed:settings", 0) >= 1, counts
     assert counts.get("unsaved:debug_override", 0) >= 1, counts
 
 
-def test_a_reader_without_the_writers_kernel_of_a_torch_op_compiles(store_root: Path) -> None:
+def test_a_reader_without_the_writers_kernel_of_a_torch_op_compiles(choices_root: Path) -> None:
     """The other direction: the writer ran with the kernel-patching library (and a debug
     override: only the module's frame is saved), the reader without."""
-    writer = run(store_root, "patched", "patched-writer", OVERRIDE="1", DEBUG_BACKEND=">=0:eager")
+    writer = run(choices_root, "patched", "patched-writer", OVERRIDE="1", DEBUG_BACKEND=">=0:eager")
     assert writer["results"]["kernels_of_torch_ops"], writer
-    reader = run(store_root, "patched", "patched-reader")
+    reader = run(choices_root, "patched", "patched-reader")
     assert reader["results"]["kernels_of_torch_ops"], reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) == 1 and counts.get("guard_failed:settings", 0) >= 1, counts
