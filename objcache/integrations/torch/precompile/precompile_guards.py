@@ -9,8 +9,10 @@
   (``CheckFunctionManager.__init__`` with torch's filter off).
 * **Read back** (``load_guards_state``, then ``load_guard_manager``), only while torch
   installs an entry objcache served (:data:`installing_served`): the records travel from
-  the first step to the second and become one more root guard checked at every call. torch's
-  own ``aot_compile`` load goes through the same functions and is passed through untouched.
+  the first step to the second and become one more guard checked at every call, after all
+  of torch's (an epilogue guard: it holds only where the whole guard holds, so the facts it
+  checks once are checked at a call that runs the code). torch's own ``aot_compile`` load
+  goes through the same functions and is passed through untouched.
 """
 
 from __future__ import annotations
@@ -232,9 +234,9 @@ def _scope_is_the_codes_module(code: Any, scope: Any) -> bool:
 
 
 def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]) -> Any:
-    """torch's guards of a served guarded code plus one root guard checking its portable
-    replacements at every call; a guarded code without them is refused (raises: the
-    install is rejected and put back). A failed portable guard is counted
+    """torch's guards of a served guarded code plus one guard, run after all of torch's,
+    checking its portable replacements at every call; a guarded code without them is
+    refused (raises: the install is rejected and put back). A failed check is counted
     ``guard_failed:<kind>`` (once per code and kind): Dynamo compiles that frame as without
     the entry."""
 
@@ -261,10 +263,12 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
             hooks_unguarded=_hook_guards_skipped(),
         )
         parts = portable_guards.describe(portable)
+        # last: after torch's own guards of this code (its shapes, dtypes, values), so that
+        # the check holds only at a call that runs the code (docs/torch.md)
         try:
-            manager.root.add_lambda_guard(check, parts, None)
+            manager.root.add_epilogue_lambda_guard(check, parts, None)
         except TypeError:  # torch releases whose lambda guards take no user stack
-            manager.root.add_lambda_guard(check, parts)
+            manager.root.add_epilogue_lambda_guard(check, parts)
         counters["portable_guards"] += len(portable)
         return manager
 
