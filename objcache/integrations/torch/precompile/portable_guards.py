@@ -841,6 +841,7 @@ def check_for(
     settings: Callable[[], str | None] | None = None,
     failed: Callable[[str], None] | None = None,
     hooks_unguarded: bool = False,
+    compiler: Callable[[], bool] | None = None,
 ) -> Callable[[Any], bool]:
     """The last guard of one served guarded code: True while every record holds. It must
     run after every other guard of that code (an epilogue guard), so that its True means
@@ -850,8 +851,10 @@ def check_for(
     ``settings`` reader it never holds. A module's empty hook dicts are checked each time
     another module object sits at the record's source, where torch's
     ``skip_nnmodule_hook_guards`` (its default) has a normal compile emit no guard on them
-    (``hooks_unguarded``); otherwise at every call. ``failed`` hears the first failure of
-    each kind (``settings`` or the failing record's guard kind)."""
+    (``hooks_unguarded``); otherwise at every call. ``compiler`` says, at every call,
+    whether the call runs under the compiler the code was served for
+    (:func:`.precompile_guards.backend_matcher`). ``failed`` hears the first failure of
+    each kind (``backend``, ``settings`` or the failing record's guard kind)."""
     expected_settings = [r.identity for r in records if r.source == SETTINGS]
     reported: set[str] = set()
 
@@ -987,6 +990,8 @@ def check_for(
         (Dynamo then compiles the frame as without the entry)."""
         holds = current[0]
         try:
+            if compiler is not None and not compiler():
+                return fail("backend")
             ok = bool(holds(f_locals))
         except Exception:
             return fail("error")

@@ -1,10 +1,14 @@
-"""The check a served code runs at every call holds only where the code itself would run
-(docs/torch.md, "Checked as often as torch checks").
+"""The check a served code runs at every call holds only where the code itself would run,
+for the compiler it was served for (docs/torch.md, "Checked as often as torch checks").
 
 One writer and one reader, each a simulated machine on one ``file://`` store, with
 ``OBJCACHE_PRECOMPILE=1``; every compiled call is compared with eager in the same process.
-The class of fact:
+One function per class of fact:
 
+* **the compiler a wrapper names**: a second ``torch.compile`` of a served function with
+  another backend (torch's own ``eager``, a program's backend) in the same process: the
+  served code sits on the shared code object, and torch's own match of the backend is one
+  of the guards it drops; that wrapper's backend must run, the first wrapper stays served;
 * **facts checked once** (the compiler settings, an inlined method's code, a module's empty
   hook dicts): the reader first calls with another dtype (torch's own guard of the served
   code fails, the code never runs), then changes the fact, then calls with the writer's
@@ -48,6 +52,28 @@ def same(name, compiled, fn, *args):
     torch.manual_seed(5)
     ref = fn(*args)
     results[name] = bool(torch.allclose(out, ref))
+
+
+def noisy(x):  # Inductor's random numbers are not eager's
+    return x * 2 + torch.rand_like(x)
+
+
+served = torch.compile(noisy)
+backend_calls = []
+
+
+def own_backend(gm, example_inputs):
+    backend_calls.append(1)
+    return gm.forward
+
+
+if READER:
+    same("another_backend", torch.compile(noisy, backend="eager"), noisy, x)
+    same("a_programs_backend", torch.compile(noisy, backend=own_backend), noisy, x)
+    results["own_backend_ran"] = bool(backend_calls)
+torch.manual_seed(5)
+first = served(x)
+results["served_wrapper"] = first.tolist()
 
 
 class Act(nn.Module):
@@ -112,6 +138,18 @@ def reader(store_root: Path, writer: dict[str, Any]) -> dict[str, Any]:
     return run(store_root, "reader", ROLE="reader")
 
 
+def test_a_served_code_runs_only_for_the_compiler_it_was_served_for(
+    writer: dict[str, Any], reader: dict[str, Any]
+) -> None:
+    """Another wrapper of the served function fails the served code's check and gets its
+    own compile (its backend runs, eager's result); the served wrapper is still served."""
+    results, counts = reader["results"], reader["precompile"]
+    assert results["another_backend"] and results["a_programs_backend"], reader
+    assert results["own_backend_ran"], reader
+    assert counts.get("guard_failed:backend", 0) >= 1, counts
+    assert results["served_wrapper"] == writer["results"]["served_wrapper"], (writer, reader)
+
+
 @pytest.mark.parametrize(
     ("fact", "kind"),
     [("settings", "settings"), ("inlined", "INLINED_CODE"), ("hooks", "MODULE_HOOKS")],
@@ -123,5 +161,5 @@ def test_facts_checked_once_stay_checked_until_the_served_code_runs(
     at the call it would first run for: the check fails, Dynamo compiles, eager's result."""
     assert reader["results"][fact], reader
     counts = reader["precompile"]
-    assert counts.get("hits", 0) >= 3, counts
+    assert counts.get("hits", 0) >= 4, counts
     assert counts.get(f"guard_failed:{kind}", 0) >= 1, counts
