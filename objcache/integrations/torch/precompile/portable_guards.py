@@ -23,10 +23,10 @@ This module replaces each such guard by a portable one, or refuses the frame:
   torch then bypasses its package and the process compiles as usual. The records travel
   appended to the very guards state they belong to (:func:`attach`), so they can never be
   paired with another guarded code's.
-* **reader**: every guarded code of a served entry gets one more root guard
-  (:func:`check_for`) that resolves each record's source in the frame's locals and the
-  module's globals and compares identities, at every call, where torch checks its own
-  guards: a mismatch is a guard failure, so Dynamo compiles that frame normally. An object
+* **reader**: every guarded code of a served entry gets one more guard, run after all of
+  torch's own (:func:`check_for`), that resolves each record's source in the frame's locals
+  and the module's globals and compares identities, at every call, where torch checks its
+  own guards: a mismatch is a guard failure, so Dynamo compiles that frame normally. An object
   that passed is remembered: the same object again passes without recomputing its
   identity (what torch's ``ID_MATCH`` checks), except dicts, lists and tuples, whose
   contents are checked at every call (``DICT_VERSION``'s job).
@@ -841,15 +841,20 @@ def check_for(
     settings: Callable[[], str | None] | None = None,
     failed: Callable[[str], None] | None = None,
     hooks_unguarded: bool = False,
+    compiler: Callable[[], bool] | None = None,
 ) -> Callable[[Any], bool]:
-    """The root guard of one served guarded code: True while every record holds. The
-    compiler settings record is checked until the whole guard first holds (a normal compile
-    fixes its settings at the frame's first compile); without a ``settings`` reader it never
-    holds. A module's empty hook dicts are checked each time another module object sits at
-    the record's source, where torch's ``skip_nnmodule_hook_guards`` (its default) has a
-    normal compile emit no guard on them (``hooks_unguarded``); otherwise at every call.
-    ``failed`` hears the first failure of each kind (``settings`` or the failing record's
-    guard kind)."""
+    """The last guard of one served guarded code: True while every record holds. It must
+    run after every other guard of that code (an epilogue guard), so that its True means
+    the whole guard held and the code runs: the compiler settings record and the
+    :data:`CHECKED_ONCE` records are checked until then (a normal compile fixes its
+    settings, and reads the methods it inlines, at the frame's compile); without a
+    ``settings`` reader it never holds. A module's empty hook dicts are checked each time
+    another module object sits at the record's source, where torch's
+    ``skip_nnmodule_hook_guards`` (its default) has a normal compile emit no guard on them
+    (``hooks_unguarded``); otherwise at every call. ``compiler`` says, at every call,
+    whether the call runs under the compiler the code was served for
+    (:func:`.precompile_guards.backend_matcher`). ``failed`` hears the first failure of
+    each kind (``backend``, ``settings`` or the failing record's guard kind)."""
     expected_settings = [r.identity for r in records if r.source == SETTINGS]
     reported: set[str] = set()
 
@@ -985,6 +990,8 @@ def check_for(
         (Dynamo then compiles the frame as without the entry)."""
         holds = current[0]
         try:
+            if compiler is not None and not compiler():
+                return fail("backend")
             ok = bool(holds(f_locals))
         except Exception:
             return fail("error")

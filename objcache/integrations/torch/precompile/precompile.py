@@ -211,7 +211,12 @@ def _on_first_wrap(original: Callable[..., Any]) -> Any:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _graph_compile_patched:
             _patch_graph_compile()
-        return call(self, *args, **kwargs)
+        # the backend a served entry installed now runs for (precompile_guards.backend_matcher)
+        token = precompile_guards.wrapping_backend.set(precompile_guards.backend_of(self))
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            precompile_guards.wrapping_backend.reset(token)
 
     marked(__call__, original)
     return __call__
@@ -341,6 +346,12 @@ def apply(package_module: Any) -> None:
             raise AttributeError("torch has no eval_frame.innermost_backend")
         try:
             _patch(context_cls, "__call__", _on_first_wrap(context_cls.__call__))
+            # the callback of the call a served code's guard runs in
+            set_eval_frame = eval_frame.set_eval_frame
+            mirrored = precompile_guards.wrap_set_eval_frame(set_eval_frame)
+            for name in ("set_eval_frame", "_maybe_set_eval_frame"):
+                if eval_frame.__dict__.get(name) is set_eval_frame:  # an alias bound at import
+                    _patch(eval_frame, name, mirrored)
             _patch(cache, "load", precompile_serve.load)
             _patch(
                 cache, "record_package", precompile_save.wrap_record_package(cache.record_package)

@@ -9,8 +9,11 @@
   (``CheckFunctionManager.__init__`` with torch's filter off).
 * **Read back** (``load_guards_state``, then ``load_guard_manager``), only while torch
   installs an entry objcache served (:data:`installing_served`): the records travel from
-  the first step to the second and become one more root guard checked at every call. torch's
-  own ``aot_compile`` load goes through the same functions and is passed through untouched.
+  the first step to the second and become one more guard checked at every call, after all
+  of torch's (an epilogue guard: it holds only where the whole guard holds, so the facts it
+  checks once are checked at a call that runs the code), together with the backend the
+  entry was served for (:func:`backend_matcher`). torch's own ``aot_compile`` load goes
+  through the same functions and is passed through untouched.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ log = logging.getLogger("objcache.torch")
 #: functions with a state of its own, which they pass through untouched.
 installing_served: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "objcache_precompile_installing_served", default=False
+)
+
+#: The backend of the ``torch.compile(...)`` wrapper now wrapping a function (where torch
+#: installs its served entry): the one its served code runs for (:func:`backend_matcher`).
+wrapping_backend: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "objcache_precompile_wrapping_backend", default=None
 )
 
 _lock = threading.Lock()
@@ -232,11 +241,11 @@ def _scope_is_the_codes_module(code: Any, scope: Any) -> bool:
 
 
 def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]) -> Any:
-    """torch's guards of a served guarded code plus one root guard checking its portable
-    replacements at every call; a guarded code without them is refused (raises: the
-    install is rejected and put back). A failed portable guard is counted
-    ``guard_failed:<kind>`` (once per code and kind): Dynamo compiles that frame as without
-    the entry."""
+    """torch's guards of a served guarded code plus one guard, run after all of torch's,
+    checking the backend of the call and the portable replacements at every call; a
+    guarded code without them, or installed by no known backend, is refused (raises: the
+    install is rejected and put back). A failed check is counted ``guard_failed:<kind>``
+    (once per code and kind): Dynamo compiles that frame as without the entry."""
 
     def guard_failed(why: str) -> None:
         counters[f"guard_failed:{why}"] += 1
@@ -252,6 +261,9 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
             portable = _state_records.pop(id(guards_state), None)
         if portable is None or not portable_guards.has_one_settings_record(portable):
             raise RuntimeError("objcache: a served guarded code has no portable guards")
+        backend = wrapping_backend.get()
+        if backend is None:
+            raise RuntimeError("objcache: a served guarded code installed by no known backend")
         # never empty here: the settings record is always one of them
         check = portable_guards.check_for(
             portable,
@@ -259,12 +271,15 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
             compile_settings.settings_digest,
             guard_failed,
             hooks_unguarded=_hook_guards_skipped(),
+            compiler=backend_matcher(backend),
         )
         parts = portable_guards.describe(portable)
+        # last: after torch's own guards of this code (its shapes, dtypes, values), so that
+        # the check holds only at a call that runs the code (docs/torch.md)
         try:
-            manager.root.add_lambda_guard(check, parts, None)
+            manager.root.add_epilogue_lambda_guard(check, parts, None)
         except TypeError:  # torch releases whose lambda guards take no user stack
-            manager.root.add_lambda_guard(check, parts)
+            manager.root.add_epilogue_lambda_guard(check, parts)
         counters["portable_guards"] += len(portable)
         return manager
 
@@ -284,3 +299,97 @@ def forget() -> None:
     """Drop the records between the two load steps (the part's uninstall)."""
     with _lock:
         _state_records.clear()
+
+
+# --- the backend of the call ------------------------------------------------------------------
+#
+# Which compiler a call of a served code runs under (docs/torch.md, "What the entry was
+# compiled with").
+#
+# torch runs a compiled code of a frame only for the backend that compiled it: its lookup
+# compares each cache entry's backend with the current eval-frame callback's (its
+# ``BACKEND_MATCH``). A served entry is installed on the code object as a *precompile* entry,
+# which that lookup runs for any backend, so a second ``torch.compile`` of the same function
+# with another backend or options would run the code served to the first. The served code's
+# guard therefore also compares the backend of the call with the one the entry was served for
+# (:func:`backend_matcher`), as torch compares them (the very object, or an equal one of its type).
+#
+# torch sets the eval-frame callback to None while it evaluates guards, so a guard cannot ask
+# torch for it: objcache mirrors, per thread (torch keeps it per thread too), the callback
+# Python sets (:func:`wrap_set_eval_frame`; every call of a ``torch.compile`` wrapper, and
+# every region that disables Dynamo, sets it there). torch changes it on its own only to
+# None or to run-only (``False``) and back, around its guards, its compiles and the frames
+# it runs only: the mirror keeps the callback torch returns to, since a setting that changes
+# nothing (None where it is None already: the hundreds of disabled regions one compile runs
+# through) is not noted, and where a setting nested in such a window could leave it wrong it
+# is left None, which fails the check (Dynamo then compiles the frame, as without the entry;
+# run-only mode runs the frame as it is), never the other way round.
+
+#: The callback Python last set on this thread, as :func:`wrap_set_eval_frame` notes it.
+_state = threading.local()
+
+
+def wrap_set_eval_frame(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """torch's ``set_eval_frame`` that also notes the callback for this thread."""
+
+    def set_eval_frame(callback: Any) -> Any:
+        prior = original(callback)
+        if prior is callback and (callback is None or callback is False):
+            return prior  # no change: inside one of torch's own windows, keep what it restores
+        if callback is False and prior is not None:
+            # run-only restored from a compiler's callback: perhaps into a window torch opened
+            # itself (a frame it runs only), after which it restores a callback not seen here
+            _state.callback = None
+        else:
+            _state.callback = callback
+        return prior
+
+    return marked(set_eval_frame, original)
+
+
+def current_callback() -> Any:
+    """The eval-frame callback Python last set on this thread (None where none was)."""
+    return getattr(_state, "callback", None)
+
+
+def _innermost(callback: Any) -> Any:
+    """The backend under a callback's wrappers (torch's ``innermost_backend``)."""
+    for _ in range(64):  # a chain of wrappers, never a cycle
+        inner = getattr(callback, "_torchdynamo_orig_backend", None)
+        if inner is None:
+            break
+        callback = inner
+    return callback
+
+
+def backend_of(context: Any) -> Any:
+    """The backend of a ``torch.compile`` wrapper's context, or None (none known)."""
+    callback = getattr(context, "callback", None)
+    if callback is None or callback is False:
+        return None
+    return _innermost(callback)
+
+
+def backend_matcher(backend: Any) -> Callable[[], bool]:
+    """Whether the current call runs under ``backend`` (the very object, or an equal one of
+    its type, as torch's own match); run-only mode (``False``, ``torch._dynamo.run``, the
+    ``eager_on_recompile`` stance) runs any backend's code, as torch does. The last callback
+    that matched is held (its id is never reused) and matches again by identity: one
+    thread-local read and one comparison per call."""
+    matched: list[Any] = [None]
+
+    def matches() -> bool:
+        callback = getattr(_state, "callback", None)
+        if callback is matched[0] and callback is not None:
+            return True
+        if callback is False:
+            return True
+        if callback is None:
+            return False  # not known: fail, Dynamo compiles the frame
+        found = _innermost(callback)
+        if found is backend or (type(found) is type(backend) and bool(found == backend)):
+            matched[0] = callback
+            return True
+        return False
+
+    return matches
