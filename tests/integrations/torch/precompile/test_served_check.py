@@ -114,32 +114,32 @@ print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_
 """
 
 
-def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
-    path = store_root / machine
+def run(check_root: Path, machine: str, **env: str) -> dict[str, Any]:
+    path = check_root / machine
     path.mkdir(parents=True)
-    e = ts.compile_env(path, f"file://{store_root / 'store'}")
+    e = ts.compile_env(path, f"file://{check_root / 'store'}")
     e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
     e.update(env)
     return ts.run_script(path, PROGRAM, e)
 
 
 @pytest.fixture(scope="module")
-def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def check_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("precompile-served-check")
 
 
 @pytest.fixture(scope="module")
-def writer(store_root: Path) -> dict[str, Any]:
-    return run(store_root, "writer", ROLE="writer")
+def check_writer(check_root: Path) -> dict[str, Any]:
+    return run(check_root, "writer", ROLE="writer")
 
 
 @pytest.fixture(scope="module")
-def reader(store_root: Path, writer: dict[str, Any]) -> dict[str, Any]:
-    return run(store_root, "reader", ROLE="reader")
+def reader(check_root: Path, check_writer: dict[str, Any]) -> dict[str, Any]:
+    return run(check_root, "reader", ROLE="reader")
 
 
 def test_a_served_code_runs_only_for_the_compiler_it_was_served_for(
-    writer: dict[str, Any], reader: dict[str, Any]
+    check_writer: dict[str, Any], reader: dict[str, Any]
 ) -> None:
     """Another wrapper of the served function fails the served code's check and gets its
     own compile (its backend runs, eager's result); the served wrapper is still served."""
@@ -147,7 +147,8 @@ def test_a_served_code_runs_only_for_the_compiler_it_was_served_for(
     assert results["another_backend"] and results["a_programs_backend"], reader
     assert results["own_backend_ran"], reader
     assert counts.get("guard_failed:backend", 0) >= 1, counts
-    assert results["served_wrapper"] == writer["results"]["served_wrapper"], (writer, reader)
+    writer = check_writer["results"]["served_wrapper"]
+    assert results["served_wrapper"] == writer, (check_writer, reader)
 
 
 @pytest.mark.parametrize(
