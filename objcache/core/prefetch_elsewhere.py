@@ -4,10 +4,10 @@ fetching it a second time (docs/architecture.md, "The prefetch in its own proces
 
 Pure bookkeeping on the event loop's thread; :mod:`objcache.prefetch_process` feeds it from
 the child's messages. Every wait is bounded: a plan that does not come within
-``plan_wait_s``, a key not brought within ``key_wait_s``, or a child that ended, and the
-lookup goes its own way (the local tier, the node lease, the remote tiers), as without a
-prefetch. Nothing here decides what is served: the lookup still reads and verifies the
-local tier itself.
+``plan_wait_s`` (waited for once per process: later lookups do not wait for it), a key not
+brought within ``key_wait_s``, or a child that ended, and the lookup goes its own way (the
+local tier, the node lease, the remote tiers), as without a prefetch. Nothing here decides
+what is served: the lookup still reads and verifies the local tier itself.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class PrefetchElsewhere:
         self.key_wait_s = key_wait_s
         self._planned = asyncio.Event()
         self._pending: dict[str, asyncio.Event] = {}
+        self._plan_late = False
         self.ended = False
         #: How lookups' waits ended, and the seconds they waited in all.
         self.waits: Counter[str] = Counter()
@@ -93,9 +94,12 @@ class PrefetchElsewhere:
 
     async def _wait(self, okey: str) -> str:
         if not self._planned.is_set():
+            if self._plan_late:
+                return NO_PLAN  # one wait for a late plan per process, not one per lookup
             try:
                 await asyncio.wait_for(self._planned.wait(), self.plan_wait_s)
             except asyncio.TimeoutError:
+                self._plan_late = True
                 return NO_PLAN
         event = self._pending.get(okey)
         if event is None:

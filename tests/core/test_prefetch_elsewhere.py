@@ -51,9 +51,11 @@ async def test_a_lookup_before_the_plan_waits_for_it_then_for_its_key() -> None:
 async def test_every_wait_is_bounded() -> None:
     e = PrefetchElsewhere(plan_wait_s=0.01, key_wait_s=0.01)
     assert await e.wait("a") == NO_PLAN  # no plan in time: the lookup goes its own way
+    e.plan_wait_s = 60  # a late plan is waited for once, not by every later lookup
+    assert await asyncio.wait_for(e.wait("b"), 1) == NO_PLAN
     e.plan(["a"])
     assert await e.wait("a") == TIMED_OUT
-    assert e.as_dict()["waits"] == {NO_PLAN: 1, TIMED_OUT: 1}
+    assert e.as_dict()["waits"] == {NO_PLAN: 2, TIMED_OUT: 1}
 
 
 async def test_the_end_releases_every_wait_and_later_lookups_do_not_wait() -> None:

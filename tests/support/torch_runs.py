@@ -191,6 +191,16 @@ def tier_stats(result: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     raise AssertionError(f"no tier {prefix!r} in {json.dumps(result.get('stats'))[:500]}")
 
 
+def store_hits(result: Mapping[str, Any], prefix: str) -> int:
+    """Entries the store under ``prefix`` served the run: to its lookups, and to its
+    start-up prefetch, in the process or in its own (objcache/prefetch_process.py)."""
+    stats = result.get("stats", {})
+    child = stats.get("prefetch_process", {}).get("tiers", [])
+    return int(tier_stats(result, prefix)["hits"]) + sum(
+        int(t["hits"]) for t in child if str(t["name"]).startswith(prefix)
+    )
+
+
 def python_c(code: str, env: Mapping[str, str]) -> str:
     """``python -c code`` in ``env``; its stdout (asserts it ran)."""
     out = subprocess.run(

@@ -78,4 +78,4 @@ def test_new_machine_from_a_real_store(
     assert hit == asked and placed + hit > 0, (got, result["integration"]["kernels"])
     assert result["torch"].get("fxgraph_cache_hit") == 2
     assert result["gxx"] == [], "\n".join(result["gxx"])
-    assert ts.tier_stats(result, f"{scheme}://")["hits"] > 0
+    assert ts.store_hits(result, f"{scheme}://") > 0
