@@ -210,6 +210,15 @@ def python_c(code: str, env: Mapping[str, str]) -> str:
     return out.stdout
 
 
+def precompile_machine_env(path: Path, store: Path) -> dict[str, str]:
+    """A fresh simulated machine at ``path`` (created) on the ``file://`` store ``store``,
+    precompile entries on, no prefetch: the writer/reader tests' machines."""
+    path.mkdir(parents=True)
+    env = compile_env(path, f"file://{store}")
+    env.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
 def run_script(path: Path, program: str, env: Mapping[str, str]) -> dict[str, Any]:
     """``program`` written to ``path/program.py`` and run there with ``path`` first on
     ``PYTHONPATH`` (its helper modules beside it); the dict it printed as ``RESULT <json>``

@@ -181,10 +181,8 @@ print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_
 
 def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
     path = store_root / machine
-    path.mkdir(parents=True)
+    e = ts.precompile_machine_env(path, store_root / "store")
     (path / "library.py").write_text(LIBRARY)
-    e = ts.compile_env(path, f"file://{store_root / 'store'}")
-    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
     e.update({"SCALE": "2", **env})
     e.pop("PYTHONHASHSEED", None)  # each process its own hash seed, as by default
     return ts.run_script(path, PROGRAM, e)

@@ -97,9 +97,7 @@ print("RESULT " + json.dumps(
 
 def run(choices_root: Path, store: str, machine: str, **env: str) -> dict[str, Any]:
     path = choices_root / machine
-    path.mkdir(parents=True)
-    e = ts.compile_env(path, f"file://{choices_root / store}")
-    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
+    e = ts.precompile_machine_env(path, choices_root / store)
     e.update(env)
     return ts.run_script(path, PROGRAM, e)
 

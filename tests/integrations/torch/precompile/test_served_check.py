@@ -116,9 +116,7 @@ print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_
 
 def run(check_root: Path, machine: str, **env: str) -> dict[str, Any]:
     path = check_root / machine
-    path.mkdir(parents=True)
-    e = ts.compile_env(path, f"file://{check_root / 'store'}")
-    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_PREFETCH="0", PYTHONDONTWRITEBYTECODE="1")
+    e = ts.precompile_machine_env(path, check_root / "store")
     e.update(env)
     return ts.run_script(path, PROGRAM, e)
 
