@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
@@ -158,6 +160,20 @@ def make_bucket(request: pytest.FixtureRequest) -> Iterator[Callable[[BucketServ
     yield make
     for server, name in created:
         server.delete_bucket(name)
+
+
+@pytest.fixture(scope="module")
+def module_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A folder shared by one test module's tests, removed when the module ends unless
+    one of its tests failed. Each simulated machine there holds its own torch cache
+    (a precompiled header alone is ~160 MB), so keeping them all fills a CI disk."""
+    failed_before = request.session.testsfailed
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

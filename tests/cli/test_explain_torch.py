@@ -104,8 +104,8 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def explain_world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return World(tmp_path_factory.mktemp("explain"))
+def explain_world(module_dir: Path) -> World:
+    return World(module_dir)
 
 
 def differing(result: dict[str, Any]) -> set[str]:

@@ -41,8 +41,8 @@ def recipe_env(base: Path, machine: str, store: Path) -> tuple[dict[str, str], P
 
 
 @pytest.fixture(scope="module")
-def recipe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    base = tmp_path_factory.mktemp("mega-recipe")
+def recipe_runs(module_dir: Path) -> dict[str, dict[str, Any]]:
+    base = module_dir
     store = base / "store"
     env_a, log_a = recipe_env(base, "a", store)
     a = ts.run_compile(env_a, ["--objcache", "off", "--batches", BATCHES, "--mega-save", BUNDLE])

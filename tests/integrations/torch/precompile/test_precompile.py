@@ -115,8 +115,8 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def pc(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return World(tmp_path_factory.mktemp("precompile"))
+def pc(module_dir: Path) -> World:
+    return World(module_dir)
 
 
 def test_an_entry_saved_at_exit_makes_a_new_machine_skip_dynamo(pc: World) -> None:

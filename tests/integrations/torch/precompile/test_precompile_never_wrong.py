@@ -189,8 +189,8 @@ def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("precompile-never-wrong")
+def store_root(module_dir: Path) -> Path:
+    return module_dir
 
 
 @pytest.fixture(scope="module")

@@ -103,8 +103,8 @@ def run(choices_root: Path, store: str, machine: str, **env: str) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def choices_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("precompile-process-choices")
+def choices_root(module_dir: Path) -> Path:
+    return module_dir
 
 
 @pytest.fixture(scope="module")

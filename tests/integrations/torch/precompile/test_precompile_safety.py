@@ -287,8 +287,8 @@ def all_match(result: dict[str, Any]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("precompile-safety")
+def base(module_dir: Path) -> Path:
+    return module_dir
 
 
 @pytest.fixture(scope="module")

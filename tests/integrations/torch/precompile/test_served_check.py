@@ -122,8 +122,8 @@ def run(check_root: Path, machine: str, **env: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def check_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("precompile-served-check")
+def check_root(module_dir: Path) -> Path:
+    return module_dir
 
 
 @pytest.fixture(scope="module")

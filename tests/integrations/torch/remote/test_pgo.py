@@ -43,8 +43,8 @@ def machine(
 
 
 @pytest.fixture(scope="module")
-def pgo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    base = tmp_path_factory.mktemp("pgo")
+def pgo_runs(module_dir: Path) -> dict[str, dict[str, Any]]:
+    base = module_dir
     store = base / "store"
     out: dict[str, dict[str, Any]] = {}
     for label, name in (("a", "a"), ("warm_local", "a"), ("fresh", "b")):
