@@ -183,3 +183,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tests.integrations.torch.test_compile import World
 
     return World(tmp_path_factory.mktemp("torch-compile"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with real compiles first, then files on the real servers, then the rest, each
+    file's tests in their order: `make test`'s workers take whole files in this order, so
+    the long files start first and the short ones fill the end (docs/testing.md, "Time")."""
+    rank: dict[Path, int] = {}
+    for item in items:
+        mine = (
+            0
+            if item.get_closest_marker("compile")
+            else 1
+            if item.get_closest_marker("servers")
+            else 2
+        )
+        rank[item.path] = min(rank.get(item.path, 2), mine)
+    items.sort(key=lambda item: rank[item.path])

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from objcache.backends.fs_folders import RESERVED
 from objcache.client import Client
 from objcache.config.settings import Config
 from tests.support.cloud import gcs_url, s3_url
+from tests.support.forked_cli import ForkedCli
 from tests.support.proxy import FaultProxy
 from tests.support.servers import FakeGCS, RedisServer, SeaweedS3
 
@@ -104,33 +105,13 @@ def hung(
     return env, proxy
 
 
-# The command is timed from after its heavy imports, so its time is what the tier costs:
-# importing torch and inductor takes 4-6 s here and varies by more than the slack.
-TIMED_CLI = """
-import sys, time
-import aioboto3, google.cloud.storage, torch
-import objcache.cli.main
-from objcache.integrations.install import features
-features.load()  # the torch modules doctor reports on
-sys.argv = ["objcache", *sys.argv[1:]]
-print("started", time.monotonic(), file=sys.stderr, flush=True)
-objcache.cli.main.main()
-"""
-
-
-def timed_cli(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run a CLI command; return it and the seconds from its start (imports done) to its exit."""
-    done = subprocess.run(
-        [sys.executable, "-c", TIMED_CLI, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    ended = time.monotonic()
-    started = re.search(r"^started (\S+)$", done.stderr, re.MULTILINE)
-    assert started, done.stdout + done.stderr
-    return done, ended - float(started.group(1))
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedCli]:
+    """Commands timed from after their heavy imports, so their time is what the tier
+    costs: importing torch and inductor takes 4-6 s here and varies by more than the
+    slack. The imports are made once, each command forked from there."""
+    with ForkedCli() as cli:
+        yield cli
 
 
 @pytest.mark.parametrize(
@@ -164,18 +145,22 @@ def timed_cli(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProc
     ],
 )
 def test_commands_on_a_hung_tier_end_within_the_deadline(
-    hung: tuple[dict[str, str], FaultProxy], args: list[str], healthy_code: int, code: int
+    hung: tuple[dict[str, str], FaultProxy],
+    forked: ForkedCli,
+    args: list[str],
+    healthy_code: int,
+    code: int,
 ) -> None:
     """Each command that reads a store, against a black-holed endpoint, ends (process exit
     included) within a few deadlines, long before the SDKs' own read timeout."""
     env, proxy = hung
     args = [env["OBJCACHE_TIERS"] if a == "REMOTE" else a for a in args]
-    # untimed: the plain command, without the imports the timed run does first
-    healthy, _ = cli(*args, env={**env, "OBJCACHE_TIMEOUT_MS": "15000"})
+    healthy = forked.run(*args, env={**env, "OBJCACHE_TIMEOUT_MS": "15000"})
     assert healthy.returncode == healthy_code, healthy.stdout + healthy.stderr
     assert "Traceback" not in healthy.stderr
     proxy.blackhole()
-    done, elapsed = timed_cli(*args, env=env)
+    done = forked.run(*args, env=env)
+    elapsed = done.elapsed
     print(f"{args}: exit {done.returncode}, {elapsed:.1f} s on a black-holed tier")
     assert done.returncode == code, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
