@@ -107,13 +107,34 @@ def op_identity(name: str) -> str:
     except Exception:
         opdef = None
     if opdef is not None:
-        fns = [getattr(opdef, "_init_fn", None), getattr(opdef, "_abstract_fn", None)]
-        fns.extend((getattr(opdef, "_backend_fns", None) or {}).values())
-        for fn in fns:
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                parts.append(portable_guards.code_digest(code))
+        for attr, value in sorted(vars(opdef).items()):
+            parts.append(attr)
+            parts.extend(_described(value, 0))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _described(value: Any, depth: int) -> list[str]:
+    """What a ``custom_op``'s definition holds under one attribute, as far as it decides
+    what the op computes: each function (its kernels, fake kernel, backward, setup-context,
+    vmap and torch-dispatch rules, what AOTAutograd traces into a graph) by its code and the
+    source file it sits in (the helpers beside it), settings (autocast dtypes, disabled
+    devices, tags) by value; torch's own objects (the library, the op) by type."""
+    code = getattr(value, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return [portable_guards.code_digest(code), _source_digest(code.co_filename)]
+    if depth > 2:
+        return [type(value).__name__]
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: repr(kv[0]))
+        return [x for k, v in items for x in (repr(k), *_described(v, depth + 1))]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        described = [",".join(_described(v, depth + 1)) for v in value]
+        return sorted(described) if isinstance(value, (set, frozenset)) else described
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return [repr(value)]
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return [str(value)]
+    return [type(value).__name__]
 
 
 def torch_overrides() -> tuple[tuple[str, str], ...]:

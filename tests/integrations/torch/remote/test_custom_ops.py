@@ -116,6 +116,42 @@ def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph() -> None:
     assert custom_ops.graph_identity(gm) == ()
 
 
+def test_every_function_of_a_custom_op_s_definition_is_in_its_identity(tmp_path: Path) -> None:
+    """A ``torch.library.custom_op`` library at another version with another backward (or
+    setup-context, fake kernel, autocast dtype) has another identity: AOTAutograd traces
+    the backward into the compiled graph, so its key must tell them apart. A helper beside
+    the backward in its source file counts too."""
+    import importlib.util
+
+    from objcache.integrations.torch.precompile.op_overrides import op_identity
+
+    source = tmp_path / "oplib.py"
+    source.write_text(
+        "import torch\ndef helper(g): return g * 2\ndef backward(ctx, g): return helper(g)\n"
+    )
+    spec = importlib.util.spec_from_file_location("objcache_test_oplib", source)
+    assert spec is not None and spec.loader is not None
+    oplib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(oplib)
+
+    @torch.library.custom_op("objcache_test_identity::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    name = "objcache_test_identity::double"
+    seen = [op_identity(name)]
+    double.register_autograd(oplib.backward)
+    seen.append(op_identity(name))
+    assert op_identity(name) == seen[-1]  # the same definition: the same identity
+    source.write_text(source.read_text().replace("g * 2", "g * 3"))  # the helper, not backward
+    seen.append(op_identity(name))
+    double.register_autograd(lambda ctx, g: g * 2, setup_context=lambda ctx, inputs, out: None)
+    seen.append(op_identity(name))
+    double.register_fake(lambda x: torch.empty_like(x))
+    seen.append(op_identity(name))
+    assert len(set(seen)) == len(seen), seen
+
+
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
     """Only graphs that call an op outside torch's namespaces get the field."""
     from objcache.integrations.torch.remote import custom_ops
