@@ -18,15 +18,12 @@ import os
 import re
 import sys
 import threading
-import types
 from typing import Any
 
-from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.precompile import traced_code
 
 #: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
 TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
-#: Largest source file digested (a larger one is named by size and mtime).
-MAX_SOURCE_BYTES = 8 << 20
 _REGISTERED_AT = re.compile(r"registered at (.+?\.py)(?=:\d+)")
 #: Dispatch keys whose kernels only say what an op's result looks like (shapes, dtypes),
 #: never its values; torch registers a thousand of them in Python itself.
@@ -34,56 +31,36 @@ _SHAPE_ONLY_KEYS = frozenset({"Meta"})
 
 _lock = threading.Lock()
 #: Python kernels registered through ``Library.impl`` since objcache installed
-#: (:func:`record_kernel`): ``"ns::name"`` -> code digests.
-_python_kernels: dict[str, list[str]] = {}
+#: (:func:`record_kernel`): ``"ns::name"`` -> the functions.
+_python_kernels: dict[str, list[Any]] = {}
 #: How many kernels :func:`record_kernel` heard of: with the size of torch's registry of
 #: Python registrations, what says whether the overrides changed (:func:`token`).
 _generation = [0]
-_sources: dict[tuple[str, int, int], str] = {}
 #: (the :func:`token` they were found at, the overrides then)
 _overrides_memo: list[tuple[Any, tuple[tuple[str, str], ...]]] = []
 
 
-def record_kernel(name: str, code: types.CodeType) -> None:
-    """Note the code of a Python kernel registered for ``ns::name`` (``Library.impl``)."""
-    digest = portable_guards.code_digest(code)
+def record_kernel(name: str, fn: Any) -> None:
+    """Note a Python kernel registered for ``ns::name`` (``Library.impl``)."""
     with _lock:
-        _python_kernels.setdefault(name, []).append(digest)
+        _python_kernels.setdefault(name, []).append(fn)
         _generation[0] += 1
 
 
-def token() -> tuple[int, int]:
+def token() -> tuple[int, int, int]:
     """What changes whenever :func:`torch_overrides` may: the number of Python registrations
     torch keeps (``torch.library._impls``, which a library's removal shrinks) and of the
     kernels :func:`record_kernel` heard of (every ``Library.impl`` once objcache installed).
-    Two attribute reads: cheap enough for every call of a served entry until its settings
-    held."""
+    And what changes when an entry of Inductor's decomposition or lowering tables does
+    (:func:`.traced_code.tables_token`, ~0.15 ms): cheap enough for every call of a served
+    entry until its settings held."""
     library = sys.modules.get("torch.library")
     impls = getattr(library, "_impls", None)
-    return (len(impls) if isinstance(impls, set) else -1, _generation[0])
-
-
-def _source_digest(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "absent"
-    key = (path, st.st_size, st.st_mtime_ns)
-    with _lock:
-        known = _sources.get(key)
-    if known is not None:
-        return known
-    if st.st_size > MAX_SOURCE_BYTES:
-        digest = f"size:{st.st_size}:mtime:{st.st_mtime_ns}"
-    else:
-        try:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
-        except OSError:
-            digest = "unreadable"
-    with _lock:
-        _sources[key] = digest
-    return digest
+    return (
+        len(impls) if isinstance(impls, set) else -1,
+        _generation[0],
+        traced_code.tables_token(),
+    )
 
 
 def op_identity(name: str) -> str:
@@ -97,9 +74,13 @@ def op_identity(name: str) -> str:
     except Exception:
         dump = "no dump"
     # a Python source is named by its content, not its path (another venv, another machine)
-    parts.append(_REGISTERED_AT.sub(lambda m: f"registered at {_source_digest(m[1])}", dump))
+    parts.append(
+        _REGISTERED_AT.sub(lambda m: f"registered at {traced_code.source_digest(m[1])}", dump)
+    )
     with _lock:
-        parts.extend(_python_kernels.get(name, ()))
+        kernels = list(_python_kernels.get(name, ()))
+    for fn in kernels:
+        parts.extend(traced_code.function_identity(fn))
     try:
         from torch._library import custom_ops as library_custom_ops
 
@@ -107,34 +88,12 @@ def op_identity(name: str) -> str:
     except Exception:
         opdef = None
     if opdef is not None:
+        # everything its definition holds: each function (kernels, fake kernel, backward,
+        # setup-context, vmap and dispatch rules) by what decides what it computes, its
+        # settings (autocast dtypes, disabled devices, tags) by value
         for attr, value in sorted(vars(opdef).items()):
-            parts.append(attr)
-            parts.extend(_described(value, 0))
+            parts.append(f"{attr}={traced_code.value_identity(value, 0)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
-def _described(value: Any, depth: int) -> list[str]:
-    """What a ``custom_op``'s definition holds under one attribute, as far as it decides
-    what the op computes: each function (its kernels, fake kernel, backward, setup-context,
-    vmap and torch-dispatch rules, what AOTAutograd traces into a graph) by its code and the
-    source file it sits in (the helpers beside it), settings (autocast dtypes, disabled
-    devices, tags) by value; torch's own objects (the library, the op) by type."""
-    code = getattr(value, "__code__", None)
-    if isinstance(code, types.CodeType):
-        return [portable_guards.code_digest(code), _source_digest(code.co_filename)]
-    if depth > 2:
-        return [type(value).__name__]
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda kv: repr(kv[0]))
-        return [x for k, v in items for x in (repr(k), *_described(v, depth + 1))]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        described = [",".join(_described(v, depth + 1)) for v in value]
-        return sorted(described) if isinstance(value, (set, frozenset)) else described
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return [repr(value)]
-    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
-        return [str(value)]
-    return [type(value).__name__]
 
 
 def torch_overrides() -> tuple[tuple[str, str], ...]:
@@ -161,13 +120,19 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
         if entry.split("/", 1)[0] in TORCH_NAMESPACES
         and entry.rsplit("/", 1)[-1] not in _SHAPE_ONLY_KEYS
     ]
-    names = set(later)
+    names: set[str] = set()
+    present: set[str] = set()
     for entry in mine:
         ns, op, key = entry.split("/")
         name = f"{ns}::{op.split('.', 1)[0]}"
+        present.add(name)
         if not registered_by_torch(name, key):
             names.add(name)
+    # registered through torch's own helpers (``@torch.library.impl``: the dispatcher names
+    # torch's file), while still registered
+    names.update(n for n in later if n in present)
     found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
+    found += traced_code.table_overrides()
     with _lock:
         _overrides_memo[:] = [(now, found)]
     return found

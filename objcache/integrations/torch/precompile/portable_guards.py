@@ -141,9 +141,26 @@ def _reachable(value: Any, module: Any, path: str) -> str | None:
     return f"{module}.{path}" if target is value else None
 
 
+#: The types of a C class's methods and attributes read from the class itself
+#: (``torch.Tensor.relu``, ``torch.Tensor.__add__``, ``torch.Tensor.T``).
+DESCRIPTORS = (
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
 def _named(value: Any) -> str | None:
     """``module.qualname`` of a function, builtin or class that is reachable by that name
     (so that the name means the same object in another process), else None."""
+    if isinstance(value, DESCRIPTORS):
+        # a C class's method or attribute taken from the class (``torch.Tensor.relu``):
+        # named by its class and name
+        owner = _named(getattr(value, "__objclass__", None))
+        name = getattr(value, "__name__", None)
+        return None if owner is None or not isinstance(name, str) else f"{owner}#{name}"
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
     if not isinstance(qualname, str):
@@ -618,7 +635,8 @@ INLINED_KIND = "INLINED_CODE"
 #: Record kinds of facts torch checks only when it compiles a frame (one process never
 #: changes a class's methods, as torch assumes): checked until a served code's whole guard
 #: first holds in the process, as a normal compile would have read them then.
-CHECKED_ONCE = frozenset({INLINED_KIND})
+UNGUARDED_KIND = "UNGUARDED_VALUE"
+CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND})
 #: The identity of a module with no hooks of its own.
 _NO_HOOKS = identity(({}, {}, {}, {}))
 
@@ -680,6 +698,55 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
         if source is None:
             raise Unportable(INLINED_KIND, qualname, "no module name reaches its function")
         out.append(Portable(source, INLINED_KIND, f"code:{code_digest(code)}"))
+    return tuple(out)
+
+
+def unguarded_value_records(
+    codes: Sequence[types.CodeType], f_locals: Any = None
+) -> tuple[Portable, ...]:
+    """Records of the C classes' methods a frame reads where Dynamo guards nothing: a
+    traced code's module global holding one (``ACT = getattr(torch.Tensor, name)``) and a
+    module attribute of the frame's local modules and their submodules holding one
+    (``self.act = torch.Tensor.relu``). Dynamo turns the call into a method call by name and
+    installs no guard on the value (one process never changes it), so a reader that chose
+    another method would run the writer's. Each is recorded as the name of what it holds
+    there; one with no name raises :class:`Unportable`."""
+    import inspect
+
+    out: list[Portable] = []
+
+    def record(source: str, value: Any) -> None:
+        ident = identity(value)
+        if ident is None:
+            raise Unportable(UNGUARDED_KIND, source, "an unguarded value has no portable name")
+        out.append(Portable(source, UNGUARDED_KIND, ident))
+
+    for code in dict.fromkeys(codes):
+        module = inspect.getmodule(code)
+        name = getattr(module, "__name__", None)
+        if module is None or not isinstance(name, str) or sys.modules.get(name) is not module:
+            continue
+        scope = vars(module)
+        top, *below = name.split(".")
+        for attr in dict.fromkeys(code.co_names):
+            value = scope.get(attr)
+            if isinstance(value, DESCRIPTORS):
+                record(f"__import__({top!r})" + "".join(f".{s}" for s in (*below, attr)), value)
+    if isinstance(f_locals, dict):
+        torch = sys.modules.get("torch")
+        module_type = getattr(getattr(torch, "nn", None), "Module", None)
+        for local, value in f_locals.items():
+            if module_type is None or not isinstance(value, module_type):
+                continue
+            for path, sub in list(value.named_modules())[:MAX_NODES]:
+                for attr, held in list(vars(sub).items()):
+                    if not isinstance(held, DESCRIPTORS):
+                        continue
+                    steps = [*(path.split(".") if path else ()), attr]
+                    source = f"L[{local!r}]" + "".join(f".{s}" for s in steps)
+                    if not all(s.isidentifier() for s in steps):
+                        raise Unportable(UNGUARDED_KIND, source, "no attribute path reaches it")
+                    record(source, held)
     return tuple(out)
 
 

@@ -108,6 +108,7 @@ def wrap_serialize_guards(
                 (
                     *records,
                     *portable_guards.inlined_code_records(traced),
+                    *portable_guards.unguarded_value_records(traced, _frame_locals(output_graph)),
                     *portable_guards.global_hook_records(),
                 )
             )
@@ -147,6 +148,11 @@ def _traced_code(output_graph: Any) -> list[Any]:
             portable_guards.INLINED_KIND, "<frame>", "torch keeps no list of the inlined code"
         )
     return codes
+
+
+def _frame_locals(output_graph: Any) -> Any:
+    """The traced frame's locals (Dynamo's root translator keeps them), or None."""
+    return getattr(getattr(output_graph, "root_tx", None), "f_locals", None)
 
 
 #: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).

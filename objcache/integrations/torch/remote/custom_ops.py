@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import compile_settings
+from objcache.integrations.torch.precompile import compile_settings, traced_code
 from objcache.integrations.torch.precompile.op_overrides import (
     TORCH_NAMESPACES,
     op_identity,
@@ -81,12 +81,39 @@ def _qualified_name(target: Any) -> str | None:
     return name if isinstance(name, str) and "::" in name else None
 
 
-def graph_identity(gm: Any) -> tuple[tuple[str, str], ...]:
-    """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls, then
-    every op of torch's own namespaces whose kernel the program replaced
-    (:func:`torch_overrides`)."""
+def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], ...]:
+    """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls, the
+    tensor subclasses outside torch among its inputs, state and values (AOTAutograd runs
+    their ``__torch_dispatch__`` while it traces), then every op of torch's own namespaces
+    whose kernel the program replaced and the program's entries in Inductor's
+    decomposition and lowering tables (:func:`torch_overrides`)."""
     ops = tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
+    subclasses = traced_code.tensor_subclasses(_values_of(gm, example_inputs))
+    ops += tuple(
+        (f"subclass:{cls.__module__}.{cls.__qualname__}", traced_code.class_identity(cls))
+        for cls in sorted(subclasses, key=lambda c: f"{c.__module__}.{c.__qualname__}")
+    )
     return ops + torch_overrides()
+
+
+def _values_of(gm: Any, example_inputs: Any) -> list[Any]:
+    """The example inputs, the module's parameters and buffers, the example values of its
+    nodes."""
+    values: list[Any] = []
+    if isinstance(example_inputs, (list, tuple)):
+        values.extend(example_inputs)
+    for attr in ("parameters", "buffers"):
+        method = getattr(gm, attr, None)
+        if callable(method):
+            values.extend(method())
+    graph = getattr(gm, "graph", None)
+    for node in getattr(graph, "nodes", ()):
+        meta = getattr(node, "meta", None)
+        if isinstance(meta, dict) and "example_value" in meta:
+            values.append(meta["example_value"])
+        if getattr(node, "op", None) == "call_function" and isinstance(node.target, type):
+            values.append(node.target)  # a class the graph calls: constructed inside
+    return values
 
 
 def _wrap_details_init(original: Callable[..., None]) -> Any:
@@ -95,12 +122,14 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
         if FIELD in self.__dict__:
             return
         try:
-            ops = graph_identity(gm)
+            ops = graph_identity(gm, args[0] if args else kwargs.get("example_inputs", ()))
             off = compile_settings.sdp_backends_off()
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
             off = ()
             counters["unreadable"] += 1
+        if any(not name.startswith(PROCESS_WIDE) for name, _ in ops):
+            _not_a_precompile_entry()
         if off:
             ops += (("sdp_backends_off", ",".join(off)),)
         if ops:
@@ -109,6 +138,25 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
 
     marked(__init__, original)
     return __init__
+
+
+#: The items of :func:`graph_identity` that hold for the whole process, which a precompile
+#: entry's compiler settings record carries (``precompile/compile_settings.py``).
+PROCESS_WIDE = ("override:", "decomposition:", "lowering:")
+
+
+def _not_a_precompile_entry() -> None:
+    """The frame being compiled calls the program's own ops or takes its tensor subclasses:
+    a precompile entry would skip the keys that name them, so its package is not saved
+    (``unsaved:traced_code``); its graphs are still cached under those keys."""
+    try:
+        from torch._guards import TracingContext
+
+        context = TracingContext.try_get()
+    except Exception:
+        return
+    if context is not None:  # read where the frame's guards are serialized
+        context.__dict__.setdefault("_objcache_unsaveable", "traced_code")
 
 
 def _wrap_library_impl(original: Callable[..., Any]) -> Any:
@@ -125,7 +173,7 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
                 module == "torch" or module.startswith("torch.")
             )
             if code is not None and not torchs:  # torch's own kernels are in its release
-                record_kernel(name, code)
+                record_kernel(name, fn)
         except Exception:
             counters["impl_unrecorded"] += 1
         return result

@@ -863,3 +863,44 @@ def test_a_dict_of_dicts_is_sealed_with_the_dicts_inside_it() -> None:
     assert not check({})
     inner["attentions"] = _double
     assert check({}) and check({})
+
+
+#: A C class's method chosen by name, read by :func:`_act` (module global).
+ACT: Any = None
+
+
+def _act(x: Any) -> Any:
+    return ACT(x)
+
+
+def test_a_c_class_method_read_where_dynamo_guards_nothing_is_a_record() -> None:
+    """``ACT = getattr(torch.Tensor, name)`` in a module's globals and ``self.act =
+    torch.Tensor.relu`` on a module: Dynamo calls the method by name and guards nothing on
+    the value, so each is a record of what it held; a reader that chose another method
+    fails it."""
+    import torch
+
+    global ACT
+    ACT = torch.Tensor.relu
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Module()
+            self.inner.act = torch.Tensor.relu
+
+    net = Net()
+    records = pg.unguarded_value_records([_act.__code__], {"self": net})
+    assert sorted(r.source for r in records) == [
+        "L['self'].inner.act",
+        "__import__('tests').integrations.torch.precompile.test_portable_guards.ACT",
+    ], records
+    assert {r.kind for r in records} == {pg.UNGUARDED_KIND}
+    assert pg.check_for(records, {})({"self": net})
+    try:
+        ACT = torch.Tensor.sigmoid
+        assert not pg.check_for(records, {})({"self": net})
+    finally:
+        ACT = torch.Tensor.relu
+    net.inner.act = torch.Tensor.sigmoid
+    assert not pg.check_for(records, {})({"self": net})

@@ -5,6 +5,7 @@ library misses, and never runs the writer's decomposition."""
 from __future__ import annotations
 
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,89 @@ def test_every_function_of_a_custom_op_s_definition_is_in_its_identity(tmp_path:
     double.register_fake(lambda x: torch.empty_like(x))
     seen.append(op_identity(name))
     assert len(set(seen)) == len(seen), seen
+
+
+def test_a_setting_a_kernel_reads_from_its_module_is_in_its_identity(tmp_path: Path) -> None:
+    """The same kernel code configured otherwise (a global read from the environment at
+    import) computes something else: another identity."""
+    from objcache.integrations.torch.precompile.op_overrides import torch_overrides
+    from objcache.integrations.torch.remote import custom_ops
+
+    custom_ops.apply([])  # the kernels registered from here on are recorded, as once installed
+    scope: dict[str, Any] = {"torch": torch, "SCALE": 2.0}
+    exec("def linear(x, w, b=None):\n    return torch.matmul(x, w.t()) * SCALE\n", scope)
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("linear", scope["linear"], "CompositeImplicitAutograd")
+        first = dict(torch_overrides())["override:aten::linear"]
+        scope["SCALE"] = 3.0
+        lib._destroy()
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("linear", scope["linear"], "CompositeImplicitAutograd")
+        second = dict(torch_overrides())["override:aten::linear"]
+        assert second != first
+        # read through a config module (``cfg.SCALE``)
+        cfg = types.ModuleType("objcache_test_cfg")
+        cfg.SCALE = 2.0  # type: ignore[attr-defined]
+        scope["cfg"] = cfg
+        exec("def linear(x, w, b=None):\n    return torch.matmul(x, w.t()) * cfg.SCALE\n", scope)
+        seen = []
+        for value in (2.0, 3.0):
+            cfg.SCALE = value  # type: ignore[attr-defined]
+            lib._destroy()
+            lib = torch.library.Library("aten", "IMPL")
+            lib.impl("linear", scope["linear"], "CompositeImplicitAutograd")
+            seen.append(dict(torch_overrides())["override:aten::linear"])
+        assert seen[0] != seen[1], seen
+    finally:
+        lib._destroy()
+        custom_ops.uninstall()
+
+
+def test_a_tensor_subclass_a_graph_takes_is_in_its_identity() -> None:
+    """AOTAutograd runs a subclass's ``__torch_dispatch__`` while it traces: the subclass's
+    code is part of what a graph taking one is keyed by; another version is another key."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    def subclass(factor: float) -> type:
+        class Scaled(torch.Tensor):
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                return func(*args, **(kwargs or {})) * factor
+
+        return Scaled
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    plain = torch.ones(2)
+    assert custom_ops.graph_identity(gm, [plain]) == ()
+    one, two = subclass(1.0), subclass(2.0)
+    keyed = custom_ops.graph_identity(gm, [plain.as_subclass(one)])
+    assert [name for name, _ in keyed] == [f"subclass:{one.__module__}.{one.__qualname__}"]
+    assert keyed != custom_ops.graph_identity(gm, [plain.as_subclass(two)])
+    assert keyed == custom_ops.graph_identity(gm, [plain.as_subclass(one)])
+
+
+def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> None:
+    """A decomposition the program put in Inductor's table runs for every graph using the
+    op, which no key of torch's names: it keys every graph while it is there."""
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    op = torch.ops.aten.gelu.default
+    before = decompositions.get(op)
+    try:
+        decompositions[op] = lambda x, approximate="none": x * 0.5 * (1 + torch.tanh(x))
+        names = [name for name, _ in custom_ops.graph_identity(gm)]
+        assert names == [f"decomposition:{op}"], names
+    finally:
+        if before is None:
+            decompositions.pop(op, None)
+        else:
+            decompositions[op] = before
+        fast_random_decomps.cache_clear()  # torch's copy of the table, made again when asked
+    assert custom_ops.graph_identity(gm) == ()
 
 
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
