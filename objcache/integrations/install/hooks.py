@@ -315,8 +315,13 @@ def _apply_triton_host(module: Any) -> None:
         triton_host.apply(module)
 
 
+def _apply_op_kernels(module: Any) -> None:
+    custom_ops.apply([])  # ``Library.impl``: each kernel's function, as it is registered
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
+    "op_kernels": _apply_op_kernels,
     "flags": _apply_flags,
     "remote_caches": _apply_remote_cache,
     "autotune": _apply_autotune,

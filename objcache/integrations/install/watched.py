@@ -17,6 +17,7 @@ from typing import Literal
 
 #: What a part of the install does (:mod:`.hooks` maps each to the function applying it).
 Part = Literal[
+    "op_kernels",
     "flags",
     "remote_caches",
     "autotune",
@@ -31,6 +32,9 @@ Part = Literal[
 
 #: torch module -> the part of the install applied once it is imported, in install order.
 WATCHED: dict[str, Part] = {
+    # first: the kernels a library registers for an op as it is imported, before any compile
+    # (docs/torch.md, "Custom ops in the keys")
+    "torch.library": "op_kernels",
     "torch._inductor.config": "flags",
     "torch._functorch.config": "flags",
     "torch._dynamo.config": "flags",

@@ -81,6 +81,13 @@ def op_identity(name: str) -> str:
         kernels = list(_python_kernels.get(name, ()))
     for fn in kernels:
         parts.extend(traced_code.function_identity(fn))
+    if not kernels and _python_registrations(name):
+        # a Python kernel registered before objcache installed: its function is not known,
+        # only where it was registered (a library's helper, the same in every version), so
+        # nothing says what it does: a key of this process alone (a miss, never another's)
+        parts.append(f"unidentified:{_PROCESS_NONCE}")
+        with _lock:
+            unidentified.add(name)
     try:
         from torch._library import custom_ops as library_custom_ops
 
@@ -94,6 +101,28 @@ def op_identity(name: str) -> str:
         for attr, value in sorted(vars(opdef).items()):
             parts.append(f"{attr}={traced_code.value_identity(value, 0)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+#: Ops with a Python kernel registered before objcache installed (:func:`op_identity`).
+unidentified: set[str] = set()
+_PROCESS_NONCE = os.urandom(8).hex()
+
+
+def _python_registrations(name: str) -> bool:
+    """Whether a Python kernel registered by the program (not torch, not shape-only) is in
+    place for ``ns::name`` (``torch.library._impls``)."""
+    library = sys.modules.get("torch.library")
+    impls = getattr(library, "_impls", None)
+    if not isinstance(impls, set):
+        return False
+    ns, _, op = name.partition("::")
+    for entry in list(impls):
+        parts = entry.split("/")
+        if len(parts) != 3 or parts[0] != ns or parts[1].split(".", 1)[0] != op:
+            continue
+        if parts[2] not in _SHAPE_ONLY_KEYS and not registered_by_torch(name, parts[2]):
+            return True
+    return False
 
 
 def torch_overrides() -> tuple[tuple[str, str], ...]:

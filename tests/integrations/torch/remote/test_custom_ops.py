@@ -236,6 +236,22 @@ def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> 
     assert custom_ops.graph_identity(gm) == ()
 
 
+def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process() -> None:
+    """A Python kernel whose registration objcache did not see (a library imported before
+    the install, registering through a helper of its own) is named by nothing but where it
+    was registered: its graphs get a key of this process alone, a miss elsewhere."""
+    from objcache.integrations.torch.precompile import op_overrides
+
+    lib = torch.library.Library("objcache_test_early", "DEF")
+    try:
+        lib.define("triple(Tensor x) -> Tensor")
+        lib.impl("triple", lambda x: x * 3, "CompositeImplicitAutograd")  # not recorded
+        op_overrides.op_identity("objcache_test_early::triple")
+        assert "objcache_test_early::triple" in op_overrides.unidentified
+    finally:
+        lib._destroy()
+
+
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
     """Only graphs that call an op outside torch's namespaces get the field."""
     from objcache.integrations.torch.remote import custom_ops
