@@ -316,7 +316,7 @@ def _apply_triton_host(module: Any) -> None:
 
 
 def _apply_op_kernels(module: Any) -> None:
-    custom_ops.apply([])  # ``Library.impl``: each kernel's function, as it is registered
+    custom_ops.apply([], module)  # ``Library.impl``: each kernel's function, as registered
 
 
 #: Each part of the install -> the function applying it to its torch module.

@@ -187,16 +187,20 @@ def _patch(obj: Any, attr: str, value: Any) -> None:
     setattr(obj, attr, value)
 
 
-def apply(details_classes: list[Any]) -> None:
-    """Add the field to each key-details class, and record ``Library.impl`` kernels."""
-    import torch.library
+def apply(details_classes: list[Any], library_module: Any = None) -> None:
+    """Add the field to each key-details class, and record ``Library.impl`` kernels.
+    ``library_module``: ``torch.library`` itself where it is applied as that module has
+    just run, inside ``import torch`` (``torch.library`` is not an attribute of ``torch``
+    yet)."""
+    import importlib
 
+    module = library_module or importlib.import_module("torch.library")
     with _lock:
         for cls in details_classes:
             init = cls.__dict__.get("__init__")
             if init is not None and not is_marked(init):
                 _patch(cls, "__init__", _wrap_details_init(init))
-        library = torch.library.Library
+        library = module.Library
         impl = library.__dict__.get("impl")
         if impl is not None and not is_marked(impl):
             _patch(library, "impl", _wrap_library_impl(impl))
