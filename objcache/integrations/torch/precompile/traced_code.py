@@ -32,6 +32,8 @@ MAX_SOURCE_BYTES = 8 << 20
 MAX_DEPTH = 2
 #: Longest rendering of one value read (a longer one is named by its digest).
 MAX_VALUE_CHARS = 4096
+#: Most items of a container read by a function that are named one by one.
+MAX_ITEMS = 256
 #: Largest tensor read by a function that is named by its content (larger: shape and dtype).
 MAX_TENSOR_ELEMENTS = 4096
 
@@ -131,6 +133,8 @@ def value_identity(value: Any, depth: int) -> str:
     it is code, by name where it is a module or torch's own."""
     if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
         rendered = repr(value)
+    elif isinstance(value, (tuple, list, frozenset, set, dict)) and len(value) > MAX_ITEMS:
+        rendered = f"{type(value).__name__}:{len(value)} items"  # a registry, not a setting
     elif isinstance(value, (tuple, list, frozenset, set)) and depth <= MAX_DEPTH:
         items = [value_identity(v, depth + 1) for v in value]
         rendered = repr(sorted(items) if isinstance(value, (set, frozenset)) else items)
