@@ -108,7 +108,7 @@ def wrap_serialize_guards(
                 (
                     *records,
                     *portable_guards.inlined_code_records(traced),
-                    *portable_guards.unguarded_value_records(traced, _frame_locals(output_graph)),
+                    *portable_guards.unguarded_value_records(traced, _frame_locals(builder)),
                     *portable_guards.global_hook_records(),
                 )
             )
@@ -150,9 +150,10 @@ def _traced_code(output_graph: Any) -> list[Any]:
     return codes
 
 
-def _frame_locals(output_graph: Any) -> Any:
-    """The traced frame's locals (Dynamo's root translator keeps them), or None."""
-    return getattr(getattr(output_graph, "root_tx", None), "f_locals", None)
+def _frame_locals(builder: Any) -> Any:
+    """The traced frame's locals, as the guard builder reads ``L[...]`` (its scope)."""
+    scope = getattr(builder, "scope", None)
+    return scope.get("L") if isinstance(scope, dict) else None
 
 
 #: Names Dynamo gives the globals it installs for one object (``install_global_by_id``).
