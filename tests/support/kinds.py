@@ -10,7 +10,14 @@ import ast
 from tests.support.paths import ROOT
 
 #: ``*KIND*`` constants that name no stored kind: a portable guard record's kind of source.
-NOT_STORED = {"COMPILE_SETTINGS", "MODULE_HOOKS", "GLOBAL_HOOKS", "INLINED_CODE", "SET_ORDER"}
+NOT_STORED = {
+    "COMPILE_SETTINGS",
+    "MODULE_HOOKS",
+    "GLOBAL_HOOKS",
+    "INLINED_CODE",
+    "SET_ORDER",
+    "UNGUARDED_VALUE",
+}
 
 
 def written_kinds() -> set[str]:
