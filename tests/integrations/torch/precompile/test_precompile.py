@@ -74,7 +74,8 @@ print("RESULT " + json.dumps({{
 
 def run(machine: Path, store: Path, *, scale: str = "2.0", batch: int | str = 3, **env: str) -> Any:
     e = ts.compile_env(machine, f"file://{store}")
-    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_SIGNING_KEY=KEY, OBJCACHE_PREFETCH="0", **env)
+    e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_SIGNING_KEY=KEY, OBJCACHE_PREFETCH="0")
+    e.update(OBJCACHE_TIMEOUT_MS=ts.FILE_STORE_TIMEOUT_MS, **env)
     script = machine / "net.py"
     script.write_text(SCRIPT.format(scale=scale))
     out = subprocess.run(
@@ -287,6 +288,7 @@ def test_a_save_before_the_lazy_backward_still_carries_the_training_backend(
         path = tmp_path / machine
         e = ts.compile_env(path, f"file://{store}")
         e.update(OBJCACHE_PRECOMPILE="1", OBJCACHE_SIGNING_KEY=KEY, OBJCACHE_PREFETCH="0")
+        e.update(OBJCACHE_TIMEOUT_MS=ts.FILE_STORE_TIMEOUT_MS)
         script = path / "train.py"
         script.write_text(TRAIN_SCRIPT)
         out = subprocess.run(

@@ -258,6 +258,7 @@ def run(
         OBJCACHE_PRECOMPILE="1",
         OBJCACHE_SIGNING_KEY=KEY,
         OBJCACHE_PREFETCH="0",
+        OBJCACHE_TIMEOUT_MS=ts.FILE_STORE_TIMEOUT_MS,
         ACT=act,
         CELLS=cells,
         RELOAD=reload,
