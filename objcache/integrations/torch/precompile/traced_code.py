@@ -146,7 +146,8 @@ def value_identity(value: Any, depth: int) -> str:
         rendered = f"class:{value.__module__}.{value.__qualname__}"
         if not is_torchs(value) and depth <= MAX_DEPTH:
             rendered += ":" + class_identity(value, depth + 1)
-    elif callable(value) and not is_torchs(value):
+    elif isinstance(value, functools.partial) or (callable(value) and not is_torchs(value)):
+        # a partial's class is functools': it is named by what it calls and its arguments
         rendered = ",".join(function_identity(value, depth))
     else:
         rendered = _object_identity(value)
