@@ -77,6 +77,11 @@ def op_identity(name: str) -> str:
     parts.append(
         _REGISTERED_AT.sub(lambda m: f"registered at {traced_code.source_digest(m[1])}", dump)
     )
+    if _native_registrations(dump):
+        # a C++ kernel outside torch's build (a kernel library's extension): named by the
+        # binaries the process loaded, not by its build's source paths (the same in every
+        # version of the library)
+        parts.append("native:" + traced_code.native_libraries())
     with _lock:
         kernels = list(_python_kernels.get(name, ()))
     for fn in kernels:
@@ -85,7 +90,7 @@ def op_identity(name: str) -> str:
         # a Python kernel registered before objcache installed: its function is not known,
         # only where it was registered (a library's helper, the same in every version), so
         # nothing says what it does: a key of this process alone (a miss, never another's)
-        parts.append(f"unidentified:{_PROCESS_NONCE}")
+        parts.append(traced_code.UNIDENTIFIED)
         with _lock:
             unidentified.add(name)
     try:
@@ -105,7 +110,35 @@ def op_identity(name: str) -> str:
 
 #: Ops with a Python kernel registered before objcache installed (:func:`op_identity`).
 unidentified: set[str] = set()
-_PROCESS_NONCE = os.urandom(8).hex()
+
+
+_REGISTERED_IN = re.compile(r"registered at (\S+?):\d+")
+_torch_build: list[str] = []
+
+
+def _native_registrations(dump: str) -> bool:
+    """Whether the dispatcher's record names a kernel registered from C++ outside torch's
+    own build (whose source root its ``aten`` kernels name)."""
+    if not _torch_build:
+        import torch
+
+        try:
+            add = str(torch._C._dispatch_dump("aten::add.Tensor"))
+            where = _REGISTERED_IN.search(add.split("CPU:", 1)[-1])
+            path = where[1] if where else ""
+        except Exception:
+            path = ""
+        # ``/__w/pytorch/pytorch/build/aten/src/...`` -> ``/__w/pytorch/pytorch/``
+        for marker in ("/build/", "/aten/", "/torch/"):
+            if marker in path:
+                path = path.split(marker, 1)[0] + "/"
+                break
+        _torch_build.append(path or "\0")
+    root = _torch_build[0]
+    for where in _REGISTERED_IN.findall(dump):
+        if not where.endswith(".py") and not where.startswith(root):
+            return True
+    return False
 
 
 def _python_registrations(name: str) -> bool:

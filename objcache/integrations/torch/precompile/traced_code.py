@@ -7,18 +7,23 @@ code: a kernel registered for an op, a ``custom_op``'s backward, a tensor subcla
 table. Their *results* are baked into the compiled code. Here each such function is named
 by what decides what it does, as far as a digest can tell: its code, the content of the
 source file it sits in (the helpers beside it), and the values it reads from its module's
-globals and its closure (a setting read from the environment at import), following the
-functions it reads one level further. A class is named by those of its methods and its
-plain attributes. What is torch's own (its package's files) is in its release, which every
-key holds already.
+globals and its closure (a setting read from the environment at import), the environment
+variables it names where it reads the environment, following the functions it reads one level
+further. A class is named by those of its methods and its plain attributes; an object by its
+class and its attributes; a C++ kernel by the binaries the process loaded. What is torch's own
+(its package's files) is in its release, which every key holds already. What cannot be named
+within the bounds below (a container or tensor too large to digest) is named by a value of
+this process alone: a miss on every other machine, never another machine's result.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import os
 import sys
+import sysconfig
 import threading
 import types
 from collections.abc import Iterable, Iterator
@@ -32,12 +37,20 @@ MAX_SOURCE_BYTES = 8 << 20
 MAX_DEPTH = 2
 #: Longest rendering of one value read (a longer one is named by its digest).
 MAX_VALUE_CHARS = 4096
-#: Most items of a container read by a function that are named one by one.
+#: Most items of a container read by a function that are named one by one (followed).
 MAX_ITEMS = 256
-#: Largest tensor read by a function that is named by its content (larger: shape and dtype).
-MAX_TENSOR_ELEMENTS = 4096
+#: Most items of a container named at all (by a cheap rendering of each, unfollowed); a
+#: larger one is named by this process alone.
+MAX_DIGESTED_ITEMS = 100_000
+#: Largest array or tensor read by a function that is named by its content (larger: by
+#: this process alone).
+MAX_ARRAY_BYTES = 64 << 20
+#: Read of a native library's binary, each end (its ELF build id sits in the first pages).
+NATIVE_READ_BYTES = 1 << 20
 
-_PLAIN = (str, bytes, int, float, complex, bool, tuple, frozenset)
+#: The value that names what cannot be named: of this process alone (a miss elsewhere).
+PROCESS_NONCE = os.urandom(8).hex()
+UNIDENTIFIED = f"unidentified:{PROCESS_NONCE}"
 
 _lock = threading.Lock()
 _sources: dict[tuple[str, int, int], str] = {}
@@ -46,26 +59,38 @@ _sources: dict[tuple[str, int, int], str] = {}
 def source_digest(path: str) -> str:
     """The content of a source file, by digest (not its path: another venv, another machine);
     remembered by size and mtime."""
+
+    def digest(f: Any, size: int) -> str:
+        if size > MAX_SOURCE_BYTES:
+            return f"size:{size}:mtime:{os.fstat(f.fileno()).st_mtime_ns}"
+        return hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
+
+    return _file_digest(path, _sources, digest, "unreadable")
+
+
+def _file_digest(
+    path: str, memo: dict[tuple[str, int, int], str], digest: Any, unreadable: str
+) -> str:
+    """``digest(file, size)`` of ``path``, remembered in ``memo`` by size and mtime."""
     try:
         st = os.stat(path)
     except OSError:
         return "absent"
     key = (path, st.st_size, st.st_mtime_ns)
     with _lock:
-        known = _sources.get(key)
+        known = memo.get(key)
     if known is not None:
         return known
-    if st.st_size > MAX_SOURCE_BYTES:
-        digest = f"size:{st.st_size}:mtime:{st.st_mtime_ns}"
-    else:
-        try:
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
-        except OSError:
-            digest = "unreadable"
+    try:
+        with open(path, "rb") as f:
+            value = str(digest(f, st.st_size))
+    except OSError:
+        value = unreadable
     with _lock:
-        _sources[key] = digest
-    return digest
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = value
+    return value
 
 
 def is_torchs(value: Any) -> bool:
@@ -81,11 +106,44 @@ def is_torchs(value: Any) -> bool:
     return module in ("builtins", "functools") or module == "torch" or module.startswith("torch.")
 
 
+def is_stdlib(value: Any) -> bool:
+    """Whether a module, or an object's class, is Python's own (named by its kind: the
+    interpreter's release is in every key)."""
+    name = (
+        value.__name__
+        if isinstance(value, types.ModuleType)
+        else getattr(type(value), "__module__", None)
+    )
+    if not isinstance(name, str) or name.split(".", 1)[0] not in sys.stdlib_module_names:
+        return False
+    module = value if isinstance(value, types.ModuleType) else sys.modules.get(name)
+    path = getattr(module, "__file__", None)  # not a program's module of the same name
+    return path is None or os.path.realpath(path).startswith(_STDLIB_DIRS)
+
+
+_STDLIB_DIRS = tuple(
+    os.path.realpath(sysconfig.get_paths()[kind]) + os.sep for kind in ("stdlib", "platstdlib")
+)
+#: Python's own classes whose objects are settings (what they hold names them).
+_SETTINGS_CLASSES = frozenset({"types.SimpleNamespace", "argparse.Namespace"})
+
+
 def _names_read(code: types.CodeType) -> Iterator[str]:
     yield from code.co_names
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _names_read(const)
+
+
+_ENV_READS = frozenset({"environ", "getenv", "environb", "getenvb"})
+
+
+def _strings(code: types.CodeType) -> Iterator[str]:
+    for const in code.co_consts:
+        if isinstance(const, str):
+            yield const
+        elif isinstance(const, types.CodeType):
+            yield from _strings(const)
 
 
 def function_identity(fn: Any, depth: int = 0) -> list[str]:
@@ -112,13 +170,19 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
                 continue
             value = scope[name]
             parts.append(f"{name}={value_identity(value, depth + 1)}")
-            if isinstance(value, types.ModuleType) and not is_torchs(value):
-                # a setting read through a config module (``cfg.SCALE``): the plain data
-                # under the names the code reads
+            if isinstance(value, types.ModuleType) and not (is_torchs(value) or is_stdlib(value)):
+                # what the code reads through a module of the program's (``cfg.SCALE``,
+                # ``helpers.scale(x)``): the values under the names the code reads
                 for attr in names:
                     held = getattr(value, attr, None)
-                    if held is None or isinstance(held, _PLAIN):
-                        parts.append(f"{name}.{attr}={value_identity(held, MAX_DEPTH)}")
+                    if held is not None and not isinstance(held, types.ModuleType):
+                        parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
+    if _ENV_READS.intersection(names):
+        # ``os.environ["SCALE"]``, ``os.getenv("SCALE")`` while it traces: the variables
+        # named by the code's string constants, by their value here
+        for const in sorted(set(_strings(code))):
+            if const.isidentifier():
+                parts.append(f"env:{const}={os.environ.get(const)!r}")
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         try:
             contents = cell.cell_contents
@@ -131,14 +195,17 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
 def value_identity(value: Any, depth: int) -> str:
     """One value a traced function reads: by value where it is plain data, by identity where
     it is code, by name where it is a module or torch's own."""
-    if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
-        rendered = repr(value)
-    elif isinstance(value, (tuple, list, frozenset, set, dict)) and len(value) > MAX_ITEMS:
-        rendered = f"{type(value).__name__}:{len(value)} items"  # a registry, not a setting
-    elif isinstance(value, (tuple, list, frozenset, set)) and depth <= MAX_DEPTH:
+    plain = _plain_data(value, [MAX_DIGESTED_ITEMS])
+    if plain is not None:
+        rendered = plain
+    elif isinstance(value, (tuple, list, frozenset, set, dict)) and (
+        len(value) > MAX_ITEMS or depth > MAX_DEPTH
+    ):
+        rendered = _container_digest(value)  # a registry: each item named, unfollowed
+    elif isinstance(value, (tuple, list, frozenset, set)):
         items = [value_identity(v, depth + 1) for v in value]
         rendered = repr(sorted(items) if isinstance(value, (set, frozenset)) else items)
-    elif isinstance(value, dict) and depth <= MAX_DEPTH:
+    elif isinstance(value, dict):
         rendered = repr(sorted((repr(k), value_identity(v, depth + 1)) for k, v in value.items()))
     elif isinstance(value, types.ModuleType):
         rendered = f"module:{value.__name__}"
@@ -150,27 +217,126 @@ def value_identity(value: Any, depth: int) -> str:
         # a partial's class is functools': it is named by what it calls and its arguments
         rendered = ",".join(function_identity(value, depth))
     else:
-        rendered = _object_identity(value)
+        rendered = _object_identity(value, depth)
     if len(rendered) > MAX_VALUE_CHARS:
         return "sha256:" + hashlib.sha256(rendered.encode()).hexdigest()[:32]
     return rendered
 
 
-def _object_identity(value: Any) -> str:
+def _plain_data(value: Any, budget: list[int]) -> str | None:
+    """Numbers, strings and containers of them however nested, by value; None for anything
+    else, or past ``budget`` items."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
+        return repr(value)
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = []
+        for item in value:
+            rendered = _plain_data(item, budget)
+            if rendered is None:
+                return None
+            items.append(rendered)
+        if isinstance(value, (set, frozenset)):
+            items.sort()
+        return f"{type(value).__name__}[{','.join(items)}]"
+    if isinstance(value, dict):
+        pairs = []
+        for key, item in value.items():
+            k, v = _plain_data(key, budget), _plain_data(item, budget)
+            if k is None or v is None:
+                return None
+            pairs.append(f"{k}:{v}")
+        return "dict{" + ",".join(sorted(pairs)) + "}"
+    return None
+
+
+def _container_digest(value: Any) -> str:
+    """A container too large (or too deep) to follow: each item by what it is without
+    following it further (plain data by value, code by its code and source); past
+    :data:`MAX_DIGESTED_ITEMS` items, this process alone."""
+    if len(value) > MAX_DIGESTED_ITEMS:
+        return UNIDENTIFIED
+    pairs = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+    digests = [
+        hashlib.sha256(f"{_shallow(k)}\0{_shallow(v)}".encode()).hexdigest() for k, v in pairs
+    ]
+    if isinstance(value, (set, frozenset, dict)):
+        digests.sort()
+    joined = "".join(digests).encode()
+    return f"{type(value).__name__}:{len(value)}:" + hashlib.sha256(joined).hexdigest()[:32]
+
+
+def _shallow(value: Any) -> str:
+    plain = _plain_data(value, [MAX_ITEMS])
+    if plain is not None:
+        return plain
+    if isinstance(value, (tuple, list, frozenset, set, dict)):
+        return UNIDENTIFIED  # a container in a container past the depth followed
+    return value_identity(value, MAX_DEPTH + 1)
+
+
+def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        try:
-            described = f"tensor:{value.dtype}:{tuple(value.shape)}"
-            if value.numel() <= MAX_TENSOR_ELEMENTS and value.device.type == "cpu":
-                data = value.detach().contiguous().numpy().tobytes()
-                described += ":" + hashlib.sha256(data).hexdigest()[:32]
-            return described
-        except Exception:
-            return kind
+        return _tensor_identity(value, kind)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        if value.nbytes > MAX_ARRAY_BYTES or value.dtype.hasobject:
+            return UNIDENTIFIED
+        data = numpy.ascontiguousarray(value).tobytes()
+        return f"ndarray:{value.dtype}:{value.shape}:" + hashlib.sha256(data).hexdigest()[:32]
     if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
         return str(value)
-    return kind
+    if isinstance(value, enum.Enum):
+        return f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
+    if is_torchs(type(value)) or depth > MAX_DEPTH:
+        return kind
+    if is_stdlib(value) and kind not in _SETTINGS_CLASSES:
+        return kind  # a logger, a lock, a file: Python's own
+    # an object of the program's (a settings object, a dataclass): its class and what it
+    # holds, followed one level more
+    held = getattr(value, "__dict__", None)
+    parts = [kind]
+    if not is_stdlib(value):
+        parts.append(class_identity(type(value), MAX_DEPTH))
+    if isinstance(held, dict):
+        for name, item in sorted(held.items(), key=lambda kv: str(kv[0]))[:MAX_ITEMS]:
+            parts.append(f"{name}={value_identity(item, depth + 1)}")
+    for name in _slots(type(value)):
+        if hasattr(value, name):
+            parts.append(f"{name}={value_identity(getattr(value, name), depth + 1)}")
+    return ";".join(parts)
+
+
+def _slots(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else list(slots))
+    return [n for n in names if n not in ("__dict__", "__weakref__")][:MAX_ITEMS]
+
+
+def _tensor_identity(value: Any, kind: str) -> str:
+    try:
+        described = f"tensor:{value.dtype}:{tuple(value.shape)}"
+        nbytes = value.numel() * value.element_size()
+        if nbytes > MAX_ARRAY_BYTES or type(value).__name__ not in ("Tensor", "Parameter"):
+            return UNIDENTIFIED  # too large to digest, or a subclass holding what it holds
+        data = (
+            value.detach()
+            .to("cpu")
+            .contiguous()
+            .reshape(-1)
+            .view(sys.modules["torch"].uint8)
+            .numpy()
+            .tobytes()
+        )
+        return described + ":" + hashlib.sha256(data).hexdigest()[:32]
+    except Exception:
+        return UNIDENTIFIED
 
 
 def class_identity(cls: type, depth: int = 0) -> str:
@@ -190,7 +356,11 @@ def class_identity(cls: type, depth: int = 0) -> str:
                 attr = attr.__func__
             if getattr(attr, "__code__", None) is not None:
                 parts.append(name + ":" + ",".join(function_identity(attr, depth)))
-            elif attr is None or isinstance(attr, (str, bytes, int, float, bool, tuple)):
+            elif (
+                isinstance(attr, (tuple, list, frozenset, set, dict))
+                or attr is None
+                or (isinstance(attr, (str, bytes, int, float, complex, bool, enum.Enum)))
+            ):
                 parts.append(f"{name}={value_identity(attr, MAX_DEPTH)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
@@ -260,3 +430,70 @@ def table_overrides() -> tuple[tuple[str, str], ...]:
             identity = ",".join(function_identity(fn))
             found[f"{label}:{op}"] = hashlib.sha256(identity.encode()).hexdigest()[:32]
     return tuple(sorted(found.items()))
+
+
+_binaries: dict[tuple[str, int, int], str] = {}
+_native_memo: dict[frozenset[str], str] = {}
+
+
+def native_libraries() -> str:
+    """The native binaries outside torch and the system this process loaded (an extension
+    library registering C++ kernels: its meta, autograd and composite kernels run while
+    AOTAutograd traces), each by a digest of its size and both ends of its file (the ELF
+    build id sits in the first pages): another build of a kernel library is another value."""
+    paths = _mapped_libraries()
+    with _lock:
+        known = _native_memo.get(paths)
+    if known is not None:
+        return known
+    named = sorted(f"{os.path.basename(p)}:{_binary_digest(p)}" for p in paths)
+    digest = hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
+    with _lock:
+        if len(_native_memo) > 64:
+            _native_memo.clear()
+        _native_memo[paths] = digest
+    return digest
+
+
+_SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/lib")
+
+
+def _mapped_libraries() -> frozenset[str]:
+    found: set[str] = set()
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and ".so" in os.path.basename(fields[5]):
+                    found.add(fields[5].rstrip("\n"))
+    except OSError:  # not Linux: the extension modules Python imported
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if isinstance(path, str) and path.endswith((".so", ".pyd", ".dylib")):
+                found.add(path)
+    torch = sys.modules.get("torch")
+    loaded = getattr(getattr(torch, "ops", None), "loaded_libraries", None)
+    if isinstance(loaded, (set, list, tuple)):
+        found.update(p for p in loaded if isinstance(p, str))
+    home = os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
+    return frozenset(
+        p
+        for p in found
+        if p.startswith(os.sep)
+        and not p.endswith(" (deleted)")
+        and not (home != os.sep and p.startswith(home))
+        and not p.startswith(_STDLIB_DIRS)
+        and not p.startswith(_SYSTEM_DIRS)
+    )
+
+
+def _binary_digest(path: str) -> str:
+    def digest(f: Any, size: int) -> str:
+        h = hashlib.sha256(str(size).encode())
+        h.update(f.read(NATIVE_READ_BYTES))
+        if size > NATIVE_READ_BYTES:
+            f.seek(max(NATIVE_READ_BYTES, size - NATIVE_READ_BYTES))
+            h.update(f.read(NATIVE_READ_BYTES))
+        return h.hexdigest()[:32]
+
+    return _file_digest(path, _binaries, digest, UNIDENTIFIED)

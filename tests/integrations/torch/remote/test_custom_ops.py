@@ -252,21 +252,6 @@ def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process(
         lib._destroy()
 
 
-def test_a_partial_a_kernel_reads_is_named_by_its_arguments() -> None:
-    """``functools.partial`` is functools' class, not torch's: a kernel reading one is
-    named by what it calls and with which arguments."""
-    import functools
-
-    from objcache.integrations.torch.precompile import traced_code
-
-    def scale(x: Any, factor: float) -> Any:
-        return x * factor
-
-    two = traced_code.value_identity(functools.partial(scale, factor=2.0), 0)
-    three = traced_code.value_identity(functools.partial(scale, factor=3.0), 0)
-    assert two != three
-
-
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
     """Only graphs that call an op outside torch's namespaces get the field."""
     from objcache.integrations.torch.remote import custom_ops

@@ -1,0 +1,158 @@
+"""What names the program's Python a compile runs while it traces (docs/torch.md, "Custom
+ops in the keys"): each fact a kernel's result depends on changes its identity, or names it
+by this process alone; what never decides a result (a logger's state) leaves it alone."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from objcache.integrations.torch.precompile import traced_code
+
+torch = pytest.importorskip("torch")
+
+
+def kernel_reading(source: str, **scope: Any) -> Any:
+    """A kernel defined in a module of its own (``source`` is its body's one line)."""
+    namespace: dict[str, Any] = {"torch": torch, "os": os, **scope}
+    exec(f"def kernel(x):\n    return {source}\n", namespace)
+    return namespace["kernel"]
+
+
+def identity(fn: Any) -> list[str]:
+    return traced_code.function_identity(fn)
+
+
+def test_a_partial_a_kernel_reads_is_named_by_its_arguments() -> None:
+    """``functools.partial`` is functools' class, not torch's: a kernel reading one is
+    named by what it calls and with which arguments."""
+
+    def scale(x: Any, factor: float) -> Any:
+        return x * factor
+
+    two = traced_code.value_identity(functools.partial(scale, factor=2.0), 0)
+    three = traced_code.value_identity(functools.partial(scale, factor=3.0), 0)
+    assert two != three
+
+
+def test_the_environment_a_kernel_reads_while_it_traces_is_in_its_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``os.environ[...]`` / ``os.getenv(...)`` read at trace time (not at import): the
+    variables the code names, by their value here."""
+    for source in (
+        'x * float(os.environ["OBJCACHE_T_SCALE"])',
+        'x * float(os.getenv("OBJCACHE_T_SCALE", "1"))',
+    ):
+        kernel = kernel_reading(source)
+        seen = []
+        for value in ("2", "3"):
+            monkeypatch.setenv("OBJCACHE_T_SCALE", value)
+            seen.append(identity(kernel))
+        assert seen[0] != seen[1], source
+        monkeypatch.setenv("OBJCACHE_T_SCALE", "2")
+        assert identity(kernel) == seen[0]
+
+
+class Settings:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.nested = {"table": [scale, 1.0]}
+
+
+class Slotted:
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        Settings,
+        Slotted,
+        lambda scale: types.SimpleNamespace(scale=scale),
+    ],
+    ids=["object", "slots", "namespace"],
+)
+def test_a_setting_read_through_an_object_s_attribute_is_in_its_identity(make: Any) -> None:
+    """A settings object (the program's class, one with slots, a ``SimpleNamespace``): named
+    by its class and what it holds."""
+    settings = make(2.0)
+    kernel = kernel_reading("x * SETTINGS.scale", SETTINGS=settings)
+    first = identity(kernel)
+    settings.scale = 3.0
+    assert identity(kernel) != first
+    settings.scale = 2.0
+    assert identity(kernel) == first
+
+
+def test_every_item_of_a_large_container_is_in_its_identity() -> None:
+    """A table of more than :data:`MAX_ITEMS` items is still named by each item (not its
+    length); one past :data:`MAX_DIGESTED_ITEMS` is named by this process alone."""
+    table = list(range(traced_code.MAX_ITEMS * 4))
+    kernel = kernel_reading("x * TABLE[-1]", TABLE=table)
+    first = identity(kernel)
+    table[-1] = -1
+    assert identity(kernel) != first
+    nested = {"deep": {"deeper": {"deepest": [1.0, {"scale": 2.0}]}}}
+    kernel = kernel_reading('x * NESTED["deep"]["deeper"]["deepest"][1]["scale"]', NESTED=nested)
+    first = identity(kernel)
+    nested["deep"]["deeper"]["deepest"][1]["scale"] = 3.0  # type: ignore[index]
+    assert identity(kernel) != first
+    huge = traced_code.value_identity([object()] * (traced_code.MAX_DIGESTED_ITEMS + 1), 0)
+    assert huge == traced_code.UNIDENTIFIED
+
+
+def test_a_tensor_a_kernel_reads_is_named_by_its_content_or_by_this_process() -> None:
+    """A constant tensor of any size up to :data:`MAX_ARRAY_BYTES` by its bytes (one
+    element changed is another identity); a larger one by this process alone."""
+    weights = torch.zeros(100, 100)
+    kernel = kernel_reading("x * WEIGHTS", WEIGHTS=weights)
+    first = identity(kernel)
+    weights[99, 99] = 1.0
+    assert identity(kernel) != first
+    big = torch.empty(0).expand(0)  # shape only: no storage to read
+    assert traced_code.value_identity(big, 0).startswith("tensor:")
+    too_large = torch.zeros(1).expand(traced_code.MAX_ARRAY_BYTES // 4 + 1)
+    assert traced_code.value_identity(too_large, 0) == traced_code.UNIDENTIFIED
+
+
+def test_python_s_own_objects_are_named_by_their_kind() -> None:
+    """A logger's state (what it has cached, which handlers a machine configured) decides
+    nothing a kernel computes: reading one keeps the identity stable."""
+    logger = logging.getLogger("objcache.test.traced_code")
+    kernel = kernel_reading("x * 2 if LOG.isEnabledFor(10) or True else x", LOG=logger)
+    first = identity(kernel)
+    logger.isEnabledFor(20)  # fills the logger's cache
+    logger.addHandler(logging.NullHandler())
+    try:
+        assert identity(kernel) == first
+    finally:
+        logger.handlers.clear()
+
+
+def test_a_c_plus_plus_kernel_outside_torch_s_build_is_named_by_the_loaded_binaries(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher names a C++ kernel by its build's source path, the same in every
+    version of a library: such a registration outside torch's own build adds the loaded
+    binaries' identity; torch's own C++ registrations do not."""
+    from objcache.integrations.torch.precompile import op_overrides
+
+    ours = str(torch._C._dispatch_dump("aten::relu"))
+    assert not op_overrides._native_registrations(ours)
+    theirs = "CPU: registered at /__w/vision/vision/torchvision/csrc/ops/nms.cpp:12 :: ()"
+    assert op_overrides._native_registrations(theirs)
+    one, two = tmp_path / "one.so", tmp_path / "two.so"
+    one.write_bytes(b"\x7fELF" + b"\x01" * 4096)
+    two.write_bytes(b"\x7fELF" + b"\x02" * 4096)
+    assert traced_code._binary_digest(str(one)) != traced_code._binary_digest(str(two))
+    assert traced_code.native_libraries() == traced_code.native_libraries()
