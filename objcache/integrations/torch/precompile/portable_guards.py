@@ -701,6 +701,27 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
     return tuple(out)
 
 
+#: Tensor facts Dynamo reads while it traces and never guards (one process keeps passing the
+#: same kind of tensor): whether an input is a view of another, pinned, shared. A frame whose
+#: traced code reads one is not saved (docs/torch.md, "Precompile entries").
+UNGUARDED_TENSOR_FACTS = frozenset({"_base", "_is_view", "is_pinned", "is_shared", "_version"})
+UNGUARDED_TENSOR_UNSAVED = "unguarded_tensor_fact"
+
+
+def unguarded_tensor_read(codes: Sequence[types.CodeType]) -> str | None:
+    """The first fact of :data:`UNGUARDED_TENSOR_FACTS` a traced code names, or None."""
+    stack = list(dict.fromkeys(codes))
+    while stack:
+        code = stack.pop()
+        if not isinstance(code, types.CodeType):
+            continue
+        found = UNGUARDED_TENSOR_FACTS.intersection(code.co_names)
+        if found:
+            return min(found)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return None
+
+
 def unguarded_value_records(
     codes: Sequence[types.CodeType], f_locals: Any = None
 ) -> tuple[Portable, ...]:

@@ -104,6 +104,13 @@ def wrap_serialize_guards(
             traced = _traced_code(output_graph)
             if hash_order.per_process() and hash_order.iterated_constant_sets(traced):
                 return _not_saved(output_graph, hash_order.UNSAVED, "a set's order was traced")
+            fact = portable_guards.unguarded_tensor_read(traced)
+            if fact is not None:
+                return _not_saved(
+                    output_graph,
+                    portable_guards.UNGUARDED_TENSOR_UNSAVED,
+                    f"the trace read tensor.{fact}, which torch does not guard",
+                )
             records = portable_guards.bounded(
                 (
                     *records,

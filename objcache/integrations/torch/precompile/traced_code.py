@@ -18,6 +18,7 @@ this process alone: a miss on every other machine, never another machine's resul
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -437,11 +438,14 @@ _native_memo: dict[frozenset[str], str] = {}
 
 
 def native_libraries() -> str:
-    """The native binaries outside torch and the system this process loaded (an extension
-    library registering C++ kernels: its meta, autograd and composite kernels run while
-    AOTAutograd traces), each by a digest of its size and both ends of its file (the ELF
-    build id sits in the first pages): another build of a kernel library is another value."""
-    paths = _mapped_libraries()
+    """The native extensions outside torch and Python the process imported or loaded (a
+    kernel library registering C++ kernels: its meta, autograd and composite kernels run
+    while AOTAutograd traces), each by a digest of its size and both ends of its file (the
+    ELF build id sits in the first pages): another build of a kernel library is another
+    value. Only what registers ops: Python extension modules and ``torch.ops.load_library``'s
+    libraries, never the shared objects they pull in or the compiled kernels a compile loads
+    from its cache (which a machine served from a store loads at other moments)."""
+    paths = _extension_binaries()
     with _lock:
         known = _native_memo.get(paths)
     if known is not None:
@@ -455,36 +459,99 @@ def native_libraries() -> str:
     return digest
 
 
-_SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/lib")
-
-
-def _mapped_libraries() -> frozenset[str]:
+def _extension_binaries() -> frozenset[str]:
+    """The extension modules and loaded libraries that link against torch (only those can
+    register kernels with its dispatcher; numpy's or a template engine's, imported by a
+    compile at some moment, never)."""
     found: set[str] = set()
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                if len(fields) == 6 and ".so" in os.path.basename(fields[5]):
-                    found.add(fields[5].rstrip("\n"))
-    except OSError:  # not Linux: the extension modules Python imported
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if isinstance(path, str) and path.endswith((".so", ".pyd", ".dylib")):
-                found.add(path)
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith((".so", ".pyd", ".dylib")):
+            continue
+        if not (is_torchs(module) or is_stdlib(module)):
+            found.add(os.path.realpath(path))
     torch = sys.modules.get("torch")
     loaded = getattr(getattr(torch, "ops", None), "loaded_libraries", None)
     if isinstance(loaded, (set, list, tuple)):
-        found.update(p for p in loaded if isinstance(p, str))
-    home = os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
-    return frozenset(
-        p
-        for p in found
-        if p.startswith(os.sep)
-        and not p.endswith(" (deleted)")
-        and not (home != os.sep and p.startswith(home))
-        and not p.startswith(_STDLIB_DIRS)
-        and not p.startswith(_SYSTEM_DIRS)
+        found.update(os.path.realpath(p) for p in loaded if isinstance(p, str))
+    skipped = tuple(d for d in _kernel_cache_dirs() if d != os.sep)
+    return frozenset(p for p in found if not p.startswith(skipped) and _links_torch(p))
+
+
+_links: dict[tuple[str, int, int], str] = {}
+
+
+def _links_torch(path: str) -> bool:
+    """Whether the shared object at ``path`` names one of torch's libraries among those it
+    needs (its ELF dynamic section; a file that is no ELF object: yes, to be safe)."""
+    return _file_digest(path, _links, _needs_torch, "1") == "1"
+
+
+def _needs_torch(f: Any, size: int) -> str:
+    needed = elf_needed(f, size)
+    if needed is None:
+        return "1"
+    return "1" if any(n.startswith(("libtorch", "libc10")) for n in needed) else "0"
+
+
+def elf_needed(f: Any, size: int) -> list[str] | None:
+    """The ``DT_NEEDED`` names of a 64-bit little-endian ELF shared object, or None when
+    ``f`` holds something else (read: the headers and the dynamic section, not the file)."""
+    import struct
+
+    head = f.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    phoff, phentsize, phnum = (
+        struct.unpack_from("<Q", head, 32)[0],
+        *struct.unpack_from("<HH", head, 54),
     )
+    if phentsize < 56 or phnum > 256 or phoff + phentsize * phnum > size:
+        return None
+    f.seek(phoff)
+    table = f.read(phentsize * phnum)
+    loads: list[tuple[int, int, int]] = []
+    dynamic: tuple[int, int] | None = None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
+            "<IIQQQQ", table, i * phentsize
+        )
+        if p_type == 1:  # PT_LOAD
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:  # PT_DYNAMIC
+            dynamic = (p_offset, min(p_filesz, 1 << 20))
+    if dynamic is None:
+        return []
+    f.seek(dynamic[0])
+    entries = f.read(dynamic[1])
+    strtab, strsz, wanted = None, 0, []
+    for tag, value in struct.iter_unpack("<qQ", entries[: len(entries) // 16 * 16]):
+        if tag == 0:
+            break
+        if tag == 1:
+            wanted.append(value)
+        elif tag == 5:
+            strtab = value
+        elif tag == 10:
+            strsz = value
+    if strtab is None:
+        return None
+    offset = next((o + strtab - v for v, o, n in loads if v <= strtab < v + n), None)
+    if offset is None or strsz <= 0 or strsz > 64 << 20:
+        return None
+    f.seek(offset)
+    strings = f.read(strsz)
+    return [strings[w : strings.find(b"\0", w)].decode("utf-8", "replace") for w in wanted]
+
+
+def _kernel_cache_dirs() -> list[str]:
+    """Where compiled kernels are loaded from (Inductor's and Triton's caches)."""
+    dirs = [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    with contextlib.suppress(Exception):
+        dirs.append(utils.cache_dir() if utils is not None else None)
+    dirs.append(os.path.join(os.path.expanduser("~"), ".triton"))
+    return [os.path.realpath(d) + os.sep for d in dirs if d]
 
 
 def _binary_digest(path: str) -> str:

@@ -18,6 +18,8 @@ One function per class of fact a served entry depends on:
   wrapped function's module, the code runs in the wrapper's;
 * **hash order**: a set of names iterated (read from a global, or a set constant of the code)
   and ``hash()`` of a string, in processes whose hash seed is their own (the default);
+* **tensor facts torch does not guard**: whether an input is a view (``x._base``): a frame
+  whose trace read one is not saved;
 * **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
   an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
   user's call; here the package is unsaveable, counted, and the program runs.
@@ -175,6 +177,24 @@ def assumed_constant(x):
 
 
 check("assumed_constant", assumed_constant, x)
+
+
+def copy_if_view(x):  # "do not mutate the caller's view"
+    if x._base is not None:
+        x = x.clone()
+    return x.mul_(2) + 1
+
+
+def view_input():
+    base = torch.arange(8.0)
+    return base, (base[:4] if os.environ.get("VIEW") == "1" else torch.arange(4.0))
+
+
+eager_base, v = view_input()
+ref = copy_if_view(v)
+compiled_base, v = view_input()
+out = torch.compile(copy_if_view)(v)
+results["view_state"] = bool(torch.allclose(out, ref) and torch.equal(eager_base, compiled_base))
 print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_entry.counters)}))
 """
 
@@ -228,6 +248,15 @@ def test_a_trace_that_read_this_processs_hash_order_is_not_saved(
     assert first_machine["precompile"].get("unsaved:hash_order", 0) >= 2, first_machine
 
 
+def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """Dynamo guards an input's sizes and strides, not whether it is a view of another
+    tensor: a frame that branched on ``x._base`` is not saved (the differing reader below
+    passes a view, and its caller's tensor stays as eager leaves it)."""
+    assert first_machine["precompile"].get("unsaved:unguarded_tensor_fact", 0) >= 1, first_machine
+
+
 def test_a_reader_like_the_writer_is_served(
     store_root: Path, first_machine: dict[str, Any]
 ) -> None:
@@ -247,7 +276,7 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     """Another value through a module and a class (and in the wrapper's own globals), a
     patched library method and a hook on a submodule: each served guarded code fails a
     portable guard and Dynamo compiles the frame, so every result is eager's."""
-    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1")
+    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1", VIEW="1")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2, counts

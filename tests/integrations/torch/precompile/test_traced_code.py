@@ -156,3 +156,18 @@ def test_a_c_plus_plus_kernel_outside_torch_s_build_is_named_by_the_loaded_binar
     two.write_bytes(b"\x7fELF" + b"\x02" * 4096)
     assert traced_code._binary_digest(str(one)) != traced_code._binary_digest(str(two))
     assert traced_code.native_libraries() == traced_code.native_libraries()
+
+
+def test_only_binaries_linking_torch_can_name_a_kernel_library() -> None:
+    """Which binaries name a C++ kernel library: those that link against torch (only they
+    can register kernels); numpy's, imported by a compile at some moment, never (a machine
+    served from a store imports it at another moment: the key would split)."""
+    import numpy.random
+
+    with open(torch._C.__file__, "rb") as f:
+        needed = traced_code.elf_needed(f, os.path.getsize(torch._C.__file__))
+    assert needed is not None and any(n.startswith("libtorch") for n in needed), needed
+    assert traced_code._links_torch(torch._C.__file__)
+    numpys = numpy.random._generator.__file__
+    assert numpys is not None and not traced_code._links_torch(numpys)
+    assert numpys not in traced_code._extension_binaries()
