@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any
 
-from objcache.integrations.torch.precompile import traced_code
+from objcache.integrations.torch.precompile import program_registrations, traced_code
 
 #: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
 TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
@@ -52,20 +52,68 @@ def token() -> tuple[int, int, int]:
     torch keeps (``torch.library._impls``, which a library's removal shrinks) and of the
     kernels :func:`record_kernel` heard of (every ``Library.impl`` once objcache installed).
     And what changes when an entry of Inductor's decomposition or lowering tables does
-    (:func:`.traced_code.tables_token`, ~0.15 ms): cheap enough for every call of a served
+    (:func:`.program_registrations.tables_token`, ~0.15 ms): cheap enough for every call of a served
     entry until its settings held."""
     library = sys.modules.get("torch.library")
     impls = getattr(library, "_impls", None)
     return (
         len(impls) if isinstance(impls, set) else -1,
         _generation[0],
-        traced_code.tables_token(),
+        program_registrations.tables_token(),
     )
 
 
 def op_identity(name: str) -> str:
     """What ``ns::name`` does in this process, as far as objcache can say: the dispatcher's
-    kernels and where they were registered, the sources named there, its Python kernels."""
+    kernels and where they were registered, the sources named there, its Python kernels,
+    and, the same way, each op of the program's its functions call by name
+    (``torch.ops.lib.inner(x)`` inside ``lib::outer``'s kernel, which no graph shows)."""
+    busy = _identifying.__dict__.setdefault("ops", set())
+    if name in busy:
+        return "cycle"  # an op whose kernels call it back: named once, where it started
+    busy.add(name)
+    try:
+        with traced_code.names_read_by() as names:
+            parts = _own_identity(name)
+        for called in sorted(_ops_named(names) - {name}):
+            parts.append(f"calls:{called}={op_identity(called)}")
+    finally:
+        busy.discard(name)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+_identifying = threading.local()
+#: (the dispatcher's op count, ``{namespace: {op, ...}}``) outside torch's namespaces
+_namespaces: list[tuple[int, dict[str, set[str]]]] = []
+
+
+def _ops_named(names: set[str]) -> set[str]:
+    """``ns::op`` for every op outside torch's namespaces whose namespace and name are both
+    among ``names`` (the attribute names a code reads: ``torch.ops.ns.op``)."""
+    import torch
+
+    try:
+        every = torch._C._dispatch_get_all_op_names()
+    except Exception:
+        return set()
+    with _lock:
+        known = _namespaces[0] if _namespaces else None
+    if known is None or known[0] != len(every):
+        table: dict[str, set[str]] = {}
+        for qualified in every:
+            ns, _, op = qualified.partition("::")
+            if ns not in TORCH_NAMESPACES:
+                table.setdefault(ns, set()).add(op.split(".", 1)[0])
+        known = (len(every), table)
+        with _lock:
+            _namespaces[:] = [known]
+    found: set[str] = set()
+    for ns in names.intersection(known[1]):
+        found.update(f"{ns}::{op}" for op in names.intersection(known[1][ns]))
+    return found
+
+
+def _own_identity(name: str) -> list[str]:
     import torch
 
     parts = [name]
@@ -81,7 +129,7 @@ def op_identity(name: str) -> str:
         # a C++ kernel outside torch's build (a kernel library's extension): named by the
         # binaries the process loaded, not by its build's source paths (the same in every
         # version of the library)
-        parts.append("native:" + traced_code.native_libraries())
+        parts.append("native:" + program_registrations.native_libraries())
     with _lock:
         kernels = list(_python_kernels.get(name, ()))
     for fn in kernels:
@@ -105,7 +153,7 @@ def op_identity(name: str) -> str:
         # settings (autocast dtypes, disabled devices, tags) by value
         for attr, value in sorted(vars(opdef).items()):
             parts.append(f"{attr}={traced_code.value_identity(value, 0)}")
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return parts
 
 
 #: Ops with a Python kernel registered before objcache installed (:func:`op_identity`).
@@ -194,7 +242,7 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
     # torch's file), while still registered
     names.update(n for n in later if n in present)
     found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
-    found += traced_code.table_overrides()
+    found += program_registrations.table_overrides()
     with _lock:
         _overrides_memo[:] = [(now, found)]
     return found

@@ -46,8 +46,6 @@ MAX_DIGESTED_ITEMS = 100_000
 #: Largest array or tensor read by a function that is named by its content (larger: by
 #: this process alone).
 MAX_ARRAY_BYTES = 64 << 20
-#: Read of a native library's binary, each end (its ELF build id sits in the first pages).
-NATIVE_READ_BYTES = 1 << 20
 
 #: The value that names what cannot be named: of this process alone (a miss elsewhere).
 PROCESS_NONCE = os.urandom(8).hex()
@@ -66,10 +64,10 @@ def source_digest(path: str) -> str:
             return f"size:{size}:mtime:{os.fstat(f.fileno()).st_mtime_ns}"
         return hashlib.sha256(f.read(MAX_SOURCE_BYTES)).hexdigest()[:32]
 
-    return _file_digest(path, _sources, digest, "unreadable")
+    return file_digest(path, _sources, digest, "unreadable")
 
 
-def _file_digest(
+def file_digest(
     path: str, memo: dict[tuple[str, int, int], str], digest: Any, unreadable: str
 ) -> str:
     """``digest(file, size)`` of ``path``, remembered in ``memo`` by size and mtime."""
@@ -94,6 +92,10 @@ def _file_digest(
     return value
 
 
+def is_torchs_name(module: str) -> bool:
+    return module in ("builtins", "functools") or module == "torch" or module.startswith("torch.")
+
+
 def is_torchs(value: Any) -> bool:
     """Whether a function, class or module comes from torch's own package (or Python
     itself)."""
@@ -102,9 +104,7 @@ def is_torchs(value: Any) -> bool:
         if isinstance(value, types.ModuleType)
         else getattr(value, "__module__", None)
     )
-    if not isinstance(module, str):
-        return False
-    return module in ("builtins", "functools") or module == "torch" or module.startswith("torch.")
+    return isinstance(module, str) and is_torchs_name(module)
 
 
 def is_stdlib(value: Any) -> bool:
@@ -147,6 +147,25 @@ def _strings(code: types.CodeType) -> Iterator[str]:
             yield from _strings(const)
 
 
+#: While :func:`names_read_by` runs: the names the functions it follows read.
+_collector = threading.local()
+
+
+@contextlib.contextmanager
+def names_read_by() -> Iterator[set[str]]:
+    """The names every code :func:`function_identity` follows inside the block reads (the
+    ops a kernel calls through ``torch.ops.<ns>.<op>``: :mod:`.op_overrides`)."""
+    outer = _collector.__dict__.get("names")
+    names: set[str] = set()
+    _collector.names = names
+    try:
+        yield names
+    finally:
+        _collector.names = outer
+        if outer is not None:
+            outer.update(names)
+
+
 def function_identity(fn: Any, depth: int = 0) -> list[str]:
     """What decides what ``fn`` computes: its code, its source file, what it reads."""
     if isinstance(fn, functools.partial):
@@ -159,12 +178,31 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
     fn = getattr(fn, "__func__", fn)  # a bound method, a classmethod, a staticmethod
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
-        return [f"callable:{type(fn).__module__}.{type(fn).__qualname__}"]
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None and wrapped is not fn and depth <= MAX_DEPTH:
+            # ``functools.cache``/``lru_cache`` of a getter, a ``wraps`` wrapper object: what
+            # it wraps (a cached value is computed by that code, from what it reads)
+            return ["wrapped", *function_identity(wrapped, depth + 1)]
+        kind = f"callable:{type(fn).__module__}.{type(fn).__qualname__}"
+        return [kind, _object_identity(fn, depth)]  # a callable object: what it holds
+    names = sorted(set(_names_read(code)))
+    collected = _collector.__dict__.get("names")
+    if collected is not None:
+        collected.update(names)
     parts = [portable_guards.code_digest(code), source_digest(code.co_filename)]
+    # defaults bound at definition (``def k(x, s=float(os.environ["S"]))``)
+    for label, bound in (("defaults", fn.__defaults__), ("kwdefaults", fn.__kwdefaults__)):
+        if bound:
+            parts.append(f"{label}={value_identity(bound, MAX_DEPTH)}")
+    if _ENV_READS.intersection(names):
+        # ``os.environ["SCALE"]``, ``os.getenv("SCALE")`` while it traces: the variables
+        # named by the code's string constants, by their value here
+        for const in sorted(set(_strings(code))):
+            if const.isidentifier():
+                parts.append(f"env:{const}={os.environ.get(const)!r}")
     if depth >= MAX_DEPTH:
         return parts
     scope = getattr(fn, "__globals__", None)
-    names = sorted(set(_names_read(code)))
     if isinstance(scope, dict):
         for name in names:
             if name not in scope:
@@ -178,12 +216,6 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
                     held = getattr(value, attr, None)
                     if held is not None and not isinstance(held, types.ModuleType):
                         parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
-    if _ENV_READS.intersection(names):
-        # ``os.environ["SCALE"]``, ``os.getenv("SCALE")`` while it traces: the variables
-        # named by the code's string constants, by their value here
-        for const in sorted(set(_strings(code))):
-            if const.isidentifier():
-                parts.append(f"env:{const}={os.environ.get(const)!r}")
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         try:
             contents = cell.cell_contents
@@ -293,6 +325,9 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         return str(value)
     if isinstance(value, enum.Enum):
         return f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
+    module_type = getattr(getattr(torch, "nn", None), "Module", None)
+    if module_type is not None and isinstance(value, module_type) and depth <= MAX_DEPTH:
+        return _module_identity(value, kind, depth)
     if is_torchs(type(value)) or depth > MAX_DEPTH:
         return kind
     if is_stdlib(value) and kind not in _SETTINGS_CLASSES:
@@ -310,6 +345,31 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         if hasattr(value, name):
             parts.append(f"{name}={value_identity(getattr(value, name), depth + 1)}")
     return ";".join(parts)
+
+
+def _module_identity(module: Any, kind: str, depth: int) -> str:
+    """An ``nn.Module`` a kernel calls (``ACT = nn.LeakyReLU(negative_slope=...)``): its class,
+    its settings (the plain attributes its ``__init__`` set), its parameters and buffers by
+    content, its submodules the same way one level down."""
+    parts = [kind]
+    if not is_torchs(type(module)):
+        parts.append(class_identity(type(module), MAX_DEPTH))
+    torchs = is_torchs(type(module))
+    for name, held in sorted(vars(module).items(), key=lambda kv: str(kv[0]))[:MAX_ITEMS]:
+        if name in _MODULE_CONTENTS:
+            # hooks by their order (their keys are a process-wide counter)
+            hooks = "hooks" in name
+            for i, (sub, item) in enumerate(list(held.items())[:MAX_ITEMS]):
+                parts.append(f"{name}.{i if hooks else sub}={value_identity(item, depth + 1)}")
+        elif not (torchs and name.startswith("_")):  # torch's own bookkeeping
+            parts.append(f"{name}={value_identity(held, depth + 1)}")
+    return ";".join(parts)
+
+
+#: What an ``nn.Module`` holds that decides what it computes, item by item.
+_MODULE_CONTENTS = frozenset(
+    {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
+)
 
 
 def _slots(cls: type) -> list[str]:
@@ -386,181 +446,3 @@ def tensor_subclasses(values: Iterable[Any]) -> set[type]:
         elif isinstance(value, type) and issubclass(value, torch.Tensor) and not is_torchs(value):
             found.add(value)
     return found
-
-
-def _tables() -> list[tuple[str, dict[Any, Any]]]:
-    tables: list[tuple[str, dict[Any, Any]]] = []
-    for label, module, attr in (
-        ("decomposition", "torch._inductor.decomposition", "decompositions"),
-        ("decomposition", "torch._inductor.decomposition", "fast_random_decomps"),
-        ("lowering", "torch._inductor.lowering", "lowerings"),
-    ):
-        table = getattr(sys.modules.get(module), attr, None)
-        if callable(table) and not isinstance(table, dict):
-            # torch's cached copy of the table (what Inductor uses by default), read only once
-            # made: making it here would freeze the table before the program's own entries
-            try:
-                table = table() if table.cache_info().currsize else None
-            except Exception:
-                table = None
-        if isinstance(table, dict):
-            tables.append((label, table))
-    return tables
-
-
-def tables_token() -> int:
-    """What changes when an entry of Inductor's decomposition or lowering tables is put,
-    replaced or removed (a sum of the entries' identities: ~0.15 ms)."""
-    total = 0
-    for _, table in _tables():
-        total += len(table) + sum(map(id, list(table.values())))
-    return total
-
-
-def table_overrides() -> tuple[tuple[str, str], ...]:
-    """``((f"{table}:{op}", identity), ...)`` for each entry of Inductor's decomposition or
-    lowering tables whose function is the program's (not from torch's package): Inductor
-    runs it on every graph that uses the op, and torch's keys do not name it."""
-    found: dict[str, str] = {}
-    for label, table in _tables():
-        for op, fn in list(table.items()):
-            inner = fn.func if isinstance(fn, functools.partial) else fn
-            code_of = inner if hasattr(inner, "__code__") else type(inner)  # else a callable object
-            if is_torchs(code_of):
-                continue
-            identity = ",".join(function_identity(fn))
-            found[f"{label}:{op}"] = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    return tuple(sorted(found.items()))
-
-
-_binaries: dict[tuple[str, int, int], str] = {}
-_native_memo: dict[frozenset[str], str] = {}
-
-
-def native_libraries() -> str:
-    """The native extensions outside torch and Python the process imported or loaded (a
-    kernel library registering C++ kernels: its meta, autograd and composite kernels run
-    while AOTAutograd traces), each by a digest of its size and both ends of its file (the
-    ELF build id sits in the first pages): another build of a kernel library is another
-    value. Only what registers ops: Python extension modules and ``torch.ops.load_library``'s
-    libraries, never the shared objects they pull in or the compiled kernels a compile loads
-    from its cache (which a machine served from a store loads at other moments)."""
-    paths = _extension_binaries()
-    with _lock:
-        known = _native_memo.get(paths)
-    if known is not None:
-        return known
-    named = sorted(f"{os.path.basename(p)}:{_binary_digest(p)}" for p in paths)
-    digest = hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
-    with _lock:
-        if len(_native_memo) > 64:
-            _native_memo.clear()
-        _native_memo[paths] = digest
-    return digest
-
-
-def _extension_binaries() -> frozenset[str]:
-    """The extension modules and loaded libraries that link against torch (only those can
-    register kernels with its dispatcher; numpy's or a template engine's, imported by a
-    compile at some moment, never)."""
-    found: set[str] = set()
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or not path.endswith((".so", ".pyd", ".dylib")):
-            continue
-        if not (is_torchs(module) or is_stdlib(module)):
-            found.add(os.path.realpath(path))
-    torch = sys.modules.get("torch")
-    loaded = getattr(getattr(torch, "ops", None), "loaded_libraries", None)
-    if isinstance(loaded, (set, list, tuple)):
-        found.update(os.path.realpath(p) for p in loaded if isinstance(p, str))
-    skipped = tuple(d for d in _kernel_cache_dirs() if d != os.sep)
-    return frozenset(p for p in found if not p.startswith(skipped) and _links_torch(p))
-
-
-_links: dict[tuple[str, int, int], str] = {}
-
-
-def _links_torch(path: str) -> bool:
-    """Whether the shared object at ``path`` names one of torch's libraries among those it
-    needs (its ELF dynamic section; a file that is no ELF object: yes, to be safe)."""
-    return _file_digest(path, _links, _needs_torch, "1") == "1"
-
-
-def _needs_torch(f: Any, size: int) -> str:
-    needed = elf_needed(f, size)
-    if needed is None:
-        return "1"
-    return "1" if any(n.startswith(("libtorch", "libc10")) for n in needed) else "0"
-
-
-def elf_needed(f: Any, size: int) -> list[str] | None:
-    """The ``DT_NEEDED`` names of a 64-bit little-endian ELF shared object, or None when
-    ``f`` holds something else (read: the headers and the dynamic section, not the file)."""
-    import struct
-
-    head = f.read(64)
-    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-        return None
-    phoff, phentsize, phnum = (
-        struct.unpack_from("<Q", head, 32)[0],
-        *struct.unpack_from("<HH", head, 54),
-    )
-    if phentsize < 56 or phnum > 256 or phoff + phentsize * phnum > size:
-        return None
-    f.seek(phoff)
-    table = f.read(phentsize * phnum)
-    loads: list[tuple[int, int, int]] = []
-    dynamic: tuple[int, int] | None = None
-    for i in range(phnum):
-        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
-            "<IIQQQQ", table, i * phentsize
-        )
-        if p_type == 1:  # PT_LOAD
-            loads.append((p_vaddr, p_offset, p_filesz))
-        elif p_type == 2:  # PT_DYNAMIC
-            dynamic = (p_offset, min(p_filesz, 1 << 20))
-    if dynamic is None:
-        return []
-    f.seek(dynamic[0])
-    entries = f.read(dynamic[1])
-    strtab, strsz, wanted = None, 0, []
-    for tag, value in struct.iter_unpack("<qQ", entries[: len(entries) // 16 * 16]):
-        if tag == 0:
-            break
-        if tag == 1:
-            wanted.append(value)
-        elif tag == 5:
-            strtab = value
-        elif tag == 10:
-            strsz = value
-    if strtab is None:
-        return None
-    offset = next((o + strtab - v for v, o, n in loads if v <= strtab < v + n), None)
-    if offset is None or strsz <= 0 or strsz > 64 << 20:
-        return None
-    f.seek(offset)
-    strings = f.read(strsz)
-    return [strings[w : strings.find(b"\0", w)].decode("utf-8", "replace") for w in wanted]
-
-
-def _kernel_cache_dirs() -> list[str]:
-    """Where compiled kernels are loaded from (Inductor's and Triton's caches)."""
-    dirs = [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
-    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
-    with contextlib.suppress(Exception):
-        dirs.append(utils.cache_dir() if utils is not None else None)
-    dirs.append(os.path.join(os.path.expanduser("~"), ".triton"))
-    return [os.path.realpath(d) + os.sep for d in dirs if d]
-
-
-def _binary_digest(path: str) -> str:
-    def digest(f: Any, size: int) -> str:
-        h = hashlib.sha256(str(size).encode())
-        h.update(f.read(NATIVE_READ_BYTES))
-        if size > NATIVE_READ_BYTES:
-            f.seek(max(NATIVE_READ_BYTES, size - NATIVE_READ_BYTES))
-            h.update(f.read(NATIVE_READ_BYTES))
-        return h.hexdigest()[:32]
-
-    return _file_digest(path, _binaries, digest, UNIDENTIFIED)

@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,35 +138,50 @@ def test_python_s_own_objects_are_named_by_their_kind() -> None:
         logger.handlers.clear()
 
 
-def test_a_c_plus_plus_kernel_outside_torch_s_build_is_named_by_the_loaded_binaries(
-    tmp_path: Path,
-) -> None:
-    """The dispatcher names a C++ kernel by its build's source path, the same in every
-    version of a library: such a registration outside torch's own build adds the loaded
-    binaries' identity; torch's own C++ registrations do not."""
-    from objcache.integrations.torch.precompile import op_overrides
-
-    ours = str(torch._C._dispatch_dump("aten::relu"))
-    assert not op_overrides._native_registrations(ours)
-    theirs = "CPU: registered at /__w/vision/vision/torchvision/csrc/ops/nms.cpp:12 :: ()"
-    assert op_overrides._native_registrations(theirs)
-    one, two = tmp_path / "one.so", tmp_path / "two.so"
-    one.write_bytes(b"\x7fELF" + b"\x01" * 4096)
-    two.write_bytes(b"\x7fELF" + b"\x02" * 4096)
-    assert traced_code._binary_digest(str(one)) != traced_code._binary_digest(str(two))
-    assert traced_code.native_libraries() == traced_code.native_libraries()
+def test_a_default_bound_at_definition_is_in_its_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``def kernel(x, s=float(os.environ["S"]))``: the setting is the function's default."""
+    seen = []
+    for value in (2.0, 3.0):
+        scope: dict[str, Any] = {}
+        exec(f"def kernel(x, s={value}):\n    return x * s\n", scope)
+        seen.append(identity(scope["kernel"]))
+        exec(f"def kernel(x, *, s={value}):\n    return x * s\n", scope)
+        seen.append(identity(scope["kernel"]))
+    assert seen[0] != seen[2] and seen[1] != seen[3], seen
 
 
-def test_only_binaries_linking_torch_can_name_a_kernel_library() -> None:
-    """Which binaries name a C++ kernel library: those that link against torch (only they
-    can register kernels); numpy's, imported by a compile at some moment, never (a machine
-    served from a store imports it at another moment: the key would split)."""
-    import numpy.random
+def test_a_cached_getter_a_kernel_calls_is_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``functools.cache`` of a getter reading the environment: the getter's code and what
+    it reads (its cached value is computed from them)."""
+    scope: dict[str, Any] = {"os": os, "functools": functools}
+    exec(
+        "@functools.cache\ndef get_scale():\n"
+        '    return float(os.environ.get("OBJCACHE_T_SCALE", "2"))\n',
+        scope,
+    )
+    kernel = kernel_reading("x * get_scale()", get_scale=scope["get_scale"])
+    seen = []
+    for value in ("2", "3"):
+        monkeypatch.setenv("OBJCACHE_T_SCALE", value)
+        seen.append(identity(kernel))
+    assert seen[0] != seen[1], seen
 
-    with open(torch._C.__file__, "rb") as f:
-        needed = traced_code.elf_needed(f, os.path.getsize(torch._C.__file__))
-    assert needed is not None and any(n.startswith("libtorch") for n in needed), needed
-    assert traced_code._links_torch(torch._C.__file__)
-    numpys = numpy.random._generator.__file__
-    assert numpys is not None and not traced_code._links_torch(numpys)
-    assert numpys not in traced_code._extension_binaries()
+
+def test_a_configured_torch_module_a_kernel_calls_is_named_by_its_settings() -> None:
+    """``ACT = nn.LeakyReLU(negative_slope=...)``: torch's class, but the object holds the
+    setting (and parameters, buffers, hooks): named by them."""
+    kernel = kernel_reading("ACT(x)", ACT=torch.nn.LeakyReLU(0.01))
+    other = kernel_reading("ACT(x)", ACT=torch.nn.LeakyReLU(0.2))
+    assert identity(kernel) != identity(other)
+    linear = torch.nn.Linear(2, 2)
+    kernel = kernel_reading("LIN(x)", LIN=linear)
+    first = identity(kernel)
+    with torch.no_grad():
+        linear.weight.add_(1.0)
+    assert identity(kernel) != first
+    handle = linear.register_forward_hook(lambda module, args, out: out * 2)
+    try:
+        hooked = identity(kernel)
+        assert hooked != first
+    finally:
+        handle.remove()

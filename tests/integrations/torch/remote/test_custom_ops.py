@@ -252,6 +252,39 @@ def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process(
         lib._destroy()
 
 
+def test_the_ops_a_kernel_calls_by_name_are_in_its_identity() -> None:
+    """A library's public op built on its helper op (``torch.ops.lib.inner(x)`` inside
+    ``lib::outer``'s kernel): a graph names only ``outer``, whose identity holds ``inner``'s."""
+    from objcache.integrations.torch.precompile import op_overrides
+    from objcache.integrations.torch.remote import custom_ops
+
+    custom_ops.apply([])
+    seen = []
+    try:
+        for factor in (2.0, 3.0, 2.0):
+            inner = torch.library.Library("objcache_test_inner", "DEF")
+            outer = torch.library.Library("objcache_test_outer", "DEF")
+            try:
+                inner.define("inner(Tensor x) -> Tensor")
+                helper: dict[str, Any] = {}  # the helper op's module
+                exec(f"def inner(x):\n    return x * {factor}\n", helper)
+                inner.impl("inner", helper["inner"], "CompositeImplicitAutograd")
+                outer.define("outer(Tensor x) -> Tensor")
+                public: dict[str, Any] = {"torch": torch}  # the public op's, apart
+                body = "def outer(x):\n    return torch.ops.objcache_test_inner.inner(x) + 1\n"
+                exec(body, public)
+                outer.impl("outer", public["outer"], "CompositeImplicitAutograd")
+                seen.append(op_overrides.op_identity("objcache_test_outer::outer"))
+            finally:
+                inner._destroy()
+                outer._destroy()
+                for name in ("objcache_test_inner::inner", "objcache_test_outer::outer"):
+                    op_overrides._python_kernels.pop(name, None)  # as in a new process
+    finally:
+        custom_ops.uninstall()
+    assert seen[0] != seen[1] and seen[0] == seen[2], seen
+
+
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
     """Only graphs that call an op outside torch's namespaces get the field."""
     from objcache.integrations.torch.remote import custom_ops

@@ -1,0 +1,314 @@
+"""What the program registered with torch outside any graph that a compile runs (docs/torch.md,
+"Custom ops in the keys"): its entries in Inductor's decomposition and lowering tables and in
+its pattern-matcher passes, and the native extensions that can register C++ kernels.
+
+Each is named the way :mod:`.traced_code` names the program's functions; torch's own entries
+(its package's files, the functions it generates) are in its release, which every key holds
+already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import sys
+import threading
+import types
+from typing import Any
+
+from objcache.integrations.torch.precompile.traced_code import (
+    MAX_DEPTH,
+    UNIDENTIFIED,
+    file_digest,
+    function_identity,
+    is_stdlib,
+    is_torchs,
+    is_torchs_name,
+)
+
+#: Read of a native library's binary, each end (its ELF build id sits in the first pages).
+NATIVE_READ_BYTES = 1 << 20
+
+_lock = threading.Lock()
+
+
+def _tables() -> list[tuple[str, dict[Any, Any]]]:
+    tables: list[tuple[str, dict[Any, Any]]] = []
+    for label, module, attr in (
+        ("decomposition", "torch._inductor.decomposition", "decompositions"),
+        ("decomposition", "torch._inductor.decomposition", "fast_random_decomps"),
+        ("lowering", "torch._inductor.lowering", "lowerings"),
+    ):
+        table = getattr(sys.modules.get(module), attr, None)
+        if callable(table) and not isinstance(table, dict):
+            # torch's cached copy of the table (what Inductor uses by default), read only once
+            # made: making it here would freeze the table before the program's own entries
+            try:
+                table = table() if table.cache_info().currsize else None
+            except Exception:
+                table = None
+        if isinstance(table, dict):
+            tables.append((label, table))
+    return tables
+
+
+def tables_token() -> int:
+    """What changes when an entry of Inductor's decomposition or lowering tables is put,
+    replaced or removed (a sum of the entries' identities: ~0.15 ms)."""
+    total = 0
+    for _, table in _tables():
+        total += len(table) + sum(map(id, list(table.values())))
+    for _, matcher in _pattern_passes():
+        entries = list(matcher.patterns.values())
+        total += len(entries) + sum(map(len, entries))
+    return total
+
+
+_passes_memo: list[tuple[int, list[tuple[str, Any]]]] = []
+
+
+def _pattern_passes() -> list[tuple[str, Any]]:
+    """Inductor's pattern-matcher passes (``joint_graph.patterns``, ``post_grad``'s
+    ``pass_patterns``, ...): module globals of its ``fx_passes`` package, found again only
+    when a module was imported."""
+    loaded = len(sys.modules)
+    with _lock:
+        if _passes_memo and _passes_memo[0][0] == loaded:
+            return _passes_memo[0][1]
+    matcher = getattr(
+        sys.modules.get("torch._inductor.pattern_matcher"), "PatternMatcherPass", None
+    )
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    if isinstance(matcher, type):
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("torch._inductor.fx_passes"):
+                continue
+            for attr, value in list(vars(module).items()):
+                held = value if isinstance(value, (list, tuple)) else [value]
+                for i, item in enumerate(held):
+                    if isinstance(item, matcher) and id(item) not in seen:
+                        seen.add(id(item))  # a pass also listed under another name
+                        found.append((f"{name}.{attr}" + (f"[{i}]" if held is value else ""), item))
+    with _lock:
+        _passes_memo[:] = [(loaded, found)]
+    return found
+
+
+def _program_functions(value: Any, depth: int = 0) -> list[Any]:
+    """The program's functions ``value`` is or holds in its closure (``register_replacement``
+    keeps the program's search and replacement functions in the closure of torch's own)."""
+    inner = value.func if isinstance(value, functools.partial) else value
+    owner = getattr(inner, "__self__", None)
+    if isinstance(inner, types.MethodType) and is_torchs(type(owner)):
+        return []  # a method of torch's own object (``ops.add`` of Inductor's ops handler)
+    inner = getattr(inner, "__func__", inner)  # a bound method
+    code = getattr(inner, "__code__", None)
+    if isinstance(code, types.CodeType):
+        scope = getattr(inner, "__globals__", None)
+        made_by = scope.get("__name__") if isinstance(scope, dict) else None
+        generated = code.co_filename.startswith("<") and isinstance(made_by, str)
+        if not (_in_torch(code.co_filename) or (generated and is_torchs_name(str(made_by)))):
+            return [value]
+    elif callable(inner) and not isinstance(inner, type) and not is_torchs(type(inner)):
+        return [value]  # a callable object of the program's
+    if depth >= MAX_DEPTH:
+        return []
+    found: list[Any] = []
+    for cell in getattr(inner, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:
+            continue
+        found.extend(_program_functions(contents, depth + 1))
+    return found
+
+
+def _target_name(target: Any) -> str:
+    """An FX target by name (an op's ``aten.mul.Tensor``; a function's module and qualname;
+    never a ``repr`` with an address)."""
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if isinstance(name, str):
+        return f"{getattr(target, '__module__', '') or ''}.{name}"
+    return str(target) if "0x" not in str(target) else type(target).__qualname__
+
+
+def _in_torch(filename: str) -> bool:
+    torch = sys.modules.get("torch")
+    home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
+    return filename.startswith(home)
+
+
+def pattern_overrides() -> tuple[tuple[str, str], ...]:
+    """``((f"pattern:{pass}:{op}", identity), ...)`` for the program's entries in Inductor's
+    pattern-matcher passes (``register_replacement(search, replace, ...,
+    joint_graph.patterns)``): Inductor rewrites every graph they match, which no key of
+    torch's names."""
+    found: dict[str, list[str]] = {}
+    for name, matcher in _pattern_passes():
+        for (op, target), entries in list(matcher.patterns.items()):
+            for entry in list(entries):
+                fns: list[Any] = []
+                for attr in ("extra_check", "normalize_args", "handler"):
+                    fns.extend(_program_functions(getattr(entry, attr, None)))
+                if fns:
+                    found.setdefault(f"pattern:{name}:{op}:{_target_name(target)}", []).extend(
+                        ",".join(function_identity(fn)) for fn in fns
+                    )
+    return tuple(
+        (label, hashlib.sha256("\0".join(ids).encode()).hexdigest()[:32])
+        for label, ids in sorted(found.items())
+    )
+
+
+def table_overrides() -> tuple[tuple[str, str], ...]:
+    """``((f"{table}:{op}", identity), ...)`` for each entry of Inductor's decomposition or
+    lowering tables whose function is the program's (not from torch's package): Inductor
+    runs it on every graph that uses the op, and torch's keys do not name it."""
+    found: dict[str, str] = {}
+    for label, table in _tables():
+        for op, fn in list(table.items()):
+            inner = fn.func if isinstance(fn, functools.partial) else fn
+            code_of = inner if hasattr(inner, "__code__") else type(inner)  # else a callable object
+            if is_torchs(code_of):
+                continue
+            identity = ",".join(function_identity(fn))
+            found[f"{label}:{op}"] = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return tuple(sorted(found.items())) + pattern_overrides()
+
+
+_binaries: dict[tuple[str, int, int], str] = {}
+_native_memo: dict[frozenset[str], str] = {}
+
+
+def native_libraries() -> str:
+    """The native extensions outside torch and Python the process imported or loaded (a
+    kernel library registering C++ kernels: its meta, autograd and composite kernels run
+    while AOTAutograd traces), each by a digest of its size and both ends of its file (the
+    ELF build id sits in the first pages): another build of a kernel library is another
+    value. Only what registers ops: Python extension modules and ``torch.ops.load_library``'s
+    libraries, never the shared objects they pull in or the compiled kernels a compile loads
+    from its cache (which a machine served from a store loads at other moments)."""
+    paths = _extension_binaries()
+    with _lock:
+        known = _native_memo.get(paths)
+    if known is not None:
+        return known
+    named = sorted(f"{os.path.basename(p)}:{_binary_digest(p)}" for p in paths)
+    digest = hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
+    with _lock:
+        if len(_native_memo) > 64:
+            _native_memo.clear()
+        _native_memo[paths] = digest
+    return digest
+
+
+def _extension_binaries() -> frozenset[str]:
+    """The extension modules and loaded libraries that link against torch (only those can
+    register kernels with its dispatcher; numpy's or a template engine's, imported by a
+    compile at some moment, never)."""
+    found: set[str] = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith((".so", ".pyd", ".dylib")):
+            continue
+        if not (is_torchs(module) or is_stdlib(module)):
+            found.add(os.path.realpath(path))
+    torch = sys.modules.get("torch")
+    loaded = getattr(getattr(torch, "ops", None), "loaded_libraries", None)
+    if isinstance(loaded, (set, list, tuple)):
+        found.update(os.path.realpath(p) for p in loaded if isinstance(p, str))
+    skipped = tuple(d for d in _kernel_cache_dirs() if d != os.sep)
+    return frozenset(p for p in found if not p.startswith(skipped) and _links_torch(p))
+
+
+_links: dict[tuple[str, int, int], str] = {}
+
+
+def _links_torch(path: str) -> bool:
+    """Whether the shared object at ``path`` names one of torch's libraries among those it
+    needs (its ELF dynamic section; a file that is no ELF object: yes, to be safe)."""
+    return file_digest(path, _links, _needs_torch, "1") == "1"
+
+
+def _needs_torch(f: Any, size: int) -> str:
+    needed = elf_needed(f, size)
+    if needed is None:
+        return "1"
+    return "1" if any(n.startswith(("libtorch", "libc10")) for n in needed) else "0"
+
+
+def elf_needed(f: Any, size: int) -> list[str] | None:
+    """The ``DT_NEEDED`` names of a 64-bit little-endian ELF shared object, or None when
+    ``f`` holds something else (read: the headers and the dynamic section, not the file)."""
+    import struct
+
+    head = f.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    phoff, phentsize, phnum = (
+        struct.unpack_from("<Q", head, 32)[0],
+        *struct.unpack_from("<HH", head, 54),
+    )
+    if phentsize < 56 or phnum > 256 or phoff + phentsize * phnum > size:
+        return None
+    f.seek(phoff)
+    table = f.read(phentsize * phnum)
+    loads: list[tuple[int, int, int]] = []
+    dynamic: tuple[int, int] | None = None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
+            "<IIQQQQ", table, i * phentsize
+        )
+        if p_type == 1:  # PT_LOAD
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:  # PT_DYNAMIC
+            dynamic = (p_offset, min(p_filesz, 1 << 20))
+    if dynamic is None:
+        return []
+    f.seek(dynamic[0])
+    entries = f.read(dynamic[1])
+    strtab, strsz, wanted = None, 0, []
+    for tag, value in struct.iter_unpack("<qQ", entries[: len(entries) // 16 * 16]):
+        if tag == 0:
+            break
+        if tag == 1:
+            wanted.append(value)
+        elif tag == 5:
+            strtab = value
+        elif tag == 10:
+            strsz = value
+    if strtab is None:
+        return None
+    offset = next((o + strtab - v for v, o, n in loads if v <= strtab < v + n), None)
+    if offset is None or strsz <= 0 or strsz > 64 << 20:
+        return None
+    f.seek(offset)
+    strings = f.read(strsz)
+    return [strings[w : strings.find(b"\0", w)].decode("utf-8", "replace") for w in wanted]
+
+
+def _kernel_cache_dirs() -> list[str]:
+    """Where compiled kernels are loaded from (Inductor's and Triton's caches)."""
+    dirs = [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    with contextlib.suppress(Exception):
+        dirs.append(utils.cache_dir() if utils is not None else None)
+    dirs.append(os.path.join(os.path.expanduser("~"), ".triton"))
+    return [os.path.realpath(d) + os.sep for d in dirs if d]
+
+
+def _binary_digest(path: str) -> str:
+    def digest(f: Any, size: int) -> str:
+        h = hashlib.sha256(str(size).encode())
+        h.update(f.read(NATIVE_READ_BYTES))
+        if size > NATIVE_READ_BYTES:
+            f.seek(max(NATIVE_READ_BYTES, size - NATIVE_READ_BYTES))
+            h.update(f.read(NATIVE_READ_BYTES))
+        return h.hexdigest()[:32]
+
+    return file_digest(path, _binaries, digest, UNIDENTIFIED)

@@ -1,0 +1,91 @@
+"""What the program registered with torch outside any graph (docs/torch.md, "Custom ops in
+the keys"): its entries in Inductor's pattern-matcher passes, and the native extensions that
+can register C++ kernels, each named so that another registration is another key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from objcache.integrations.torch.precompile import program_registrations
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_program_s_pattern_in_inductor_s_passes_is_named() -> None:
+    """``register_replacement(search, replace, ..., joint_graph.patterns)``: Inductor rewrites
+    every graph the pattern matches, which no key of torch's names; the program's entry is
+    named by its functions (another replacement: another identity), torch's own are not."""
+    from torch._inductor.fx_passes import joint_graph
+    from torch._inductor.pattern_matcher import fwd_only, register_replacement
+
+    def search(x: Any) -> Any:
+        return x * torch.sigmoid(x)
+
+    def hardswish(x: Any) -> Any:
+        return torch.nn.functional.hardswish(x)
+
+    def relu(x: Any) -> Any:
+        return torch.relu(x)
+
+    before = {key: list(entries) for key, entries in joint_graph.patterns.patterns.items()}
+    seen_before = {k: list(v) for k, v in joint_graph.patterns.seen_patterns.items()}
+    own = program_registrations.pattern_overrides()
+    token = program_registrations.tables_token()
+    found = []
+    try:
+        for replace in (hardswish, relu):
+            joint_graph.patterns.patterns.clear()
+            joint_graph.patterns.patterns.update({k: list(v) for k, v in before.items()})
+            joint_graph.patterns.seen_patterns.clear()
+            register_replacement(search, replace, [torch.empty(8)], fwd_only, joint_graph.patterns)
+            assert program_registrations.tables_token() != token
+            found.append(dict(program_registrations.pattern_overrides()))
+    finally:
+        joint_graph.patterns.patterns.clear()
+        joint_graph.patterns.patterns.update(before)
+        joint_graph.patterns.seen_patterns.clear()
+        joint_graph.patterns.seen_patterns.update(seen_before)
+    labels = [label for label in found[0] if label not in dict(own)]
+    assert labels and all("joint_graph.patterns" in label for label in labels), found[0]
+    assert all(found[0][label] != found[1][label] for label in labels)
+    assert program_registrations.pattern_overrides() == own
+
+
+def test_a_c_plus_plus_kernel_outside_torch_s_build_is_named_by_the_loaded_binaries(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher names a C++ kernel by its build's source path, the same in every
+    version of a library: such a registration outside torch's own build adds the loaded
+    binaries' identity; torch's own C++ registrations do not."""
+    from objcache.integrations.torch.precompile import op_overrides
+
+    ours = str(torch._C._dispatch_dump("aten::relu"))
+    assert not op_overrides._native_registrations(ours)
+    theirs = "CPU: registered at /__w/vision/vision/torchvision/csrc/ops/nms.cpp:12 :: ()"
+    assert op_overrides._native_registrations(theirs)
+    one, two = tmp_path / "one.so", tmp_path / "two.so"
+    one.write_bytes(b"\x7fELF" + b"\x01" * 4096)
+    two.write_bytes(b"\x7fELF" + b"\x02" * 4096)
+    assert program_registrations._binary_digest(str(one)) != program_registrations._binary_digest(
+        str(two)
+    )
+    assert program_registrations.native_libraries() == program_registrations.native_libraries()
+
+
+def test_only_binaries_linking_torch_can_name_a_kernel_library() -> None:
+    """Which binaries name a C++ kernel library: those that link against torch (only they
+    can register kernels); numpy's, imported by a compile at some moment, never (a machine
+    served from a store imports it at another moment: the key would split)."""
+    import numpy.random
+
+    with open(torch._C.__file__, "rb") as f:
+        needed = program_registrations.elf_needed(f, os.path.getsize(torch._C.__file__))
+    assert needed is not None and any(n.startswith("libtorch") for n in needed), needed
+    assert program_registrations._links_torch(torch._C.__file__)
+    numpys = numpy.random._generator.__file__
+    assert numpys is not None and not program_registrations._links_torch(numpys)
+    assert numpys not in program_registrations._extension_binaries()
