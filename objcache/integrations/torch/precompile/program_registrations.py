@@ -60,6 +60,7 @@ def tables_token() -> int:
     total = 0
     for _, table in _tables():
         total += len(table) + sum(map(id, list(table.values())))
+    total += sum(map(id, list(_tensor_methods().values())))
     for _, matcher in _pattern_passes():
         entries = list(matcher.patterns.values())
         total += len(entries) + sum(map(len, entries))
@@ -67,6 +68,31 @@ def tables_token() -> int:
 
 
 _passes_memo: list[tuple[int, list[tuple[str, Any]]]] = []
+
+
+def _tensor_methods() -> dict[str, Any]:
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return dict(vars(tensor)) if isinstance(tensor, type) else {}
+
+
+def tensor_method_overrides() -> tuple[tuple[str, str], ...]:
+    """``((f"tensor_method:{name}", identity), ...)`` for each method of ``torch.Tensor`` the
+    program replaced with its own Python (``torch.Tensor.softmax = fn``): Dynamo's graph
+    records the method's name only and AOTAutograd runs the program's function while it
+    traces, so every graph of such a process is keyed by it."""
+    found = []
+    for name, attr in sorted(_tensor_methods().items()):
+        if isinstance(attr, property):
+            attr = attr.fget
+        if isinstance(attr, (staticmethod, classmethod)):
+            attr = attr.__func__
+        fns = _program_functions(attr)
+        if fns:
+            identity = "\0".join(",".join(function_identity(fn)) for fn in fns)
+            found.append(
+                (f"tensor_method:{name}", hashlib.sha256(identity.encode()).hexdigest()[:32])
+            )
+    return tuple(found)
 
 
 def _pattern_passes() -> list[tuple[str, Any]]:
@@ -178,7 +204,7 @@ def table_overrides() -> tuple[tuple[str, str], ...]:
                 continue
             identity = ",".join(function_identity(fn))
             found[f"{label}:{op}"] = hashlib.sha256(identity.encode()).hexdigest()[:32]
-    return tuple(sorted(found.items())) + pattern_overrides()
+    return tuple(sorted(found.items())) + pattern_overrides() + tensor_method_overrides()
 
 
 _binaries: dict[tuple[str, int, int], str] = {}

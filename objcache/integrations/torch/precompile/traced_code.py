@@ -126,7 +126,15 @@ _STDLIB_DIRS = tuple(
     os.path.realpath(sysconfig.get_paths()[kind]) + os.sep for kind in ("stdlib", "platstdlib")
 )
 #: Python's own classes whose objects are settings (what they hold names them).
-_SETTINGS_CLASSES = frozenset({"types.SimpleNamespace", "argparse.Namespace"})
+_SETTINGS_CLASSES = frozenset(
+    {
+        "types.SimpleNamespace",
+        "argparse.Namespace",
+        "configparser.ConfigParser",
+        "configparser.RawConfigParser",
+        "configparser.SectionProxy",
+    }
+)
 
 
 def _names_read(code: types.CodeType) -> Iterator[str]:
@@ -184,7 +192,9 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
             # it wraps (a cached value is computed by that code, from what it reads)
             return ["wrapped", *function_identity(wrapped, depth + 1)]
         kind = f"callable:{type(fn).__module__}.{type(fn).__qualname__}"
-        return [kind, _object_identity(fn, depth)]  # a callable object: what it holds
+        # a C function or method by its name (``torch.Tensor.relu``); a callable object by
+        # what it holds
+        return [kind, _qualified(fn) or "", _object_identity(fn, depth)]
     names = sorted(set(_names_read(code)))
     collected = _collector.__dict__.get("names")
     if collected is not None:
@@ -249,11 +259,22 @@ def value_identity(value: Any, depth: int) -> str:
     elif isinstance(value, functools.partial) or (callable(value) and not is_torchs(value)):
         # a partial's class is functools': it is named by what it calls and its arguments
         rendered = ",".join(function_identity(value, depth))
+    elif callable(value) and _qualified(value) is not None:
+        rendered = f"callable:{_qualified(value)}"  # torch's own function: by its name
     else:
         rendered = _object_identity(value, depth)
     if len(rendered) > MAX_VALUE_CHARS:
         return "sha256:" + hashlib.sha256(rendered.encode()).hexdigest()[:32]
     return rendered
+
+
+def _qualified(value: Any) -> str | None:
+    """``module.qualname`` of a function or method (``torch.sigmoid``), or None."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    owner = getattr(value, "__module__", None)
+    if owner is None:
+        owner = getattr(getattr(value, "__objclass__", None), "__qualname__", None)
+    return f"{owner}.{name}" if isinstance(name, str) and isinstance(owner, str) else None
 
 
 def _plain_data(value: Any, budget: list[int]) -> str | None:
@@ -316,6 +337,8 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     if torch is not None and isinstance(value, torch.Tensor):
         return _tensor_identity(value, kind)
     numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic):
+        return f"{kind}:{value.item()!r}"  # a numpy scalar (``np.float32(2.0)``)
     if numpy is not None and isinstance(value, numpy.ndarray):
         if value.nbytes > MAX_ARRAY_BYTES or value.dtype.hasobject:
             return UNIDENTIFIED

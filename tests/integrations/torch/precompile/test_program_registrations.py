@@ -89,3 +89,24 @@ def test_only_binaries_linking_torch_can_name_a_kernel_library() -> None:
     numpys = numpy.random._generator.__file__
     assert numpys is not None and not program_registrations._links_torch(numpys)
     assert numpys not in program_registrations._extension_binaries()
+
+
+def test_a_tensor_method_the_program_replaced_is_named() -> None:
+    """``torch.Tensor.softmax = fn``: Dynamo's graph records the method's name only and
+    AOTAutograd runs the program's function while it traces: named while it is there."""
+    original = torch.Tensor.softmax
+    token = program_registrations.tables_token()
+    assert program_registrations.tensor_method_overrides() == ()
+
+    def halved(self: Any, dim: int, *args: Any, **kwargs: Any) -> Any:
+        return original(self * 0.5, dim, *args, **kwargs)
+
+    try:
+        torch.Tensor.softmax = halved
+        assert program_registrations.tables_token() != token
+        named = dict(program_registrations.tensor_method_overrides())
+        assert list(named) == ["tensor_method:softmax"], named
+        assert "tensor_method:softmax" in dict(program_registrations.table_overrides())
+    finally:
+        torch.Tensor.softmax = original
+    assert program_registrations.tensor_method_overrides() == ()

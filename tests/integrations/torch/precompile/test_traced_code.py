@@ -185,3 +185,31 @@ def test_a_configured_torch_module_a_kernel_calls_is_named_by_its_settings() -> 
         assert hooked != first
     finally:
         handle.remove()
+
+
+def test_torch_s_functions_and_methods_a_kernel_holds_are_named_by_name() -> None:
+    """``ACT = getattr(torch, name)``, ``ACT = torch.Tensor.relu``: torch's own functions,
+    named by which one (not by their type, the same for all)."""
+    names = [
+        tuple(identity(kernel_reading("ACT(x)", ACT=act)))
+        for act in (torch.relu, torch.sigmoid, torch.Tensor.relu, torch.Tensor.sigmoid)
+    ]
+    assert len(set(names)) == 4, names
+
+
+def test_numpy_scalars_and_config_parsers_are_named_by_what_they_hold() -> None:
+    """A setting held as a numpy scalar (``np.float32``, ``np.prod`` of a shape) or in a
+    ``configparser`` object: by value."""
+    import configparser
+
+    import numpy as np
+
+    assert identity(kernel_reading("x * S", S=np.float32(2))) != identity(
+        kernel_reading("x * S", S=np.float32(3))
+    )
+    seen = []
+    for value in ("2", "3", "2"):
+        parser = configparser.ConfigParser()
+        parser.read_string(f"[kernel]\nscale = {value}\n")
+        seen.append(identity(kernel_reading('x * float(CFG["kernel"]["scale"])', CFG=parser)))
+    assert seen[0] != seen[1] and seen[0] == seen[2], seen
