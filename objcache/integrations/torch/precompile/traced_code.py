@@ -256,6 +256,12 @@ def value_identity(value: Any, depth: int) -> str:
         rendered = f"class:{value.__module__}.{value.__qualname__}"
         if not is_torchs(value) and depth <= MAX_DEPTH:
             rendered += ":" + class_identity(value, depth + 1)
+    elif _op_name(value) is not None:
+        op = str(_op_name(value))
+        rendered = f"op:{op}"  # the op's own identity joins through the names read
+        collected = _collector.__dict__.get("names")
+        if collected is not None:
+            collected.update(op.replace("::", ".").split(".")[:2])
     elif isinstance(value, functools.partial) or (callable(value) and not is_torchs(value)):
         # a partial's class is functools': it is named by what it calls and its arguments
         rendered = ",".join(function_identity(value, depth))
@@ -266,6 +272,17 @@ def value_identity(value: Any, depth: int) -> str:
     if len(rendered) > MAX_VALUE_CHARS:
         return "sha256:" + hashlib.sha256(rendered.encode()).hexdigest()[:32]
     return rendered
+
+
+def _op_name(value: Any) -> str | None:
+    """``ns::name`` of an op object a function holds (``OP = torch.ops.lib.inner.default``)."""
+    if not is_torchs(type(value)):
+        return None
+    qualified = getattr(value, "_qualified_op_name", None)  # a packet
+    if isinstance(qualified, str):
+        return qualified
+    name = getattr(getattr(value, "_schema", None), "name", None)
+    return name if isinstance(name, str) and "::" in name else None
 
 
 def _qualified(value: Any) -> str | None:

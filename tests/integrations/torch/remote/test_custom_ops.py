@@ -335,3 +335,35 @@ def test_a_registration_from_a_package_beside_torch_is_the_program_s(
     monkeypatch.setattr(torch._C, "_dispatch_dump", lambda name: dumps[name])
     assert op_overrides.registered_by_torch("aten::own", "CompositeImplicitAutograd")
     assert not op_overrides.registered_by_torch("aten::beside", "CompositeImplicitAutograd")
+
+
+def test_an_op_object_a_kernel_holds_joins_its_identity() -> None:
+    """``OP = torch.ops.lib.inner.default`` in the kernel's module, called as ``OP(x)``: the
+    held op's own identity is part of the kernel's op."""
+    from objcache.integrations.torch.precompile import op_overrides
+    from objcache.integrations.torch.remote import custom_ops
+
+    custom_ops.apply([])
+    seen = []
+    try:
+        for factor in (2.0, 3.0):
+            inner = torch.library.Library("objcache_test_held", "DEF")
+            outer = torch.library.Library("objcache_test_holder", "DEF")
+            try:
+                inner.define("inner(Tensor x) -> Tensor")
+                helper: dict[str, Any] = {}
+                exec(f"def inner(x):\n    return x * {factor}\n", helper)
+                inner.impl("inner", helper["inner"], "CompositeImplicitAutograd")
+                outer.define("outer(Tensor x) -> Tensor")
+                public: dict[str, Any] = {"OP": torch.ops.objcache_test_held.inner.default}
+                exec("def outer(x):\n    return OP(x) + 1\n", public)
+                outer.impl("outer", public["outer"], "CompositeImplicitAutograd")
+                seen.append(op_overrides.op_identity("objcache_test_holder::outer"))
+            finally:
+                inner._destroy()
+                outer._destroy()
+                for name in ("objcache_test_held::inner", "objcache_test_holder::outer"):
+                    op_overrides._python_kernels.pop(name, None)  # as in a new process
+    finally:
+        custom_ops.uninstall()
+    assert seen[0] != seen[1], seen
