@@ -252,39 +252,6 @@ def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process(
         lib._destroy()
 
 
-def test_the_ops_a_kernel_calls_by_name_are_in_its_identity() -> None:
-    """A library's public op built on its helper op (``torch.ops.lib.inner(x)`` inside
-    ``lib::outer``'s kernel): a graph names only ``outer``, whose identity holds ``inner``'s."""
-    from objcache.integrations.torch.precompile import op_overrides
-    from objcache.integrations.torch.remote import custom_ops
-
-    custom_ops.apply([])
-    seen = []
-    try:
-        for factor in (2.0, 3.0, 2.0):
-            inner = torch.library.Library("objcache_test_inner", "DEF")
-            outer = torch.library.Library("objcache_test_outer", "DEF")
-            try:
-                inner.define("inner(Tensor x) -> Tensor")
-                helper: dict[str, Any] = {}  # the helper op's module
-                exec(f"def inner(x):\n    return x * {factor}\n", helper)
-                inner.impl("inner", helper["inner"], "CompositeImplicitAutograd")
-                outer.define("outer(Tensor x) -> Tensor")
-                public: dict[str, Any] = {"torch": torch}  # the public op's, apart
-                body = "def outer(x):\n    return torch.ops.objcache_test_inner.inner(x) + 1\n"
-                exec(body, public)
-                outer.impl("outer", public["outer"], "CompositeImplicitAutograd")
-                seen.append(op_overrides.op_identity("objcache_test_outer::outer"))
-            finally:
-                inner._destroy()
-                outer._destroy()
-                for name in ("objcache_test_inner::inner", "objcache_test_outer::outer"):
-                    op_overrides._python_kernels.pop(name, None)  # as in a new process
-    finally:
-        custom_ops.uninstall()
-    assert seen[0] != seen[1] and seen[0] == seen[2], seen
-
-
 def test_a_graph_without_custom_ops_keeps_torchs_key() -> None:
     """Only graphs that call an op outside torch's namespaces get the field."""
     from objcache.integrations.torch.remote import custom_ops
@@ -337,33 +304,51 @@ def test_a_registration_from_a_package_beside_torch_is_the_program_s(
     assert not op_overrides.registered_by_torch("aten::beside", "CompositeImplicitAutograd")
 
 
-def test_an_op_object_a_kernel_holds_joins_its_identity() -> None:
-    """``OP = torch.ops.lib.inner.default`` in the kernel's module, called as ``OP(x)``: the
-    held op's own identity is part of the kernel's op."""
+def outer_identities(body: str, held: bool, factors: tuple[float, ...]) -> list[str]:
+    """The identity of ``objcache_test_outer::outer`` (kernel ``body``, in a module of its
+    own) over helper ops ``objcache_test_inner::inner`` computing ``x * factor``, each in a
+    process's state of its own; ``held``: the outer module holds the op as ``OP``."""
     from objcache.integrations.torch.precompile import op_overrides
     from objcache.integrations.torch.remote import custom_ops
 
     custom_ops.apply([])
     seen = []
     try:
-        for factor in (2.0, 3.0):
-            inner = torch.library.Library("objcache_test_held", "DEF")
-            outer = torch.library.Library("objcache_test_holder", "DEF")
+        for factor in factors:
+            inner = torch.library.Library("objcache_test_inner", "DEF")
+            outer = torch.library.Library("objcache_test_outer", "DEF")
             try:
                 inner.define("inner(Tensor x) -> Tensor")
-                helper: dict[str, Any] = {}
+                helper: dict[str, Any] = {}  # the helper op's module
                 exec(f"def inner(x):\n    return x * {factor}\n", helper)
                 inner.impl("inner", helper["inner"], "CompositeImplicitAutograd")
                 outer.define("outer(Tensor x) -> Tensor")
-                public: dict[str, Any] = {"OP": torch.ops.objcache_test_held.inner.default}
-                exec("def outer(x):\n    return OP(x) + 1\n", public)
+                public: dict[str, Any] = {"torch": torch}  # the public op's, apart
+                if held:
+                    public["OP"] = torch.ops.objcache_test_inner.inner.default
+                exec(body, public)
                 outer.impl("outer", public["outer"], "CompositeImplicitAutograd")
-                seen.append(op_overrides.op_identity("objcache_test_holder::outer"))
+                seen.append(op_overrides.op_identity("objcache_test_outer::outer"))
             finally:
                 inner._destroy()
                 outer._destroy()
-                for name in ("objcache_test_held::inner", "objcache_test_holder::outer"):
+                for name in ("objcache_test_inner::inner", "objcache_test_outer::outer"):
                     op_overrides._python_kernels.pop(name, None)  # as in a new process
     finally:
         custom_ops.uninstall()
+    return seen
+
+
+def test_the_ops_a_kernel_calls_by_name_are_in_its_identity() -> None:
+    """A library's public op built on its helper op (``torch.ops.lib.inner(x)`` inside
+    ``lib::outer``'s kernel): a graph names only ``outer``, whose identity holds ``inner``'s."""
+    body = "def outer(x):\n    return torch.ops.objcache_test_inner.inner(x) + 1\n"
+    seen = outer_identities(body, held=False, factors=(2.0, 3.0, 2.0))
+    assert seen[0] != seen[1] and seen[0] == seen[2], seen
+
+
+def test_an_op_object_a_kernel_holds_joins_its_identity() -> None:
+    """``OP = torch.ops.lib.inner.default`` in the kernel's module, called as ``OP(x)``: the
+    held op's own identity is part of the kernel's op."""
+    seen = outer_identities("def outer(x):\n    return OP(x) + 1\n", held=True, factors=(2.0, 3.0))
     assert seen[0] != seen[1], seen
