@@ -46,16 +46,16 @@ def test_the_environment_a_kernel_reads_while_it_traces_is_in_its_identity(
     """``os.environ[...]`` / ``os.getenv(...)`` read at trace time (not at import): the
     variables the code names, by their value here."""
     for source in (
-        'x * float(os.environ["OBJCACHE_T_SCALE"])',
-        'x * float(os.getenv("OBJCACHE_T_SCALE", "1"))',
+        'x * float(os.environ["TRACED_TEST_SCALE"])',
+        'x * float(os.getenv("TRACED_TEST_SCALE", "1"))',
     ):
         kernel = kernel_reading(source)
         seen = []
         for value in ("2", "3"):
-            monkeypatch.setenv("OBJCACHE_T_SCALE", value)
+            monkeypatch.setenv("TRACED_TEST_SCALE", value)
             seen.append(identity(kernel))
         assert seen[0] != seen[1], source
-        monkeypatch.setenv("OBJCACHE_T_SCALE", "2")
+        monkeypatch.setenv("TRACED_TEST_SCALE", "2")
         assert identity(kernel) == seen[0]
 
 
@@ -156,13 +156,13 @@ def test_a_cached_getter_a_kernel_calls_is_followed(monkeypatch: pytest.MonkeyPa
     scope: dict[str, Any] = {"os": os, "functools": functools}
     exec(
         "@functools.cache\ndef get_scale():\n"
-        '    return float(os.environ.get("OBJCACHE_T_SCALE", "2"))\n',
+        '    return float(os.environ.get("TRACED_TEST_SCALE", "2"))\n',
         scope,
     )
     kernel = kernel_reading("x * get_scale()", get_scale=scope["get_scale"])
     seen = []
     for value in ("2", "3"):
-        monkeypatch.setenv("OBJCACHE_T_SCALE", value)
+        monkeypatch.setenv("TRACED_TEST_SCALE", value)
         seen.append(identity(kernel))
     assert seen[0] != seen[1], seen
 
