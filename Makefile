@@ -11,11 +11,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# Reinstall only when pyproject.toml or constraints.txt change. --no-compile: pip would
-# byte-compile every installed module (torch's thousands: ~12 s of a fresh install here);
-# Python compiles the ones a run imports, once, as it imports them.
+# Reinstall only when pyproject.toml or constraints.txt change.
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
