@@ -219,7 +219,10 @@ def settings_digest() -> str | None:
     memo = _memo
     if state is not None and memo is not None and memo[0] == state:
         return memo[1]
-    digest = _digest()
+    try:
+        digest = _digest()
+    except Exception:  # a setting or kernel that cannot be rendered: no portable settings
+        return None
     if state is not None:
         _memo = (state, digest)
     return digest

@@ -37,7 +37,7 @@ _python_kernels: dict[str, list[Any]] = {}
 #: Python registrations, what says whether the overrides changed (:func:`token`).
 _generation = [0]
 #: (the :func:`token` they were found at, the overrides then)
-_overrides_memo: list[tuple[Any, tuple[tuple[str, str], ...]]] = []
+_overrides_memo: list[tuple[Any, tuple[str, ...]]] = []
 
 
 def record_kernel(name: str, fn: Any) -> None:
@@ -234,7 +234,8 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
         known = _overrides_memo[0] if _overrides_memo else None
         later = [n for n in _python_kernels if n.split("::", 1)[0] in TORCH_NAMESPACES]
     if known is not None and known[0] == now:
-        return known[1]
+        # which ops are overridden is known; what each computes is named again
+        return _named(known[1])
     mine = [
         entry
         for entry in list(impls)
@@ -252,11 +253,17 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
     # registered through torch's own helpers (``@torch.library.impl``: the dispatcher names
     # torch's file), while still registered
     names.update(n for n in later if n in present)
-    found = tuple((f"override:{name}", op_identity(name)) for name in sorted(names))
-    found += program_registrations.table_overrides()
+    overridden = tuple(sorted(names))
     with _lock:
-        _overrides_memo[:] = [(now, found)]
-    return found
+        _overrides_memo[:] = [(now, overridden)]
+    return _named(overridden)
+
+
+def _named(overridden: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The overridden ops and the program's table entries, each named as it is now (the
+    values its kernels read may have changed since the registrations did)."""
+    found = tuple((f"override:{name}", op_identity(name)) for name in overridden)
+    return found + program_registrations.table_overrides()
 
 
 def registered_by_torch(name: str, key: str) -> bool:

@@ -18,8 +18,12 @@ this process alone: a miss on every other machine, never another machine's resul
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import datetime
+import decimal
 import enum
+import fractions
 import functools
 import hashlib
 import os
@@ -126,6 +130,17 @@ _STDLIB_DIRS = tuple(
     os.path.realpath(sysconfig.get_paths()[kind]) + os.sep for kind in ("stdlib", "platstdlib")
 )
 #: Python's own classes whose objects are settings (what they hold names them).
+_STDLIB_VALUES: tuple[type, ...] = (
+    range,
+    slice,
+    bytearray,
+    collections.deque,
+    decimal.Decimal,
+    fractions.Fraction,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+)
 _SETTINGS_CLASSES = frozenset(
     {
         "types.SimpleNamespace",
@@ -174,8 +189,47 @@ def names_read_by() -> Iterator[set[str]]:
             outer.update(names)
 
 
+#: Work one identity may take (values rendered, items walked), shared by every value it
+#: follows: past it, the rest is named by this process alone.
+MAX_WORK = 200_000
+_work = threading.local()
+
+
+@contextlib.contextmanager
+def _bounded() -> Iterator[None]:
+    """The top-level call sets the budget; the nested ones share it."""
+    if _work.__dict__.get("left") is not None:
+        yield
+        return
+    _work.left = MAX_WORK
+    try:
+        yield
+    finally:
+        _work.left = None
+
+
+def _spend(n: int = 1) -> bool:
+    """Take ``n`` units of the budget; False once it is spent."""
+    left = _work.__dict__.get("left")
+    if left is None:
+        return True
+    _work.left = left - n
+    return bool(left - n >= 0)
+
+
 def function_identity(fn: Any, depth: int = 0) -> list[str]:
-    """What decides what ``fn`` computes: its code, its source file, what it reads."""
+    """What decides what ``fn`` computes: its code, its source file, what it reads; a
+    function that cannot be read, or past the work budget, by this process alone."""
+    with _bounded():
+        if not _spend():
+            return [UNIDENTIFIED]
+        try:
+            return _function_identity(fn, depth)
+        except Exception:  # an object that refuses to be read (a raising property, ...)
+            return [UNIDENTIFIED]
+
+
+def _function_identity(fn: Any, depth: int) -> list[str]:
     if isinstance(fn, functools.partial):
         return [
             "partial",
@@ -183,6 +237,9 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
             *(value_identity(a, depth) for a in fn.args),
             *(f"{k}={value_identity(v, depth)}" for k, v in sorted(fn.keywords.items())),
         ]
+    owner: list[str] = []
+    if isinstance(fn, types.MethodType):  # a bound method: what its object holds counts
+        owner = [f"self={value_identity(fn.__self__, depth + 1)}"]
     fn = getattr(fn, "__func__", fn)  # a bound method, a classmethod, a staticmethod
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
@@ -199,7 +256,7 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
     collected = _collector.__dict__.get("names")
     if collected is not None:
         collected.update(names)
-    parts = [portable_guards.code_digest(code), source_digest(code.co_filename)]
+    parts = [portable_guards.code_digest(code), source_digest(code.co_filename), *owner]
     # defaults bound at definition (``def k(x, s=float(os.environ["S"]))``)
     for label, bound in (("defaults", fn.__defaults__), ("kwdefaults", fn.__kwdefaults__)):
         if bound:
@@ -210,9 +267,15 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
         for const in sorted(set(_strings(code))):
             if const.isidentifier():
                 parts.append(f"env:{const}={os.environ.get(const)!r}")
-    if depth >= MAX_DEPTH:
-        return parts
     scope = getattr(fn, "__globals__", None)
+    if depth >= MAX_DEPTH:
+        # not followed further, but the plain data it reads still named (``SCALE = ...``)
+        if isinstance(scope, dict):
+            for name in names:
+                plain = _plain_data(scope[name], [MAX_ITEMS]) if name in scope else None
+                if plain is not None:
+                    parts.append(f"{name}={plain}")
+        return parts
     if isinstance(scope, dict):
         for name in names:
             if name not in scope:
@@ -223,7 +286,7 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
                 # what the code reads through a module of the program's (``cfg.SCALE``,
                 # ``helpers.scale(x)``): the values under the names the code reads
                 for attr in names:
-                    held = getattr(value, attr, None)
+                    held = vars(value).get(attr)  # never a lazy module's import
                     if held is not None and not isinstance(held, types.ModuleType):
                         parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
@@ -237,7 +300,18 @@ def function_identity(fn: Any, depth: int = 0) -> list[str]:
 
 def value_identity(value: Any, depth: int) -> str:
     """One value a traced function reads: by value where it is plain data, by identity where
-    it is code, by name where it is a module or torch's own."""
+    it is code, by name where it is a module or torch's own; one that cannot be read, or
+    past the work budget, by this process alone."""
+    with _bounded():
+        if not _spend():
+            return UNIDENTIFIED
+        try:
+            return _value_identity(value, depth)
+        except Exception:
+            return UNIDENTIFIED
+
+
+def _value_identity(value: Any, depth: int) -> str:
     plain = _plain_data(value, [MAX_DIGESTED_ITEMS])
     if plain is not None:
         rendered = plain
@@ -249,7 +323,15 @@ def value_identity(value: Any, depth: int) -> str:
         items = [value_identity(v, depth + 1) for v in value]
         rendered = repr(sorted(items) if isinstance(value, (set, frozenset)) else items)
     elif isinstance(value, dict):
-        rendered = repr(sorted((repr(k), value_identity(v, depth + 1)) for k, v in value.items()))
+        rendered = repr(
+            sorted((_shallow(k), value_identity(v, depth + 1)) for k, v in value.items())
+        )
+    elif type(value).__name__ == "_OpNamespace" and is_torchs(type(value)):
+        namespace = str(getattr(value, "name", ""))
+        rendered = f"ops:{namespace}"  # ``L = torch.ops.lib``: its ops join by name
+        collected = _collector.__dict__.get("names")
+        if collected is not None:
+            collected.add(namespace)
     elif isinstance(value, types.ModuleType):
         rendered = f"module:{value.__name__}"
     elif isinstance(value, type):
@@ -298,10 +380,24 @@ def _plain_data(value: Any, budget: list[int]) -> str | None:
     """Numbers, strings and containers of them however nested, by value; None for anything
     else, or past ``budget`` items."""
     budget[0] -= 1
-    if budget[0] < 0:
+    if budget[0] < 0 or (len(budget) > 1 and budget[1] > _PLAIN_NESTING) or not _spend():
         return None
     if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
         return repr(value)
+    if isinstance(value, (tuple, list, frozenset, set, dict)):
+        # nesting counted in the budget's second slot (a cycle ends there, as not plain)
+        nested = [budget[0], (budget[1] if len(budget) > 1 else 0) + 1]
+        rendered_all = _plain_items(value, nested)
+        budget[0] = nested[0]
+        return rendered_all
+    return None
+
+
+#: How deep plain containers nest before they are not plain data (a cycle, a tree).
+_PLAIN_NESTING = 32
+
+
+def _plain_items(value: Any, budget: list[int]) -> str | None:
     if isinstance(value, (tuple, list, frozenset, set)):
         items = []
         for item in value:
@@ -368,7 +464,15 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
     if module_type is not None and isinstance(value, module_type) and depth <= MAX_DEPTH:
         return _module_identity(value, kind, depth)
-    if is_torchs(type(value)) or depth > MAX_DEPTH:
+    if is_torchs(type(value)) or isinstance(value, _STDLIB_VALUES):
+        # torch's own objects (a memory format, a layout, ``finfo``) and Python's plain
+        # values (a range, a Decimal) by what they print, where that names no address
+        try:
+            printed = repr(value)
+        except Exception:
+            printed = "0x"
+        return f"{kind}:{printed}" if "0x" not in printed and len(printed) <= 512 else kind
+    if depth > MAX_DEPTH:
         return kind
     if is_stdlib(value) and kind not in _SETTINGS_CLASSES:
         return kind  # a logger, a lock, a file: Python's own
@@ -379,7 +483,9 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     if not is_stdlib(value):
         parts.append(class_identity(type(value), MAX_DEPTH))
     if isinstance(held, dict):
-        for name, item in sorted(held.items(), key=lambda kv: str(kv[0]))[:MAX_ITEMS]:
+        if len(held) > MAX_ITEMS:
+            return UNIDENTIFIED
+        for name, item in sorted(held.items(), key=lambda kv: str(kv[0])):
             parts.append(f"{name}={value_identity(item, depth + 1)}")
     for name in _slots(type(value)):
         if hasattr(value, name):
@@ -395,21 +501,29 @@ def _module_identity(module: Any, kind: str, depth: int) -> str:
     if not is_torchs(type(module)):
         parts.append(class_identity(type(module), MAX_DEPTH))
     torchs = is_torchs(type(module))
-    for name, held in sorted(vars(module).items(), key=lambda kv: str(kv[0]))[:MAX_ITEMS]:
-        if name in _MODULE_CONTENTS:
-            # hooks by their order (their keys are a process-wide counter)
-            hooks = "hooks" in name
-            for i, (sub, item) in enumerate(list(held.items())[:MAX_ITEMS]):
-                parts.append(f"{name}.{i if hooks else sub}={value_identity(item, depth + 1)}")
+    held_by = vars(module)
+    if len(held_by) > MAX_ITEMS:
+        return UNIDENTIFIED
+    for name, held in sorted(held_by.items(), key=lambda kv: str(kv[0])):
+        if isinstance(held, dict) and "hook" in name:
+            # hooks by their order, values only (their keys are a process-wide counter)
+            if len(held) > MAX_ITEMS:
+                return UNIDENTIFIED
+            for i, item in enumerate(list(held.values())):
+                parts.append(f"{name}.{i}={value_identity(item, depth + 1)}")
+        elif name in _MODULE_CONTENTS:
+            if len(held) > MAX_ITEMS:
+                return UNIDENTIFIED
+            for sub, item in list(held.items()):
+                parts.append(f"{name}.{sub}={value_identity(item, depth + 1)}")
         elif not (torchs and name.startswith("_")):  # torch's own bookkeeping
             parts.append(f"{name}={value_identity(held, depth + 1)}")
     return ";".join(parts)
 
 
-#: What an ``nn.Module`` holds that decides what it computes, item by item.
-_MODULE_CONTENTS = frozenset(
-    {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
-)
+#: What an ``nn.Module`` holds that decides what it computes, item by item (with every
+#: dict of hooks, by order).
+_MODULE_CONTENTS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def _slots(cls: type) -> list[str]:
@@ -422,7 +536,9 @@ def _slots(cls: type) -> list[str]:
 
 def _tensor_identity(value: Any, kind: str) -> str:
     try:
-        described = f"tensor:{value.dtype}:{tuple(value.shape)}"
+        described = f"tensor:{value.dtype}:{tuple(value.shape)}:{value.device.type}"
+        if value.device.type == "meta":
+            return described  # no content to name
         nbytes = value.numel() * value.element_size()
         if nbytes > MAX_ARRAY_BYTES or type(value).__name__ not in ("Tensor", "Parameter"):
             return UNIDENTIFIED  # too large to digest, or a subclass holding what it holds
@@ -457,11 +573,7 @@ def class_identity(cls: type, depth: int = 0) -> str:
                 attr = attr.__func__
             if getattr(attr, "__code__", None) is not None:
                 parts.append(name + ":" + ",".join(function_identity(attr, depth)))
-            elif (
-                isinstance(attr, (tuple, list, frozenset, set, dict))
-                or attr is None
-                or (isinstance(attr, (str, bytes, int, float, complex, bool, enum.Enum)))
-            ):
+            else:  # a setting of the class (a dtype, a table, a partial): not followed
                 parts.append(f"{name}={value_identity(attr, MAX_DEPTH)}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 

@@ -142,7 +142,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
 
 #: The items of :func:`graph_identity` that hold for the whole process, which a precompile
 #: entry's compiler settings record carries (``precompile/compile_settings.py``).
-PROCESS_WIDE = ("override:", "decomposition:", "lowering:")
+PROCESS_WIDE = ("override:", "decomposition:", "lowering:", "pattern:", "tensor_method:")
 
 
 def _not_a_precompile_entry() -> None:

@@ -110,3 +110,31 @@ def test_a_tensor_method_the_program_replaced_is_named() -> None:
     finally:
         torch.Tensor.softmax = original
     assert program_registrations.tensor_method_overrides() == ()
+
+
+def test_what_a_table_entry_reads_is_named_at_every_call() -> None:
+    """Which entries are the program's is remembered until the tables change; what each
+    computes is named again at every call: a setting it reads changed after the first
+    compile is another identity, not the one remembered."""
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
+
+    from objcache.integrations.torch.precompile import op_overrides
+
+    scope: dict[str, Any] = {"torch": torch, "SCALE": 2.0}
+    exec("def gelu(x, approximate='none'):\n    return x * SCALE\n", scope)
+    op = torch.ops.aten.gelu.default
+    before = decompositions.get(op)
+    label = f"decomposition:{op}"
+    try:
+        decompositions[op] = scope["gelu"]
+        first = dict(op_overrides.torch_overrides())[label]
+        scope["SCALE"] = 3.0
+        assert dict(op_overrides.torch_overrides())[label] != first
+        scope["SCALE"] = 2.0
+        assert dict(op_overrides.torch_overrides())[label] == first
+    finally:
+        if before is None:
+            decompositions.pop(op, None)
+        else:
+            decompositions[op] = before
+        fast_random_decomps.cache_clear()

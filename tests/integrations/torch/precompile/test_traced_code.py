@@ -213,3 +213,72 @@ def test_numpy_scalars_and_config_parsers_are_named_by_what_they_hold() -> None:
         parser.read_string(f"[kernel]\nscale = {value}\n")
         seen.append(identity(kernel_reading('x * float(CFG["kernel"]["scale"])', CFG=parser)))
     assert seen[0] != seen[1] and seen[0] == seen[2], seen
+
+
+class Scaler:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def apply(self, x: Any) -> Any:
+        return x * self.factor
+
+
+def test_what_a_code_review_found_is_named_and_stable() -> None:
+    """A bound method's object, a class's non-plain settings, torch's own values (a memory
+    format), a function as a dict key (no address), hooks registered with kwargs (no
+    process-wide counter), an alias of an op namespace (its ops join by name)."""
+    one, two = Scaler(2.0).apply, Scaler(3.0).apply
+    assert identity(one) != identity(two)
+    assert traced_code.class_identity(type("A", (), {"DT": torch.float16})) != (
+        traced_code.class_identity(type("A", (), {"DT": torch.bfloat16}))
+    )
+    assert traced_code.value_identity(torch.channels_last, 0) != traced_code.value_identity(
+        torch.contiguous_format, 0
+    )
+
+    def f(x: Any) -> Any:
+        return x
+
+    keyed = traced_code.value_identity({f: 1}, 0)
+    assert "0x" not in keyed
+    module = torch.nn.Linear(1, 1)
+    before = traced_code.value_identity(module, 0)
+
+    def hook(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    handles = [module.register_forward_hook(hook, with_kwargs=True)]
+    first = traced_code.value_identity(module, 0)
+    handles.append(torch.nn.Linear(1, 1).register_forward_hook(hook))  # another counter
+    handles[0].remove()
+    handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    assert traced_code.value_identity(module, 0) == first != before
+    with traced_code.names_read_by() as names:
+        traced_code.function_identity(kernel_reading("L.inner(x)", L=torch.ops.objcache_alias))
+    assert {"objcache_alias", "inner"} <= names
+
+
+def test_cycles_huge_values_and_raising_objects_are_bounded_and_never_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cyclic list, a registry past the work budget, an object whose attribute raises:
+    named (by this process alone where need be), never an exception, never unbounded."""
+    cyclic: list[Any] = [1.0]
+    cyclic.append(cyclic)
+    assert traced_code.value_identity(cyclic, 0)
+    shared = list(range(90_000))
+    table = [shared] * 200  # 18 million items through one shared list
+    named = traced_code.value_identity(table, 0)  # past the work budget: this process's
+    monkeypatch.setattr(traced_code, "UNIDENTIFIED", "unidentified:another-process")
+    assert traced_code.value_identity(table, 0) != named
+    monkeypatch.undo()
+
+    class Raising:
+        @property
+        def __dict__(self) -> Any:  # type: ignore[override]
+            raise RuntimeError("no")
+
+    assert traced_code.value_identity(Raising(), 0) in (
+        traced_code.UNIDENTIFIED,
+        traced_code.value_identity(Raising(), 0),
+    )
