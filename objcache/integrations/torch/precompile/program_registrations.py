@@ -228,6 +228,8 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
 
 _binaries: dict[tuple[str, int, int], str] = {}
 _native_memo: dict[frozenset[str], str] = {}
+#: (the module and library counts it was found at, the digest)
+_native_last: list[tuple[tuple[int, int], str]] = []
 
 
 def native_libraries() -> str:
@@ -238,17 +240,23 @@ def native_libraries() -> str:
     value. Only what registers ops: Python extension modules and ``torch.ops.load_library``'s
     libraries, never the shared objects they pull in or the compiled kernels a compile loads
     from its cache (which a machine served from a store loads at other moments)."""
+    torch = sys.modules.get("torch")
+    moment = (len(sys.modules), len(getattr(getattr(torch, "ops", None), "loaded_libraries", ())))
+    with _lock:
+        last = _native_last[0] if _native_last else None
+    if last is not None and last[0] == moment:
+        return last[1]  # nothing imported or loaded since
     paths = _extension_binaries()
     with _lock:
-        known = _native_memo.get(paths)
-    if known is not None:
-        return known
-    named = sorted(f"{os.path.basename(p)}:{_binary_digest(p)}" for p in paths)
-    digest = hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
+        digest = _native_memo.get(paths)
+    if digest is None:
+        named = sorted(f"{os.path.basename(p)}:{_binary_digest(p)}" for p in paths)
+        digest = hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
     with _lock:
         if len(_native_memo) > 64:
             _native_memo.clear()
         _native_memo[paths] = digest
+        _native_last[:] = [(moment, digest)]
     return digest
 
 
