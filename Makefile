@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: demo test suite lint typecheck fuzz mutation bench docs clean venv system-deps compat stress vllm
+.PHONY: demo test lint typecheck fuzz mutation bench docs clean venv system-deps compat stress vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,12 +32,7 @@ lint: venv
 # Two workers, each test file whole on one of them (its module-scoped compiles shared):
 # docs/testing.md, "Time". TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
-# The lint (mostly mypy on a cold cache, ~20 s) runs beside the suite's first minutes, not
-# before them; `make test` fails if either fails.
-test: venv system-deps
-	$(MAKE) --no-print-directory -j2 lint suite
-
-suite: venv
+test: venv system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # The timing- and concurrency-sensitive test files, STRESS_RUNS times, with a busy loop holding
