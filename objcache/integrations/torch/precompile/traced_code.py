@@ -323,9 +323,8 @@ def _value_identity(value: Any, depth: int) -> str:
         items = [value_identity(v, depth + 1) for v in value]
         rendered = repr(sorted(items) if isinstance(value, (set, frozenset)) else items)
     elif isinstance(value, dict):
-        rendered = repr(
-            sorted((_shallow(k), value_identity(v, depth + 1)) for k, v in value.items())
-        )
+        # in insertion order, which is the program's (a kernel iterating it sees that order)
+        rendered = repr([(_shallow(k), value_identity(v, depth + 1)) for k, v in value.items()])
     elif type(value).__name__ == "_OpNamespace" and is_torchs(type(value)):
         namespace = str(getattr(value, "name", ""))
         rendered = f"ops:{namespace}"  # ``L = torch.ops.lib``: its ops join by name
@@ -415,7 +414,7 @@ def _plain_items(value: Any, budget: list[int]) -> str | None:
             if k is None or v is None:
                 return None
             pairs.append(f"{k}:{v}")
-        return "dict{" + ",".join(sorted(pairs)) + "}"
+        return "dict{" + ",".join(pairs) + "}"  # in insertion order, as a loop sees it
     return None
 
 
@@ -429,8 +428,8 @@ def _container_digest(value: Any) -> str:
     digests = [
         hashlib.sha256(f"{_shallow(k)}\0{_shallow(v)}".encode()).hexdigest() for k, v in pairs
     ]
-    if isinstance(value, (set, frozenset, dict)):
-        digests.sort()
+    if isinstance(value, (set, frozenset)):
+        digests.sort()  # a set's order is the process's hash seed's; a dict's is the program's
     joined = "".join(digests).encode()
     return f"{type(value).__name__}:{len(value)}:" + hashlib.sha256(joined).hexdigest()[:32]
 

@@ -282,3 +282,18 @@ def test_cycles_huge_values_and_raising_objects_are_bounded_and_never_raise(
         traced_code.UNIDENTIFIED,
         traced_code.value_identity(Raising(), 0),
     )
+
+
+def test_a_dict_s_order_is_named_and_a_set_s_is_not() -> None:
+    """A kernel iterating a dict sees its insertion order (the program's, the same in every
+    process): another order is another identity. A set's order is the process's hash seed's:
+    the same set is the same identity whatever its order."""
+    assert traced_code.value_identity({"a": 1.0, "b": 2.0}, 0) != traced_code.value_identity(
+        {"b": 2.0, "a": 1.0}, 0
+    )
+    big = {f"k{i}": float(i) for i in range(traced_code.MAX_ITEMS * 2)}
+    backwards = dict(reversed(list(big.items())))
+    assert traced_code.value_identity(big, 0) != traced_code.value_identity(backwards, 0)
+    assert traced_code.value_identity({"x", "y", "z"}, 0) == traced_code.value_identity(
+        {"z", "y", "x"}, 0
+    )
