@@ -59,7 +59,7 @@ def _tables() -> list[tuple[str, dict[Any, Any]]]:
 def tables_token() -> int:
     """What changes when an entry of Inductor's decomposition or lowering tables, of its
     pattern-matcher passes or a method of ``torch.Tensor`` is put, replaced or removed (a
-    hash of the entries' identities, in order: ~0.2 ms)."""
+    hash of the entries' identities, in order: 0.15 ms measured after a compile)."""
     ids: list[int] = []
     for _, table in _tables():
         ids.append(len(table))
@@ -200,14 +200,13 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
     found: dict[str, list[Any]] = {}
     for label, table in _tables():
         for op, fn in list(table.items()):
-            inner = fn.func if isinstance(fn, functools.partial) else fn
-            code_of = inner if hasattr(inner, "__code__") else type(inner)  # else a callable object
-            if not is_torchs(code_of):
-                found[f"{label}:{op}"] = [fn]
+            fns = _program_functions(fn)  # as a pattern's: by file, scope and closure
+            if fns:
+                found[f"{label}:{op}"] = fns
     for name, matcher in _pattern_passes():
         for (op, target), entries in list(matcher.patterns.items()):
             for entry in list(entries):
-                fns: list[Any] = []
+                fns = []
                 for field in ("extra_check", "normalize_args", "handler"):
                     fns.extend(_program_functions(getattr(entry, field, None)))
                 if fns:
