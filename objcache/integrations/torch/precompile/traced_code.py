@@ -8,8 +8,9 @@ table. Their *results* are baked into the compiled code. Here each such function
 by what decides what it does, as far as a digest can tell: its code, the content of the
 source file it sits in (the helpers beside it), and the values it reads from its module's
 globals and its closure (a setting read from the environment at import), the environment
-variables it names where it reads the environment, following the functions it reads one level
-further. A class is named by those of its methods and its plain attributes; an object by its
+variables it names where it reads the environment, following the objects it reads two levels
+further and the program's functions it calls to any depth. A class is named by those of its
+methods and its plain attributes; an object by its
 class and its attributes; a C++ kernel by the binaries the process loaded. What is torch's own
 (its package's files) is in its release, which every key holds already. What cannot be named
 within the bounds below (a container or tensor too large to digest) is named by a value of
@@ -38,7 +39,8 @@ from objcache.integrations.torch.precompile import portable_guards
 
 #: Largest source file digested (a larger one is named by size and mtime).
 MAX_SOURCE_BYTES = 8 << 20
-#: How far the functions a function reads are followed.
+#: How far the objects a function reads are followed (the program's functions it calls are
+#: followed by their code and plain data to any depth, each once: :func:`_code_chain`).
 MAX_DEPTH = 2
 #: Longest rendering of one value read (a longer one is named by its digest).
 MAX_VALUE_CHARS = 4096
@@ -202,10 +204,12 @@ def _bounded() -> Iterator[None]:
         yield
         return
     _work.left = MAX_WORK
+    _work.chained = set()  # the functions a code chain named (by id), once each
     try:
         yield
     finally:
         _work.left = None
+        _work.chained = None
 
 
 def _spend(n: int = 1) -> bool:
@@ -269,12 +273,10 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
                 parts.append(f"env:{const}={os.environ.get(const)!r}")
     scope = getattr(fn, "__globals__", None)
     if depth >= MAX_DEPTH:
-        # not followed further, but the plain data it reads still named (``SCALE = ...``)
-        if isinstance(scope, dict):
-            for name in names:
-                plain = _plain_data(scope[name], [MAX_ITEMS]) if name in scope else None
-                if plain is not None:
-                    parts.append(f"{name}={plain}")
+        # objects are not followed further, but what decides the code it runs still is: the
+        # plain data it reads (``SCALE = ...``) and the program's functions it calls, to
+        # any depth (each once an identity)
+        parts.extend(_code_chain(fn, names, scope))
         return parts
     if isinstance(scope, dict):
         for name in names:
@@ -296,6 +298,53 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
             continue
         parts.append(f"cell{i}={value_identity(contents, depth + 1)}")
     return parts
+
+
+def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
+    """Past the depth objects are followed: the plain data and the program's functions
+    ``fn`` reads by name (in its globals, through a program's module it reads, in its
+    closure), each function by its own code chain. A function already named in this
+    identity is named by its code alone (a cycle ends there)."""
+    held: list[tuple[str, Any]] = []
+    if isinstance(scope, dict):
+        for name in names:
+            if name not in scope:
+                continue
+            value = scope[name]
+            held.append((name, value))
+            if isinstance(value, types.ModuleType) and not (is_torchs(value) or is_stdlib(value)):
+                for attr in names:  # ``helpers.scale(x)``, ``cfg.SCALE``
+                    item = vars(value).get(attr)
+                    if item is not None and not isinstance(item, types.ModuleType):
+                        held.append((f"{name}.{attr}", item))
+    for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        with contextlib.suppress(ValueError):  # an empty cell
+            held.append((f"cell{i}", cell.cell_contents))
+    for label, value in held:
+        plain = _plain_data(value, [MAX_ITEMS])
+        if plain is not None:
+            yield f"{label}={plain}"
+        elif _is_programs_function(value):
+            yield f"{label}={_chained(value)}"
+
+
+def _is_programs_function(value: Any) -> bool:
+    """A Python function (or method) outside torch and Python's own library."""
+    fn = getattr(value, "__func__", value)
+    if not isinstance(fn, types.FunctionType) or is_torchs(fn):
+        return False
+    module = sys.modules.get(str(getattr(fn, "__module__", None)))
+    return module is None or not is_stdlib(module)
+
+
+def _chained(value: Any) -> str:
+    fn = getattr(value, "__func__", value)
+    seen = _work.__dict__.get("chained")
+    if seen is not None:
+        if id(fn) in seen:
+            return "seen:" + portable_guards.code_digest(fn.__code__)
+        seen.add(id(fn))
+    return "fn:" + ",".join(function_identity(value, MAX_DEPTH))
 
 
 def value_identity(value: Any, depth: int) -> str:

@@ -297,3 +297,51 @@ def test_a_dict_s_order_is_named_and_a_set_s_is_not() -> None:
     assert traced_code.value_identity({"x", "y", "z"}, 0) == traced_code.value_identity(
         {"z", "y", "x"}, 0
     )
+
+
+def _defined(source: str, **scope: Any) -> Any:
+    """The one function ``source`` defines, in a module scope of its own."""
+    namespace: dict[str, Any] = {"os": os, **scope}
+    exec(source, namespace)
+    return next(
+        v for k, v in namespace.items() if isinstance(v, types.FunctionType) and k not in scope
+    )
+
+
+def chain(leaf_source: str, **leaf_scope: Any) -> Any:
+    """A kernel calling a helper in another module, which calls another, which calls
+    another, which calls ``leaf``: four modules away."""
+    leaf = _defined(leaf_source, **leaf_scope)
+    third = _defined("def third(x):\n    return leaf(x) + 1\n", leaf=leaf)
+    second = _defined("def second(x):\n    return third(x) + 1\n", third=third)
+    first = _defined("def first(x):\n    return second(x) + 1\n", second=second)
+    return kernel_reading("first(x)", first=first)
+
+
+def test_the_program_s_functions_a_kernel_calls_are_named_at_any_depth() -> None:
+    """A kernel library at another version changes a helper four calls down: its code, the
+    plain data it reads, a module's function it calls, each is another identity; the same
+    chain rebuilt is the same identity."""
+    base = identity(chain("def leaf(x):\n    return x * SCALE\n", SCALE=2.0))
+    assert identity(chain("def leaf(x):\n    return x * SCALE\n", SCALE=2.0)) == base
+    assert identity(chain("def leaf(x):\n    return x * SCALE\n", SCALE=3.0)) != base
+    assert identity(chain("def leaf(x):\n    return x * SCALE + 0\n", SCALE=2.0)) != base
+    helpers = types.ModuleType("traced_test_helpers")
+    helpers.scale = _defined("def scale(x):\n    return x * 2\n")  # type: ignore[attr-defined]
+    leaf = "def leaf(x):\n    return helpers.scale(x)\n"
+    through = identity(chain(leaf, helpers=helpers))
+    helpers.scale = _defined("def scale(x):\n    return x * 3\n")  # type: ignore[attr-defined]
+    assert identity(chain(leaf, helpers=helpers)) != through
+
+
+def test_a_cycle_of_the_program_s_functions_is_named_once_each_and_stably() -> None:
+    """Mutually recursive helpers past the depth objects are followed: each named once, the
+    same identity every time, a changed one another."""
+
+    def cyclic(scale: float) -> Any:
+        ping = _defined("def ping(x, n):\n    return x if n == 0 else pong(x, n - 1)\n")
+        pong = _defined("def pong(x, n):\n    return ping(x * SCALE, n)\n", ping=ping, SCALE=scale)
+        ping.__globals__["pong"] = pong
+        return chain("def leaf(x):\n    return ping(x, 3)\n", ping=ping)
+
+    assert identity(cyclic(2.0)) == identity(cyclic(2.0)) != identity(cyclic(3.0))
