@@ -265,13 +265,9 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
     for label, bound in (("defaults", fn.__defaults__), ("kwdefaults", fn.__kwdefaults__)):
         if bound:
             parts.append(f"{label}={value_identity(bound, MAX_DEPTH)}")
-    if _ENV_READS.intersection(names):
-        # ``os.environ["SCALE"]``, ``os.getenv("SCALE")`` while it traces: the variables
-        # named by the code's string constants, by their value here
-        for const in sorted(set(_strings(code))):
-            if const.isidentifier():
-                parts.append(f"env:{const}={os.environ.get(const)!r}")
     scope = getattr(fn, "__globals__", None)
+    if _ENV_READS.intersection(names) or _calls_an_environment_reader(names, scope):
+        parts.extend(_environment_read(code))
     if depth >= MAX_DEPTH:
         # objects are not followed further, but what decides the code it runs still is: the
         # plain data it reads (``SCALE = ...``) and the program's functions it calls, to
@@ -284,13 +280,8 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
                 continue
             value = scope[name]
             parts.append(f"{name}={value_identity(value, depth + 1)}")
-            if isinstance(value, types.ModuleType) and not (is_torchs(value) or is_stdlib(value)):
-                # what the code reads through a module of the program's (``cfg.SCALE``,
-                # ``helpers.scale(x)``): the values under the names the code reads
-                for attr in names:
-                    held = vars(value).get(attr)  # never a lazy module's import
-                    if held is not None and not isinstance(held, types.ModuleType):
-                        parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
+            for attr, held in _read_through(value, names):
+                parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         try:
             contents = cell.cell_contents
@@ -312,11 +303,7 @@ def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
                 continue
             value = scope[name]
             held.append((name, value))
-            if isinstance(value, types.ModuleType) and not (is_torchs(value) or is_stdlib(value)):
-                for attr in names:  # ``helpers.scale(x)``, ``cfg.SCALE``
-                    item = vars(value).get(attr)
-                    if item is not None and not isinstance(item, types.ModuleType):
-                        held.append((f"{name}.{attr}", item))
+            held.extend((f"{name}.{attr}", item) for attr, item in _read_through(value, names))
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         with contextlib.suppress(ValueError):  # an empty cell
             held.append((f"cell{i}", cell.cell_contents))
@@ -328,17 +315,88 @@ def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
             yield f"{label}={_chained(value)}"
 
 
+def _read_through(value: Any, names: list[str]) -> Iterator[tuple[str, Any]]:
+    """What code reading ``value`` may read through it where it is a module of the
+    program's (``cfg.SCALE``, ``helpers.scale(x)``): the values under the names the code
+    reads, never a lazy module's import; and the module's ``__getattr__`` (PEP 562), which
+    computes the names it does not hold (a settings module reading the environment)."""
+    if not isinstance(value, types.ModuleType) or is_torchs(value) or is_stdlib(value):
+        return
+    held = vars(value)
+    for attr in names:
+        item = held.get(attr)
+        if item is not None and not isinstance(item, types.ModuleType):
+            yield attr, item
+    computed = held.get("__getattr__")
+    if computed is not None and any(attr not in held for attr in names):
+        yield "__getattr__", computed
+
+
+def _calls_an_environment_reader(names: list[str], scope: Any) -> bool:
+    """Whether the code calls a function of the program's that reads the environment
+    (``env_float("SCALE")``): the names it passes are its own constants."""
+    if not isinstance(scope, dict):
+        return False
+    for name in names:
+        value = scope.get(name)
+        candidates = [value, *(item for _, item in _read_through(value, names))]
+        for candidate in candidates:
+            if _is_programs_function(candidate) and _ENV_READS.intersection(
+                _names_read(_function_of(candidate).__code__)
+            ):
+                return True
+    return False
+
+
+#: Shortest string constant taken as a part of an environment variable's name.
+_MIN_ENV_PART = 3
+
+
+def _environment_read(code: types.CodeType) -> Iterator[str]:
+    """``os.environ["SCALE"]``, ``os.getenv("SCALE")`` while the code traces: the variables
+    its string constants name, by their value here; and where it composes a name
+    (``os.environ["CFG_" + name]``, ``f"{name}_SCALE"``), every variable whose name holds
+    one of its constants of at least three characters."""
+    constants = sorted({c for c in _strings(code) if c and len(c) <= 256})
+    for const in constants:
+        if const.isidentifier():
+            yield f"env:{const}={_digest(repr(os.environ.get(const)))}"
+    parts = [c for c in constants if len(c) >= _MIN_ENV_PART and _is_name_part(c)]
+    if parts:
+        composed = sorted(
+            (k, v) for k, v in os.environ.items() if any(p in k and p != k for p in parts)
+        )
+        if composed:
+            yield f"env~{','.join(parts)}={_digest(repr(composed))}"
+
+
+def _digest(text: str) -> str:
+    """A value by digest (an environment variable's value may be a credential: a key's
+    details are pickled and may be logged by torch)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _is_name_part(text: str) -> bool:
+    return all(ch.isalnum() or ch == "_" for ch in text)
+
+
 def _is_programs_function(value: Any) -> bool:
     """A Python function (or method) outside torch and Python's own library."""
-    fn = getattr(value, "__func__", value)
+    fn = _function_of(value)
     if not isinstance(fn, types.FunctionType) or is_torchs(fn):
         return False
     module = sys.modules.get(str(getattr(fn, "__module__", None)))
     return module is None or not is_stdlib(module)
 
 
+def _function_of(value: Any) -> Any:
+    """A bound method's function; anything else as it is (never an attribute read, which
+    a module's or an object's ``__getattr__`` would compute)."""
+    return value.__func__ if isinstance(value, types.MethodType) else value
+
+
 def _chained(value: Any) -> str:
-    fn = getattr(value, "__func__", value)
+    fn = _function_of(value)
     seen = _work.__dict__.get("chained")
     if seen is not None:
         if id(fn) in seen:

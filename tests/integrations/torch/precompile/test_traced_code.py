@@ -345,3 +345,37 @@ def test_a_cycle_of_the_program_s_functions_is_named_once_each_and_stably() -> N
         return chain("def leaf(x):\n    return ping(x, 3)\n", ping=ping)
 
     assert identity(cyclic(2.0)) == identity(cyclic(2.0)) != identity(cyclic(3.0))
+
+
+def test_an_environment_variable_a_kernel_names_in_parts_or_through_a_helper_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The variable a kernel reads while it traces, where no constant spells its whole
+    name: composed from a prefix (``os.environ["CFG_" + part]``), read by a helper of the
+    program's the kernel passes the name to, or computed by a settings module's
+    ``__getattr__`` (PEP 562)."""
+    env_float = _defined("def env_float(name):\n    return float(os.environ[name])\n")
+    settings = types.ModuleType("traced_test_settings")
+    exec(
+        "import os\ndef __getattr__(name):\n    return float(os.environ['TRACED_MOD_' + name])\n",
+        vars(settings),
+    )
+    kernels = {
+        "composed": kernel_reading('x * float(os.environ["TRACED_CMP_" + PART])', PART="SCALE"),
+        "helper": kernel_reading('x * env_float("TRACED_HELPER_SCALE")', env_float=env_float),
+        "module_getattr": kernel_reading("x * settings.SCALE", settings=settings),
+    }
+    variables = ("TRACED_CMP_SCALE", "TRACED_HELPER_SCALE", "TRACED_MOD_SCALE")
+    for (label, kernel), variable in zip(kernels.items(), variables, strict=True):
+        seen = []
+        for value in ("2", "3"):
+            monkeypatch.setenv(variable, value)
+            seen.append(identity(kernel))
+        assert seen[0] != seen[1], label
+        monkeypatch.setenv(variable, "2")
+        assert identity(kernel) == seen[0], label
+        monkeypatch.setenv("TRACED_UNRELATED", "1")  # another variable: the same identity
+        assert identity(kernel) == seen[0], label
+    for variable in variables:  # a credential read this way never shows in a key's details
+        monkeypatch.setenv(variable, "s3cr3t-credential")
+    assert not any("s3cr3t-credential" in "".join(identity(k)) for k in kernels.values())
