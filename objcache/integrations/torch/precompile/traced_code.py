@@ -578,10 +578,11 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         except Exception:
             printed = "0x"
         return f"{kind}:{printed}" if "0x" not in printed and len(printed) <= 512 else kind
-    if depth > MAX_DEPTH:
-        return kind
     if is_stdlib(value) and kind not in _SETTINGS_CLASSES:
         return kind  # a logger, a lock, a file: Python's own
+    if depth > MAX_DEPTH:
+        is_module = module_type is not None and isinstance(value, module_type)
+        return kind if is_module else _settings_chain(value, kind)
     # an object of the program's (a settings object, a dataclass): its class and what it
     # holds, followed one level more
     held = getattr(value, "__dict__", None)
@@ -597,6 +598,45 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         if hasattr(value, name):
             parts.append(f"{name}={value_identity(getattr(value, name), depth + 1)}")
     return ";".join(parts)
+
+
+def _settings_chain(value: Any, kind: str) -> str:
+    """An object of the program's past the depth objects are followed (a nested settings
+    object, ``CFG.model.act.slope``): its class and the plain data it holds, and the
+    objects of the program's it holds the same way, to any depth, each once an identity."""
+    seen = _work.__dict__.get("chained")
+    if seen is not None:
+        if id(value) in seen:
+            return f"{kind}:seen"
+        seen.add(id(value))
+    held = getattr(value, "__dict__", None)
+    items = list(held.items()) if isinstance(held, dict) else []
+    items += [(n, getattr(value, n)) for n in _slots(type(value)) if hasattr(value, n)]
+    if len(items) > MAX_ITEMS:
+        return UNIDENTIFIED
+    parts = [kind]
+    for name, item in sorted(items, key=lambda kv: str(kv[0])):
+        if not _spend():
+            return UNIDENTIFIED
+        plain = _plain_data(item, [MAX_ITEMS])
+        if plain is not None:
+            parts.append(f"{name}={plain}")
+        elif _is_programs_object(item):
+            item_kind = f"{type(item).__module__}.{type(item).__qualname__}"
+            parts.append(f"{name}={_settings_chain(item, item_kind)}")
+    return ";".join(parts)
+
+
+def _is_programs_object(value: Any) -> bool:
+    """An instance of a class of the program's (not a function, class, module or
+    container; not torch's or Python's own)."""
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
+        return False
+    if isinstance(value, (tuple, list, dict, set, frozenset)) or is_torchs(type(value)):
+        return False
+    return not is_stdlib(value) and (
+        isinstance(getattr(value, "__dict__", None), dict) or bool(_slots(type(value)))
+    )
 
 
 def _module_identity(module: Any, kind: str, depth: int) -> str:

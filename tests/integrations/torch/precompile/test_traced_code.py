@@ -379,3 +379,22 @@ def test_an_environment_variable_a_kernel_names_in_parts_or_through_a_helper_is_
     for variable in variables:  # a credential read this way never shows in a key's details
         monkeypatch.setenv(variable, "s3cr3t-credential")
     assert not any("s3cr3t-credential" in "".join(identity(k)) for k in kernels.values())
+
+
+class Node:
+    def __init__(self, **held: Any) -> None:
+        self.__dict__.update(held)
+
+
+def test_a_setting_nested_in_the_program_s_objects_is_named_at_any_depth() -> None:
+    """``CFG.model.act.slope`` read by a helper the kernel calls: past the levels objects
+    are followed with everything they hold, the program's objects are still named by the
+    plain data they hold, to any depth; a cycle of objects is named once each."""
+
+    def settings(slope: float) -> Any:
+        cfg = Node(model=Node(act=Node(slope=slope, name="leaky")))
+        cfg.model.parent = cfg  # a cycle
+        helper = _defined("def helper(x):\n    return x * CFG.model.act.slope\n", CFG=cfg)
+        return kernel_reading("helper(x)", helper=helper)
+
+    assert identity(settings(0.1)) == identity(settings(0.1)) != identity(settings(0.2))
