@@ -23,7 +23,7 @@ from typing import Any
 from objcache.integrations.torch.precompile import program_registrations, traced_code
 
 #: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
-TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
+TORCH_NAMESPACES = program_registrations.TORCH_NAMESPACES
 _REGISTERED_AT = re.compile(r"registered at (.+?\.py)(?=:\d+)")
 #: Dispatch keys whose kernels only say what an op's result looks like (shapes, dtypes),
 #: never its values; torch registers a thousand of them in Python itself.
@@ -145,6 +145,10 @@ def _own_identity(name: str) -> list[str]:
         kernels = list(_python_kernels.get(name, ()))
     for fn in kernels:
         parts.extend(traced_code.function_identity(fn))
+    for label, fn in program_registrations.registry_functions(name):
+        # its fake kernel and ``__torch_dispatch__`` rules (``register_fake``,
+        # ``register_torch_dispatch``), which torch keeps outside the dispatcher
+        parts.append(f"{label}=" + ",".join(traced_code.function_identity(fn)))
     if not kernels and _python_registrations(name):
         # a Python kernel registered before objcache installed: its function is not known,
         # only where it was registered (a library's helper, the same in every version), so

@@ -42,6 +42,8 @@ def _tables() -> list[tuple[str, dict[Any, Any]]]:
         ("decomposition", "torch._inductor.decomposition", "decompositions"),
         ("decomposition", "torch._inductor.decomposition", "fast_random_decomps"),
         ("lowering", "torch._inductor.lowering", "lowerings"),
+        # applied by AOTAutograd to every graph it traces, before Inductor's own
+        ("decomposition", "torch._functorch.aot_autograd", "aot_autograd_decompositions"),
     ):
         table = getattr(sys.modules.get(module), attr, None)
         if callable(table) and not isinstance(table, dict):
@@ -56,6 +58,57 @@ def _tables() -> list[tuple[str, dict[Any, Any]]]:
     return tables
 
 
+#: The namespaces of torch's own ops.
+TORCH_NAMESPACES = frozenset({"aten", "prims", "prim", "higher_order"})
+
+#: ``(label, function)`` for each Python kernel the program registered on an op with
+#: ``py_impl`` (``torch.ops.aten.sin.default.py_impl(DispatchKey.AutogradCPU)``): torch
+#: keeps them in each op object's ``py_kernels``, which no key names.
+_py_impls: list[tuple[str, Any]] = []
+
+
+def record_py_impl(op: Any, key: Any, fn: Any) -> None:
+    """Note a ``py_impl`` kernel of the program's (``custom_ops`` wraps ``py_impl``)."""
+    name = getattr(op, "_name", None) or getattr(op, "__name__", None) or type(op).__name__
+    with _lock:
+        _py_impls.append((f"py_impl:{name}:{key}", fn))
+
+
+def _registry_entries() -> list[tuple[str, str, Any]]:
+    """``(op, label, function)`` for the fake kernels and ``__torch_dispatch__`` rules in
+    torch's registry of the "simple" ``torch.library`` APIs (``register_fake``,
+    ``register_torch_dispatch``): AOTAutograd runs them while it traces. ``op`` is
+    ``ns::name`` without its overload."""
+    registry = getattr(sys.modules.get("torch._library.simple_registry"), "singleton", None)
+    data = getattr(registry, "_data", None)
+    found: list[tuple[str, str, Any]] = []
+    if not isinstance(data, dict):
+        return found
+    for qualname, entry in list(data.items()):
+        op = str(qualname).split(".", 1)[0]
+        kernel = getattr(getattr(entry, "fake_impl", None), "kernel", None)
+        if kernel is not None:
+            found.append((op, f"fake:{qualname}", getattr(kernel, "func", kernel)))
+        rules = getattr(getattr(entry, "torch_dispatch_rules", None), "_data", None)
+        if isinstance(rules, dict):
+            for cls, fn in list(rules.items()):
+                owner = f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', cls)}"
+                found.append((op, f"dispatch_rule:{qualname}:{owner}", fn))
+    return found
+
+
+def registry_functions(name: str) -> list[tuple[str, Any]]:
+    """The registry's fake kernels and rules of the op ``ns::name`` (any overload)."""
+    return [(label, fn) for op, label, fn in _registry_entries() if op == name]
+
+
+def is_torchs_table(table: Any) -> bool:
+    """Whether ``table`` is one of the decomposition or lowering tables :func:`_tables` reads
+    (what Inductor hands AOTAutograd; their program entries are named by
+    :func:`table_overrides`)."""
+    return any(table is known for _, known in _tables())
+
+
 def tables_token() -> int:
     """What changes when an entry of Inductor's decomposition or lowering tables, of its
     pattern-matcher passes or a method of ``torch.Tensor`` is put, replaced or removed (a
@@ -65,6 +118,9 @@ def tables_token() -> int:
         ids.append(len(table))
         ids.extend(map(id, list(table.values())))
     ids.extend(map(id, list(_tensor_methods().values())))
+    ids.append(len(_py_impls))
+    ids.extend(id(fn) for _, fn in list(_py_impls))
+    ids.extend(id(fn) for _, _, fn in _registry_entries())
     for _, matcher in _pattern_passes():
         for entries in list(matcher.patterns.values()):
             ids.append(len(entries))
@@ -116,9 +172,11 @@ def _pattern_passes() -> list[tuple[str, Any]]:
     return found
 
 
-def _program_functions(value: Any, depth: int = 0) -> list[Any]:
+def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) -> list[Any]:
     """The program's functions ``value`` is or holds in its closure (``register_replacement``
-    keeps the program's search and replacement functions in the closure of torch's own)."""
+    keeps the program's search and replacement functions in the closure of torch's own), in
+    a partial's arguments, or in the attributes of torch's own callable object, followed
+    ``max_depth`` levels."""
     inner = value.func if isinstance(value, functools.partial) else value
     owner = getattr(inner, "__self__", None)
     if isinstance(inner, types.MethodType) and is_torchs(type(owner)):
@@ -133,15 +191,24 @@ def _program_functions(value: Any, depth: int = 0) -> list[Any]:
             return [value]
     elif callable(inner) and not isinstance(inner, type) and not is_torchs(type(inner)):
         return [value]  # a callable object of the program's
-    if depth >= MAX_DEPTH:
+    if depth >= max_depth:
         return []
-    found: list[Any] = []
+    held: list[Any] = []
+    if isinstance(value, functools.partial):
+        # torch's function bound to the program's (``partial(fw_compiler_base,
+        # inner_compile=...)``, what ``compile_fx`` builds around a backend's inner compile)
+        held.extend((*value.args, *value.keywords.values()))
     for cell in getattr(inner, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:
-            continue
-        found.extend(_program_functions(contents, depth + 1))
+        with contextlib.suppress(ValueError):  # an empty cell
+            held.append(cell.cell_contents)
+    if not isinstance(inner, types.FunctionType) and callable(inner):
+        # torch's callable object (AOTAutograd's ``SerializableAOTDispatchCompiler``): the
+        # functions it holds
+        held.extend(vars(inner).values() if hasattr(inner, "__dict__") else ())
+    found: list[Any] = []
+    for item in held:
+        if callable(item) and not isinstance(item, type):
+            found.extend(program_functions(item, depth + 1, max_depth))
     return found
 
 
@@ -200,23 +267,36 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
     found: dict[str, list[Any]] = {}
     for label, table in _tables():
         for op, fn in list(table.items()):
-            fns = _program_functions(fn)  # as a pattern's: by file, scope and closure
+            fns = program_functions(fn)  # as a pattern's: by file, scope and closure
             if fns:
-                found[f"{label}:{op}"] = fns
+                found.setdefault(f"{label}:{op}", []).extend(fns)
     for name, matcher in _pattern_passes():
         for (op, target), entries in list(matcher.patterns.items()):
             for entry in list(entries):
                 fns = []
                 for field in ("extra_check", "normalize_args", "handler"):
-                    fns.extend(_program_functions(getattr(entry, field, None)))
+                    fns.extend(program_functions(getattr(entry, field, None)))
                 if fns:
                     found.setdefault(f"pattern:{name}:{op}:{_target_name(target)}", []).extend(fns)
+    with _lock:
+        py_impls = list(_py_impls)
+    for label, fn in py_impls:
+        fns = program_functions(fn)
+        if fns:
+            found.setdefault(label, []).extend(fns)
+    for op, label, fn in _registry_entries():
+        # an op of torch's own (``aten::sin``): its rules key every graph; the program's own
+        # ops name theirs with the op (``op_overrides``)
+        if op.split("::", 1)[0] in TORCH_NAMESPACES:
+            fns = program_functions(fn)
+            if fns:
+                found.setdefault(label, []).extend(fns)
     for method, held in sorted(_tensor_methods().items()):
         if isinstance(held, property):
             held = held.fget
         if isinstance(held, (staticmethod, classmethod)):
             held = held.__func__
-        fns = _program_functions(held)
+        fns = program_functions(held)
         if fns:
             found[f"tensor_method:{method}"] = fns
     entries_now = sorted(found.items())

@@ -19,14 +19,19 @@ this process alone: a miss on every other machine, never another machine's resul
 
 from __future__ import annotations
 
+import _threading_local
 import collections
 import contextlib
+import contextvars
 import datetime
 import decimal
+import dis
 import enum
 import fractions
 import functools
 import hashlib
+import importlib.util
+import operator
 import os
 import sys
 import sysconfig
@@ -142,6 +147,11 @@ _STDLIB_VALUES: tuple[type, ...] = (
     datetime.date,
     datetime.time,
     datetime.timedelta,
+    # callables that hold their arguments (``methodcaller("mul", scale)``): their repr
+    # says which
+    operator.methodcaller,
+    operator.attrgetter,
+    operator.itemgetter,
 )
 _SETTINGS_CLASSES = frozenset(
     {
@@ -282,6 +292,10 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
             parts.append(f"{name}={value_identity(value, depth + 1)}")
             for attr, held in _read_through(value, names):
                 parts.append(f"{name}.{attr}={value_identity(held, depth + 1)}")
+    for label, module in _imported(code, scope):
+        parts.append(f"{label}={value_identity(module, depth + 1)}")
+        for attr, held in _read_through(module, names):
+            parts.append(f"{label}.{attr}={value_identity(held, depth + 1)}")
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         try:
             contents = cell.cell_contents
@@ -289,6 +303,53 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
             continue
         parts.append(f"cell{i}={value_identity(contents, depth + 1)}")
     return parts
+
+
+def _imported(code: types.CodeType, scope: Any) -> Iterator[tuple[str, Any]]:
+    """The modules the code imports in its body (``from settings import SCALE`` inside a
+    kernel, to break an import cycle), as imported now; one of the program's not imported
+    yet (its values, set as it runs, unknown) is named by this process alone."""
+    package = scope.get("__package__") if isinstance(scope, dict) else None
+    for name, level in _imports_of(code):
+        try:
+            absolute = importlib.util.resolve_name("." * level + name, package) if level else name
+        except (ImportError, ValueError):
+            yield f"import:{name}", UNIDENTIFIED
+            continue
+        module = sys.modules.get(absolute)
+        if module is None:
+            top = absolute.split(".", 1)[0]
+            python_s = top in sys.stdlib_module_names or is_torchs_name(top)
+            yield f"import:{absolute}", f"module:{absolute}" if python_s else UNIDENTIFIED
+        else:
+            yield f"import:{absolute}", module
+
+
+_imports_memo: dict[types.CodeType, tuple[tuple[str, int], ...]] = {}
+
+
+def _imports_of(code: types.CodeType) -> tuple[tuple[str, int], ...]:
+    """``(module, level)`` of every ``import`` in the code and the code nested in it
+    (remembered by code object)."""
+    known = _imports_memo.get(code)
+    if known is not None:
+        return known
+    found: list[tuple[str, int]] = []
+    level = 0
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "LOAD_CONST" and isinstance(instruction.argval, int):
+            level = instruction.argval  # ``import`` pushes its level, then its from-list
+        elif instruction.opname == "IMPORT_NAME":
+            found.append((str(instruction.argval), level))
+            level = 0
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.extend(_imports_of(const))
+    with _lock:
+        if len(_imports_memo) > 4096:
+            _imports_memo.clear()
+        _imports_memo[code] = tuple(found)
+    return tuple(found)
 
 
 def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
@@ -307,6 +368,12 @@ def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
     for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         with contextlib.suppress(ValueError):  # an empty cell
             held.append((f"cell{i}", cell.cell_contents))
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        for label, module in _imported(code, scope):
+            if module is UNIDENTIFIED:
+                yield f"{label}={UNIDENTIFIED}"
+            held.extend((f"{label}.{attr}", item) for attr, item in _read_through(module, names))
     for label, value in held:
         plain = _plain_data(value, [MAX_ITEMS])
         if plain is not None:
@@ -567,6 +634,11 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         return str(value)
     if isinstance(value, enum.Enum):
         return f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
+    held = _state_held(value)
+    if held is not None:
+        # Python's own holders of a setting (a ``ContextVar``, a ``threading.local``, a
+        # ``ChainMap``, a read-only mapping): what they hold here and now
+        return f"{kind}:{value_identity(held, min(depth, MAX_DEPTH))}"
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
     if module_type is not None and isinstance(value, module_type) and depth <= MAX_DEPTH:
         return _module_identity(value, kind, depth)
@@ -639,6 +711,24 @@ def _is_programs_object(value: Any) -> bool:
     )
 
 
+_UNSET = object()
+
+
+def _state_held(value: Any) -> Any:
+    """What a holder of state of Python's own holds for this thread and context, or None
+    where ``value`` is no such holder."""
+    if isinstance(value, contextvars.ContextVar):
+        held = value.get(_UNSET)
+        return ["unset"] if held is _UNSET else [held]
+    if isinstance(value, (threading.local, _threading_local.local)):
+        return dict(vars(value))  # this thread's
+    if isinstance(value, collections.ChainMap):
+        return list(value.maps)
+    if isinstance(value, types.MappingProxyType):
+        return dict(value)
+    return None
+
+
 def _module_identity(module: Any, kind: str, depth: int) -> str:
     """An ``nn.Module`` a kernel calls (``ACT = nn.LeakyReLU(negative_slope=...)``): its class,
     its settings (the plain attributes its ``__init__`` set), its parameters and buffers by
@@ -704,8 +794,13 @@ def _tensor_identity(value: Any, kind: str) -> str:
 
 def class_identity(cls: type, depth: int = 0) -> str:
     """A class outside torch by its methods and plain attributes, and those of each of its
-    bases outside torch."""
+    bases outside torch; and its metaclass the same way (a class-level property it
+    computes: ``Settings.SCALE``)."""
     parts: list[str] = []
+    meta = type(cls)
+    python_s = str(meta.__module__).split(".", 1)[0] in sys.stdlib_module_names  # ABCMeta
+    if meta is not type and not is_torchs(meta) and not python_s and cls is not meta:
+        parts.append("meta:" + class_identity(meta, depth))
     for klass in cls.__mro__:
         if is_torchs(klass) or klass is object:
             continue

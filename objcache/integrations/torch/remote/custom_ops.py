@@ -25,13 +25,18 @@ record carries them too).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import compile_settings, traced_code
+from objcache.integrations.torch.precompile import (
+    compile_settings,
+    program_registrations,
+    traced_code,
+)
 from objcache.integrations.torch.precompile.op_overrides import (
     TORCH_NAMESPACES,
     op_identity,
@@ -116,6 +121,39 @@ def _values_of(gm: Any, example_inputs: Any) -> list[Any]:
     return values
 
 
+#: How deep the compilers AOTAutograd is given are followed to the program's functions:
+#: ``SerializableAOTDispatchCompiler`` -> ``partial(fw_compiler_base)`` -> its closure ->
+#: ``partial(inner_compile)`` -> a ``config.patch`` wrapper -> the backend's function.
+_COMPILER_DEPTH = 8
+
+
+def compilers_identity(aot_config: Any) -> tuple[tuple[str, str], ...]:
+    """The program's functions among the compilers and decompositions AOTAutograd was
+    given (a backend's ``compile_fx(gm, inputs, inner_compile=my_pass)``, its own
+    ``decompositions``): they decide the code an AOTAutograd entry holds, and torch's key
+    names none of them. Nothing for Inductor's own compilers and tables."""
+    if aot_config is None or isinstance(aot_config, dict):
+        return ()
+    found: list[tuple[str, str]] = []
+    for attr in ("fw_compiler", "bw_compiler", "inference_compiler", "partition_fn"):
+        fns = program_registrations.program_functions(
+            getattr(aot_config, attr, None), max_depth=_COMPILER_DEPTH
+        )
+        if fns:
+            named = (",".join(traced_code.function_identity(fn)) for fn in fns)
+            found.append((f"compiler:{attr}", "|".join(named)))
+    decompositions = getattr(aot_config, "decompositions", None)
+    if isinstance(decompositions, dict) and not program_registrations.is_torchs_table(
+        decompositions
+    ):
+        for op, fn in list(decompositions.items()):
+            fns = program_registrations.program_functions(fn)
+            if fns:
+                named = (",".join(traced_code.function_identity(f)) for f in fns)
+                found.append((f"aot_decomposition:{op}", "|".join(named)))
+    return tuple(found)
+
+
 def _wrap_details_init(original: Callable[..., None]) -> Any:
     def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
         original(self, gm, *args, **kwargs)
@@ -123,6 +161,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             return
         try:
             ops = graph_identity(gm, args[0] if args else kwargs.get("example_inputs", ()))
+            ops += compilers_identity(args[1] if len(args) > 1 else kwargs.get("aot_config"))
             off = compile_settings.sdp_backends_off()
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
@@ -142,7 +181,16 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
 
 #: The items of :func:`graph_identity` that hold for the whole process, which a precompile
 #: entry's compiler settings record carries (``precompile/compile_settings.py``).
-PROCESS_WIDE = ("override:", "decomposition:", "lowering:", "pattern:", "tensor_method:")
+PROCESS_WIDE = (
+    "override:",
+    "decomposition:",
+    "lowering:",
+    "pattern:",
+    "tensor_method:",
+    "py_impl:",
+    "fake:",
+    "dispatch_rule:",
+)
 
 
 def _not_a_precompile_entry() -> None:
@@ -182,6 +230,50 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
     return impl
 
 
+def _wrap_py_impl(original: Callable[..., Any]) -> Any:
+    """``OperatorBase.py_impl(key)``: a Python kernel of the program's on an op object
+    (``torch.ops.aten.sin.default.py_impl(DispatchKey.AutogradCPU)``), recorded as it is
+    registered (``program_registrations.record_py_impl``)."""
+
+    def py_impl(self: Any, k: Any) -> Any:
+        decorate = original(self, k)
+
+        def inner(fn: Any) -> Any:
+            result = decorate(fn)
+            try:
+                if program_registrations.program_functions(fn):
+                    program_registrations.record_py_impl(self, k, fn)
+            except Exception:
+                counters["py_impl_unrecorded"] += 1
+            return result
+
+        return inner
+
+    marked(py_impl, original)
+    return py_impl
+
+
+def _wrap_make_autograd_impl(original: Callable[..., Any]) -> Any:
+    """``torch.library.register_autograd`` of an op a ``Library`` defined: torch registers a
+    kernel of its own that calls the program's backward and setup-context functions, which
+    are recorded as the op's kernels here."""
+
+    def make_autograd_impl(op: Any, info: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(op, info, *args, **kwargs)
+        try:
+            name = _qualified_name(op) or ""
+            for attr in ("_backward_fn", "_setup_context_fn"):
+                fn = getattr(info, attr, None)
+                if fn is not None and "::" in name:
+                    record_kernel(name.split(".", 1)[0], fn)
+        except Exception:
+            counters["autograd_unrecorded"] += 1
+        return result
+
+    marked(make_autograd_impl, original)
+    return make_autograd_impl
+
+
 def _patch(obj: Any, attr: str, value: Any) -> None:
     _patched.append((obj, attr, obj.__dict__.get(attr)))
     setattr(obj, attr, value)
@@ -204,6 +296,14 @@ def apply(details_classes: list[Any], library_module: Any = None) -> None:
         impl = library.__dict__.get("impl")
         if impl is not None and not is_marked(impl):
             _patch(library, "impl", _wrap_library_impl(impl))
+        base = getattr(sys.modules.get("torch._ops"), "OperatorBase", None)
+        py_impl = base.__dict__.get("py_impl") if isinstance(base, type) else None
+        if base is not None and py_impl is not None and not is_marked(py_impl):
+            _patch(base, "py_impl", _wrap_py_impl(py_impl))
+        autograd = importlib.import_module("torch._library.autograd")
+        make = autograd.__dict__.get("make_autograd_impl")
+        if make is not None and not is_marked(make):
+            _patch(autograd, "make_autograd_impl", _wrap_make_autograd_impl(make))
 
 
 def uninstall() -> None:

@@ -398,3 +398,75 @@ def test_a_setting_nested_in_the_program_s_objects_is_named_at_any_depth() -> No
         return kernel_reading("helper(x)", helper=helper)
 
     assert identity(settings(0.1)) == identity(settings(0.1)) != identity(settings(0.2))
+
+
+def test_settings_held_by_python_s_state_holders_are_named_by_what_they_hold() -> None:
+    """A ``ContextVar``, a ``threading.local``, an ``operator.methodcaller`` a kernel
+    reads: what they hold now is the identity (was: their kind alone, the same for every
+    setting)."""
+    import contextvars
+    import operator
+    import threading
+
+    var: contextvars.ContextVar[float] = contextvars.ContextVar("traced_test_scale")
+    local = threading.local()
+    kernels = {
+        "context_var": kernel_reading("x * VAR.get()", VAR=var),
+        "thread_local": kernel_reading("x * LOCAL.scale", LOCAL=local),
+    }
+    unset = identity(kernels["context_var"])
+    seen = {}
+    for scale in (2.0, 3.0):
+        var.set(scale)
+        local.scale = scale
+        seen[scale] = {label: identity(k) for label, k in kernels.items()}
+    assert unset != seen[2.0]["context_var"]
+    for label in kernels:
+        assert seen[2.0][label] != seen[3.0][label], label
+    two, three = (
+        identity(kernel_reading("STEP(x)", STEP=operator.methodcaller("mul", s)))
+        for s in (2.0, 3.0)
+    )
+    assert two != three
+
+
+def test_a_class_level_setting_its_metaclass_computes_is_named() -> None:
+    """``Settings.SCALE`` where the metaclass's property reads the environment."""
+
+    def settings(variable: str) -> Any:
+        source = (
+            "import os\n"
+            "class Meta(type):\n"
+            "    @property\n"
+            f"    def SCALE(cls):\n        return float(os.environ.get('{variable}', '2'))\n"
+            "class Settings(metaclass=Meta):\n    pass\n"
+        )
+        namespace: dict[str, Any] = {"__name__": "traced_test_meta"}  # a module of its own
+        exec(source, namespace)
+        return kernel_reading("x * Settings.SCALE", Settings=namespace["Settings"])
+
+    assert identity(settings("TRACED_META_A")) != identity(settings("TRACED_META_B"))
+
+
+def test_a_module_a_kernel_imports_in_its_body_is_named_as_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``from settings import SCALE`` inside the kernel (an import cycle broken): the values
+    the module holds now; one of the program's not imported yet, by this process alone."""
+    import sys
+
+    kernel = _defined(
+        "def kernel(x):\n    from traced_test_lazy import SCALE\n    return x * SCALE\n"
+    )
+    absent = identity(kernel)
+    assert traced_code.UNIDENTIFIED in "".join(absent)
+    named = []
+    for scale in (2.0, 3.0):
+        module = types.ModuleType("traced_test_lazy")
+        module.SCALE = scale  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "traced_test_lazy", module)
+        named.append(identity(kernel))
+    assert named[0] != named[1]
+    assert traced_code.UNIDENTIFIED not in "".join(named[0])
+    stdlib = _defined("def kernel(x):\n    import json\n    return x\n")
+    assert traced_code.UNIDENTIFIED not in "".join(identity(stdlib))

@@ -4,6 +4,7 @@ library misses, and never runs the writer's decomposition."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import types
 from pathlib import Path
@@ -352,3 +353,128 @@ def test_an_op_object_a_kernel_holds_joins_its_identity() -> None:
     held op's own identity is part of the kernel's op."""
     seen = outer_identities("def outer(x):\n    return OP(x) + 1\n", held=True, factors=(2.0, 3.0))
     assert seen[0] != seen[1], seen
+
+
+def test_what_a_program_registers_around_torch_s_ops_keys_every_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python AOTAutograd runs for torch's own ops that no graph names: an entry in
+    AOTAutograd's own decomposition table, a ``py_impl`` kernel on an op object, a
+    ``__torch_dispatch__`` rule (``register_torch_dispatch``). Each keys every graph while
+    it is there, another function another key; gone, the graph's key is torch's again."""
+    from torch._functorch import aot_autograd
+    from torch._library import simple_registry
+
+    from objcache.integrations.torch.precompile import program_registrations
+    from objcache.integrations.torch.remote import custom_ops
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    monkeypatch.setattr(program_registrations, "_py_impls", [])
+    custom_ops.apply([])
+    op = torch.ops.aten.cos.default
+
+    def fast(x: Any) -> Any:
+        return x - x * x / 2
+
+    def faster(x: Any) -> Any:
+        return 1 - x * x / 2
+
+    class Rules(torch.Tensor):
+        pass
+
+    try:
+        for label, register, undo in (
+            (
+                f"decomposition:{op}",
+                lambda fn: aot_autograd.aot_autograd_decompositions.__setitem__(op, fn),
+                lambda: aot_autograd.aot_autograd_decompositions.pop(op, None),
+            ),
+            (
+                "py_impl:",
+                lambda fn: op.py_impl(torch._C.DispatchKey.AutogradCPU)(fn),
+                lambda: (
+                    op.py_kernels.pop(torch._C.DispatchKey.AutogradCPU, None),
+                    program_registrations._py_impls.clear(),
+                ),
+            ),
+            (
+                "dispatch_rule:aten::cos",
+                lambda fn: simple_registry.singleton.find(
+                    "aten::cos"
+                ).torch_dispatch_rules._data.__setitem__(
+                    Rules, lambda cls, func, types, args, kwargs: fn(*args)
+                ),
+                lambda: simple_registry.singleton.find("aten::cos").torch_dispatch_rules._data.pop(
+                    Rules, None
+                ),
+            ),
+        ):
+            seen = []
+            for fn in (fast, faster):
+                undo()
+                register(fn)
+                keyed = dict(custom_ops.graph_identity(gm))
+                assert any(name.startswith(label) for name in keyed), (label, keyed)
+                seen.append(keyed)
+            assert seen[0] != seen[1], label
+            undo()
+            assert custom_ops.graph_identity(gm) == (), label
+    finally:
+        aot_autograd.aot_autograd_decompositions.pop(op, None)
+        op.py_kernels.pop(torch._C.DispatchKey.AutogradCPU, None)
+        simple_registry.singleton.find("aten::cos").torch_dispatch_rules._data.pop(Rules, None)
+        custom_ops.uninstall()
+
+
+def test_a_backward_registered_for_a_library_s_op_and_a_backend_s_compiler_are_named(
+    tmp_path: Path,
+) -> None:
+    """``torch.library.register_autograd`` of an op a ``Library`` defined (torch registers a
+    kernel of its own that calls the program's backward), and the inner compile a backend
+    hands ``compile_fx`` (AOTAutograd's compilers): another function, another identity."""
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+    from torch._inductor import compile_fx
+    from torch._inductor.output_code import OutputCode
+
+    from objcache.integrations.torch.precompile.op_overrides import op_identity
+    from objcache.integrations.torch.remote import custom_ops
+
+    custom_ops.apply([])
+    try:
+        seen = []
+        for i, factor in enumerate((2.0, 3.0)):
+            lib = torch.library.Library(f"objcache_bw{i}", "DEF")
+            lib.define("op(Tensor x) -> Tensor")
+            lib.impl("op", lambda x: x.sin(), "CPU")
+            scope: dict[str, Any] = {"FACTOR": factor}
+            exec("def backward(ctx, grad):\n    return grad * FACTOR\n", scope)
+            torch.library.register_autograd(
+                f"objcache_bw{i}::op", scope["backward"], setup_context=None, lib=lib
+            )
+            seen.append(op_identity(f"objcache_bw{i}::op").split(":")[-1])
+            lib._destroy()
+        # the ops differ by name too: compare what each names beyond its name
+        assert seen[0] != seen[1]
+
+        def compilers(inner: Any) -> Any:
+            wrapped = functools.partial(compile_fx.compile_fx_inner, inner_compile=inner)
+            return types.SimpleNamespace(
+                fw_compiler=SerializableAOTDispatchCompiler(OutputCode, wrapped),
+                decompositions={},
+            )
+
+        def one_pass(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+            return compile_fx.compile_fx_inner(gm, example_inputs, **kwargs)
+
+        def another_pass(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+            return compile_fx.compile_fx_inner(gm, list(example_inputs), **kwargs)
+
+        first = custom_ops.compilers_identity(compilers(one_pass))
+        assert [name for name, _ in first] == ["compiler:fw_compiler"]
+        assert first != custom_ops.compilers_identity(compilers(another_pass))
+        inductor_s = types.SimpleNamespace(
+            fw_compiler=SerializableAOTDispatchCompiler(OutputCode, compile_fx.compile_fx_inner)
+        )
+        assert custom_ops.compilers_identity(inductor_s) == ()
+    finally:
+        custom_ops.uninstall()
