@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -134,15 +135,14 @@ def compilers_identity(aot_config: Any) -> tuple[tuple[str, str], ...]:
     names none of them. Nothing for Inductor's own compilers and tables."""
     if aot_config is None or isinstance(aot_config, dict):
         return ()
+    given = _compilers_given(aot_config)
     found: list[tuple[str, str]] = []
-    for attr in ("fw_compiler", "bw_compiler", "inference_compiler", "partition_fn"):
-        fns = program_registrations.program_functions(
-            getattr(aot_config, attr, None), max_depth=_COMPILER_DEPTH
-        )
+    for attr in _COMPILERS:
+        fns = program_registrations.program_functions(given.get(attr), max_depth=_COMPILER_DEPTH)
         if fns:
             named = (",".join(traced_code.function_identity(fn)) for fn in fns)
             found.append((f"compiler:{attr}", "|".join(named)))
-    decompositions = getattr(aot_config, "decompositions", None)
+    decompositions = given.get("decompositions")
     if isinstance(decompositions, dict) and not program_registrations.is_torchs_table(
         decompositions
     ):
@@ -152,6 +152,32 @@ def compilers_identity(aot_config: Any) -> tuple[tuple[str, str], ...]:
                 named = (",".join(traced_code.function_identity(f)) for f in fns)
                 found.append((f"aot_decomposition:{op}", "|".join(named)))
     return tuple(found)
+
+
+_COMPILERS = ("fw_compiler", "bw_compiler", "inference_compiler", "partition_fn")
+
+
+def _compilers_given(aot_config: Any) -> dict[str, Any]:
+    """The compilers and decompositions AOTAutograd was given for the graph being keyed:
+    the ``AOTConfig``'s where it holds them (torch 2.13), else the locals of torch's
+    ``aot_module_simplified`` frame that is computing the key (2.14 and later pass them
+    beside the config)."""
+    given = {attr: getattr(aot_config, attr, None) for attr in (*_COMPILERS, "decompositions")}
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(24):
+        if frame is None:
+            break
+        code = frame.f_code
+        if "fw_compiler" in code.co_varnames and traced_code.is_torchs_name(
+            str(frame.f_globals.get("__name__", ""))
+        ):
+            local = frame.f_locals
+            for attr in given:
+                if given[attr] is None:
+                    given[attr] = local.get(attr)
+            break
+        frame = frame.f_back
+    return given
 
 
 def _wrap_details_init(original: Callable[..., None]) -> Any:

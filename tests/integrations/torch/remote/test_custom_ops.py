@@ -472,6 +472,16 @@ def test_a_backward_registered_for_a_library_s_op_and_a_backend_s_compiler_are_n
         first = custom_ops.compilers_identity(compilers(one_pass))
         assert [name for name, _ in first] == ["compiler:fw_compiler"]
         assert first != custom_ops.compilers_identity(compilers(another_pass))
+        # torch 2.14 and later hand the compilers to aot_module_simplified beside the config:
+        # read from that frame of torch's
+        scope: dict[str, Any] = {"__name__": "torch._functorch.objcache_test", "ops": custom_ops}
+        exec(
+            "def aot_module_simplified(fw_compiler):\n"
+            "    return ops.compilers_identity(object())\n",
+            scope,
+        )
+        beside = scope["aot_module_simplified"](compilers(one_pass).fw_compiler)
+        assert beside == first
         inductor_s = types.SimpleNamespace(
             fw_compiler=SerializableAOTDispatchCompiler(OutputCode, compile_fx.compile_fx_inner)
         )
