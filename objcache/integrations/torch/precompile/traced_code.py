@@ -172,6 +172,10 @@ def _names_read(code: types.CodeType) -> Iterator[str]:
 
 
 _ENV_READS = frozenset({"environ", "getenv", "environb", "getenvb"})
+#: What ``functools.wraps`` and the interpreter put on a function: not a setting.
+_FUNCTION_BOOKKEEPING = frozenset(
+    {"__doc__", "__module__", "__qualname__", "__name__", "__annotations__", "__type_params__"}
+)
 
 
 def _strings(code: types.CodeType) -> Iterator[str]:
@@ -267,6 +271,11 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
         # what it holds
         return [kind, _qualified(fn) or "", _object_identity(fn, depth)]
     names = sorted(set(_names_read(code)))
+    held_by_fn = {k: v for k, v in vars(fn).items() if k not in _FUNCTION_BOOKKEEPING}
+    if held_by_fn:
+        # what the function object carries: a ``singledispatch`` function's registry of
+        # implementations, a decorator's ``__wrapped__``, a setting stored on it
+        owner.append(f"attrs={value_identity(held_by_fn, min(depth + 1, MAX_DEPTH))}")
     collected = _collector.__dict__.get("names")
     if collected is not None:
         collected.update(names)
@@ -633,7 +642,11 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
         return str(value)
     if isinstance(value, enum.Enum):
-        return f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
+        member = f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
+        if is_torchs(type(value)) or is_stdlib(value):
+            return member
+        # the program's enum: what its class computes for a member (a property, a method)
+        return f"{member}:{class_identity(type(value), MAX_DEPTH)}"
     held = _state_held(value)
     if held is not None:
         # Python's own holders of a setting (a ``ContextVar``, a ``threading.local``, a

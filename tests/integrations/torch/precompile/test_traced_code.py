@@ -470,3 +470,36 @@ def test_a_module_a_kernel_imports_in_its_body_is_named_as_imported(
     assert traced_code.UNIDENTIFIED not in "".join(named[0])
     stdlib = _defined("def kernel(x):\n    import json\n    return x\n")
     assert traced_code.UNIDENTIFIED not in "".join(identity(stdlib))
+
+
+def test_a_singledispatch_registry_and_an_enum_s_computed_setting_are_named() -> None:
+    """``functools.singledispatch``: the implementations registered on the function object;
+    an enum member of the program's read for what its class computes (``MODE.scale``)."""
+
+    def dispatching(scale: float) -> Any:
+        source = (
+            "import functools, torch\n"
+            "@functools.singledispatch\n"
+            "def scale_for(dtype):\n    return 1.0\n"
+            "@scale_for.register\n"
+            "def _(dtype: torch.dtype):\n    return SCALE\n"
+        )
+        namespace: dict[str, Any] = {"__name__": "traced_test_sd", "SCALE": scale}
+        exec(source, namespace)
+        return kernel_reading("x * scale_for(x.dtype)", scale_for=namespace["scale_for"])
+
+    assert identity(dispatching(2.0)) != identity(dispatching(3.0))
+
+    def member(scale: float) -> Any:
+        source = (
+            "import enum\n"
+            "class Mode(enum.Enum):\n"
+            "    FAST = 1\n"
+            "    @property\n"
+            f"    def scale(self):\n        return {scale}\n"
+        )
+        namespace: dict[str, Any] = {"__name__": "traced_test_enum"}
+        exec(source, namespace)
+        return kernel_reading("x * MODE.scale", MODE=namespace["Mode"].FAST)
+
+    assert identity(member(2.0)) != identity(member(3.0))
