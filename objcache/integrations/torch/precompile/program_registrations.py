@@ -69,7 +69,11 @@ _py_impls: list[tuple[str, Any]] = []
 
 def record_py_impl(op: Any, key: Any, fn: Any) -> None:
     """Note a ``py_impl`` kernel of the program's (``custom_ops`` wraps ``py_impl``)."""
-    name = getattr(op, "_name", None) or getattr(op, "__name__", None) or type(op).__name__
+    name = (
+        op
+        if isinstance(op, str)
+        else getattr(op, "_name", None) or getattr(op, "__name__", None) or type(op).__name__
+    )
     with _lock:
         _py_impls.append((f"py_impl:{name}:{key}", fn))
 

@@ -279,6 +279,24 @@ def _wrap_py_impl(original: Callable[..., Any]) -> Any:
     return py_impl
 
 
+def _wrap_library_fallback(original: Callable[..., Any]) -> Any:
+    """``Library("_", "IMPL").fallback(fn, key)``: a Python kernel for every op at a dispatch
+    key, which AOTAutograd runs for whichever op it traces; recorded like a ``py_impl``."""
+
+    def fallback(self: Any, fn: Any, dispatch_key: Any = "", *args: Any, **kwargs: Any) -> Any:
+        result = original(self, fn, dispatch_key, *args, **kwargs)
+        try:
+            if program_registrations.program_functions(fn):
+                key = dispatch_key or getattr(self, "dispatch_key", "")
+                program_registrations.record_py_impl(f"fallback:{self.ns}", key, fn)
+        except Exception:
+            counters["fallback_unrecorded"] += 1
+        return result
+
+    marked(fallback, original)
+    return fallback
+
+
 def _wrap_make_autograd_impl(original: Callable[..., Any]) -> Any:
     """``torch.library.register_autograd`` of an op a ``Library`` defined: torch registers a
     kernel of its own that calls the program's backward and setup-context functions, which
@@ -322,6 +340,9 @@ def apply(details_classes: list[Any], library_module: Any = None) -> None:
         impl = library.__dict__.get("impl")
         if impl is not None and not is_marked(impl):
             _patch(library, "impl", _wrap_library_impl(impl))
+        fallback = library.__dict__.get("fallback")
+        if fallback is not None and not is_marked(fallback):
+            _patch(library, "fallback", _wrap_library_fallback(fallback))
         base = getattr(sys.modules.get("torch._ops"), "OperatorBase", None)
         py_impl = base.__dict__.get("py_impl") if isinstance(base, type) else None
         if base is not None and py_impl is not None and not is_marked(py_impl):

@@ -382,6 +382,18 @@ def test_what_a_program_registers_around_torch_s_ops_keys_every_graph(
     class Rules(torch.Tensor):
         pass
 
+    libraries: list[Any] = []
+
+    def fallback(fn: Any) -> None:
+        # a key no CPU graph reaches: the registration is what is named, not its use
+        libraries.append(torch.library.Library("_", "IMPL"))
+        libraries[-1].fallback(lambda *a, **k: fn(*a), "PrivateUse3")
+
+    def no_fallback() -> None:
+        while libraries:
+            libraries.pop()._destroy()
+        program_registrations._py_impls.clear()
+
     try:
         for label, register, undo in (
             (
@@ -397,6 +409,7 @@ def test_what_a_program_registers_around_torch_s_ops_keys_every_graph(
                     program_registrations._py_impls.clear(),
                 ),
             ),
+            ("py_impl:fallback:_:PrivateUse3", fallback, no_fallback),
             (
                 "dispatch_rule:aten::cos",
                 lambda fn: simple_registry.singleton.find(
@@ -420,6 +433,7 @@ def test_what_a_program_registers_around_torch_s_ops_keys_every_graph(
             undo()
             assert custom_ops.graph_identity(gm) == (), label
     finally:
+        no_fallback()
         aot_autograd.aot_autograd_decompositions.pop(op, None)
         op.py_kernels.pop(torch._C.DispatchKey.AutogradCPU, None)
         simple_registry.singleton.find("aten::cos").torch_dispatch_rules._data.pop(Rules, None)
