@@ -29,9 +29,10 @@ lint: venv
 	$(BIN)/ruff format --check objcache backends tests bench
 	$(BIN)/mypy --strict objcache backends/objcache/backends tests/support
 
-# Two workers, each test file whole on one of them (its module-scoped compiles shared):
+# Three workers on the two cores (a third of the suite waits on deadlines, servers and
+# subprocesses), each test file whole on one of them (its module-scoped compiles shared):
 # docs/testing.md, "Time". TEST_WORKERS=0 runs the suite in this process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: venv system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
