@@ -267,7 +267,9 @@ def _named(overridden: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """The overridden ops and the program's table entries, each named as it is now (the
     values its kernels read may have changed since the registrations did)."""
     found = tuple((f"override:{name}", op_identity(name)) for name in overridden)
-    return found + program_registrations.table_overrides()
+    return (
+        found + program_registrations.table_overrides() + program_registrations.config_callables()
+    )
 
 
 def registered_by_torch(name: str, key: str) -> bool:

@@ -113,6 +113,43 @@ def is_torchs_table(table: Any) -> bool:
     return any(table is known for _, known in _tables())
 
 
+#: Settings modules whose entries may hold the program's callables that run while a graph
+#: compiles (Inductor's custom passes and partitioner, AOTAutograd's memory-budget
+#: estimator and solver).
+_CONFIG_MODULES = ("torch._inductor.config", "torch._functorch.config")
+_CONFIG_WORDS = ("pass", "partition", "custom", "estimat", "solver", "hook")
+_config_names: dict[str, tuple[str, ...]] = {}
+
+
+def config_callables() -> tuple[tuple[str, str], ...]:
+    """``((f"config:{module}.{name}", identity), ...)`` for the program's functions and
+    objects set in torch's compiler settings (``config.post_grad_custom_post_pass =
+    MyPass()``): torch keys such a pass by the ``uuid()`` it returns, which says nothing of
+    what it reads; here, by what it runs. Read at every key (a ``config.patch`` changes
+    them); about 35 entries."""
+    found: list[tuple[str, str]] = []
+    for module_name in _CONFIG_MODULES:
+        module = sys.modules.get(module_name)
+        entries = getattr(module, "_config", None)
+        if module is None or not isinstance(entries, dict):
+            continue
+        names = _config_names.get(module_name)
+        if names is None:
+            names = tuple(k for k in entries if any(w in k.lower() for w in _CONFIG_WORDS))
+            _config_names[module_name] = names
+        for name in names:
+            try:
+                value = getattr(module, name)
+            except Exception:
+                continue
+            held = list(value) if isinstance(value, (list, tuple)) else [value]
+            fns = [fn for item in held if callable(item) for fn in program_functions(item)]
+            if fns:
+                named = "|".join(",".join(function_identity(fn)) for fn in fns)
+                found.append((f"config:{module_name}.{name}", named))
+    return tuple(found)
+
+
 def tables_token() -> int:
     """What changes when an entry of Inductor's decomposition or lowering tables, of its
     pattern-matcher passes or a method of ``torch.Tensor`` is put, replaced or removed (a

@@ -216,6 +216,7 @@ PROCESS_WIDE = (
     "py_impl:",
     "fake:",
     "dispatch_rule:",
+    "config:",
 )
 
 

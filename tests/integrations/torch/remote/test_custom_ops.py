@@ -502,3 +502,34 @@ def test_a_backward_registered_for_a_library_s_op_and_a_backend_s_compiler_are_n
         assert custom_ops.compilers_identity(inductor_s) == ()
     finally:
         custom_ops.uninstall()
+
+
+def test_a_custom_pass_set_in_torch_s_compiler_settings_is_named_by_what_it_runs() -> None:
+    """``config.post_grad_custom_post_pass = MyPass()``: torch keys the pass by the uuid it
+    returns; a pass whose uuid stays while what it does changes (a setting it reads) is
+    another key here; without it, the graph's key is torch's again."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    def make(scale: float) -> Any:
+        class Rewrite(CustomGraphPass):
+            def __call__(self, graph: Any) -> None:
+                self.scale = scale
+
+            def uuid(self) -> Any:
+                return "always-the-same"
+
+        Rewrite.__module__ = "objcache_test_passes"  # a module of the program's
+        return Rewrite()
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    seen = []
+    for scale in (2.0, 3.0):
+        with config.patch(post_grad_custom_post_pass=make(scale)):
+            keyed = dict(custom_ops.graph_identity(gm))
+        assert list(keyed) == ["config:torch._inductor.config.post_grad_custom_post_pass"]
+        seen.append(keyed)
+    assert seen[0] != seen[1]
+    assert custom_ops.graph_identity(gm) == ()
