@@ -149,7 +149,7 @@ def _own_identity(name: str) -> list[str]:
         # its fake kernel and ``__torch_dispatch__`` rules (``register_fake``,
         # ``register_torch_dispatch``), which torch keeps outside the dispatcher
         parts.append(f"{label}=" + ",".join(traced_code.function_identity(fn)))
-    if not kernels and _python_registrations(name):
+    if (not kernels and _python_registrations(name)) or _unrecorded_python_kernel(name, dump):
         # a Python kernel registered before objcache installed: its function is not known,
         # only where it was registered (a library's helper, the same in every version), so
         # nothing says what it does: a key of this process alone (a miss, never another's)
@@ -200,6 +200,30 @@ def _native_registrations(dump: str) -> bool:
     root = _torch_build[0]
     for where in _REGISTERED_IN.findall(dump):
         if not where.endswith(".py") and not where.startswith(root):
+            return True
+    return False
+
+
+_KERNEL_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at (.+?):\d+", re.M)
+
+
+def _unrecorded_python_kernel(name: str, dump: str) -> bool:
+    """Whether the dispatcher holds a Python kernel of the program's for ``ns::name`` at a
+    key no ``Library.impl`` registered (``lib.m.impl(...)``, the C++ library object's own
+    method): its function is not known here, so nothing says what it computes."""
+    library = sys.modules.get("torch.library")
+    impls = getattr(library, "_impls", None)
+    known = impls if isinstance(impls, set) else set()
+    ns, _, op = name.partition("::")
+    for key, path in _KERNEL_LINE.findall(dump):
+        python = path.endswith(".py") or path.startswith("<")
+        if key == "debug" or not python or key in _SHAPE_ONLY_KEYS:
+            continue  # ``debug``: where the schema was defined
+        if program_registrations.in_torch(path):
+            continue
+        if f"{ns}/{op}/{key}" not in known and not any(
+            e.startswith(f"{ns}/{op}.") and e.endswith(f"/{key}") for e in known
+        ):
             return True
     return False
 

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 from objcache.integrations.torch.precompile.traced_code import (
@@ -150,6 +151,56 @@ def config_callables() -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+_flag_reads: list[tuple[int, list[tuple[str, Any, str]]]] = []
+
+
+def torch_flags() -> str:
+    """torch's process-wide switches a kernel may branch on while it traces, which torch's
+    keys do not all name (``torch.backends.mkldnn.enabled``, ``quantized.engine``,
+    ``fp32_precision``, the attention fast path, print options), by value. Which
+    switches exist is found again only when modules were imported (0.9 ms); reading them
+    is a few dozen attribute reads."""
+    loaded = len(sys.modules)
+    with _lock:
+        known = _flag_reads[0] if _flag_reads and _flag_reads[0][0] == loaded else None
+    if known is None:
+        reads: list[tuple[str, Any, str]] = []
+        for name, module in sorted(list(sys.modules.items())):
+            if module is None or not (
+                name == "torch.backends" or name.startswith("torch.backends.")
+            ):
+                continue
+            for attr, held in list(vars(type(module)).items()):  # ContextProp, property
+                if not attr.startswith("_") and hasattr(held, "__get__") and not callable(held):
+                    reads.append((f"{name}.{attr}", module, attr))
+            for attr, held in list(vars(module).items()):
+                if not attr.startswith("_") and type(held) in (bool, int, float, str):
+                    reads.append((f"{name}.{attr}", module, attr))
+        known = (loaded, reads)
+        with _lock:
+            _flag_reads[:] = [known]
+    values: list[str] = []
+    for label, module, attr in known[1]:
+        try:
+            held = getattr(module, attr)
+        except Exception:
+            continue
+        if held is None or type(held) in (bool, int, float, str):
+            values.append(f"{label}={held!r}")
+    torch: Any = sys.modules.get("torch")
+    extra: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("matmul", lambda: vars(torch.backends.cuda.matmul)),
+        ("mha_fastpath", lambda: torch.backends.mha.get_fastpath_enabled()),
+        ("print_options", lambda: vars(torch._tensor_str.PRINT_OPTS)),
+    )
+    for label, read in extra:
+        try:
+            values.append(f"{label}={read()!r}")
+        except Exception:
+            values.append(f"{label}=?")
+    return hashlib.sha256("\0".join(values).encode()).hexdigest()[:32]
+
+
 def tables_token() -> int:
     """What changes when an entry of Inductor's decomposition or lowering tables, of its
     pattern-matcher passes or a method of ``torch.Tensor`` is put, replaced or removed (a
@@ -228,7 +279,7 @@ def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) ->
         scope = getattr(inner, "__globals__", None)
         made_by = scope.get("__name__") if isinstance(scope, dict) else None
         generated = code.co_filename.startswith("<") and isinstance(made_by, str)
-        if not (_in_torch(code.co_filename) or (generated and is_torchs_name(str(made_by)))):
+        if not (in_torch(code.co_filename) or (generated and is_torchs_name(str(made_by)))):
             return [value]
     elif callable(inner) and not isinstance(inner, type) and not is_torchs(type(inner)):
         return [value]  # a callable object of the program's
@@ -264,7 +315,7 @@ def _target_name(target: Any) -> str:
     return str(target) if "0x" not in str(target) else type(target).__qualname__
 
 
-def _in_torch(filename: str) -> bool:
+def in_torch(filename: str) -> bool:
     torch = sys.modules.get("torch")
     home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
     return filename.startswith(home)

@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import threading
 import types
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -164,6 +165,20 @@ _SETTINGS_CLASSES = frozenset(
 )
 
 
+def _names_and_spelled(code: types.CodeType) -> list[str]:
+    """The names the code reads, and the names it spells as strings (``getattr(cfg,
+    "SCALE")``, ``globals()["_S"]``, ``getattr(torch.ops.lib, "inner")``,
+    ``sys.modules["cfg"]``): each part of a dotted string constant that is an identifier."""
+    spelled = {
+        part
+        for const in _strings(code)
+        if 0 < len(const) <= 256 and not const.isspace()
+        for part in const.split(".")
+        if part.isidentifier()
+    }
+    return sorted(set(_names_read(code)) | spelled)
+
+
 def _names_read(code: types.CodeType) -> Iterator[str]:
     yield from code.co_names
     for const in code.co_consts:
@@ -270,7 +285,7 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
         # a C function or method by its name (``torch.Tensor.relu``); a callable object by
         # what it holds
         return [kind, _qualified(fn) or "", _object_identity(fn, depth)]
-    names = sorted(set(_names_read(code)))
+    names = _names_and_spelled(code)
     held_by_fn = {k: v for k, v in vars(fn).items() if k not in _FUNCTION_BOOKKEEPING}
     if held_by_fn:
         # what the function object carries: a ``singledispatch`` function's registry of
@@ -314,10 +329,22 @@ def _function_identity(fn: Any, depth: int) -> list[str]:
     return parts
 
 
+def _spelled_modules(code: types.CodeType) -> Iterator[tuple[str, Any]]:
+    """The program's modules a string constant of the code names (``sys.modules["cfg"]``,
+    ``importlib.import_module("cfg")``), as imported now."""
+    for const in sorted(set(_strings(code))):
+        if len(const) > 256 or not all(p.isidentifier() for p in const.split(".")):
+            continue
+        module = sys.modules.get(const)
+        if isinstance(module, types.ModuleType) and not (is_torchs(module) or is_stdlib(module)):
+            yield f"module:{const}", module
+
+
 def _imported(code: types.CodeType, scope: Any) -> Iterator[tuple[str, Any]]:
     """The modules the code imports in its body (``from settings import SCALE`` inside a
     kernel, to break an import cycle), as imported now; one of the program's not imported
     yet (its values, set as it runs, unknown) is named by this process alone."""
+    yield from _spelled_modules(code)
     package = scope.get("__package__") if isinstance(scope, dict) else None
     for name, level in _imports_of(code):
         try:
@@ -396,12 +423,24 @@ def _read_through(value: Any, names: list[str]) -> Iterator[tuple[str, Any]]:
     program's (``cfg.SCALE``, ``helpers.scale(x)``): the values under the names the code
     reads, never a lazy module's import; and the module's ``__getattr__`` (PEP 562), which
     computes the names it does not hold (a settings module reading the environment)."""
+    yield from _read_through_module(value, names, 0)
+
+
+#: How deep a package's submodules are read through (``pkg.sub.cfg.SCALE``).
+_SUBMODULE_DEPTH = 3
+
+
+def _read_through_module(value: Any, names: list[str], depth: int) -> Iterator[tuple[str, Any]]:
     if not isinstance(value, types.ModuleType) or is_torchs(value) or is_stdlib(value):
         return
     held = vars(value)
     for attr in names:
         item = held.get(attr)
-        if item is not None and not isinstance(item, types.ModuleType):
+        if isinstance(item, types.ModuleType):
+            if depth < _SUBMODULE_DEPTH:  # a submodule the code reads through its package
+                for sub, inner in _read_through_module(item, names, depth + 1):
+                    yield f"{attr}.{sub}", inner
+        elif item is not None:
             yield attr, item
     computed = held.get("__getattr__")
     if computed is not None and any(attr not in held for attr in names):
@@ -496,8 +535,15 @@ def value_identity(value: Any, depth: int) -> str:
 
 def _value_identity(value: Any, depth: int) -> str:
     plain = _plain_data(value, [MAX_DIGESTED_ITEMS])
+    subclassed = _subclass_of_python_s(value)
     if plain is not None:
         rendered = plain
+    elif subclassed is not None and not _pythons_class(type(value)):
+        # a NamedTuple, a float subclass of the program's: what it holds and its class's code
+        rendered = (
+            f"{type(value).__module__}.{type(value).__qualname__}:"
+            f"{value_identity(subclassed(value), depth)}:{_chained_class(type(value))}"
+        )
     elif isinstance(value, (tuple, list, frozenset, set, dict)) and (
         len(value) > MAX_ITEMS or depth > MAX_DEPTH
     ):
@@ -520,6 +566,8 @@ def _value_identity(value: Any, depth: int) -> str:
         rendered = f"class:{value.__module__}.{value.__qualname__}"
         if not is_torchs(value) and depth <= MAX_DEPTH:
             rendered += ":" + class_identity(value, depth + 1)
+        elif not is_torchs(value) and not _pythons_class(value):
+            rendered += ":" + _chained_class(value)  # past the depth: each class once
     elif _op_name(value) is not None:
         op = str(_op_name(value))
         rendered = f"op:{op}"  # the op's own identity joins through the names read
@@ -536,6 +584,38 @@ def _value_identity(value: Any, depth: int) -> str:
     if len(rendered) > MAX_VALUE_CHARS:
         return "sha256:" + hashlib.sha256(rendered.encode()).hexdigest()[:32]
     return rendered
+
+
+def _subclass_of_python_s(value: Any) -> Any:
+    """The scalar or container type of Python's that ``value``'s class subclasses (to read
+    its content as that type), or None."""
+    cls = type(value)
+    if cls in _SCALARS or cls in _CONTAINERS or isinstance(value, enum.Enum):
+        return None
+    if not cls.__flags__ & _HEAP_TYPE:
+        return None  # a class written in C (numpy's float64): no Python code of its own
+    for base in (*_CONTAINERS, *_SCALARS):
+        if isinstance(value, base):
+            return base
+    return None
+
+
+#: ``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement (not one written in C).
+_HEAP_TYPE = 1 << 9
+
+
+def _pythons_class(cls: type) -> bool:
+    return str(cls.__module__).split(".", 1)[0] in sys.stdlib_module_names or is_torchs(cls)
+
+
+def _chained_class(cls: type) -> str:
+    """A class of the program's past the depth classes are followed, once an identity."""
+    seen = _work.__dict__.get("chained")
+    if seen is not None:
+        if id(cls) in seen:
+            return "seen"
+        seen.add(id(cls))
+    return class_identity(cls, MAX_DEPTH)
 
 
 def _op_name(value: Any) -> str | None:
@@ -558,15 +638,20 @@ def _qualified(value: Any) -> str | None:
     return f"{owner}.{name}" if isinstance(name, str) and isinstance(owner, str) else None
 
 
+#: Plain data: these types exactly (a subclass of one carries its class's code).
+_SCALARS = frozenset({str, bytes, int, float, complex, bool})
+_CONTAINERS = frozenset({tuple, list, frozenset, set, dict})
+
+
 def _plain_data(value: Any, budget: list[int]) -> str | None:
     """Numbers, strings and containers of them however nested, by value; None for anything
     else, or past ``budget`` items."""
     budget[0] -= 1
     if budget[0] < 0 or (len(budget) > 1 and budget[1] > _PLAIN_NESTING) or not _spend():
         return None
-    if value is None or isinstance(value, (str, bytes, int, float, complex, bool)):
+    if value is None or type(value) in _SCALARS:
         return repr(value)
-    if isinstance(value, (tuple, list, frozenset, set, dict)):
+    if type(value) in _CONTAINERS:
         # nesting counted in the budget's second slot (a cycle ends there, as not plain)
         nested = [budget[0], (budget[1] if len(budget) > 1 else 0) + 1]
         rendered_all = _plain_items(value, nested)
@@ -739,6 +824,12 @@ def _state_held(value: Any) -> Any:
         return list(value.maps)
     if isinstance(value, types.MappingProxyType):
         return dict(value)
+    if isinstance(value, weakref.ref):
+        return [value()]
+    if isinstance(value, (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)):
+        return dict(value.items())
+    if isinstance(value, functools.partialmethod):
+        return [value.func, value.args, dict(value.keywords)]
     return None
 
 

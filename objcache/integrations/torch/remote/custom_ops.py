@@ -188,6 +188,8 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
         try:
             ops = graph_identity(gm, args[0] if args else kwargs.get("example_inputs", ()))
             ops += compilers_identity(args[1] if len(args) > 1 else kwargs.get("aot_config"))
+            if ops:  # the program's code runs while this graph traces: torch's switches too
+                ops += (("flags:torch", program_registrations.torch_flags()),)
             off = compile_settings.sdp_backends_off()
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
@@ -217,6 +219,7 @@ PROCESS_WIDE = (
     "fake:",
     "dispatch_rule:",
     "config:",
+    "flags:",
 )
 
 

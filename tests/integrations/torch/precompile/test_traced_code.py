@@ -503,3 +503,66 @@ def test_a_singledispatch_registry_and_an_enum_s_computed_setting_are_named() ->
         return kernel_reading("x * MODE.scale", MODE=namespace["Mode"].FAST)
 
     assert identity(member(2.0)) != identity(member(3.0))
+
+
+def test_a_setting_reached_by_a_computed_route_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same setting reached otherwise than by a name the code reads: by a string
+    (``getattr(cfg, "SCALE")``, ``globals()["SCALE"]``, ``sys.modules["cfg"].SCALE``),
+    through a package's submodule (``pkg.cfg.SCALE``), behind a weak reference, in a
+    ``partialmethod``, on a ``NamedTuple`` or ``float`` subclass's code, or on a class held
+    deep in a table."""
+    import sys
+    import typing
+    import weakref
+
+    def routes(scale: float) -> dict[str, Any]:
+        cfg = types.ModuleType("traced_test_route_cfg")
+        cfg.SCALE = scale  # type: ignore[attr-defined]
+        pkg = types.ModuleType("traced_test_route_pkg")
+        pkg.cfg = cfg  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "traced_test_route_cfg", cfg)
+        holder = Node(scale=scale)
+        held = Node(ref=weakref.ref(holder))
+
+        class Scaled(typing.NamedTuple):
+            base: float
+
+            @property
+            def scale(self) -> float:
+                return self.base * scale
+
+        Scaled.__module__ = "traced_test_route"
+
+        class Deep:
+            SCALE = scale
+
+        Deep.__module__ = "traced_test_route"
+
+        class Partial:
+            def mul(self, x: Any, by: float) -> Any:
+                return x * by
+
+            scaled = functools.partialmethod(mul, by=scale)
+
+        Partial.__module__ = "traced_test_route"
+        return {
+            "getattr": (kernel_reading('x * getattr(cfg, "SCALE")', cfg=cfg), holder),
+            "globals": (kernel_reading('x * globals()["SCALE_G"]', SCALE_G=scale), holder),
+            "sys.modules": (
+                kernel_reading('x * sys.modules["traced_test_route_cfg"].SCALE', sys=sys),
+                holder,
+            ),
+            "submodule": (kernel_reading("x * pkg.cfg.SCALE", pkg=pkg), holder),
+            "weakref": (kernel_reading("x * HELD.ref().scale", HELD=held), holder),
+            "namedtuple": (kernel_reading("x * S.scale", S=Scaled(1.0)), holder),
+            "deep class": (
+                kernel_reading('x * T["a"]["b"]["c"].SCALE', T={"a": {"b": {"c": Deep}}}),
+                holder,
+            ),
+            "partialmethod": (kernel_reading("P.scaled(x)", P=Partial()), holder),
+        }
+
+    two = {label: identity(kernel) for label, (kernel, _) in routes(2.0).items()}
+    three = {label: identity(kernel) for label, (kernel, _) in routes(3.0).items()}
+    for label in two:
+        assert two[label] != three[label], label

@@ -533,3 +533,54 @@ def test_a_custom_pass_set_in_torch_s_compiler_settings_is_named_by_what_it_runs
         seen.append(keyed)
     assert seen[0] != seen[1]
     assert custom_ops.graph_identity(gm) == ()
+
+
+def test_ops_by_computed_name_kernels_the_library_object_holds_and_torch_s_switches() -> None:
+    """An op a kernel calls by a string (``getattr(torch.ops.lib, "inner")``) joins its
+    identity; a kernel put in through the C++ library object (``lib.m.impl``), which no
+    ``Library.impl`` saw, keys to this process alone; a graph calling the program's ops is
+    keyed by torch's process-wide switches (``torch.backends.mkldnn.enabled``)."""
+    from objcache.integrations.torch.precompile import op_overrides, traced_code
+    from objcache.integrations.torch.precompile.op_overrides import op_identity
+    from objcache.integrations.torch.remote import custom_ops
+
+    custom_ops.apply([])
+    libraries = [torch.library.Library(f"objcache_sw{i}", "DEF") for i in range(2)]
+    try:
+        inner, outer = libraries
+        inner.define("inner(Tensor x) -> Tensor")
+        outer.define("outer(Tensor x) -> Tensor")
+        scope: dict[str, Any] = {"torch": torch, "FACTOR": 2.0}
+        exec("def inner(x):\n    return x * FACTOR\n", scope)
+        exec('def outer(x):\n    return getattr(torch.ops.objcache_sw0, "inner")(x)\n', scope)
+        inner.impl("inner", scope["inner"], "CompositeImplicitAutograd")
+        outer.impl("outer", scope["outer"], "CompositeImplicitAutograd")
+        first = op_identity("objcache_sw1::outer")
+        scope["FACTOR"] = 3.0
+        assert op_identity("objcache_sw1::outer") != first
+
+        inner.m.impl("inner", "CPU", lambda x: x * 4, False)
+        assert traced_code.UNIDENTIFIED in "".join(
+            op_overrides._own_identity("objcache_sw0::inner")
+        )
+
+        class Details:
+            def __init__(self, gm: Any, *args: Any) -> None:
+                pass
+
+        custom_ops.apply([Details])
+        gm = torch.fx.symbolic_trace(lambda x: torch.ops.objcache_sw1.outer(x) + 1)
+        flags = torch.backends.mkldnn.enabled
+        keyed = dict(Details(gm, []).__dict__[custom_ops.FIELD])
+        try:
+            torch.backends.mkldnn.enabled = not flags
+            switched = dict(Details(gm, []).__dict__[custom_ops.FIELD])
+        finally:
+            torch.backends.mkldnn.enabled = flags
+        assert keyed["flags:torch"] != switched["flags:torch"]
+        plain = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+        assert custom_ops.FIELD not in Details(plain, []).__dict__  # torch's key, untouched
+    finally:
+        for library in libraries:
+            library._destroy()
+        custom_ops.uninstall()
