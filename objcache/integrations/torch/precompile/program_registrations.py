@@ -264,6 +264,25 @@ def _pattern_passes() -> list[tuple[str, Any]]:
     return found
 
 
+#: id -> (the entry, its program functions): a table's entries are found again whenever
+#: Inductor registers a fallback while it compiles, and thousands of them are torch's own.
+_entry_memo: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def _table_entry_functions(value: Any) -> list[Any]:
+    """:func:`program_functions` of a table entry, remembered by the entry (held, so its id
+    is never another's)."""
+    known = _entry_memo.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    found = program_functions(value)
+    with _lock:
+        if len(_entry_memo) > 65_536:
+            _entry_memo.clear()
+        _entry_memo[id(value)] = (value, found)
+    return found
+
+
 def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) -> list[Any]:
     """The program's functions ``value`` is or holds in its closure (``register_replacement``
     keeps the program's search and replacement functions in the closure of torch's own), in
@@ -359,7 +378,7 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
     found: dict[str, list[Any]] = {}
     for label, table in _tables():
         for op, fn in list(table.items()):
-            fns = program_functions(fn)  # as a pattern's: by file, scope and closure
+            fns = _table_entry_functions(fn)  # as a pattern's: by file, scope and closure
             if fns:
                 found.setdefault(f"{label}:{op}", []).extend(fns)
     for name, matcher in _pattern_passes():
@@ -367,7 +386,7 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
             for entry in list(entries):
                 fns = []
                 for field in ("extra_check", "normalize_args", "handler"):
-                    fns.extend(program_functions(getattr(entry, field, None)))
+                    fns.extend(_table_entry_functions(getattr(entry, field, None)))
                 if fns:
                     found.setdefault(f"pattern:{name}:{op}:{_target_name(target)}", []).extend(fns)
     with _lock:
