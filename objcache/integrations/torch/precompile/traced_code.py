@@ -730,8 +730,9 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
         member = f"{kind}.{value.name}={_plain_data(value.value, [MAX_ITEMS]) or ''}"
         if is_torchs(type(value)) or is_stdlib(value):
             return member
-        # the program's enum: what its class computes for a member (a property, a method)
-        return f"{member}:{class_identity(type(value), MAX_DEPTH)}"
+        # the program's enum: what its class computes for a member (a property, a method);
+        # once an identity (the class holds its members, which name the class again)
+        return f"{member}:{_chained_class(type(value))}"
     held = _state_held(value)
     if held is not None:
         # Python's own holders of a setting (a ``ContextVar``, a ``threading.local``, a
