@@ -418,19 +418,16 @@ def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
             yield f"{label}={_chained(value)}"
 
 
-def _read_through(value: Any, names: list[str]) -> Iterator[tuple[str, Any]]:
-    """What code reading ``value`` may read through it where it is a module of the
-    program's (``cfg.SCALE``, ``helpers.scale(x)``): the values under the names the code
-    reads, never a lazy module's import; and the module's ``__getattr__`` (PEP 562), which
-    computes the names it does not hold (a settings module reading the environment)."""
-    yield from _read_through_module(value, names, 0)
-
-
 #: How deep a package's submodules are read through (``pkg.sub.cfg.SCALE``).
 _SUBMODULE_DEPTH = 3
 
 
-def _read_through_module(value: Any, names: list[str], depth: int) -> Iterator[tuple[str, Any]]:
+def _read_through(value: Any, names: list[str], depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """What code reading ``value`` may read through it where it is a module of the
+    program's (``cfg.SCALE``, ``helpers.scale(x)``, a submodule ``pkg.cfg.SCALE``): the
+    values under the names the code reads, never a lazy module's import; and the module's
+    ``__getattr__`` (PEP 562), which computes the names it does not hold (a settings module
+    reading the environment)."""
     if not isinstance(value, types.ModuleType) or is_torchs(value) or is_stdlib(value):
         return
     held = vars(value)
@@ -438,7 +435,7 @@ def _read_through_module(value: Any, names: list[str], depth: int) -> Iterator[t
         item = held.get(attr)
         if isinstance(item, types.ModuleType):
             if depth < _SUBMODULE_DEPTH:  # a submodule the code reads through its package
-                for sub, inner in _read_through_module(item, names, depth + 1):
+                for sub, inner in _read_through(item, names, depth + 1):
                     yield f"{attr}.{sub}", inner
         elif item is not None:
             yield attr, item
@@ -512,12 +509,21 @@ def _function_of(value: Any) -> Any:
 
 def _chained(value: Any) -> str:
     fn = _function_of(value)
-    seen = _work.__dict__.get("chained")
-    if seen is not None:
-        if id(fn) in seen:
-            return "seen:" + portable_guards.code_digest(fn.__code__)
-        seen.add(id(fn))
+    if _named_before(fn):
+        return "seen:" + portable_guards.code_digest(fn.__code__)
     return "fn:" + ",".join(function_identity(value, MAX_DEPTH))
+
+
+def _named_before(value: Any) -> bool:
+    """Whether this identity already named ``value`` past the depth objects are followed
+    (then it is named once, and a cycle ends); notes it otherwise."""
+    seen = _work.__dict__.get("chained")
+    if seen is None:
+        return False
+    if id(value) in seen:
+        return True
+    seen.add(id(value))
+    return False
 
 
 def value_identity(value: Any, depth: int) -> str:
@@ -610,12 +616,7 @@ def _pythons_class(cls: type) -> bool:
 
 def _chained_class(cls: type) -> str:
     """A class of the program's past the depth classes are followed, once an identity."""
-    seen = _work.__dict__.get("chained")
-    if seen is not None:
-        if id(cls) in seen:
-            return "seen"
-        seen.add(id(cls))
-    return class_identity(cls, MAX_DEPTH)
+    return "seen" if _named_before(cls) else class_identity(cls, MAX_DEPTH)
 
 
 def _op_name(value: Any) -> str | None:
@@ -775,11 +776,8 @@ def _settings_chain(value: Any, kind: str) -> str:
     """An object of the program's past the depth objects are followed (a nested settings
     object, ``CFG.model.act.slope``): its class and the plain data it holds, and the
     objects of the program's it holds the same way, to any depth, each once an identity."""
-    seen = _work.__dict__.get("chained")
-    if seen is not None:
-        if id(value) in seen:
-            return f"{kind}:seen"
-        seen.add(id(value))
+    if _named_before(value):
+        return f"{kind}:seen"
     held = getattr(value, "__dict__", None)
     items = list(held.items()) if isinstance(held, dict) else []
     items += [(n, getattr(value, n)) for n in _slots(type(value)) if hasattr(value, n)]
