@@ -283,11 +283,39 @@ def _table_entry_functions(value: Any) -> list[Any]:
     return found
 
 
+_op_types: list[tuple[Any, frozenset[type]]] = []
+
+
+def _torch_op_types() -> frozenset[type]:
+    """The exact classes of torch's op objects (``OpOverload``, its packet, the TorchBind
+    overload), once ``torch._ops`` is imported."""
+    ops = sys.modules.get("torch._ops")
+    known = _op_types[0] if _op_types else None
+    if known is None or known[0] is not ops:
+        names = ("OpOverload", "OpOverloadPacket", "TorchBindOpOverload")
+        found = (getattr(ops, name, None) for name in names)
+        _op_types[:] = [known := (ops, frozenset(t for t in found if isinstance(t, type)))]
+    return known[1]
+
+
 def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) -> list[Any]:
     """The program's functions ``value`` is or holds in its closure (``register_replacement``
     keeps the program's search and replacement functions in the closure of torch's own), in
     a partial's arguments, or in the attributes of torch's own callable object, followed
     ``max_depth`` levels."""
+    kind = type(value)
+    if kind is types.BuiltinFunctionType or kind in _torch_op_types():
+        # a C function (never followed further: it holds no Python function), or one of
+        # torch's op objects: the program's kernels of an op are named from the dispatcher
+        # and the Python kernels recorded (``op_overrides``), never from the op's attributes
+        return []
+    if kind is types.FunctionType and value.__closure__ is None:
+        # the common case, a function of its own (most of torch's table entries): its file
+        # alone says whose it is
+        made_by = value.__globals__.get("__name__")
+        code = value.__code__
+        if not code.co_filename.startswith("<") or not isinstance(made_by, str):
+            return [] if in_torch(code.co_filename) else [value]
     inner = value.func if isinstance(value, functools.partial) else value
     owner = getattr(inner, "__self__", None)
     if isinstance(inner, types.MethodType) and is_torchs(type(owner)):
@@ -334,10 +362,17 @@ def _target_name(target: Any) -> str:
     return str(target) if "0x" not in str(target) else type(target).__qualname__
 
 
+#: (torch's module, the folder it was imported from): a process imports torch from one place.
+_torch_home: list[tuple[Any, str]] = []
+
+
 def in_torch(filename: str) -> bool:
     torch = sys.modules.get("torch")
-    home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
-    return filename.startswith(home)
+    known = _torch_home[0] if _torch_home else None
+    if known is None or known[0] is not torch:
+        home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
+        _torch_home[:] = [known := (torch, home)]
+    return filename.startswith(known[1])
 
 
 def pattern_overrides() -> tuple[tuple[str, str], ...]:
