@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -267,54 +268,7 @@ def pull(
 
 def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_json: bool) -> None:
     if job:
-        from objcache.client import build_cache
-        from objcache.core import manifest
-
-        cache = build_cache(config if not tier else Config.from_env(tiers=tier))
-        bars: list[Any] = []
-        advance: list[Any] = []
-
-        def planned(n: int) -> None:
-            bar, step = common.progress_bar(n, "pull")
-            bar.start()
-            bars.append(bar)
-            advance.append(step)
-
-        async def run() -> dict[str, Any]:
-            try:
-                # the machine is the pull's alone: as many fetches as a copy keeps in
-                # flight, not a start-up prefetch's share (docs/benchmarks.md,
-                # "Pre-seeding against s5cmd")
-                return await manifest.prefetch(
-                    cache,
-                    job,
-                    concurrency=ops.BULK_CONCURRENCY,
-                    byte_budget=ops.BULK_BYTE_BUDGET,
-                    progress=lambda n: advance[0](n),
-                    planned=planned,
-                )
-            finally:
-                for bar in bars:
-                    bar.stop()
-                await cache.close(config.flush_timeout_s)
-
-        result = common.run_async(run())
-        if as_json:
-            common.print_json(
-                {
-                    "command": "pull",
-                    **result,
-                    **common.rates(result["fetched"], result["bytes"], result["seconds"]),
-                }
-            )
-        else:
-            out.print(
-                f"job {job}: {result['manifests']} manifests, {result['keys']} entries, "
-                f"{result['fetched']} fetched ({common.human_size(result['bytes'])}), "
-                f"{result['already_local']} already local in {result['seconds']} s"
-            )
-        if not result["manifests"]:
-            common.warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
+        _pull_job(config, tier, job, as_json)
         return
     spec = common.tier_specs(config, tier)[0]
     local = open_tier(local_spec(config), config, mode="command")
@@ -328,6 +282,65 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_
     )
     if report.failed or report.refused:
         common.warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
+
+
+def _pull_job(config: Config, tier: str | None, job: str, as_json: bool) -> None:
+    """``pull --job``: the job's entries, over a process per core
+    (``objcache/cli/pull_processes.py``)."""
+    from objcache.cli import pull_processes
+    from objcache.client import build_cache
+    from objcache.core import manifest
+
+    bar, plan, done = common.growing_progress_bar("pull")
+
+    def run_shard(
+        index: int, count: int, planned: Callable[[int], None], progress: Callable[[int, int], None]
+    ) -> dict[str, Any]:
+        cache = build_cache(config if not tier else Config.from_env(tiers=tier))
+
+        async def run() -> dict[str, Any]:
+            try:
+                # the machine is the pull's alone: as many fetches as a copy keeps in
+                # flight, not a start-up prefetch's share (docs/benchmarks.md,
+                # "Pre-seeding against s5cmd")
+                return await manifest.prefetch(
+                    cache,
+                    job,
+                    concurrency=ops.BULK_CONCURRENCY,
+                    byte_budget=ops.BULK_BYTE_BUDGET,
+                    progress=lambda n: progress(1, n),
+                    planned=planned,
+                    shard=(index, count),
+                )
+            finally:
+                await cache.close(config.flush_timeout_s)
+
+        return common.run_async(run())
+
+    count = pull_processes.process_count(config.pull_processes)
+    try:  # the bar's thread starts once the children are forked
+        results, failures = pull_processes.run(count, run_shard, plan, done, forked=bar.start)
+    finally:
+        bar.stop()
+    for line in failures:
+        common.warn(f"pull: {line}")
+    result = pull_processes.merge(results)
+    if as_json:
+        common.print_json(
+            {
+                "command": "pull",
+                **result,
+                **common.rates(result["fetched"], result["bytes"], result["seconds"]),
+            }
+        )
+    else:
+        out.print(
+            f"job {job}: {result['manifests']} manifests, {result['keys']} entries, "
+            f"{result['fetched']} fetched ({common.human_size(result['bytes'])}), "
+            f"{result['already_local']} already local in {result['seconds']} s"
+        )
+    if not result.get("manifests"):
+        common.warn(f"pull: job {job} has no manifest in the configured tiers: nothing warmed")
 
 
 # --- gc / verify -------------------------------------------------------------------------

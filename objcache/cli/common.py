@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, TypeVar
@@ -161,6 +162,35 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 def progress_bar(total: int, what: str) -> tuple[Progress, Callable[[int], None]]:
     """A bar of objects done, bytes moved and both rates (bytes/s, objects/s); the callback
     takes one object's bytes (see :mod:`objcache.cli.ops`)."""
+    bar, advance = _counting_bar(total, what)
+    return bar, lambda nbytes: advance(1, nbytes)
+
+
+def growing_progress_bar(
+    what: str,
+) -> tuple[Progress, Callable[[int], None], Callable[[int, int], None]]:
+    """:func:`progress_bar` for work whose size is learnt as it goes, told from several
+    threads: ``plan(n)`` adds ``n`` objects to the total, ``done(objects, nbytes)`` counts
+    objects done."""
+    bar, advance = _counting_bar(0, what)
+    task = bar.task_ids[0]
+    lock = threading.Lock()
+    total = 0
+
+    def plan(n: int) -> None:
+        nonlocal total
+        with lock:
+            total += n
+            bar.update(task, total=total or None)
+
+    def done(objects: int, nbytes: int) -> None:
+        with lock:
+            advance(objects, nbytes)
+
+    return bar, plan, done
+
+
+def _counting_bar(total: int, what: str) -> tuple[Progress, Callable[[int, int], None]]:
     bar = Progress(
         TextColumn(f"[bold]{what}"),
         BarColumn(),
@@ -177,13 +207,13 @@ def progress_bar(total: int, what: str) -> tuple[Progress, Callable[[int], None]
     started = time.monotonic()
     moved = done = 0
 
-    def advance(nbytes: int) -> None:
+    def advance(objects: int, nbytes: int) -> None:
         nonlocal moved, done
         moved += nbytes
-        done += 1
+        done += objects
         seconds = max(time.monotonic() - started, 1e-3)
-        rate, objects = f"{human_size(moved / seconds)}/s", f"{done / seconds:,.0f} objects/s"
-        bar.update(task, advance=1, moved=human_size(moved), rate=rate, objects=objects)
+        rate, per_s = f"{human_size(moved / seconds)}/s", f"{done / seconds:,.0f} objects/s"
+        bar.update(task, advance=objects, moved=human_size(moved), rate=rate, objects=per_s)
 
     return bar, advance
 

@@ -192,6 +192,12 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
+    pull_processes: int = _opt(
+        "OBJCACHE_PULL_PROCESSES",
+        "Processes `objcache pull --job` fetches with, each a shard of the job's entries; "
+        '0: one per core, at most 4. See docs/architecture.md, "A bulk pull over processes".',
+        default=0,
+    )
     prefetch_process: bool = _opt(
         "OBJCACHE_PREFETCH_PROCESS",
         "Run the start-up prefetch from a network store (S3, GCS, Redis) in a child process, "
@@ -308,7 +314,13 @@ class Config:
         for name in SIZE_FIELDS:
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, parse_size(getattr(self, name), name))
-        for name in ("timeout_ms", "local_max_bytes", "write_behind_max_bytes", "retries"):
+        for name in (
+            "timeout_ms",
+            "local_max_bytes",
+            "write_behind_max_bytes",
+            "retries",
+            "pull_processes",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if self.prometheus_interval_s < 0:

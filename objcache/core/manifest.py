@@ -19,6 +19,7 @@ import random
 import secrets
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +218,7 @@ async def prefetch(
     planned: Callable[[int], None] | None = None,
     byte_budget: int = 0,
     timeline: PrefetchTimeline | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
@@ -232,21 +234,27 @@ async def prefetch(
     flight must not pile large entries up in memory faster than the disk takes them).
     ``timeline``: the time line to keep (default: a new one); a prefetch run for another
     process passes one that relays each step to it (objcache/prefetch_process.py).
+    ``shard``: (index, count): fetch only the entries whose key falls in this one of
+    ``count`` shards (:func:`shard_of`; a bulk pull over a process per core,
+    objcache/cli/pull_processes.py); shard 0 compacts the job's manifests.
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = timeline or PrefetchTimeline()
     keys, names, need = await read_job_ordered(cache, job)
     cache.prefetched = set(keys)
-    missing = await _absent_locally(cache, keys)
-    timeline.manifest(keys, len(names), missing)
+    index, count = shard
+    mine = keys if count == 1 else [okey for okey in keys if shard_of(okey, count) == index]
+    missing = await _absent_locally(cache, mine)
+    timeline.manifest(mine, len(names), missing)
     absent = set(missing)
-    for okey in keys:
+    for okey in mine:
         if okey not in absent:
             tell(cache, okey, None)
     # In the order the job's runs first asked for each key (the first graph's entries
     # first); ranks of a node still fetch in different orders within each window and leave
     # a key another rank is fetching to it (its lease), so together they fetch each about once.
     window = concurrency or PREFETCH_CONCURRENCY
+    already_local = len(mine) - len(missing)
     missing = need.arrange(missing, window)
     if planned is not None:
         planned(len(missing))
@@ -283,20 +291,28 @@ async def prefetch(
         if byte_budget:
             cache.on_landed = None
     timeline.end()
-    compacted = await compact(cache, job, keys, names, sorted(need.rank, key=need.rank.__getitem__))
+    compacted = 0
+    if index == 0:
+        ranked = sorted(need.rank, key=need.rank.__getitem__)
+        compacted = await compact(cache, job, keys, names, ranked)
     return {
         "job": job,
         "manifests": len(names),
         "keys": len(keys),
         "fetched": fetched,
         "bytes": fetched_bytes,
-        "already_local": len(keys) - len(missing),
+        "already_local": already_local,
         "fetched_by_another_process": elsewhere,
         "ordered": sum(k in need.rank for k in missing),
         "order_dropped": need.dropped,
         "compacted": compacted,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def shard_of(okey: str, count: int) -> int:
+    """Which of ``count`` shards ``okey`` falls in: the same in every process and release."""
+    return zlib.crc32(okey.encode()) % count
 
 
 def tell(cache: TieredCache, okey: str, payload: bytes | None) -> None:
