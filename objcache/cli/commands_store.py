@@ -120,57 +120,89 @@ def _unknown_kind(kind: str) -> str:
 
 
 def _copy(
-    source: Backend,
-    targets: list[Backend],
+    open_source: Callable[[], Backend],
+    open_targets: Callable[[], list[Backend]],
     env: str | None,
     what: str,
     config: Config,
     *,
     read_only: bool = False,
     as_json: bool = False,
+    processes: int = 1,
 ) -> ops.CopyReport:
     """Copy this environment's entries (or all) and print the outcome; the caller decides
-    what the outcome means for the exit code."""
+    what the outcome means for the exit code. ``processes``: the copy's shards, each in a
+    process of its own that opens the tiers itself (``objcache/cli/bulk_processes.py``)."""
+    from objcache.cli import bulk_processes
+    from objcache.core.manifest import shard_of
 
-    report = ops.CopyReport()
-    keys: list[str] = []
-    sizes: dict[str, int] = {}
     started = time.perf_counter()
+    listed = 0
+    bar, plan, done = common.growing_progress_bar(what)
 
-    async def run() -> ops.CopyReport:
-        async for e in ops.entries(source, env=env):
-            keys.append(e.info.key)
-            sizes[e.info.key] = e.info.size
-        if env:
-            keys.append(f"v1/{env}/ENV.json")
-        bar, advance = common.progress_bar(len(keys), what)
-        with bar:
+    def counted(n: int) -> None:
+        nonlocal listed
+        listed += n
+        plan(n)
+
+    def run_shard(
+        index: int, count: int, planned: Callable[[int], None], progress: Callable[[int, int], None]
+    ) -> dict[str, Any]:
+        source, targets = open_source(), open_targets()
+        report = ops.CopyReport()
+        keys: list[str] = []
+        sizes: dict[str, int] = {}
+
+        async def run() -> ops.CopyReport:
+            async for e in ops.entries(source, env=env):
+                if shard_of(e.info.key, count) == index:
+                    keys.append(e.info.key)
+                    sizes[e.info.key] = e.info.size
+            if env and shard_of(f"v1/{env}/ENV.json", count) == index:
+                keys.append(f"v1/{env}/ENV.json")
+            planned(len(keys))
             return await ops.copy(
                 source,
                 targets,
                 keys,
                 common.codec_of(config),
-                advance,
+                lambda nbytes: progress(1, nbytes),
                 read_only=read_only,
                 caps=config.max_entry_bytes,
                 report=report,
                 sizes=sizes,
             )
 
-    try:
-        common.run_async(common.close_after([source, *targets], run()))
-    except KeyboardInterrupt:
-        # Ctrl-C (exit 130): each object is written whole or not at all, so what is there
-        # is complete and a second run copies the rest (docs/operations.md, "Exit codes").
-        if keys:
-            report.settle()  # the writes under way land (or fail) before they are counted
-            done = report.copied + report.existed
+        try:
+            common.run_async(common.close_after([source, *targets], run()))
+        except KeyboardInterrupt:
+            # each object is written whole or not at all: the writes under way land (or
+            # fail) before they are counted
+            report.settle()
+            raise bulk_processes.Interrupted([_report_fields(report, len(keys))]) from None
+        return _report_fields(report, len(keys))
+
+    count = bulk_processes.process_count(processes)
+    try:  # the bar's thread starts once the children are forked
+        results, failures = bulk_processes.run(count, run_shard, counted, done, forked=bar.start)
+    except bulk_processes.Interrupted as exc:
+        # Ctrl-C (exit 130): what is there is complete and a second run copies the rest
+        # (docs/operations.md, "Exit codes")
+        bar.stop()
+        report = _merged_report(exc.results)
+        if listed:
+            copied = report.copied + report.existed
             common.print_line(
-                err, f"{what}: interrupted: {done:,} of {len(keys):,} copied; run again to finish"
+                err, f"{what}: interrupted: {copied:,} of {listed:,} copied; run again to finish"
             )
         else:
             common.print_line(err, f"{what}: interrupted while listing: nothing copied")
         raise
+    finally:
+        bar.stop()
+    report = _merged_report(results)
+    report.failed += len(failures)
+    report.errors += [f"a process of the copy: {line}" for line in failures]
     if as_json:
         common.print_json(
             {
@@ -181,6 +213,7 @@ def _copy(
                 "refused": report.refused,
                 "failed": report.failed,
                 "errors": report.errors,
+                "processes": count,
                 **common.rates(report.copied, report.bytes, time.perf_counter() - started),
             }
         )
@@ -192,6 +225,34 @@ def _copy(
     )
     for line in report.errors[:10]:
         common.print_line(err, f"  {line}")
+    return report
+
+
+#: Errors a shard of a copy tells the parent at most.
+_SHARD_ERRORS = 20
+
+
+def _report_fields(report: ops.CopyReport, listed: int) -> dict[str, Any]:
+    return {
+        "copied": report.copied,
+        "existed": report.existed,
+        "refused": report.refused,
+        "failed": report.failed,
+        "bytes": report.bytes,
+        "errors": report.errors[:_SHARD_ERRORS],
+        "listed": listed,
+    }
+
+
+def _merged_report(results: list[dict[str, Any]]) -> ops.CopyReport:
+    report = ops.CopyReport()
+    for r in results:
+        report.copied += int(r.get("copied", 0))
+        report.existed += int(r.get("existed", 0))
+        report.refused += int(r.get("refused", 0))
+        report.failed += int(r.get("failed", 0))
+        report.bytes += int(r.get("bytes", 0))
+        report.errors += [str(e) for e in r.get("errors", [])]
     return report
 
 
@@ -231,16 +292,15 @@ def push(
     src_dir = source or config.local_dir
     if not src_dir.is_dir():
         raise UserError(f"nothing to push: {src_dir} does not exist")
-    src = open_tier(disk_spec(src_dir), config, mode="command")
-    targets = [open_tier(s, config, mode="command") for s in specs]
     report = _copy(
-        src,
-        targets,
+        lambda: open_tier(disk_spec(src_dir), config, mode="command"),
+        lambda: [open_tier(s, config, mode="command") for s in specs],
         None if all_envs else env_id(),
         "push",
         config,
         read_only=config.read_only,
         as_json=as_json,
+        processes=config.bulk_processes,
     )
     raise typer.Exit(1 if report.failed or report.refused else 0)
 
@@ -271,14 +331,14 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_
         _pull_job(config, tier, job, as_json)
         return
     spec = common.tier_specs(config, tier)[0]
-    local = open_tier(local_spec(config), config, mode="command")
     report = _copy(
-        open_tier(spec, config, mode="command"),
-        [local],
+        lambda: open_tier(spec, config, mode="command"),
+        lambda: [open_tier(local_spec(config), config, mode="command")],
         None if all_envs else env_id(),
         "pull",
         config,
         as_json=as_json,
+        processes=config.bulk_processes,
     )
     if report.failed or report.refused:
         common.warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
@@ -286,8 +346,8 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_
 
 def _pull_job(config: Config, tier: str | None, job: str, as_json: bool) -> None:
     """``pull --job``: the job's entries, over a process per core
-    (``objcache/cli/pull_processes.py``)."""
-    from objcache.cli import pull_processes
+    (``objcache/cli/bulk_processes.py``)."""
+    from objcache.cli import bulk_processes
     from objcache.client import build_cache
     from objcache.core import manifest
 
@@ -317,14 +377,14 @@ def _pull_job(config: Config, tier: str | None, job: str, as_json: bool) -> None
 
         return common.run_async(run())
 
-    count = pull_processes.process_count(config.pull_processes)
+    count = bulk_processes.process_count(config.bulk_processes)
     try:  # the bar's thread starts once the children are forked
-        results, failures = pull_processes.run(count, run_shard, plan, done, forked=bar.start)
+        results, failures = bulk_processes.run(count, run_shard, plan, done, forked=bar.start)
     finally:
         bar.stop()
     for line in failures:
         common.warn(f"pull: {line}")
-    result = pull_processes.merge(results)
+    result = bulk_processes.merge(results)
     if as_json:
         common.print_json(
             {

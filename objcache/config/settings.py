@@ -192,10 +192,11 @@ class Config:
         "At start-up, fetch the entries the last run of this job used into the local tier.",
         default=True,
     )
-    pull_processes: int = _opt(
-        "OBJCACHE_PULL_PROCESSES",
-        "Processes `objcache pull --job` fetches with, each a shard of the job's entries; "
-        '0: one per core, at most 4. See docs/architecture.md, "A bulk pull over processes".',
+    bulk_processes: int = _opt(
+        "OBJCACHE_BULK_PROCESSES",
+        "Processes `objcache push`, `pull` and `pull --job` copy with, each a shard of the "
+        'entries; 0: one per core, at most 4. See docs/architecture.md, "A bulk copy over '
+        'processes".',
         default=0,
     )
     prefetch_process: bool = _opt(
@@ -319,7 +320,7 @@ class Config:
             "local_max_bytes",
             "write_behind_max_bytes",
             "retries",
-            "pull_processes",
+            "bulk_processes",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")

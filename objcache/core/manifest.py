@@ -236,7 +236,7 @@ async def prefetch(
     process passes one that relays each step to it (objcache/prefetch_process.py).
     ``shard``: (index, count): fetch only the entries whose key falls in this one of
     ``count`` shards (:func:`shard_of`; a bulk pull over a process per core,
-    objcache/cli/pull_processes.py); shard 0 compacts the job's manifests.
+    objcache/cli/bulk_processes.py); shard 0 compacts the job's manifests.
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = timeline or PrefetchTimeline()

@@ -47,6 +47,17 @@ def cli(
     return done, time.monotonic() - started
 
 
+def start_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``objcache`` started, its output captured (a test that signals it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "objcache.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def base_env(tmp_path: Path, tiers: str, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
@@ -257,13 +268,7 @@ def test_ctrl_c_during_pull_says_what_was_copied_and_leaves_only_whole_entries(
     # 20 kB/s a connection: the 4 MiB entry alone takes over 3 minutes, so the copy is still
     # under way however late the test sees its first entry and stops the store
     proxy.bandwidth_bps = 20_000
-    pull = subprocess.Popen(
-        [sys.executable, "-m", "objcache.cli", "pull"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    pull = start_cli("pull", env=env)
     try:
         deadline = time.monotonic() + 60
         # an entry under its name has been written, and so counted: pull counts an entry in

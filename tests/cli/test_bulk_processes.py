@@ -1,4 +1,5 @@
-"""``objcache pull --job`` over a process per core (objcache/cli/pull_processes.py)."""
+"""``objcache pull --job``, ``pull`` and ``push`` over a process per core
+(objcache/cli/bulk_processes.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from objcache.client import Client
 from objcache.config.settings import Config
 from objcache.core.manifest import shard_of
-from tests.cli.test_cli_servers import base_env
+from tests.cli.test_cli_servers import base_env, start_cli
 from tests.support.proxy import FaultProxy
 from tests.support.servers import RedisServer
 
@@ -79,7 +80,7 @@ def test_a_pull_over_three_processes_fetches_each_entry_once_and_counts_them_all
         env={
             **env,
             "OBJCACHE_LOCAL_DIR": str(fresh),
-            "OBJCACHE_PULL_PROCESSES": "3",
+            "OBJCACHE_BULK_PROCESSES": "3",
             "OBJCACHE_PROGRESS": "1",
         },
     )
@@ -102,10 +103,45 @@ def test_a_pull_over_three_processes_fetches_each_entry_once_and_counts_them_all
         "--job",
         "clijob",
         "--json",
-        env={**env, "OBJCACHE_LOCAL_DIR": str(fresh), "OBJCACHE_PULL_PROCESSES": "2"},
+        env={**env, "OBJCACHE_LOCAL_DIR": str(fresh), "OBJCACHE_BULK_PROCESSES": "2"},
     )
     report = json.loads(again.stdout)
     assert report["fetched"] == 0 and report["already_local"] == 60, again.stdout
+
+
+def test_a_push_and_a_pull_over_processes_copy_each_entry_once(tmp_path: Path) -> None:
+    env = _env(tmp_path, f"file://{tmp_path}/store")
+    _seed(env, 40)  # into the store and the CI machine's local tier
+    pushed = _cli(
+        "push",
+        "--tier",
+        f"file://{tmp_path}/seeded",
+        "--json",
+        env={**env, "OBJCACHE_BULK_PROCESSES": "3"},
+    )
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    report = json.loads(pushed.stdout)
+    assert report["processes"] == 3 and report["failed"] == report["refused"] == 0
+    listed = report["copied"]
+    assert listed >= 41, report  # the entries, the environment's ENV.json, the manifest
+    again = json.loads(
+        _cli("push", "--tier", f"file://{tmp_path}/seeded", "--json", env=env).stdout
+    )
+    assert again["copied"] == 0 and again["existed"] == listed, again
+    fresh = tmp_path / "fresh"
+    pulled = _cli(
+        "pull",
+        "--tier",
+        f"file://{tmp_path}/seeded",
+        "--json",
+        env={**env, "OBJCACHE_LOCAL_DIR": str(fresh), "OBJCACHE_BULK_PROCESSES": "2"},
+    )
+    report = json.loads(pulled.stdout)
+    assert report["processes"] == 2 and report["copied"] == listed, pulled.stdout
+    verified = _cli(
+        "verify", "--json", env={**env, "OBJCACHE_TIERS": "", "OBJCACHE_LOCAL_DIR": str(fresh)}
+    )
+    assert json.loads(verified.stdout)["bad"] == [], verified.stdout
 
 
 def _children(pid: int) -> list[int]:
@@ -137,16 +173,10 @@ def test_ctrl_c_ends_every_process_of_a_pull_and_leaves_only_whole_entries(
         proxied,
         OBJCACHE_LOCAL_DIR=str(fresh),
         OBJCACHE_TIMEOUT_MS="600000",
-        OBJCACHE_PULL_PROCESSES="2",
+        OBJCACHE_BULK_PROCESSES="2",
     )
     proxy.bandwidth_bps = 20_000  # the pull is still under way when the test stops it
-    pull = subprocess.Popen(
-        [sys.executable, "-m", "objcache.cli", "pull", "--job", "clijob"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    pull = start_cli("pull", "--job", "clijob", env=env)
     try:
         deadline = time.monotonic() + 60
         while not (children := _children(pull.pid)) or not any(fresh.rglob("*/fx-graph/*")):

@@ -1,5 +1,5 @@
-"""``objcache pull --job`` over a process per core (docs/architecture.md, "A bulk pull over
-processes").
+"""``objcache pull --job`` and ``objcache push`` over a process per core (docs/architecture.md,
+"A bulk copy over processes").
 
 One event loop spends about a millisecond and a half of CPU a small entry (the request and
 its response, the digest, the worker-thread hops of the node lease and the local write), so a
@@ -31,12 +31,22 @@ RELAY_S = 0.1
 #: Seconds an interrupted child gets to end its writes before it is killed.
 CHILD_GRACE_S = 20.0
 
-#: One shard's run: (index, count, planned, progress) -> its result.
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what the shards had done by then (each a shard's result)."""
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.results = results
+
+
+#: One shard's run: (index, count, planned, progress) -> its result; interrupted, it may
+#: raise :class:`Interrupted` with its result so far.
 RunShard = Callable[[int, int, Callable[[int], None], Callable[[int, int], None]], dict[str, Any]]
 
 
 def process_count(asked: int = 0) -> int:
-    """Processes a pull takes: ``asked`` (``OBJCACHE_PULL_PROCESSES``), else one per core
+    """Processes a pull takes: ``asked`` (``OBJCACHE_BULK_PROCESSES``), else one per core
     this process may run on, at most :data:`MAX_PROCESSES`; one where it cannot fork safely
     (no ``fork``, or a thread already runs: a forked child would hold that thread's locks
     without the thread)."""
@@ -64,8 +74,8 @@ def run(
     not. ``planned`` and ``progress`` (objects, bytes) hear from every shard, from this
     thread and from the threads reading the children's pipes. Ctrl-C here is passed on to
     the children, which end their writes (each entry lands whole or not at all) before this
-    raises ``KeyboardInterrupt``. ``forked`` is called here once the children exist (where a
-    thread may start)."""
+    raises :class:`Interrupted` with every shard's result so far. ``forked`` is called here
+    once the children exist (where a thread may start)."""
     children: list[tuple[int, int]] = []
     for index in range(1, count):
         read_end, write_end = os.pipe()
@@ -77,7 +87,7 @@ def run(
             _child(index, count, write_end, run_shard)
         os.close(write_end)
         children.append((pid, read_end))
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, dict[str, Any]] = {}  # a child's, final or (interrupted) so far
     failures: list[str] = []
     lock = threading.Lock()
 
@@ -108,8 +118,11 @@ def run(
         reader.start()
     forked()
     grace: float | None = None
+    own: dict[str, Any] | None = None
     try:
         own = run_shard(0, count, planned, progress)
+    except Interrupted as exc:
+        own, grace = (exc.results[0] if exc.results else None), CHILD_GRACE_S
     except BaseException:
         grace = CHILD_GRACE_S
         raise
@@ -118,17 +131,22 @@ def run(
             if grace is not None:
                 _stop(children, signal.SIGINT)
             _reap(children, grace)
-        except KeyboardInterrupt:  # while this waited for a child still fetching
+        except KeyboardInterrupt:  # while this waited for a child still copying
             _stop(children, signal.SIGINT)
             _reap(children, CHILD_GRACE_S)
-            raise
+            grace = CHILD_GRACE_S
         finally:
             for reader in readers:
                 reader.join(5)
     with lock:
+        done = [r for r in (own, *results.values()) if r is not None]
+    if grace is not None:
+        raise Interrupted(done)
+    assert own is not None
+    with lock:
         silent = len(children) - len(results) - len(failures)
         if silent > 0:
-            failures.append(f"{silent} pull process(es) ended without a result")
+            failures.append(f"{silent} process(es) of the copy ended without a result")
         return [own, *results.values()], failures
 
 
@@ -181,6 +199,12 @@ def _child(index: int, count: int, fd: int, run_shard: RunShard) -> NoReturn:
         relay.flush()
         relay.send({"result": result})
         code = 0
+    except Interrupted as exc:  # what it had done, for the parent's count
+        code = 130
+        with contextlib.suppress(Exception):
+            relay.flush()
+            for result in exc.results:
+                relay.send({"result": result})
     except KeyboardInterrupt:
         code = 130
     except BaseException as exc:  # the parent says it in one line; nothing prints here
