@@ -5,6 +5,7 @@ themselves are in ``ops`` (docs/architecture.md, "Modules, top to bottom")."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -140,9 +141,12 @@ def _copy(
     listed = 0
     bar, plan, done = common.growing_progress_bar(what)
 
+    listing = threading.Lock()  # told by the threads that read the children's pipes
+
     def counted(n: int) -> None:
         nonlocal listed
-        listed += n
+        with listing:
+            listed += n
         plan(n)
 
     def run_shard(
