@@ -30,6 +30,8 @@ MAX_PROCESSES = 4
 RELAY_S = 0.1
 #: Seconds an interrupted child gets to end its writes before it is killed.
 CHILD_GRACE_S = 20.0
+#: Seconds between the Ctrl-Cs passed on to a child that has not ended yet.
+RESEND_S = 0.2
 
 
 class Interrupted(KeyboardInterrupt):
@@ -123,16 +125,15 @@ def run(
         own = run_shard(0, count, planned, progress)
     except Interrupted as exc:
         own, grace = (exc.results[0] if exc.results else None), CHILD_GRACE_S
-    except BaseException:
+    except KeyboardInterrupt:
         grace = CHILD_GRACE_S
         raise
     finally:
+        # Another failure here (a store that does not answer) is the children's too: each
+        # ends by its own deadlines, uninterrupted.
         try:
-            if grace is not None:
-                _stop(children, signal.SIGINT)
             _reap(children, grace)
         except KeyboardInterrupt:  # while this waited for a child still copying
-            _stop(children, signal.SIGINT)
             _reap(children, CHILD_GRACE_S)
             grace = CHILD_GRACE_S
         finally:
@@ -192,6 +193,10 @@ class _Relay:
 
 
 def _child(index: int, count: int, fd: int, run_shard: RunShard) -> NoReturn:
+    # Ctrl-C only while the copy's event loop runs (``common.run_async`` takes it there and
+    # puts this back): anywhere else it could land in a finaliser, which cannot stop; the
+    # parent tells a child again until it has ended.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 1
     relay = _Relay(fd)
     try:
@@ -223,11 +228,16 @@ def _stop(children: list[tuple[int, int]], signum: int) -> None:
 
 
 def _reap(children: list[tuple[int, int]], grace: float | None) -> None:
-    """Wait for every child: as long as it runs, or (``grace``) that many seconds, then kill
-    it."""
+    """Wait for every child: as long as it runs, or (``grace``: Ctrl-C) telling it to stop
+    every :data:`RESEND_S` (a child ignores Ctrl-C outside its event loop, where it cannot
+    stop cleanly) and killing it once ``grace`` seconds have passed."""
     deadline = None if grace is None else time.monotonic() + grace
     waiting = {pid for pid, _ in children}
+    told = 0.0
     while waiting:
+        if deadline is not None and time.monotonic() - told >= RESEND_S:
+            _stop([(pid, -1) for pid in waiting], signal.SIGINT)
+            told = time.monotonic()
         for pid in list(waiting):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG if deadline is not None else 0)

@@ -130,6 +130,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
                 task.cancel()
 
         # not on this platform or thread: asyncio.run's own Ctrl-C handling stays
+        previous = signal.getsignal(signal.SIGINT)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGINT, on_sigint)
         try:
@@ -137,6 +138,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         finally:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signal.SIGINT)
+                if previous is not None:  # as it was (a bulk copy's child ignores it)
+                    signal.signal(signal.SIGINT, previous)
 
     # A bulk command makes many short-lived objects per entry (tasks, futures, requests):
     # the cyclic collector ran every 700 allocations and walked every module imported so
