@@ -25,6 +25,7 @@ import pytest
 from objcache.backends.base import PutMode, TierSpec
 from objcache.backends.disk.store import DiskBackend
 from objcache.backends.fs_store import FsStore
+from objcache.core.fetch_once import nodelease
 from objcache.core.fetch_once.nodelease import (
     POLL_FIRST_S,
     POLL_MAX_S,
@@ -218,9 +219,18 @@ async def test_an_outcome_that_cannot_be_written_still_retires_the_file(
     # The waiter takes a new lease file at the same path as soon as the first is retired,
     # so the first file is watched through a descriptor of its own, not by its path.
     watch = os.open(first.path, os.O_RDONLY)
+    write_record = nodelease._write_record
+
+    def outcome_finds_no_space(fd: int, record: dict[str, object]) -> None:
+        # only the holder's outcome: the waiter, woken as the file goes, claims while this
+        # is still patched, and its own record must land
+        if "outcome" in record:
+            _no_space(fd, record)
+        write_record(fd, record)
+
     try:
         with monkeypatch.context() as m:
-            m.setattr("objcache.core.fetch_once.nodelease._write_record", _no_space)
+            m.setattr("objcache.core.fetch_once.nodelease._write_record", outcome_finds_no_space)
             await first.release("hit")
         assert os.fstat(watch).st_nlink == 0
     finally:
