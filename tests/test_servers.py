@@ -228,7 +228,7 @@ def test_process_servers_listen_on_loopback_only(
 
 def test_moto_listens_on_loopback(moto_s3: MotoS3) -> None:
     assert moto_s3.endpoint_url.startswith("http://127.0.0.1:")
-    assert moto_s3._server.get_host_and_port()[0] == "127.0.0.1"
+    assert moto_s3._server.server_address[0] == "127.0.0.1"
 
 
 def test_stop_leaves_no_process_and_no_files() -> None:

@@ -704,7 +704,7 @@ class SeaweedS3(S3Server, ProcessServer):
 
 
 class MotoS3(S3Server):
-    """moto's in-process ``ThreadedMotoServer`` (accepts any credentials).
+    """moto's S3 on a threaded werkzeug server in this process (accepts any credentials).
 
     moto keeps its state in module globals, so every MotoS3 in one process
     sees the same buckets, as does ``moto.mock_aws`` used in the same process.
@@ -729,16 +729,18 @@ class MotoS3(S3Server):
     def _start(self) -> None:
         import logging
 
-        from moto.server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
 
         t0 = time.monotonic()
         if self._quiet and logging.getLogger("werkzeug").level == logging.NOTSET:
             # werkzeug logs one line per request to stderr otherwise.
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        app = _atomic_conditional_writes(DomainDispatcherApplication(create_backend_app))
         # Port 0: the kernel picks the port while binding, so there is no race.
-        self._server = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
-        self._server.start()
-        self.port = int(self._server.get_host_and_port()[1])
+        self._server = make_server(LOOPBACK, 0, app, threaded=True)
+        threading.Thread(target=self._server.serve_forever, name="moto", daemon=True).start()
+        self.port = int(self._server.server_address[1])
         try:
             self._admin_client().list_buckets()  # loads moto's S3 backend before the first test
         except Exception as exc:
@@ -749,7 +751,32 @@ class MotoS3(S3Server):
     def _stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.stop()
+            server.shutdown()
+            server.server_close()
+
+
+def _atomic_conditional_writes(app: Any) -> Any:
+    """``app`` with its conditional writes made atomic, as S3 makes them.
+
+    moto checks ``If-None-Match``/``If-Match`` and then writes, unlocked, on
+    its server's request threads: two concurrent creates of one key can both
+    win there, which S3 never allows. A conditional request's body is read
+    first (a slow uploader holds no lock), then moto handles it under one lock.
+    """
+    import io
+
+    lock = threading.Lock()
+
+    def serve(environ: dict[str, Any], start_response: Any) -> Any:
+        if "HTTP_IF_NONE_MATCH" not in environ and "HTTP_IF_MATCH" not in environ:
+            return app(environ, start_response)
+        body, length = environ["wsgi.input"], int(environ.get("CONTENT_LENGTH") or 0)
+        chunked = environ.get("wsgi.input_terminated", False)
+        environ["wsgi.input"] = io.BytesIO(body.read() if chunked else body.read(length))
+        with lock:
+            return list(app(environ, start_response))
+
+    return serve
 
 
 def _fake_gcs_candidates() -> tuple[Path, ...]:
