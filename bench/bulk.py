@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _chart
+from bench._installed import compile_bytecode
 from bench._report import write_section
 from bench.fleet import count_files, find_aws, process_cpu_s, reach
 from objcache.backends import create_backend
@@ -352,6 +353,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     global PROFILE
     PROFILE = args.profile
     if PROFILE is not None:

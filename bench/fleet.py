@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _chart
+from bench._installed import compile_bytecode
 from bench._report import write_section
 from objcache.backends import create_backend
 from objcache.backends.base import PutMode, TierSpec
@@ -730,6 +731,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     if args.node_only:
         args.skip_sync = args.skip_warm = args.skip_torch = True
     if not args.skip_node:

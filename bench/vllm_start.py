@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _chart, _report
+from bench._installed import compile_bytecode
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "bench" / "vllm_child.py"
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     p.add_argument("--section", default="vllm_start")
     opts = p.parse_args(argv)
+    compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     work = opts.work or Path(tempfile.mkdtemp(prefix="objcache-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
 

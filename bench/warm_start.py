@@ -71,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
+from bench._installed import compile_bytecode  # noqa: E402
 from objcache.demo.demo_jobs import Job, machine_env, run_job  # noqa: E402
 from objcache.demo.demo_worker import model_name  # noqa: E402
 from tests.support.proxy import FaultProxy  # noqa: E402
@@ -323,6 +324,7 @@ def main() -> int:
         help=f"the docs section the table replaces (default {SECTION}; use another with --only)",
     )
     opts = parser.parse_args()
+    compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     # A SIGTERM must still stop the servers and remove the temp dirs (finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = max(1, min(MAX_RUNS, opts.runs))

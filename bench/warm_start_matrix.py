@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _chart  # noqa: E402
+from bench._installed import compile_bytecode  # noqa: E402
 from bench.warm_start import (  # noqa: E402
     BASELINE,
     Bench,
@@ -225,6 +226,7 @@ def main() -> int:
         help="the new machine also gets precompile entries (OBJCACHE_PRECOMPILE=1)",
     )
     opts = parser.parse_args()
+    compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cases = opts.case or [parse_case(c) for c in CASES]
     started = time.time()
