@@ -17,13 +17,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
-
 from objcache.errors import PartialOutage, TransientBackendError
 
 T = TypeVar("T")
@@ -130,6 +123,14 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
             if not retried(exc):
                 raise
         await asyncio.sleep(random.uniform(0, min(policy.backoff_max_s, policy.backoff_initial_s)))
+        # imported at the first retry: a compile process that never retries never pays it
+        from tenacity import (
+            AsyncRetrying,
+            retry_if_exception,
+            stop_after_attempt,
+            wait_random_exponential,
+        )
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(policy.retries),
             wait=wait_random_exponential(

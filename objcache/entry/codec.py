@@ -29,11 +29,12 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import zstandard
 
 from objcache.entry.hmac_keys import MIN_HMAC_KEY_BYTES, short_key_message
-from objcache.entry.signing import SIGNATURE_SIZE, Ed25519PrivateKey, Ed25519PublicKey
+from objcache.entry.signing import SIGNATURE_SIZE
 from objcache.entry.signing import verifies as ed25519_verifies
 from objcache.errors import (
     BadSignature,
@@ -42,6 +43,12 @@ from objcache.errors import (
     UnsignedEntry,
     UnsupportedVersion,
 )
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 MAGIC = b"OBJC"
 VERSION = 2

@@ -14,12 +14,18 @@ import binascii
 import hashlib
 import os
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from objcache.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+# ``cryptography`` (about 9 ms to import) is imported where a key is used: every compile
+# process imports the codec, and only a fleet with keys set signs or verifies.
 
 PUBLIC_PREFIX = "ed25519:"
 SIGNATURE_SIZE = 64
@@ -38,6 +44,15 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """``Ed25519PrivateKey`` and ``Ed25519PublicKey``, imported at first use."""
+    if name in ("Ed25519PrivateKey", "Ed25519PublicKey"):
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        return getattr(ed25519, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def is_pem(data: bytes) -> bool:
     """Whether a key file holds a PEM block (an Ed25519 private key), not HMAC lines."""
     return data.lstrip().startswith(_PEM)
@@ -45,6 +60,10 @@ def is_pem(data: bytes) -> bool:
 
 def load_private_key(data: bytes, where: str) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM ``data``; a :class:`ConfigError` naming ``where``."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):
@@ -56,18 +75,24 @@ def load_private_key(data: bytes, where: str) -> Ed25519PrivateKey:
 
 def public_line(key: Ed25519PublicKey) -> str:
     """The one-line form of a public key that ``OBJCACHE_VERIFY_KEYS`` takes."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return PUBLIC_PREFIX + base64.b64encode(raw).decode("ascii")
 
 
 def key_id(key: Ed25519PublicKey) -> str:
     """A short name of a public key for people (``objcache doctor``): ``ed25519:<8 hex>``."""
+    from cryptography.hazmat.primitives import serialization
+
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:8]
 
 
 def parse_verify_keys(raw: str, where: str) -> tuple[Ed25519PublicKey, ...]:
     """Comma-separated ``ed25519:<base64>`` public keys; set but empty is an error."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     keys = []
     for item in (p.strip() for p in raw.split(",")):
         if not item:
@@ -90,6 +115,8 @@ def parse_verify_keys(raw: str, where: str) -> tuple[Ed25519PublicKey, ...]:
 
 def verifies(keys: tuple[Ed25519PublicKey, ...], signature: bytes, message: bytes) -> bool:
     """Whether any of ``keys`` made ``signature`` over ``message``."""
+    from cryptography.exceptions import InvalidSignature
+
     for key in keys:
         try:
             key.verify(signature, message)
@@ -101,6 +128,9 @@ def verifies(keys: tuple[Ed25519PublicKey, ...], signature: bytes, message: byte
 
 def generate_key_file(path: Path) -> str:
     """Write a new private key to ``path`` (mode 0600, never overwriting); its public line."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(
         serialization.Encoding.PEM,

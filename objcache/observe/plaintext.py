@@ -12,7 +12,10 @@ for markup or emoji codes.
 
 from __future__ import annotations
 
-from rich.text import Text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def _escape(ch: str) -> str:
@@ -35,4 +38,6 @@ def plain(value: object) -> str:
 
 def text(value: object, style: str = "") -> Text:
     """:func:`plain` as a rich ``Text``: a table cell or a line never read as markup."""
+    from rich.text import Text  # only the CLI prints: a compile process never imports rich
+
     return Text(plain(value), style=style)

@@ -298,7 +298,7 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
             states.append(PartState(part, False, f"missing {', '.join(gone)}"))
             continue
         opt_in = _OPT_IN.get(part)
-        if opt_in is not None and not _opted_in(part, env):
+        if opt_in is not None and not opted_in(part, env):
             if _falsy(env.get(opt_in)):
                 states.append(PartState(part, False, f"{opt_in}={env[opt_in]}"))
             else:
@@ -312,8 +312,9 @@ def report(environ: dict[str, str] | None = None) -> list[PartState]:
     return states
 
 
-def _opted_in(part: str, env: dict[str, str]) -> bool:
-    """An opt-in part is on where its variable says so."""
+def opted_in(part: str, environ: Any = None) -> bool:
+    """Whether an opt-in part (``precompile``) is turned on: where its variable says so."""
+    env = os.environ if environ is None else environ
     return _truthy(env.get(_OPT_IN[part]))
 
 

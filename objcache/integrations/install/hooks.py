@@ -30,7 +30,6 @@ from objcache.integrations import cache_client, patching
 from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import precompile, precompile_entry
 from objcache.integrations.torch.remote import (
     custom_ops,
     keycard_capture,
@@ -163,7 +162,7 @@ def _set_flags(module: Any) -> None:
         if features.off(features.PART_OF_FLAG[attr]) is not None:
             continue
         if attr == "caching_precompile":
-            if precompile.wanted() and getattr(module, attr, None) is False:
+            if features.opted_in("precompile") and getattr(module, attr, None) is False:
                 patching.set_config(module, attr, True)
             continue
         if getattr(module, attr, None) is not None:  # set explicitly in code
@@ -272,8 +271,11 @@ def _apply_precompile(module: Any) -> None:
     store reads unverified pickles under a key naming only the function's qualname and
     line (docs/torch.md, "Precompile entries").
     """
-    if not precompile.wanted() or features.off("precompile") is not None:
+    if not features.opted_in("precompile") or features.off("precompile") is not None:
         return
+    # the feature's modules are imported only where it is on
+    from objcache.integrations.torch.precompile import precompile
+
     # it patches three modules: applied once the last of them has run (torch 2.15's guards
     # module imports the package module half-way through its own body, and its tracer
     # imports both before it defines the translator whose resume functions are patched)
@@ -475,7 +477,10 @@ def uninstall() -> None:
         candidates.uninstall()
         keycard_capture.uninstall()
         time_saved.uninstall()
-        precompile.uninstall()
+        if "objcache.integrations.torch.precompile.precompile" in sys.modules:
+            from objcache.integrations.torch.precompile import precompile
+
+            precompile.uninstall()
         process_keys.uninstall()
         custom_ops.uninstall()
         _uninstall_vllm()
@@ -512,6 +517,7 @@ def stats() -> dict[str, Any]:
     from objcache.integrations.torch.kernels import kernels
 
     vllm = sys.modules.get("objcache.integrations.vllm")
+    entries = sys.modules.get("objcache.integrations.torch.precompile.precompile_entry")
     host = sys.modules.get("objcache.integrations.triton_host")
     return {
         **({"vllm": dict(vllm.counters)} if vllm is not None else {}),
@@ -521,7 +527,7 @@ def stats() -> dict[str, Any]:
         "time_saved_s": time_saved.snapshot(),
         "kernels": kernels.counters(),
         "candidates": dict(candidates.counters),
-        "precompile": dict(precompile_entry.counters),
+        "precompile": dict(entries.counters) if entries is not None else {},
         "process_keys": dict(process_keys.counters),
         "custom_ops": dict(custom_ops.counters),
         "key_cards": dict(cards.counters),

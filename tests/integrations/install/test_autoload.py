@@ -64,3 +64,28 @@ def test_pth_imports_nothing_when_unset_and_hooks_torch_when_set(tmp_path: Path)
     # ``Library.impl`` as torch.library is imported, inside ``import torch``: the kernels a
     # library registers as it is imported are seen (docs/torch.md, "Custom ops in the keys")
     assert torch_runs.python_c(code, env).split() == ["True", "fx-graph", "True"]
+
+
+def test_a_compile_process_imports_only_what_its_settings_use() -> None:
+    """What the hooks, the client and the prefetch import in every compile process: never
+    the CLI's printing (rich), the retry machinery before a retry (tenacity), the signing
+    library where no key is set (cryptography), a cloud SDK for a file:// store, nor the
+    precompile feature's own modules while it is off (the key side's traced-code modules
+    beside them are the plain path's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_runs.ROOT))
+    code = (
+        "import sys\n"
+        "from objcache.integrations.install import hooks\n"
+        "import objcache.client, objcache.prefetch_process\n"
+        "from objcache.integrations.torch.remote import custom_ops\n"
+        "heavy = ('rich', 'tenacity', 'cryptography', 'aiobotocore', 'google')\n"
+        "precompile = 'objcache.integrations.torch.precompile.precompile'\n"
+        "found = [m for m in sys.modules if m.split('.')[0] in heavy or m.startswith(precompile)]\n"
+        "print(sorted(found))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
