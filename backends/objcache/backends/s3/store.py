@@ -22,11 +22,13 @@ URL options (all optional)::
   :mod:`objcache.backends.s3.errors`.
 * **CREATE** sends ``If-None-Match: *`` (on PutObject, and on CompleteMultipartUpload for
   large entries); 412 / 409 ConditionalRequestConflict means another writer won. AWS S3
-  enforces both atomically; SeaweedFS and moto do for PutObject but check the header before
-  assembling a multipart upload, so racing large CREATEs can all succeed there (the stored
-  object is still one writer's whole entry). A server that ignores the header silently
-  turns CREATE into OVERWRITE (last writer wins): the bytes are the same entry, so this is
-  harmless for a content-addressed cache, but the race is not detected.
+  enforces both atomically; SeaweedFS does for PutObject, moto checks the header and then
+  writes without a lock (the test suite's moto server serialises conditional requests), and
+  both check it before assembling a multipart upload, so racing large CREATEs can all
+  succeed there (the stored object is still one writer's whole entry). A server that
+  ignores the header silently turns CREATE into OVERWRITE (last writer wins): the bytes
+  are the same entry, so this is harmless for a content-addressed cache, but the race is
+  not detected.
 * **Large entries** (> ``multipart_threshold``) go through a multipart upload with
   ``part_concurrency`` parts in flight; any failure or cancellation aborts the upload, so
   no partial object or orphaned parts stay behind.
