@@ -166,6 +166,50 @@ def sdp_backends_off() -> tuple[str, ...]:
     return tuple(off)
 
 
+#: torch's global switches (``torch._C._get_<name>()``) that an aten kernel or decomposition
+#: reads while AOTAutograd traces, or that Inductor reads while it lowers, with torch's
+#: default: which math the attention decomposition reduces in (``allow_fp16_bf16_reduction_
+#: math_sdp``), the attention backends beyond :data:`SDP_BACKENDS`, the oneDNN, cuDNN and
+#: NNPACK paths and their deterministic modes, CPU reduced-precision reductions. None is in
+#: a key of torch's or guarded.
+ATEN_SWITCHES: tuple[tuple[str, object], ...] = (
+    ("math_sdp_allow_fp16_bf16_reduction", False),
+    ("fa3_sdp_enabled", False),
+    ("fa4_sdp_enabled", False),
+    ("overrideable_sdp_enabled", True),
+    ("mkldnn_enabled", True),
+    ("mkldnn_deterministic", False),
+    ("cudnn_enabled", True),
+    ("cudnn_deterministic", False),
+    ("nnpack_enabled", True),
+    ("cpu_allow_fp16_reduced_precision_reduction", False),
+    ("cublas_allow_fp16_accumulation", False),
+)
+
+
+def aten_switches_changed() -> tuple[str, ...]:
+    """``name=value`` for each of :data:`ATEN_SWITCHES` this process set away from torch's
+    default (a switch this release lacks is skipped; one that fails to read is named, so no
+    key is shared on a guess). Empty with torch's defaults, so such processes keep torch's
+    keys."""
+    import sys
+
+    c = getattr(sys.modules.get("torch"), "_C", None)
+    changed = []
+    for name, default in ATEN_SWITCHES:
+        getter = getattr(c, f"_get_{name}", None)
+        if getter is None:
+            continue
+        try:
+            value = getter()
+        except Exception:
+            changed.append(f"{name}=?")
+            continue
+        if value != default:
+            changed.append(f"{name}={value!r}")
+    return tuple(changed)
+
+
 def process_facts() -> str:
     """What Dynamo folds into a trace as constants without a guard, because one process
     never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
@@ -188,6 +232,7 @@ def process_facts() -> str:
             # the attention backends a graph's sdpa lowers to, and the dtype
             # ``torch.get_autocast_dtype`` folds into a trace (autocast off: no guard reads it)
             parts.append(f"sdp_off={','.join(sdp_backends_off())}")
+            parts.append(f"aten_switches={','.join(aten_switches_changed())}")
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

@@ -191,14 +191,17 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             if ops:  # the program's code runs while this graph traces: torch's switches too
                 ops += (("flags:torch", program_registrations.torch_flags()),)
             off = compile_settings.sdp_backends_off()
+            switches = compile_settings.aten_switches_changed()
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
-            off = ()
+            off = switches = ()
             counters["unreadable"] += 1
         if any(not name.startswith(PROCESS_WIDE) for name, _ in ops):
             _not_a_precompile_entry()
         if off:
             ops += (("sdp_backends_off", ",".join(off)),)
+        if switches:
+            ops += (("aten_switches", ",".join(switches)),)
         if ops:
             self.__dict__[FIELD] = ops
             counters["keyed_graphs"] += 1

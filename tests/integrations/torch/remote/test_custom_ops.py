@@ -283,7 +283,38 @@ def test_attention_backends_turned_off_are_in_every_graph_s_key() -> None:
         init(math_only, gm)
     assert math_only.__dict__[custom_ops.FIELD] == (
         ("sdp_backends_off", "flash,mem_efficient,cudnn"),
+        ("aten_switches", "overrideable_sdp_enabled=False"),  # a device extension's backend
     )
+
+
+def test_torchs_global_switches_an_aten_decomposition_reads_are_in_every_graph_s_key() -> None:
+    """The attention math path's reduced-precision switch (read by the C++ decomposition of
+    ``scaled_dot_product_attention`` while AOTAutograd traces) and the oneDNN path (read by
+    Inductor while it lowers) are in no key of torch's: a process that set one away from
+    torch's default keys every graph by it; back at the default, torch's key again."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    class Details:
+        def __init__(self, gm: Any) -> None:
+            self.gm = gm
+
+    init = custom_ops._wrap_details_init(Details.__init__)
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+
+    def field() -> Any:
+        made = Details.__new__(Details)
+        init(made, gm)
+        return made.__dict__.get(custom_ops.FIELD)
+
+    assert field() is None
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+    try:
+        assert field() == (("aten_switches", "math_sdp_allow_fp16_bf16_reduction=True"),)
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert field() == (("aten_switches", "mkldnn_enabled=False"),)
+    assert field() is None
 
 
 def test_a_registration_from_a_package_beside_torch_is_the_program_s(
