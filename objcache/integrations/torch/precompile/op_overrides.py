@@ -20,7 +20,11 @@ import sys
 import threading
 from typing import Any
 
-from objcache.integrations.torch.precompile import program_registrations, traced_code
+from objcache.integrations.torch.precompile import (
+    inductor_namespace,
+    program_registrations,
+    traced_code,
+)
 
 #: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
 TORCH_NAMESPACES = program_registrations.TORCH_NAMESPACES
@@ -292,7 +296,10 @@ def _named(overridden: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     values its kernels read may have changed since the registrations did)."""
     found = tuple((f"override:{name}", op_identity(name)) for name in overridden)
     return (
-        found + program_registrations.table_overrides() + program_registrations.config_callables()
+        found
+        + program_registrations.table_overrides()
+        + program_registrations.config_callables()
+        + inductor_namespace.overrides()
     )
 
 

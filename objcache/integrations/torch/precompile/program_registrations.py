@@ -27,6 +27,7 @@ from objcache.integrations.torch.precompile.traced_code import (
     is_stdlib,
     is_torchs,
     is_torchs_name,
+    value_identity,
 )
 
 #: A native library up to this size is digested whole; a larger one (a CUDA build's
@@ -37,7 +38,8 @@ NATIVE_READ_BYTES = 1 << 20
 _lock = threading.Lock()
 
 
-def _tables() -> list[tuple[str, dict[Any, Any]]]:
+def tables() -> list[tuple[str, dict[Any, Any]]]:
+    """Inductor's and AOTAutograd's decomposition and lowering tables, each with its label."""
     tables: list[tuple[str, dict[Any, Any]]] = []
     for label, module, attr in (
         ("decomposition", "torch._inductor.decomposition", "decompositions"),
@@ -111,7 +113,7 @@ def is_torchs_table(table: Any) -> bool:
     """Whether ``table`` is one of the decomposition or lowering tables :func:`_tables` reads
     (what Inductor hands AOTAutograd; their program entries are named by
     :func:`table_overrides`)."""
-    return any(table is known for _, known in _tables())
+    return any(table is known for _, known in tables())
 
 
 #: Settings modules whose entries may hold the program's callables that run while a graph
@@ -146,7 +148,7 @@ def config_callables() -> tuple[tuple[str, str], ...]:
             held = list(value) if isinstance(value, (list, tuple)) else [value]
             fns = [fn for item in held if callable(item) for fn in program_functions(item)]
             if fns:
-                named = "|".join(",".join(function_identity(fn)) for fn in fns)
+                named = "|".join(",".join(identity(fn)) for fn in fns)
                 found.append((f"config:{module_name}.{name}", named))
     return tuple(found)
 
@@ -206,7 +208,7 @@ def tables_token() -> int:
     pattern-matcher passes or a method of ``torch.Tensor`` is put, replaced or removed (a
     hash of the entries' identities, in order: 0.15 ms measured after a compile)."""
     ids: list[int] = []
-    for _, table in _tables():
+    for _, table in tables():
         ids.append(len(table))
         ids.extend(map(id, list(table.values())))
     ids.extend(map(id, list(_tensor_methods().values())))
@@ -269,7 +271,7 @@ def _pattern_passes() -> list[tuple[str, Any]]:
 _entry_memo: dict[int, tuple[Any, list[Any]]] = {}
 
 
-def _table_entry_functions(value: Any) -> list[Any]:
+def entry_functions(value: Any) -> list[Any]:
     """:func:`program_functions` of a table entry, remembered by the entry (held, so its id
     is never another's)."""
     known = _entry_memo.get(id(value))
@@ -348,7 +350,62 @@ def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) ->
     for item in held:
         if callable(item) and not isinstance(item, type):
             found.extend(program_functions(item, depth + 1, max_depth))
+        elif _holds_programs_code(item, _HELD_DEPTH):
+            # a list of torch's config objects holding the program's functions and settings
+            # (``register_custom_op_autotuning``'s ``CustomOpConfig``s): named by what it holds
+            found.append(_state(item, _HELD_DEPTH))
     return found
+
+
+#: A container or object in a closure is read up to this many items, this many levels deep
+#: (a list of config objects, each holding a function and its parameters).
+_HELD_ITEMS = 64
+_HELD_DEPTH = 2
+
+
+def _holds_programs_code(value: Any, depth: int) -> bool:
+    """Whether a container, or an object of torch's, holds the program's functions (up to
+    ``depth`` levels, :data:`_HELD_ITEMS` items each)."""
+    if depth <= 0 or isinstance(value, (str, bytes, type, types.ModuleType)):
+        return False
+    if isinstance(value, dict):
+        items: list[Any] = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif is_torchs(type(value)) and isinstance(getattr(value, "__dict__", None), dict):
+        items = list(vars(value).values())
+    else:
+        return False
+    if len(items) > _HELD_ITEMS:
+        return False
+    return any(
+        bool(program_functions(item, MAX_DEPTH))
+        if callable(item) and not isinstance(item, type)
+        else _holds_programs_code(item, depth - 1)
+        for item in items
+    )
+
+
+def _state(value: Any, depth: int) -> Any:
+    """``value`` with each of torch's objects in it replaced by what it holds (torch's
+    objects are otherwise named by their kind)."""
+    if depth <= 0:
+        return value
+    if isinstance(value, dict):
+        return {k: _state(v, depth - 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_state(v, depth - 1) for v in value]
+    if is_torchs(type(value)) and isinstance(getattr(value, "__dict__", None), dict):
+        return {"class": type(value).__qualname__, **_state(vars(value), depth - 1)}
+    return value
+
+
+def identity(value: Any) -> list[str]:
+    """A found value's identity: a function by :func:`function_identity`, what a container
+    or object holds by :func:`value_identity`."""
+    if callable(value):
+        return function_identity(value)
+    return [value_identity(value, 0)]
 
 
 def _target_name(target: Any) -> str:
@@ -366,13 +423,18 @@ def _target_name(target: Any) -> str:
 _torch_home: list[tuple[Any, str]] = []
 
 
-def in_torch(filename: str) -> bool:
+def torch_home() -> str:
+    """The folder torch was imported from, with a trailing separator."""
     torch = sys.modules.get("torch")
     known = _torch_home[0] if _torch_home else None
     if known is None or known[0] is not torch:
         home = os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent") + os.sep
         _torch_home[:] = [known := (torch, home)]
-    return filename.startswith(known[1])
+    return known[1]
+
+
+def in_torch(filename: str) -> bool:
+    return filename.startswith(torch_home())
 
 
 def pattern_overrides() -> tuple[tuple[str, str], ...]:
@@ -394,9 +456,9 @@ def table_overrides() -> tuple[tuple[str, str], ...]:
     return tuple(
         (
             label,
-            hashlib.sha256(
-                "\0".join(",".join(function_identity(fn)) for fn in fns).encode()
-            ).hexdigest()[:32],
+            hashlib.sha256("\0".join(",".join(identity(fn)) for fn in fns).encode()).hexdigest()[
+                :32
+            ],
         )
         for label, fns in _program_entries()
     )
@@ -411,9 +473,9 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
         if _entries_memo and _entries_memo[0][0] == now:
             return _entries_memo[0][1]
     found: dict[str, list[Any]] = {}
-    for label, table in _tables():
+    for label, table in tables():
         for op, fn in list(table.items()):
-            fns = _table_entry_functions(fn)  # as a pattern's: by file, scope and closure
+            fns = entry_functions(fn)  # as a pattern's: by file, scope and closure
             if fns:
                 found.setdefault(f"{label}:{op}", []).extend(fns)
     for name, matcher in _pattern_passes():
@@ -421,7 +483,7 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
             for entry in list(entries):
                 fns = []
                 for field in ("extra_check", "normalize_args", "handler"):
-                    fns.extend(_table_entry_functions(getattr(entry, field, None)))
+                    fns.extend(entry_functions(getattr(entry, field, None)))
                 if fns:
                     found.setdefault(f"pattern:{name}:{op}:{_target_name(target)}", []).extend(fns)
     with _lock:

@@ -223,6 +223,7 @@ PROCESS_WIDE = (
     "dispatch_rule:",
     "config:",
     "flags:",
+    "inductor:",
 )
 
 

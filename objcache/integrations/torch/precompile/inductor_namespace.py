@@ -1,0 +1,449 @@
+"""What the program put into Inductor's own namespace (docs/torch.md, "Custom ops in the
+keys"): a method of one of its classes replaced (``CppOverrides.exp = fast_exp``, what a
+"fast math" library does to the C++ code generator) or an entry added to one of its
+module-level registries (``register_noop_decomp``, ``register_backend_for_device``'s
+``device_custom_pass``, ``register_custom_op_autotuning``'s configs): Inductor runs it on
+every graph it compiles, no graph's ops show it and torch's keys name at most a ``uuid()``
+the program chose.
+
+Which values are the program's is found again only when :func:`token` changes (a hash of
+the identities the classes and registries hold: about 1.5 ms, computed once per frame
+compile); what each found value computes is named at every key, by
+:func:`.traced_code.value_identity`. The decomposition and lowering tables, the pattern
+passes and the settings are :mod:`.program_registrations`' (left out here).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import types
+from itertools import chain
+from operator import methodcaller
+from typing import Any
+
+from objcache.integrations.torch.precompile import program_registrations
+from objcache.integrations.torch.precompile.traced_code import (
+    is_torchs_name,
+    value_identity,
+)
+
+#: The package whose classes and registries decide the code a graph compiles to.
+PACKAGE = "torch._inductor"
+
+#: objcache's own package: its hooks on Inductor's classes are not the program's.
+OBJCACHE_HOME = (
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
+)
+
+#: Packages torch's own release depends on and imports into Inductor's namespace (sympy's
+#: classes key some of its registries): theirs are part of the release, not the program's.
+TORCH_DEPENDENCIES = frozenset(
+    {"sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock", "fsspec", "triton"}
+    | {"typing_extensions", "numpy", "setuptools", "pkg_resources", "_distutils_hack"}
+)
+
+#: How deep a registry's items are followed (a dict of the program's objects, a list of
+#: torch's config objects holding the program's functions).
+MAX_DEPTH = 2
+#: A registry is read up to this many items (Inductor's largest, past the tables read
+#: elsewhere, holds a few hundred).
+MAX_ITEMS = 4096
+
+_lock = threading.Lock()
+#: (modules loaded, class dicts, registries), found again only when a module was imported
+_layout: list[tuple[int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = []
+#: (compile id, (token, the program's values)): one frame compile's keys share one reading
+_read_memo: list[tuple[Any, tuple[int, list[tuple[str, Any]]]]] = []
+#: id of a class dict or registry -> (it, the hash of what it held, the program's values in it)
+_scanned: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
+
+
+def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
+    """The namespaces of Inductor's loaded modules (their globals and the dicts of the
+    classes they define), and their module-level containers (each once, less the tables
+    and settings read elsewhere)."""
+    loaded = len(sys.modules)
+    with _lock:
+        if _layout and _layout[0][0] == loaded:
+            return _layout[0][1], _layout[0][2]
+    skip = {id(table) for _, table in program_registrations.tables()}
+    namespaces: list[tuple[str, dict[str, Any]]] = []
+    registries: list[tuple[str, Any]] = []
+    for name, module in sorted(list(sys.modules.items())):
+        if module is None or not (name == PACKAGE or name.startswith(PACKAGE + ".")):
+            continue
+        module_dict = vars(module)
+        known = _modules.get(name)
+        if known is None or known[0] is not module or known[1] != len(module_dict):
+            known = (module, len(module_dict), *_module_layout(name, module_dict))
+            _modules[name] = known
+        namespaces.extend(known[2])
+        for where, registry in known[3]:
+            if id(registry) not in skip:
+                skip.add(id(registry))  # one registry imported under several names
+                registries.append((where, registry))
+    with _lock:
+        _layout[:] = [(loaded, namespaces, registries)]
+    return namespaces, registries
+
+
+#: module name -> (module, its globals' count, its namespaces, its containers)
+_modules: dict[str, tuple[Any, int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = {}
+
+
+def _module_layout(
+    name: str, module_dict: dict[str, Any]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
+    namespaces: list[tuple[str, dict[str, Any]]] = [(name, module_dict)]
+    registries: list[tuple[str, Any]] = []
+    containers = _CONTAINERS
+    for attr, value in list(module_dict.items()):
+        kind = type(value)
+        if kind in containers or (kind not in _LEAVES and isinstance(value, (dict, list))):
+            if attr not in _NOT_REGISTRIES:
+                registries.append((f"{name}.{attr}", value))
+        elif isinstance(value, type) and value.__module__ == name:
+            namespaces.append((f"{name}.{value.__qualname__}", value.__dict__))  # type: ignore[arg-type]
+    return namespaces, registries
+
+
+_CONTAINERS = frozenset({dict, list, tuple, set})
+#: Module globals of these kinds are neither a registry nor a class (most of a module's).
+_LEAVES = frozenset({types.FunctionType, types.ModuleType, str, int, float, bool, type(None)})
+
+#: Module globals that are no registry: Python's own, a config module's settings.
+_NOT_REGISTRIES = frozenset(
+    {"__builtins__", "__all__", "__path__", "__annotations__", "_config", "_default"}
+)
+
+
+def _ids(values: Any) -> int:
+    for _ in range(3):
+        try:
+            return hash(tuple(map(id, values)))
+        except RuntimeError:  # changed while read (another thread registering): again
+            continue
+    return hash(os.urandom(8))
+
+
+def token() -> int:
+    """What changes when a method of an Inductor class or an item of one of its registries
+    is put, replaced or removed (read once per frame compile)."""
+    return _read()[0]
+
+
+def _read() -> tuple[int, list[tuple[str, Any]]]:
+    """(the token, the program's values with where they are): each class dict and registry
+    by the identities it holds, scanned again only where those changed."""
+    compile_id = _compile_id()
+    with _lock:
+        if compile_id is not None and _read_memo and _read_memo[0][0] == compile_id:
+            return _read_memo[0][1]
+    classes, registries = _loaded()
+    overall = _overall(classes, registries)
+    with _lock:
+        last = _read_memo[0][1] if _read_memo else None
+    if last is not None and last[0] == overall:
+        with _lock:
+            _read_memo[:] = [(compile_id, last)]
+        return last  # nothing put, replaced or removed since the last reading
+    found: list[tuple[str, Any]] = []
+    seen: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
+    for where, held, scan in [
+        *((where, held, _scan_namespace) for where, held in classes),
+        *((where, held, _scan_registry) for where, held in registries),
+    ]:
+        now = hash((_ids(held), _ids(held.values()))) if isinstance(held, _MAPPINGS) else _ids(held)
+        known = _scanned.get(id(held))
+        if known is not None and known[0] is held and known[1] == now:
+            programs = known[2]
+        else:
+            programs = scan(where, held)
+        seen[id(held)] = (held, now, programs)
+        found.extend(programs)
+    result = (overall, found)
+    with _lock:
+        _scanned.clear()
+        _scanned.update(seen)
+        _read_memo[:] = [(compile_id, result)]
+    return result
+
+
+_values = methodcaller("values")
+#: A namespace is a module's dict or a class's read-only view of its own.
+_MAPPINGS = (dict, types.MappingProxyType)
+
+
+def _overall(namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]]) -> int:
+    """One hash of every identity the namespaces and registries hold, read in C (about 1 ms
+    for Inductor's 40,000 names)."""
+    dicts = [held for _, held in namespaces]
+    keyed = [held for _, held in registries if isinstance(held, dict)]
+    others = [held for _, held in registries if not isinstance(held, dict)]
+    for _ in range(3):
+        try:
+            return hash(
+                (
+                    len(sys.modules),
+                    tuple(map(len, dicts)),
+                    tuple(map(id, chain.from_iterable(map(_values, dicts)))),
+                    tuple(map(len, keyed)),
+                    tuple(map(id, chain.from_iterable(keyed))),
+                    tuple(map(id, chain.from_iterable(map(_values, keyed)))),
+                    tuple(map(len, others)),
+                    tuple(map(id, chain.from_iterable(others))),
+                )
+            )
+        except RuntimeError:  # changed while read (another thread registering): again
+            continue
+    return hash(os.urandom(8))
+
+
+def _compile_id() -> Any:
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "CompileContext", None)
+    try:
+        return context.current_compile_id() if context is not None else None
+    except Exception:
+        return None
+
+
+def overrides() -> tuple[tuple[str, str], ...]:
+    """``((f"inductor:{where}", identity), ...)`` for each value of the program's in
+    Inductor's classes and registries, named as it is now."""
+    return tuple((label, _identity(value)) for label, value in _read()[1])
+
+
+def _identity(value: Any) -> str:
+    """A found value by what it computes; torch's own function closing over the program's
+    (``register_custom_op_autotuning``'s lowering and its configs) by what it holds."""
+    if type(value) is types.FunctionType and _torch_closure(value):
+        held = program_registrations.entry_functions(value)
+        return "|".join(",".join(program_registrations.identity(item)) for item in held)
+    return value_identity(value, 0)
+
+
+def _torch_closure(fn: Any) -> bool:
+    return bool(fn.__closure__) and program_registrations.in_torch(fn.__code__.co_filename)
+
+
+def _scan_namespace(where: str, namespace: Any) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = []
+    home = program_registrations.torch_home()
+    function, skipped = types.FunctionType, _SKIPPED_MEMBERS
+    for attr, value in list(namespace.items()):
+        # the common cases decided here: torch's own methods, functions and classes
+        kind = type(value)
+        if kind in skipped:
+            continue
+        if kind is staticmethod or kind is classmethod:
+            value, kind = value.__func__, type(value.__func__)
+        if kind is function:
+            if value.__code__.co_filename.startswith(home):
+                continue
+            module = value.__module__
+            if isinstance(module, str) and _releases(module):
+                continue  # another module's function, or generated by its maker's name
+        elif isinstance(value, type):
+            if _released(value):
+                continue
+        elif kind is not property and not callable(value):
+            continue  # a logger, a pattern, a symbol: data
+        elif _released(kind) and kind not in _WRAPPERS and _own_attr(value, "__wrapped__") is None:
+            continue  # torch's or a dependency's callable object (a sympy function, a JIT kernel)
+        if isinstance(value, type) or _programs_member(namespace[attr], attr):
+            found.append((f"inductor:{where}.{attr}", namespace[attr]))
+    return found
+
+
+#: Callables of Python's own that wrap another callable (followed to it).
+_WRAPPERS = frozenset({functools.partial, types.MethodType})
+
+
+def _scan_registry(where: str, registry: Any) -> list[tuple[str, Any]]:
+    return [(f"inductor:{label}", value) for label, value in _items(registry, where, 0)]
+
+
+def _programs_member(value: Any, attr: str = "") -> bool:
+    """Whether a class attribute is the program's code (a method, static or class method,
+    a property's accessors, a callable object)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return any(_programs_code(f, attr) for f in (value.fget, value.fset, value.fdel) if f)
+    return _programs_code(value, attr)
+
+
+def _programs_code(value: Any, attr: str = "", depth: int = 0) -> bool:
+    """Whether ``value`` is, or wraps, a function of the program's. Code generated without
+    a module (``exec`` into an empty namespace, as torch makes its ops handlers' methods) is
+    torch's where it sits under the name it was generated with."""
+    if type(value) is types.FunctionType:
+        code = value.__code__
+        if program_registrations.in_torch(code.co_filename) or code.co_filename.startswith(
+            OBJCACHE_HOME
+        ):
+            return False  # torch's, or objcache's own hooks (which key what they wrap)
+        made_by = value.__globals__.get("__name__")
+        if code.co_filename.startswith("<"):
+            if isinstance(made_by, str):
+                # generated (a dataclass's methods, a namedtuple's ``__new__``): by its maker
+                return not (made_by.startswith("namedtuple_") or _releases(made_by))
+            wrapped = _own_attr(value, "__wrapped__")  # torch's generated cache wrappers
+            if wrapped is not None and wrapped is not value and depth <= 2:
+                return _programs_code(wrapped, attr, depth + 1)
+            return code.co_name != attr
+        return not _releases(getattr(value, "__module__", None) or "")
+    if depth > 2 or value is None or isinstance(value, (str, bytes, int, float, type)):
+        return False
+    if isinstance(value, functools.partial):
+        held = [value.func, *value.args, *value.keywords.values()]
+        return any(_programs_code(item, "", depth + 1) for item in held if callable(item))
+    wrapped = _own_attr(value, "__wrapped__")  # functools.cache, lru_cache, wraps
+    if wrapped is not None and wrapped is not value:
+        return _programs_code(wrapped, attr, depth + 1)
+    if isinstance(value, types.MethodType):
+        fn, owner = value.__func__, type(value.__self__)
+        if _released(owner) and any(
+            vars(cls).get(getattr(fn, "__name__", "")) is fn for cls in owner.__mro__
+        ):
+            return False  # a method of torch's class (``ops.add``): judged with its class
+        return _programs_code(fn, attr, depth + 1)
+    # a callable object of the program's
+    return callable(value) and not _releases(type(value).__module__)
+
+
+def _own_attr(value: Any, name: str) -> Any:
+    """``value.<name>`` where the object has it, never through a ``__getattr__`` (an ops
+    handler's warns and makes up an op for any name)."""
+    try:
+        return object.__getattribute__(value, name)
+    except Exception:
+        return None
+
+
+#: module name -> whether it comes with torch's release
+_released_modules: dict[str, bool] = {}
+
+
+def _releases(module: str) -> bool:
+    """Whether code of ``module`` comes with torch's release (torch, Python, a package torch
+    depends on)."""
+    known = _released_modules.get(module)
+    if known is None:
+        known = _released_modules[module] = _releases_uncached(module)
+    return known
+
+
+def _releases_uncached(module: str) -> bool:
+    top = module.split(".", 1)[0]
+    return is_torchs_name(module) or top in sys.stdlib_module_names or top in TORCH_DEPENDENCIES
+
+
+#: Class attributes that are never code (plain data, nested classes, descriptors of C).
+_SKIPPED_MEMBERS = frozenset(
+    {str, bytes, int, float, bool, complex, type(None), type, dict, tuple, list, frozenset}
+    | {set, types.ModuleType}
+    | {types.GetSetDescriptorType, types.MemberDescriptorType, types.WrapperDescriptorType}
+    | {types.BuiltinFunctionType, types.MethodDescriptorType}
+)
+#: Values never followed: plain data.
+_PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
+#: class -> whether it comes with torch's release (a class's module never changes)
+_released_classes: dict[type, bool] = {}
+
+
+def _released(cls: type) -> bool:
+    known = _released_classes.get(cls)
+    if known is None:
+        known = _releases(str(getattr(cls, "__module__", "") or ""))
+        if len(_released_classes) > 65_536:
+            _released_classes.clear()
+        _released_classes[cls] = known
+    return known
+
+
+def _children(value: Any) -> list[tuple[Any, Any]] | None:
+    """``(key, item)`` for what a container or an object of torch's holds; None for a
+    value not followed."""
+    if isinstance(value, dict):
+        return list(value.items())[:MAX_ITEMS]
+    if isinstance(value, (list, tuple)):
+        return list(enumerate(value))[:MAX_ITEMS]
+    if isinstance(value, (set, frozenset)):
+        return [("*", item) for item in list(value)[:MAX_ITEMS]]
+    held = _own_attr(value, "__dict__")
+    if isinstance(held, dict) and not isinstance(value, (type, types.ModuleType)):
+        # torch's own object holding the program's (a backend's DeviceCodegen, an
+        # autotuning CustomOpConfig with its decomposition)
+        return [(f".{k}", v) for k, v in list(held.items())[:MAX_ITEMS]]
+    return None
+
+
+def _holds(value: Any, depth: int) -> bool:
+    """Whether ``value`` is or holds (to :data:`MAX_DEPTH`) the program's code: the quick
+    pass over every registry, without naming where."""
+    if type(value) in _PLAIN:
+        return False
+    if _programs_thing(value):
+        return True
+    if depth >= MAX_DEPTH:
+        return False
+    children = _children(value)
+    if not children:
+        return False
+    keyed = isinstance(value, dict)
+    return any(
+        (keyed and type(key) not in _PLAIN and _programs_thing(key)) or _holds(item, depth + 1)
+        for key, item in children
+    )
+
+
+def _items(value: Any, where: str, depth: int) -> list[tuple[str, Any]]:
+    """The program's functions, classes and objects ``value`` holds, each with where (only
+    for a value :func:`_holds` found something in)."""
+    if not _holds(value, depth):
+        return []
+    if depth > 0 and _programs_thing(value):
+        return [(where, value)]
+    keyed = isinstance(value, dict)
+    found: list[tuple[str, Any]] = []
+    for key, item in _children(value) or ():
+        label = (
+            f"{where}{key}"
+            if isinstance(key, str) and key.startswith(".")
+            else (f"{where}[{_key_name(key)}]")
+        )
+        if keyed and type(key) not in _PLAIN and _programs_thing(key):
+            found.append((f"{label}:key", key))
+        found.extend(_items(item, label, depth + 1))
+    return found
+
+
+def _programs_thing(value: Any) -> bool:
+    """A function, class or object of the program's (not torch's release's)."""
+    if isinstance(value, type):
+        return not _released(value)
+    if type(value) is types.FunctionType and _torch_closure(value):
+        # torch's function made around the program's (an autotuning lowering over configs),
+        # remembered by the function (torch's decompositions sit in several registries)
+        return bool(program_registrations.entry_functions(value))
+    if type(value) is types.FunctionType or isinstance(value, (staticmethod, classmethod)):
+        return _programs_member(value)
+    if isinstance(value, (types.ModuleType, types.BuiltinFunctionType)):
+        return False
+    if isinstance(value, types.MethodType):
+        return _programs_code(value)
+    if _released(type(value)):
+        return callable(value) and _programs_code(value)  # a partial of the program's
+    return True  # an object of a class of the program's
+
+
+def _key_name(key: Any) -> str:
+    if isinstance(key, (str, int)):
+        return str(key)
+    name = _own_attr(key, "__qualname__") or _own_attr(key, "__name__")
+    return str(name) if isinstance(name, str) else type(key).__name__

@@ -1,0 +1,160 @@
+"""What the program put into Inductor's own namespace (docs/torch.md, "Custom ops in the
+keys"): a method of its code generator replaced, an entry in one of its registries, a
+config object holding the program's function in the closure of one of torch's lowerings.
+Each is named, so another implementation is another key; torch's own are not."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import pytest
+
+from objcache.integrations.torch.precompile import inductor_namespace, program_registrations
+from objcache.integrations.torch.remote import custom_ops
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _inductor_loaded() -> None:
+    """Inductor's modules as a compile leaves them (its code generators are imported)."""
+    import torch._inductor.codegen.cpp
+    import torch._inductor.decomposition
+    import torch._inductor.lowering  # noqa: F401
+
+
+def _fresh() -> tuple[tuple[str, str], ...]:
+    inductor_namespace._read_memo.clear()  # another frame compile
+    return inductor_namespace.overrides()
+
+
+def test_torch_s_own_namespace_names_nothing() -> None:
+    """With no program change, nothing: every graph keeps torch's key."""
+    assert _fresh() == ()
+
+
+def test_a_replaced_method_of_the_code_generator_is_named_by_its_code() -> None:
+    """``CppOverrides.exp = fast_exp`` (a "fast math" library): the generated C++ differs, no
+    graph's ops or torch's keys show it. Named while in place, by what it computes."""
+    from torch._inductor.codegen.cpp import CppOverrides
+
+    original = CppOverrides.__dict__["exp"]
+    scale = {"value": "0.5"}
+
+    def fast_exp(x: Any) -> str:
+        return f"(1 + {x} + {x}*{x}*{scale['value']})"
+
+    try:
+        CppOverrides.exp = staticmethod(fast_exp)  # type: ignore[method-assign,assignment]
+        named = dict(_fresh())
+        label = "inductor:torch._inductor.codegen.cpp.CppOverrides.exp"
+        assert list(named) == [label]
+        scale["value"] = "0.25"  # what the function reads changed: another identity
+        assert dict(_fresh())[label] != named[label]
+        # in every graph's key, a graph of torch's ops alone included
+        gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.exp(x) + 1)
+        assert label in dict(custom_ops.graph_identity(gm))
+    finally:
+        CppOverrides.exp = original  # type: ignore[method-assign]
+    assert _fresh() == ()
+
+
+def test_an_entry_in_one_of_inductor_s_registries_is_named() -> None:
+    """``register_noop_decomp`` and the like keep the program's function in a module-level
+    dict of Inductor's: named by where it sits and what it computes."""
+    from torch._inductor.fx_passes import post_grad
+
+    registry = post_grad.noop_registry
+    op = torch.ops.aten.mul.Tensor
+
+    def never_a_noop(x: Any, y: Any) -> bool:
+        return os.environ.get("OBJCACHE_TEST_NOOP") == "1"
+
+    had = op in registry
+    before = registry.get(op)
+    try:
+        registry[op] = never_a_noop
+        named = dict(_fresh())
+        assert len(named) == 1
+        (label,) = named
+        assert label.startswith("inductor:torch._inductor.fx_passes.post_grad.noop_registry[")
+    finally:
+        if had:
+            registry[op] = before
+        else:
+            registry.pop(op, None)
+    assert _fresh() == ()
+
+
+def test_torch_s_object_holding_the_program_s_function_is_named_with_its_settings() -> None:
+    """A registry item that is one of torch's objects (a backend's ``DeviceCodegen``, an
+    autotuning config) holding the program's function: followed to it."""
+    from torch._inductor.fx_passes import post_grad
+
+    class Holder:  # stands for one of torch's config objects
+        __module__ = "torch._inductor.kernel.custom_op"
+
+        def __init__(self, fn: Any, factor: float) -> None:
+            self.decomposition = fn
+            self.factor = factor
+
+    def decomposition(x: Any) -> Any:
+        return x * 2
+
+    registry = post_grad.noop_registry
+    key = "objcache-test-holder"
+    try:
+        registry[key] = Holder(decomposition, 2.0)  # type: ignore[index]
+        named = dict(_fresh())
+        assert list(named) == [
+            "inductor:torch._inductor.fx_passes.post_grad.noop_registry"
+            "[objcache-test-holder].decomposition"
+        ]
+    finally:
+        registry.pop(key, None)  # type: ignore[call-overload]
+    assert _fresh() == ()
+
+
+def test_a_lowering_closing_over_config_objects_names_their_functions_and_settings() -> None:
+    """``register_custom_op_autotuning`` puts torch's own wrapper in the lowering table, its
+    closure holding a list of config objects with the program's decomposition and
+    parameters: the table entry is named by them (another factor: another identity)."""
+
+    class Config:  # stands for torch's CustomOpConfig
+        __module__ = "torch._inductor.kernel.custom_op"
+
+        def __init__(self, fn: Any, **params: Any) -> None:
+            self.decomposition = fn
+            self.params = params
+
+    def decomposition(x: Any, factor: float) -> Any:
+        return x * factor
+
+    def wrapper_of(configs: list[Any]) -> Any:
+        def lowering(*args: Any) -> Any:
+            return configs
+
+        lowering.__code__ = lowering.__code__.replace(
+            co_filename=os.path.join(program_registrations.torch_home(), "_inductor", "x.py")
+        )
+        return lowering
+
+    two = program_registrations.program_functions(wrapper_of([Config(decomposition, factor=2)]))
+    three = program_registrations.program_functions(wrapper_of([Config(decomposition, factor=3)]))
+    assert len(two) == len(three) == 1
+    assert program_registrations.identity(two[0]) != program_registrations.identity(three[0])
+    assert program_registrations.program_functions(wrapper_of([1, 2])) == []
+
+
+def test_a_cached_method_and_a_generated_one_of_torch_s_are_torch_s() -> None:
+    """torch's ``functools.cache`` methods and the methods it generates with ``exec`` (its
+    ops handlers') are not mistaken for the program's; a method generated under another
+    name than its slot's is."""
+    fn = functools.lru_cache(torch.nn.functional.relu)
+    assert not inductor_namespace._programs_code(fn, "relu")
+    namespace: dict[str, Any] = {}
+    exec("def add(self, a, b):\n    return a + b\n", namespace)
+    assert not inductor_namespace._programs_code(namespace["add"], "add")
+    assert inductor_namespace._programs_code(namespace["add"], "exp")
