@@ -44,6 +44,7 @@ from objcache.integrations.torch.precompile.op_overrides import (
     record_kernel,
     torch_overrides,
 )
+from objcache.integrations.torch.remote import graph_facts
 
 counters: Counter[str] = Counter()
 
@@ -192,9 +193,10 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
                 ops += (("flags:torch", program_registrations.torch_flags()),)
             off = compile_settings.sdp_backends_off()
             switches = compile_settings.aten_switches_changed()
+            facts = graph_facts.facts(gm, args[0] if args else kwargs.get("example_inputs"))
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
-            off = switches = ()
+            off = switches = facts = ()
             counters["unreadable"] += 1
         if any(not name.startswith(PROCESS_WIDE) for name, _ in ops):
             _not_a_precompile_entry()
@@ -202,6 +204,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             ops += (("sdp_backends_off", ",".join(off)),)
         if switches:
             ops += (("aten_switches", ",".join(switches)),)
+        ops += facts
         if ops:
             self.__dict__[FIELD] = ops
             counters["keyed_graphs"] += 1

@@ -1,0 +1,107 @@
+"""Facts about a graph's own values that decide its compiled code and that torch's keys leave
+out (docs/torch.md, "What a served entry depends on"):
+
+* **a frozen parameter Inductor writes into the code as a literal**: with
+  ``torch._inductor.config.freezing``, Inductor turns every 0-d constant into a number in the
+  generated kernel (``GraphLowering.get_attr``), while torch's FX key names a frozen
+  parameter by its values only where ``can_inline_constant`` says so (1-D, at most 8
+  elements); a 0-d one (a temperature, CLIP's ``logit_scale``, a folded ``weight.sum()``)
+  by its shape alone, so another checkpoint's machine was served the writer's number;
+* **which inputs share memory**: AOTAutograd compiles a function whose inputs overlap (two
+  views of one tensor, one of them mutated) to another graph (a synthetic base), but its key
+  pickles each input's own metadata, never which inputs share a storage, so a first call
+  with overlapping views was served the graph compiled for separate tensors.
+
+Each is empty for a graph without such values, so those keep torch's keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Any
+
+#: Frozen scalars are named up to this many per graph (more: by a digest of all).
+MAX_NAMED = 64
+
+
+def facts(gm: Any, example_inputs: Any) -> tuple[tuple[str, str], ...]:
+    """``(("frozen_scalars", ...), ("input_aliasing", ...))``, each only where present."""
+    found: list[tuple[str, str]] = []
+    scalars = frozen_scalars(gm)
+    if scalars:
+        found.append(("frozen_scalars", scalars))
+    aliasing = input_aliasing(example_inputs)
+    if aliasing:
+        found.append(("input_aliasing", aliasing))
+    return tuple(found)
+
+
+def frozen_scalars(gm: Any) -> str:
+    """The values of the 0-d frozen parameters ``gm`` reads (Inductor inlines them)."""
+    freezing_utils = sys.modules.get("torch._inductor.freezing_utils")
+    is_frozen = getattr(freezing_utils, "is_frozen_param", None)
+    graph = getattr(gm, "graph", None)
+    if is_frozen is None or graph is None:
+        return ""
+    named: list[str] = []
+    for node in graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value: Any = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        shape = getattr(value, "shape", None)
+        if shape is None or len(shape) != 0 or not is_frozen(value):
+            continue
+        named.append(f"{node.target}={value.item()!r}:{value.dtype}")
+    if len(named) > MAX_NAMED:
+        return "sha256:" + hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
+    return ",".join(named)
+
+
+def input_aliasing(example_inputs: Any) -> str:
+    """Which tensor inputs share a storage, and whether their memory overlaps: ``0~2``
+    (inputs 0 and 2 overlap), ``1=3`` (same storage, apart); empty where none share."""
+    if not isinstance(example_inputs, (list, tuple)):
+        return ""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    by_storage: dict[Any, list[tuple[int, Any]]] = {}
+    for i, value in enumerate(example_inputs):
+        if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
+            continue
+        try:
+            storage = value.untyped_storage()
+        except Exception:  # a tensor without storage (a subclass, a functional wrapper)
+            continue
+        by_storage.setdefault(storage._cdata, []).append((i, value))
+    pairs: list[str] = []
+    for group in by_storage.values():
+        for a in range(len(group)):
+            for b in range(a + 1, len(group)):
+                (i, x), (j, y) = group[a], group[b]
+                pairs.append(f"{i}{'~' if _overlap(x, y) else '='}{j}")
+    return ",".join(pairs)
+
+
+def _overlap(x: Any, y: Any) -> bool:
+    """Whether two tensors of one storage may touch the same element (by their extents;
+    symbolic sizes, never read as numbers here, count as touching)."""
+    ex, ey = _extent(x), _extent(y)
+    if ex is None or ey is None:
+        return True
+    return ex[0] < ey[1] and ey[0] < ex[1] and ex[0] < ex[1] and ey[0] < ey[1]
+
+
+def _extent(t: Any) -> tuple[int, int] | None:
+    sizes, strides, start = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if not all(type(v) is int for v in (*sizes, *strides, start)):
+        return None  # a symbolic size: reading it would specialise the trace
+    if 0 in sizes:
+        return (start, start)
+    return (
+        start,
+        start + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True)) + 1,
+    )

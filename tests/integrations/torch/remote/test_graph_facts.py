@@ -1,0 +1,70 @@
+"""Facts about a graph's own values that torch's keys leave out (docs/torch.md, "What a
+served entry depends on"): the 0-d frozen parameters Inductor writes into the code, and which
+inputs share memory. Each keys the graph where present and is absent otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from objcache.integrations.torch.remote import custom_ops, graph_facts
+
+torch = pytest.importorskip("torch")
+
+
+class Details:
+    def __init__(self, gm: Any, example_inputs: Any) -> None:
+        self.gm = gm
+
+
+def _field(gm: Any, inputs: Any) -> Any:
+    init = custom_ops._wrap_details_init(Details.__init__)
+    made = Details.__new__(Details)
+    init(made, gm, inputs)
+    return made.__dict__.get(custom_ops.FIELD)
+
+
+def _frozen_graph(temperature: float) -> Any:
+    import torch._inductor.freezing_utils  # what objcache reads it through
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.temperature = torch.nn.Parameter(torch.tensor(temperature))
+            self.weight = torch.nn.Parameter(torch.ones(16))
+
+        def forward(self, x: Any) -> Any:
+            return x * self.weight / self.temperature
+
+    gm = torch.fx.symbolic_trace(M())
+    for value in (gm.temperature, gm.weight):
+        value._is_frozen_param = True  # what freezing marks
+    return gm
+
+
+def test_a_frozen_scalar_inductor_inlines_is_named_by_its_value() -> None:
+    """Another checkpoint's temperature is another key (torch names a 0-d frozen parameter by
+    its shape alone); the 16-element weight stays a buffer the reader loads, unnamed."""
+    x = torch.ones(16)
+    one, two = _field(_frozen_graph(0.5), [x]), _field(_frozen_graph(0.75), [x])
+    assert one == (("frozen_scalars", "temperature=0.5:torch.float32"),)
+    assert two == (("frozen_scalars", "temperature=0.75:torch.float32"),)
+    unfrozen = _frozen_graph(0.5)
+    del unfrozen.temperature._is_frozen_param  # not frozen: torch keys it by value itself
+    assert _field(unfrozen, [x]) is None
+
+
+def test_inputs_sharing_memory_are_in_the_key() -> None:
+    """Overlapping views (AOTAutograd compiles them to another graph), views of one storage
+    apart, and separate tensors (torch's key alone) are three keys."""
+    gm = torch.fx.symbolic_trace(lambda a, b: a * 2 + b)
+    base = torch.randn(9)
+    overlapping = _field(gm, [base[:8], base[1:]])
+    apart = _field(gm, [base[:4], base[5:]])
+    separate = _field(gm, [torch.randn(8), torch.randn(8)])
+    assert overlapping == (("input_aliasing", "0~1"),)
+    assert apart == (("input_aliasing", "0=1"),)
+    assert separate is None
+    same = torch.randn(4)
+    assert graph_facts.input_aliasing([same, 1, same.t()]) == "0~2"
