@@ -20,7 +20,9 @@ this process alone: a miss on every other machine, never another machine's resul
 from __future__ import annotations
 
 import _threading_local
+import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import datetime
@@ -31,8 +33,12 @@ import fractions
 import functools
 import hashlib
 import importlib.util
+import io
+import logging
 import operator
 import os
+import socket
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -154,6 +160,23 @@ _STDLIB_VALUES: tuple[type, ...] = (
     operator.attrgetter,
     operator.itemgetter,
 )
+#: Python's own objects that hold no setting a kernel computes from: named by their kind.
+_HOLDS_NO_SETTING: tuple[type, ...] = (
+    logging.Logger,
+    logging.LoggerAdapter,
+    logging.Handler,
+    threading.Thread,
+    type(threading.Lock()),
+    type(threading.RLock()),
+    threading.Condition,
+    threading.Semaphore,
+    io.IOBase,
+    socket.socket,
+    concurrent.futures.Executor,
+    subprocess.Popen,
+    asyncio.AbstractEventLoop,
+)
+
 _SETTINGS_CLASSES = frozenset(
     {
         "types.SimpleNamespace",
@@ -422,12 +445,23 @@ def _code_chain(fn: Any, names: list[str], scope: Any) -> Iterator[str]:
 _SUBMODULE_DEPTH = 3
 
 
+#: What code reading ``sys`` may compute from (never ``sys.modules`` or ``sys.path``: those
+#: name this process's imports and folders, not a setting).
+_SYS_FACTS = frozenset(
+    {"argv", "orig_argv", "flags", "platform", "byteorder", "maxsize", "version_info"}
+)
+
+
 def _read_through(value: Any, names: list[str], depth: int = 0) -> Iterator[tuple[str, Any]]:
     """What code reading ``value`` may read through it where it is a module of the
     program's (``cfg.SCALE``, ``helpers.scale(x)``, a submodule ``pkg.cfg.SCALE``): the
     values under the names the code reads, never a lazy module's import; and the module's
     ``__getattr__`` (PEP 562), which computes the names it does not hold (a settings module
     reading the environment)."""
+    if value is sys:
+        # the interpreter's facts a program branches on (``"--fast" in sys.argv``)
+        yield from ((attr, getattr(sys, attr)) for attr in names if attr in _SYS_FACTS)
+        return
     if not isinstance(value, types.ModuleType) or is_torchs(value) or is_stdlib(value):
         return
     held = vars(value)
@@ -751,7 +785,7 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
             printed = "0x"
         return f"{kind}:{printed}" if "0x" not in printed and len(printed) <= 512 else kind
     if is_stdlib(value) and kind not in _SETTINGS_CLASSES:
-        return kind  # a logger, a lock, a file: Python's own
+        return _stdlib_identity(value, kind, depth)
     if depth > MAX_DEPTH:
         is_module = module_type is not None and isinstance(value, module_type)
         return kind if is_module else _settings_chain(value, kind)
@@ -769,7 +803,53 @@ def _object_identity(value: Any, depth: int = MAX_DEPTH + 1) -> str:
     for name in _slots(type(value)):
         if hasattr(value, name):
             parts.append(f"{name}={value_identity(getattr(value, name), depth + 1)}")
+    buffer = _buffer_digest(value)  # a ``ctypes.Structure`` of the program's: its fields
+    if buffer is not None:
+        parts.append(buffer)
     return ";".join(parts)
+
+
+def _stdlib_identity(value: Any, kind: str, depth: int) -> str:
+    """An object of Python's own not named above: what it holds, where that can be read
+    (its bytes: ``array.array``, a ``ctypes`` value, a ``multiprocessing.Value``; what it
+    prints; its attributes: ``UserDict``, ``threading.Event``), by its kind where it holds no
+    setting (a logger, a lock, a file, a thread), else by this process alone."""
+    if isinstance(value, _HOLDS_NO_SETTING):
+        return kind
+    buffer = _buffer_digest(value)
+    if buffer is not None:
+        return f"{kind}:{buffer}"
+    try:
+        printed = repr(value)
+    except Exception:
+        printed = "0x"
+    if "0x" not in printed and len(printed) <= 512 and "<" not in printed:
+        return f"{kind}:{printed}"  # ``repeat(2.0)``, ``re.compile('a+')``
+    held = getattr(value, "__dict__", None)
+    if isinstance(held, dict) and len(held) <= MAX_ITEMS and depth <= MAX_DEPTH:
+        return ";".join(
+            [kind]
+            + [
+                f"{name}={value_identity(item, depth + 1)}"
+                for name, item in sorted(held.items(), key=lambda kv: str(kv[0]))
+            ]
+        )
+    return UNIDENTIFIED
+
+
+def _buffer_digest(value: Any) -> str | None:
+    """The bytes an object exposes through the buffer protocol, by digest (None where it
+    has none); past :data:`MAX_ARRAY_BYTES`, this process alone."""
+    if isinstance(value, (bytes, str)):
+        return None
+    try:
+        view = memoryview(value)
+    except Exception:
+        return None
+    with view:
+        if view.nbytes > MAX_ARRAY_BYTES:
+            return UNIDENTIFIED
+        return "bytes:" + hashlib.sha256(view.tobytes()).hexdigest()[:32]
 
 
 def _settings_chain(value: Any, kind: str) -> str:

@@ -138,6 +138,56 @@ def test_python_s_own_objects_are_named_by_their_kind() -> None:
         logger.handlers.clear()
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: __import__("array").array("d", [v]),
+        lambda v: __import__("collections").UserDict(scale=v),
+        lambda v: __import__("collections").UserList([v]),
+        lambda v: __import__("ctypes").c_double(v),
+        lambda v: __import__("itertools").repeat(v),
+        lambda v: __import__("multiprocessing").Value("d", v, lock=False),
+    ],
+    ids=["array", "UserDict", "UserList", "ctypes", "repeat", "multiprocessing.Value"],
+)
+def test_python_s_own_holders_of_a_setting_are_named_by_what_they_hold(make: Any) -> None:
+    """A holder of Python's own (its bytes, what it prints, its attributes): another
+    setting is another identity, the same setting the same one."""
+    assert traced_code.value_identity(make(2.0), 0) == traced_code.value_identity(make(2.0), 0)
+    assert traced_code.value_identity(make(2.0), 0) != traced_code.value_identity(make(3.0), 0)
+
+
+def test_an_unknown_holder_of_python_s_is_of_this_process_alone_a_known_one_by_kind() -> None:
+    """An event set or not is two identities; an object of Python's that shows nothing of
+    what it holds is named by this process alone (a miss elsewhere, never a shared key);
+    a lock or a thread hold no setting and keep one identity."""
+    import threading
+
+    on, off = threading.Event(), threading.Event()
+    on.set()
+    assert traced_code.value_identity(on, 0) != traced_code.value_identity(off, 0)
+    opaque = __import__("select").epoll()
+    try:
+        assert traced_code.value_identity(opaque, 0) == traced_code.UNIDENTIFIED
+    finally:
+        opaque.close()
+    lock = threading.Lock()
+    assert traced_code.value_identity(lock, 0) == traced_code.value_identity(threading.Lock(), 0)
+
+
+def test_the_command_line_a_kernel_reads_is_in_its_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``"--fast" in sys.argv``: the interpreter's arguments, by value."""
+    import sys
+
+    kernel = kernel_reading("x * (3.0 if '--fast' in sys.argv else 2.0)", sys=sys)
+    monkeypatch.setattr(sys, "argv", ["prog"])
+    plain = identity(kernel)
+    monkeypatch.setattr(sys, "argv", ["prog", "--fast"])
+    assert identity(kernel) != plain
+
+
 def test_a_default_bound_at_definition_is_in_its_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     """``def kernel(x, s=float(os.environ["S"]))``: the setting is the function's default."""
     seen = []
