@@ -34,9 +34,7 @@ from objcache.integrations.torch.precompile.traced_code import (
 PACKAGE = "torch._inductor"
 
 #: objcache's own package: its hooks on Inductor's classes are not the program's.
-OBJCACHE_HOME = (
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
-)
+OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
 #: Packages torch's own release depends on and imports into Inductor's namespace (sympy's
 #: classes key some of its registries): theirs are part of the release, not the program's.
@@ -284,7 +282,7 @@ def _programs_code(value: Any, attr: str = "", depth: int = 0) -> bool:
     if type(value) is types.FunctionType:
         code = value.__code__
         if program_registrations.in_torch(code.co_filename) or code.co_filename.startswith(
-            OBJCACHE_HOME
+            OWN_FOLDER
         ):
             return False  # torch's, or objcache's own hooks (which key what they wrap)
         made_by = value.__globals__.get("__name__")
@@ -340,7 +338,15 @@ def _releases(module: str) -> bool:
 
 def _releases_uncached(module: str) -> bool:
     top = module.split(".", 1)[0]
-    return is_torchs_name(module) or top in sys.stdlib_module_names or top in TORCH_DEPENDENCIES
+    return (
+        is_torchs_name(module)
+        or top in sys.stdlib_module_names
+        or top in TORCH_DEPENDENCIES
+        or top == OWN_PACKAGE  # objcache's own classes in torch's place (its hooks)
+    )
+
+
+OWN_PACKAGE = __name__.split(".", 1)[0]
 
 
 #: Class attributes that are never code (plain data, nested classes, descriptors of C).
