@@ -33,6 +33,10 @@ from objcache.integrations.torch.precompile.traced_code import (
 #: The package whose classes and registries decide the code a graph compiles to.
 PACKAGE = "torch._inductor"
 
+#: The modules Inductor makes of the code it compiled (``compile_tasks.<key>``), loaded from
+#: its cache: the output, not the code generator, and one more per kernel.
+COMPILED_MODULES = "torch._inductor.runtime.compile_tasks."
+
 #: objcache's own package: its hooks on Inductor's classes are not the program's.
 OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
@@ -73,6 +77,8 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
     for name, module in sorted(list(sys.modules.items())):
         if module is None or not (name == PACKAGE or name.startswith(PACKAGE + ".")):
             continue
+        if name.startswith(COMPILED_MODULES):
+            continue  # a compiled graph's own code (one per kernel), not the compiler's
         module_dict = vars(module)
         known = _modules.get(name)
         if known is None or known[0] is not module or known[1] != len(module_dict):
@@ -154,7 +160,8 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
         *((where, held, _scan_namespace) for where, held in classes),
         *((where, held, _scan_registry) for where, held in registries),
     ]:
-        now = hash((_ids(held), _ids(held.values()))) if isinstance(held, _MAPPINGS) else _ids(held)
+        # a mapping by its values in order (a key added, removed or re-pointed moves them)
+        now = _ids(held.values()) if isinstance(held, _MAPPINGS) else _ids(held)
         known = _scanned.get(id(held))
         if known is not None and known[0] is held and known[1] == now:
             programs = known[2]
