@@ -6,11 +6,12 @@ module-level registries (``register_noop_decomp``, ``register_backend_for_device
 every graph it compiles, no graph's ops show it and torch's keys name at most a ``uuid()``
 the program chose.
 
-Which values are the program's is found again only when :func:`token` changes (a hash of
-the identities the classes and registries hold: about 1.5 ms, computed once per frame
-compile); what each found value computes is named at every key, by
-:func:`.traced_code.value_identity`. The decomposition and lowering tables, the pattern
-passes and the settings are :mod:`.program_registrations`' (left out here).
+Which values are the program's is found again only when a hash of the identities the
+classes and registries hold changes (one C-level pass, read once per frame compile; only
+the dicts whose identities moved are scanned again); what each found value computes is
+named at every key, by :func:`.traced_code.value_identity`. The decomposition and
+lowering tables, the pattern passes and the settings are :mod:`.program_registrations`'
+(left out here).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Callable
 from itertools import chain
 from operator import methodcaller
 from typing import Any
@@ -125,18 +127,18 @@ _NOT_REGISTRIES = frozenset(
 
 
 def _ids(values: Any) -> int:
+    return _stable_hash(lambda: tuple(map(id, values)))
+
+
+def _stable_hash(read: Callable[[], Any]) -> int:
+    """``hash(read())``, read again where a dict changed while read (another thread
+    registering); past three tries, a hash that matches no earlier one (a rescan)."""
     for _ in range(3):
         try:
-            return hash(tuple(map(id, values)))
-        except RuntimeError:  # changed while read (another thread registering): again
+            return hash(read())
+        except RuntimeError:
             continue
     return hash(os.urandom(8))
-
-
-def token() -> int:
-    """What changes when a method of an Inductor class or an item of one of its registries
-    is put, replaced or removed (read once per frame compile)."""
-    return _read()[0]
 
 
 def _read() -> tuple[int, list[tuple[str, Any]]]:
@@ -188,23 +190,18 @@ def _overall(namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]
     dicts = [held for _, held in namespaces]
     keyed = [held for _, held in registries if isinstance(held, dict)]
     others = [held for _, held in registries if not isinstance(held, dict)]
-    for _ in range(3):
-        try:
-            return hash(
-                (
-                    len(sys.modules),
-                    tuple(map(len, dicts)),
-                    tuple(map(id, chain.from_iterable(map(_values, dicts)))),
-                    tuple(map(len, keyed)),
-                    tuple(map(id, chain.from_iterable(keyed))),
-                    tuple(map(id, chain.from_iterable(map(_values, keyed)))),
-                    tuple(map(len, others)),
-                    tuple(map(id, chain.from_iterable(others))),
-                )
-            )
-        except RuntimeError:  # changed while read (another thread registering): again
-            continue
-    return hash(os.urandom(8))
+    return _stable_hash(
+        lambda: (
+            len(sys.modules),
+            tuple(map(len, dicts)),
+            tuple(map(id, chain.from_iterable(map(_values, dicts)))),
+            tuple(map(len, keyed)),
+            tuple(map(id, chain.from_iterable(keyed))),
+            tuple(map(id, chain.from_iterable(map(_values, keyed)))),
+            tuple(map(len, others)),
+            tuple(map(id, chain.from_iterable(others))),
+        )
+    )
 
 
 def _compile_id() -> Any:

@@ -10,6 +10,7 @@ already.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import hashlib
 import os
@@ -361,13 +362,15 @@ def program_functions(value: Any, depth: int = 0, max_depth: int = MAX_DEPTH) ->
 #: (a list of config objects, each holding a function and its parameters).
 _HELD_ITEMS = 64
 _HELD_DEPTH = 2
+#: Values that hold no function of the program's.
+_NEVER_HOLDERS = (str, bytes, int, float, complex, type, types.ModuleType, enum.Enum)
 
 
 def _holds_programs_code(value: Any, depth: int) -> bool:
     """Whether a container, or an object of torch's, holds the program's functions (up to
     ``depth`` levels, :data:`_HELD_ITEMS` items each)."""
-    if depth <= 0 or isinstance(value, (str, bytes, type, types.ModuleType)):
-        return False
+    if depth <= 0 or value is None or isinstance(value, _NEVER_HOLDERS):
+        return False  # most closure cells: a flag, a number, a name, an enum member
     if isinstance(value, dict):
         items: list[Any] = list(value.values())
     elif isinstance(value, (list, tuple, set, frozenset)):
