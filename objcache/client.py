@@ -161,6 +161,33 @@ class Client:
         """Local write now, remote writes in the background."""
         self._run(lambda: writes.put(self.cache, kind, key, payload), None)
 
+    def replace(self, kind: str, entries: dict[str, bytes]) -> list[Written]:
+        """Entries whose content changes under one key (a precompile entry grows as its
+        function compiles more frames and variants), stored here and on every writable remote
+        tier now, replacing what is there (OVERWRITE, all at once), in the run's prefetch
+        manifest: a write-behind put is CREATE and keeps the first version, which a new
+        machine would then be served for good. Within OBJCACHE_FLUSH_TIMEOUT_S; raises like
+        :meth:`write`. Call it off the compile's thread (it waits for the stores)."""
+
+        async def all_of() -> list[Written]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        writes.write(
+                            self.cache,
+                            self.object_key(kind, key),
+                            payload,
+                            mode=PutMode.OVERWRITE,
+                            remote=Remote.DIRECT,
+                            manifest=True,
+                        )
+                        for key, payload in entries.items()
+                    )
+                )
+            )
+
+        return self.bridge.call(all_of, self.config.flush_timeout_s + 5)
+
     def put_local(self, kind: str, key: str, payload: bytes) -> None:
         """Stored on this machine only: never published, never in the prefetch manifest
         (imports: bundle kernels, seeded artifacts; a key no other process can compute).

@@ -400,6 +400,24 @@ class _Bounded(Backend):
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         return await self.tier.run("put", lambda: self.inner.put(key, data, mode), len(data))
 
+    async def put_then(
+        self, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None]
+    ) -> bool:
+        """:meth:`put`, then ``then(stored)``: a local store calls it in the worker thread
+        that wrote the bytes, so a command cancelled once they are in place (Ctrl-C) still
+        counts them; any other store, once its answer is back."""
+        inner = self.inner
+        if isinstance(inner, LocalStore):
+            return await self.tier.run(
+                "put", lambda: inner.put_then(key, data, mode, then), len(data)
+            )
+        stored = False
+        try:
+            stored = await self.put(key, data, mode)
+            return stored
+        finally:
+            then(stored)
+
     async def exists(self, key: str) -> bool:
         return await self.tier.run("exists", lambda: self.inner.exists(key))
 

@@ -442,9 +442,12 @@ def test_a_copy_holds_large_entries_within_its_byte_budget(monkeypatch: pytest.M
     assert peak == 800, "two entries of 400 at a time within a budget of 1000"
 
 
-def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None:
+@pytest.mark.parametrize("opened", ["as pull opens it", "bare"])
+def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path, opened: str) -> None:
     """Ctrl-C landing after the local write of an entry, before its coroutine runs again:
-    the entry is whole on disk, so the count an interrupted pull reports includes it."""
+    the entry is whole on disk, so the count an interrupted pull reports includes it. Pull
+    writes through the command's deadline-bounded wrapper of the local tier: the count must
+    survive it (it once went around it, and such an entry was on disk but not counted)."""
     import asyncio
     import threading
 
@@ -452,6 +455,7 @@ def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None
     from objcache.backends.disk.store import DiskBackend
     from objcache.cli import ops
     from objcache.config.urls import parse_tier_url
+    from objcache.core.tier import Tier
     from objcache.entry.codec import Codec
     from objcache.entry.layout import Namespace
     from tests.support.memory_backend import MemoryBackend
@@ -483,7 +487,8 @@ def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None
 
             return await super().put_then(key, data, mode, after)
 
-    target = CancelledAfterTheWrite(parse_tier_url(f"disk://{tmp_path / 'local'}"))
+    disk = CancelledAfterTheWrite(parse_tier_url(f"disk://{tmp_path / 'local'}"))
+    target = Tier.for_command(disk, timeout_ms=30_000).bounded() if opened != "bare" else disk
 
     async def main() -> None:
         task = asyncio.create_task(ops.copy(source, [target], [okey], codec, report=report))
@@ -495,7 +500,7 @@ def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path) -> None
     asyncio.run(main())
     assert stop[0].cancelled()
     report.settle()
-    on_disk = asyncio.run(target.get(okey))
+    on_disk = asyncio.run(disk.get(okey))
     assert on_disk == source.data[okey]
     assert (report.copied, report.bytes, report.writing) == (1, len(on_disk), 0), report
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -432,3 +433,30 @@ async def test_a_tier_without_a_deadline_updates_records(tmp_path: Path) -> None
     tier = disk_tier(tmp_path, timeout=0)
     assert await tier.update_record("v1/env/pgo/ab/rec", suffix) == "stored"
     assert tier.stats.records == Counter({"stored": 1})
+
+
+async def test_a_command_write_tells_its_outcome_once_whatever_the_store(tmp_path: Path) -> None:
+    """``put_then`` of a command's tier: a local store calls ``then`` in the thread that
+    wrote (it counts a write even when the command is cancelled right after); any other
+    store calls it once with the answer, ``False`` when the write failed."""
+    from objcache.backends.disk.store import DiskBackend
+
+    seen: list[tuple[bool, bool]] = []
+    loop_thread = threading.get_ident()
+
+    def then(stored: bool) -> None:
+        seen.append((stored, threading.get_ident() != loop_thread))
+
+    disk = DiskBackend(parse_tier_url(f"disk://{tmp_path}"))
+    assert (
+        await Tier.for_command(disk, timeout_ms=30_000)
+        .bounded()
+        .put_then("a/k", b"v", PutMode.CREATE, then)
+    )
+    remote = MemoryBackend("mem://remote")
+    bounded = Tier.for_command(remote, timeout_ms=30_000).bounded()
+    assert await bounded.put_then("a/k", b"v", PutMode.CREATE, then)
+    remote.fault = "transient"
+    with pytest.raises(TransientBackendError):
+        await bounded.put_then("a/k2", b"v", PutMode.CREATE, then)
+    assert seen == [(True, True), (True, False), (False, False)]

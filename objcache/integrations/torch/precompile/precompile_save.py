@@ -231,7 +231,8 @@ def _save_locked(final: bool) -> int:
                 blobs[key] = entry[0], pickle.dumps(entry[1])
     client = cache_client.get_client()
     cap = client.cache.caps.for_kind(precompile_entry.KIND)
-    put = 0
+    changed: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
     for key, (left_out, blob) in blobs.items():
         digest = hashlib.sha256(blob).hexdigest()
         if stored.get(key) == digest:
@@ -239,12 +240,19 @@ def _save_locked(final: bool) -> int:
         if len(blob) > cap:
             counters["too_large"] += 1
             continue
-        client.put(precompile_entry.KIND, key, blob)
-        stored[key] = digest
-        counters["puts"] += 1
+        changed[key], digests[key] = blob, digest
         counters["superseded_variants_left_out"] += left_out
-        put += 1
-    return put
+    if not changed:
+        return 0
+    # An entry grows as its function compiles more frames (a save between two of them holds
+    # the first only): each save replaces the stored one, never only adds where none is.
+    written_all = client.replace(precompile_entry.KIND, changed)
+    for key, written in zip(changed, written_all, strict=True):
+        stored[key] = digests[key]
+        counters["puts"] += 1
+        if written.stored < written.asked:
+            counters["put_failed"] += 1
+    return len(changed)
 
 
 def _save_at_exit() -> None:
