@@ -7,7 +7,9 @@ each server's keys become a named profile in a process-wide shared-credentials f
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -19,22 +21,30 @@ from tests.support.servers import FakeGCS, S3Server
 _lock = threading.Lock()
 _profiles: dict[str, tuple[str, str]] = {}
 _buckets: dict[int, str] = {}
-_credentials_file = Path(tempfile.mkdtemp(prefix="objcache-aws-")) / "credentials"
+_folder: list[Path] = []  # made at the first profile, removed as the process exits
+
+
+def _credentials() -> Path:
+    if not _folder:
+        _folder.append(Path(tempfile.mkdtemp(prefix="objcache-aws-")))
+        atexit.register(shutil.rmtree, _folder[0], True)
+    return _folder[0] / "credentials"
 
 
 def aws_profile(name: str, access_key: str, secret_key: str) -> str:
     """Register profile ``name`` in the test process's AWS credentials file."""
     with _lock:
+        credentials = _credentials()
         if _profiles.get(name) != (access_key, secret_key):
             _profiles[name] = (access_key, secret_key)
-            _credentials_file.write_text(
+            credentials.write_text(
                 "".join(
                     f"[{p}]\naws_access_key_id = {a}\naws_secret_access_key = {s}\n\n"
                     for p, (a, s) in _profiles.items()
                 )
             )
-        os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(_credentials_file)
-        os.environ.setdefault("AWS_CONFIG_FILE", str(_credentials_file.with_name("config")))
+        os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(credentials)
+        os.environ.setdefault("AWS_CONFIG_FILE", str(credentials.with_name("config")))
         os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # never probe IMDS from tests
     return name
 
