@@ -332,14 +332,23 @@ async def copy(
     local = getattr(targets[0], "put_then", None) if len(targets) == 1 else None
 
     async def put_local(okey: str, data: bytes) -> bool | None:
-        """:func:`put` to the local target; None when the entry was written (and counted)."""
-        assert local is not None
-        finished = False
+        """:func:`put` to the local target; None when the entry was written (and counted).
 
-        def then(stored: bool) -> None:
-            nonlocal finished
-            finished = True
-            if stored:
+        The write's thread and this coroutine settle its count once between them: a deadline
+        that ends the wait while the thread still writes gives the write up (its ``then``
+        then counts nothing; the entry is "already there" or failed, as its store says), and a
+        write whose thread counted it is never counted again, whatever the answer said."""
+        assert local is not None
+        guard = threading.Lock()
+        finished = stored = given_up = False
+
+        def then(created: bool) -> None:
+            nonlocal finished, stored
+            with guard:
+                if given_up:
+                    return
+                finished, stored = True, created
+            if created:
                 report.landed(len(data))
             report.end_write()
 
@@ -347,8 +356,13 @@ async def copy(
         try:
             created: bool = await local(okey, data, PutMode.CREATE, then)
         except (BackendError, OSError):
-            if not finished:  # raised before its worker thread ran
+            with guard:
+                counted, landed = finished, stored
+                given_up = not counted
+            if not counted:  # no answer from its thread (not run, or still writing)
                 report.end_write()
+            elif landed:
+                return None
             if await already_there(targets[0], okey):  # as :func:`put`, without a 2nd write
                 return False
             raise

@@ -505,6 +505,54 @@ def test_an_interrupted_pull_counts_every_entry_it_wrote(tmp_path: Path, opened:
     assert (report.copied, report.bytes, report.writing) == (1, len(on_disk), 0), report
 
 
+@pytest.mark.parametrize("thread", ["answers after the deadline", "answered before it"])
+def test_a_local_write_past_its_deadline_is_counted_once(thread: str) -> None:
+    """The command's deadline ends the wait for a local write whose thread still runs: the
+    entry is counted once at most (never as copied and as already there), and no write is
+    left counted as under way, so an interrupted pull's wait for its writes still holds."""
+    import asyncio
+    import threading
+
+    from objcache.cli import ops
+    from objcache.entry.codec import Codec
+    from objcache.entry.layout import Namespace
+    from objcache.errors import TransientBackendError
+    from tests.support.memory_backend import MemoryBackend
+
+    codec, namespace = Codec(), Namespace("e" * 16)
+    okey = namespace.object_key("fx-graph", "k0")
+    source = MemoryBackend("mem://source")
+    source.data = {okey: codec.encode(b"graph", okey)}
+    late = thread == "answers after the deadline"
+    go = threading.Event()
+    writers: list[threading.Thread] = []
+
+    class SlowLocal(MemoryBackend):
+        async def put_then(self, key, data, mode, then):  # type: ignore[no-untyped-def]
+            def write() -> None:
+                go.wait(30)
+                self.data[key] = data
+                then(True)
+
+            writers.append(threading.Thread(target=write))
+            writers[0].start()
+            if not late:
+                go.set()
+                writers[0].join(30)
+            raise TransientBackendError("put: no answer within 5 ms", tier=self.name)
+
+    target = SlowLocal("mem://local")
+    report = asyncio.run(ops.copy(source, [target], [okey], codec))
+    go.set()
+    writers[0].join(30)
+    assert target.data[okey] == source.data[okey]
+    assert report.writing == 0, report
+    if late:  # given up: what the store then says (here: it was already there by then)
+        assert (report.copied, report.existed + report.failed) == (0, 1), report
+    else:
+        assert (report.copied, report.existed, report.failed) == (1, 0, 0), report
+
+
 def test_ctrl_c_ends_a_command_even_when_a_store_client_swallows_the_cancellation() -> None:
     """A store's client may turn the cancellation Ctrl-C starts into a timeout of its own and
     return: the command still ends in KeyboardInterrupt (exit 130), not as if it had run."""

@@ -38,6 +38,20 @@ class _Slot(Generic[C]):
         self.owners: weakref.WeakSet[object] = weakref.WeakSet()
 
 
+async def _cancellable(opening: Coroutine[Any, Any, C]) -> C:
+    """``opening``, ending as cancelled when it was cancelled: a client library may turn the
+    cancellation into an error of its own (redis-py's read timeout), and a task cancelled
+    by ``asyncio.run``'s shutdown that ends in an error is logged there with its traceback
+    (Ctrl-C during a command's first connection printed one)."""
+    try:
+        return await opening
+    except Exception:
+        cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11+
+        if cancelling is not None and cancelling():
+            raise asyncio.CancelledError from None
+        raise
+
+
 class SharedClients(Generic[K, C]):
     """One client per (event loop, key), created on first use and reference-counted."""
 
@@ -63,7 +77,7 @@ class SharedClients(Generic[K, C]):
             slot.owners.add(owner)
             return slot.client
         if slot is None:
-            slot = slots[key] = _Slot(loop.create_task(self._create(key)))
+            slot = slots[key] = _Slot(loop.create_task(_cancellable(self._create(key))))
         slot.owners.add(owner)
         creating = slot.creating
         assert creating is not None
