@@ -35,6 +35,25 @@ from objcache.integrations.torch.precompile.traced_code import (
 #: The package whose classes and registries decide the code a graph compiles to.
 PACKAGE = "torch._inductor"
 
+#: torch's function namespaces that torch's own Python reads while AOTAutograd traces
+#: (``F.layer_norm`` calls ``torch.layer_norm``, ``F.dropout`` ``torch._VF.dropout``,
+#: ``torch.norm`` ``torch._VF.norm``): a function the program put there runs in the trace,
+#: and the graph names torch's wrapper only. Read as Inductor's namespaces are (their
+#: program values, labelled ``torch_function:``).
+FUNCTION_NAMESPACES = (
+    "torch",
+    "torch.functional",
+    "torch.nn.functional",
+    "torch._C._nn",
+    "torch._C._linalg",
+    "torch._C._special",
+    "torch._C._fft",
+    "torch._VF",
+    "torch.linalg",
+    "torch.special",
+    "torch.fft",
+)
+
 #: The modules Inductor makes of the code it compiled (``compile_tasks.<key>``), loaded from
 #: its cache: the output, not the code generator, and one more per kernel.
 COMPILED_MODULES = "torch._inductor.runtime.compile_tasks."
@@ -91,9 +110,24 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
             if id(registry) not in skip:
                 skip.add(id(registry))  # one registry imported under several names
                 registries.append((where, registry))
+    namespaces.extend(_function_namespaces())
     with _lock:
         _layout[:] = [(loaded, namespaces, registries)]
     return namespaces, registries
+
+
+def _function_namespaces() -> list[tuple[str, dict[str, Any]]]:
+    """The globals of :data:`FUNCTION_NAMESPACES` loaded now (``torch._C._nn`` and its kin
+    are reached as attributes: they are not in ``sys.modules``)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for name in FUNCTION_NAMESPACES:
+        module = sys.modules.get(name)
+        if module is None and name.startswith("torch._C."):
+            module = getattr(sys.modules.get("torch._C"), name.rsplit(".", 1)[1], None)
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found.append((name, namespace))
+    return found
 
 
 #: module name -> (module, its globals' count, its namespaces, its containers)
@@ -257,8 +291,12 @@ def _scan_namespace(where: str, namespace: Any) -> list[tuple[str, Any]]:
         elif _released(kind) and kind not in _WRAPPERS and _own_attr(value, "__wrapped__") is None:
             continue  # torch's or a dependency's callable object (a sympy function, a JIT kernel)
         if isinstance(value, type) or _programs_member(namespace[attr], attr):
-            found.append((f"inductor:{where}.{attr}", namespace[attr]))
+            found.append((f"{_label(where)}:{where}.{attr}", namespace[attr]))
     return found
+
+
+def _label(where: str) -> str:
+    return "inductor" if where == PACKAGE or where.startswith(PACKAGE + ".") else "torch_function"
 
 
 #: Callables of Python's own that wrap another callable (followed to it).

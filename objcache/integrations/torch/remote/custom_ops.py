@@ -227,6 +227,7 @@ PROCESS_WIDE = (
     "config:",
     "flags:",
     "inductor:",
+    "torch_function:",
 )
 
 
