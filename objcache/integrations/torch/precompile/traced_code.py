@@ -116,13 +116,40 @@ def is_torchs_name(module: str) -> bool:
 
 def is_torchs(value: Any) -> bool:
     """Whether a function, class or module comes from torch's own package (or Python
-    itself)."""
+    itself). A Python function whose code sits in a file outside torch and Python is not,
+    whatever its ``__module__`` says: ``functools.wraps`` copies the wrapped function's (a
+    program's replacement of ``torch.layer_norm`` says ``torch``)."""
     module = (
         value.__name__
         if isinstance(value, types.ModuleType)
         else getattr(value, "__module__", None)
     )
-    return isinstance(module, str) and is_torchs_name(module)
+    if not (isinstance(module, str) and is_torchs_name(module)):
+        return False
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    if isinstance(code, types.CodeType) and not code.co_filename.startswith("<"):
+        return _in_torch_or_python(code.co_filename)
+    return True
+
+
+def _in_torch_or_python(filename: str) -> bool:
+    known = _file_is_torchs.get(filename)
+    if known is None:
+        torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+        homes = (
+            *((os.path.dirname(torch_file) + os.sep,) if torch_file else ()),
+            *_STDLIB_DIRS,
+        )
+        path = os.path.realpath(filename) if os.path.isabs(filename) else filename
+        known = filename.startswith(homes) or path.startswith(homes)
+        if len(_file_is_torchs) > 4096:
+            _file_is_torchs.clear()
+        _file_is_torchs[filename] = known
+    return known
+
+
+#: code file -> whether it is torch's or Python's own (a few hundred in a process)
+_file_is_torchs: dict[str, bool] = {}
 
 
 def is_stdlib(value: Any) -> bool:

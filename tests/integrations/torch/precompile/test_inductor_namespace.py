@@ -160,19 +160,25 @@ def test_a_cached_method_and_a_generated_one_of_torch_s_are_torch_s() -> None:
     assert inductor_namespace._programs_code(namespace["add"], "exp")
 
 
-def test_a_torch_function_replaced_with_the_program_s_is_named() -> None:
+@pytest.mark.parametrize("written", ["plainly", "with functools.wraps"])
+def test_a_torch_function_replaced_with_the_program_s_is_named(written: str) -> None:
     """``torch.layer_norm = fused`` (a kernel library): ``F.layer_norm`` and ``nn.LayerNorm``
     stay in the graph and AOTAutograd runs the program's function while it traces them, so
     no graph or key of torch's shows it (found by the eighth review: served the writer's
-    result, off by 2.27, both ways). Named in every graph's key while in place."""
+    result, off by 2.27, both ways). Named in every graph's key while in place, also where
+    ``functools.wraps`` copied torch's ``__module__`` onto it (the ninth review)."""
     original = torch.layer_norm
     eps = {"value": 1e-1}
 
     def fused_layer_norm(x: Any, shape: Any, w: Any = None, b: Any = None, e: float = 0) -> Any:
         return original(x, shape, w, b, eps["value"])
 
+    replacement = fused_layer_norm
+    if written != "plainly":
+        replacement = functools.wraps(original)(fused_layer_norm)
+        assert replacement.__module__ == "torch"
     try:
-        torch.layer_norm = fused_layer_norm
+        torch.layer_norm = replacement
         named = dict(_fresh())
         label = "torch_function:torch.layer_norm"
         assert list(named) == [label]
