@@ -126,9 +126,11 @@ def is_torchs(value: Any) -> bool:
     )
     if not (isinstance(module, str) and is_torchs_name(module)):
         return False
-    code = getattr(getattr(value, "__func__", value), "__code__", None)
-    if isinstance(code, types.CodeType) and not code.co_filename.startswith("<"):
-        return _in_torch_or_python(code.co_filename)
+    # only a function's own attributes: an op namespace's ``__getattr__`` makes up ops
+    bound = isinstance(value, (types.MethodType, staticmethod, classmethod))
+    fn = value.__func__ if bound else value
+    if type(fn) is types.FunctionType and not fn.__code__.co_filename.startswith("<"):
+        return _in_torch_or_python(fn.__code__.co_filename)
     return True
 
 

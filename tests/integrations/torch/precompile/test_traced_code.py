@@ -633,3 +633,21 @@ def test_a_setting_reached_by_a_computed_route_is_named(monkeypatch: pytest.Monk
         assert two[label] != three[label], label
     for kernel, _ in routes(2.0).values():
         assert_the_same_in_another_process(kernel)
+
+
+def test_a_function_is_torch_s_by_its_file_not_by_the_module_it_claims() -> None:
+    """``functools.wraps`` copies ``__module__ = "torch"`` onto a program's replacement of
+    ``torch.layer_norm``: it is the program's (named by its code), while torch's own
+    functions, methods and op objects stay torch's (named by their names)."""
+
+    @functools.wraps(torch.layer_norm)
+    def fused(*args: Any, **kwargs: Any) -> Any:
+        return None
+
+    assert fused.__module__ == "torch"
+    assert not traced_code.is_torchs(fused)
+    assert not traced_code.is_torchs(staticmethod(fused))
+    assert traced_code.is_torchs(torch.nn.functional.layer_norm)
+    assert traced_code.is_torchs(torch.nn.Linear(2, 2).forward)
+    assert traced_code.is_torchs(torch.ops.aten.add.default)
+    assert traced_code.is_torchs(torch.ops.aten)
