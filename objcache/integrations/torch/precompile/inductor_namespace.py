@@ -37,9 +37,11 @@ PACKAGE = "torch._inductor"
 
 #: torch's function namespaces that torch's own Python reads while AOTAutograd traces
 #: (``F.layer_norm`` calls ``torch.layer_norm``, ``F.dropout`` ``torch._VF.dropout``,
-#: ``torch.norm`` ``torch._VF.norm``): a function the program put there runs in the trace,
-#: and the graph names torch's wrapper only. Read as Inductor's namespaces are (their
-#: program values, labelled ``torch_function:``).
+#: ``torch.norm`` ``torch._VF.norm``), and the modules of its decompositions, references
+#: and primitives, whose helpers a decomposition calls by global name
+#: (``apply_loss_reduction`` in ``aten.mse_loss``'s): a function the program put there
+#: runs in the trace, and the graph names torch's op or wrapper only. Read as Inductor's
+#: namespaces are (their program values, labelled ``torch_function:``).
 FUNCTION_NAMESPACES = (
     "torch",
     "torch.functional",
@@ -52,6 +54,18 @@ FUNCTION_NAMESPACES = (
     "torch.linalg",
     "torch.special",
     "torch.fft",
+    "torch._decomp",
+    "torch._decomp.decompositions",
+    "torch._decomp.decompositions_for_rng",
+    "torch._decomp.decompositions_for_jvp",
+    "torch._refs",
+    "torch._refs.nn.functional",
+    "torch._refs.special",
+    "torch._refs.linalg",
+    "torch._refs.fft",
+    "torch._prims",
+    "torch._prims_common",
+    "torch._prims_common.wrappers",
 )
 
 #: The modules Inductor makes of the code it compiled (``compile_tasks.<key>``), loaded from

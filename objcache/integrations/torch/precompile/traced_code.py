@@ -129,8 +129,12 @@ def is_torchs(value: Any) -> bool:
     # only a function's own attributes: an op namespace's ``__getattr__`` makes up ops
     bound = isinstance(value, (types.MethodType, staticmethod, classmethod))
     fn = value.__func__ if bound else value
-    if type(fn) is types.FunctionType and not fn.__code__.co_filename.startswith("<"):
-        return _in_torch_or_python(fn.__code__.co_filename)
+    if type(fn) is types.FunctionType:
+        if not fn.__code__.co_filename.startswith("<"):
+            return _in_torch_or_python(fn.__code__.co_filename)
+        made_by = fn.__globals__.get("__name__")  # code without a file: by its globals
+        if isinstance(made_by, str):
+            return is_torchs_name(made_by) or made_by.split(".", 1)[0] in sys.stdlib_module_names
     return True
 
 

@@ -254,10 +254,9 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
                 name = f"{self.ns}::{name}"
             name = name.split(".", 1)[0]
             code = getattr(fn, "__code__", None)
-            module = str(getattr(fn, "__module__", "") or "")
-            torchs = name.split("::", 1)[0] in TORCH_NAMESPACES and (
-                module == "torch" or module.startswith("torch.")
-            )
+            # torch's own kernel by its code's file, never by ``__module__``: ``functools.wraps``
+            # copies torch's onto a program's (``aten::layer_norm`` overridden with a wrapper)
+            torchs = name.split("::", 1)[0] in TORCH_NAMESPACES and traced_code.is_torchs(fn)
             if code is not None and not torchs:  # torch's own kernels are in its release
                 record_kernel(name, fn)
         except Exception:

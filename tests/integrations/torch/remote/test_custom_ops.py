@@ -102,16 +102,25 @@ def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
     assert patched["aot_hits"] == 0 and patched["fx_hits"] == 0, patched
 
 
-def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph() -> None:
+@pytest.mark.parametrize("written", ["plainly", "with functools.wraps"])
+def test_a_program_s_own_kernel_of_a_torch_op_keys_every_graph(written: str) -> None:
     """An override of one of torch's ops registered in Python is in every graph's key
-    while it is registered; torch's own Python registrations are not."""
+    while it is registered, also where ``functools.wraps`` copied torch's ``__module__``
+    onto it (the tenth review: served the writer's code, off by 2.27, on 2.15.0); torch's
+    own Python registrations are not."""
     from objcache.integrations.torch.remote import custom_ops
 
+    def kernel(x: Any, w: Any, b: Any = None) -> Any:
+        return x
+
+    if written != "plainly":
+        kernel = functools.wraps(torch.nn.functional.linear)(kernel)
+        assert kernel.__module__.startswith("torch")
     gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
     assert custom_ops.graph_identity(gm) == ()
     lib = torch.library.Library("aten", "IMPL")
     try:
-        lib.impl("linear", lambda x, w, b=None: x, "CompositeImplicitAutograd")
+        lib.impl("linear", kernel, "CompositeImplicitAutograd")
         assert [name for name, _ in custom_ops.graph_identity(gm)] == ["override:aten::linear"]
     finally:
         lib._destroy()
