@@ -328,7 +328,9 @@ async def copy(
         except (BackendError, OSError):
             return False
 
-    # A single local target (pull) counts each entry in the worker thread that wrote it.
+    # A single target counts each entry once its write is answered: a local store (pull) in
+    # the worker thread that wrote it, so a Ctrl-C after the rename still counts it; a
+    # command's bounded remote tier (push to one tier) once its answer is back.
     local = getattr(targets[0], "put_then", None) if len(targets) == 1 else None
 
     async def put_local(okey: str, data: bytes) -> bool | None:
