@@ -48,6 +48,36 @@ hypothesis_profiles.load()
 os.environ.setdefault("OBJCACHE_PRECOMPILE", "0")
 
 
+def _compiler_cache() -> None:
+    """``g++`` for the session's processes is ``tests/support/gxx_cache.py``: a build it has
+    made once is copied, not made again (docs/testing.md, "Time: the compiler cache").
+    Set up once, by the first process (xdist's workers inherit the environment);
+    ``TESTS_GXX_CACHE=off`` runs the real compiler every time."""
+    if os.environ.get("TESTS_GXX_CACHE"):
+        return
+    real = shutil.which("g++")
+    if real is None:
+        return
+    import atexit
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="objcache-tests-gxx-"))
+    atexit.register(shutil.rmtree, folder, True)
+    script = Path(__file__).parent / "support" / "gxx_cache.py"
+    wrapper = folder / "bin" / "g++"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" -S -E "{script}" "{real}" "{folder / "builds"}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    os.environ["TESTS_GXX_CACHE"] = str(folder)
+    os.environ["PATH"] = f"{wrapper.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+_compiler_cache()
+
+
 @pytest.fixture(autouse=True)
 def _own_run_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test is its own start: the run group an earlier test's in-process client named
