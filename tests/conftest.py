@@ -78,6 +78,20 @@ def _compiler_cache() -> None:
 _compiler_cache()
 
 
+def _bytecode() -> None:
+    """The bytecode of objcache and the test helpers written once, as an installed copy has it:
+    with ``PYTHONDONTWRITEBYTECODE=1`` (this environment's default) every compile and CLI
+    subprocess would otherwise compile objcache's sources again (docs/testing.md, "Time")."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root / "objcache", root / "backends" / "objcache", root / "tests" / "support"):
+        compileall.compile_dir(folder, quiet=2, workers=1)
+
+
+_bytecode()
+
+
 @pytest.fixture(autouse=True)
 def _own_run_group(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test is its own start: the run group an earlier test's in-process client named
