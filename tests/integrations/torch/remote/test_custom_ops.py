@@ -1,6 +1,7 @@
 """The implementations of the custom ops a graph calls are in its FX and AOTAutograd keys
-(docs/torch.md, "Custom ops in the keys"): a machine with another version of a kernel
-library misses, and never runs the writer's decomposition."""
+(docs/torch.md, "Custom ops in the keys"), and so is the program's own Python in torch's
+function namespaces: a machine with another version of a kernel library, or another
+replacement of a torch function, misses, and never runs the writer's decomposition."""
 
 from __future__ import annotations
 
@@ -45,6 +46,22 @@ def linear(x, w, b=None):
 aten.impl("linear", linear, "CompositeImplicitAutograd")
 """
 
+#: A program's own Python in one of torch's function namespaces: ``F.layer_norm`` stays in
+#: the graph as torch's, and AOTAutograd's trace of its body calls ``torch.layer_norm``,
+#: which is now the program's (what a fused-kernel library does).
+TORCH_FUNCTION = """
+import torch
+
+_torchs = torch.layer_norm
+
+
+def layer_norm(x, shape, weight=None, bias=None, eps=1e-5, cudnn_enable=False):
+    return _torchs(x, shape, weight, bias, eps, cudnn_enable) * 2.0
+
+
+torch.layer_norm = layer_norm
+"""
+
 PROGRAM = """\
 import json
 import torch
@@ -59,7 +76,8 @@ W = torch.linspace(0.0, 1.0, 16).reshape(2, 8)
 
 
 def f(x):
-    return torch.nn.functional.linear(torch.ops.objcache_test_ops.scale(x.sin()) + 1.0, W)
+    y = torch.nn.functional.layer_norm(x, (8,))
+    return torch.nn.functional.linear(torch.ops.objcache_test_ops.scale(y.sin()) + 1.0, W)
 
 
 x = torch.linspace(-1.0, 1.0, 8)
@@ -87,9 +105,13 @@ def run(base: Path, machine: str, factor: str, override: str = "") -> dict[str, 
 
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
+def test_another_implementation_of_what_a_graph_calls_is_a_miss_not_the_writers_result(
     tmp_path: Path,
 ) -> None:
+    """A machine whose kernel library is at another version, whose program registers its own
+    kernel of one of torch's ops, or whose program replaces a function of torch's namespaces
+    that torch's own code calls: each misses and computes eager's result; the same library
+    and program are served."""
     writer = run(tmp_path, "writer", "2.0")
     assert writer["same"] and writer["custom_ops"].get("keyed_graphs", 0) >= 1, writer
     same = run(tmp_path, "same", "2.0")  # the same library: served as before
@@ -100,6 +122,10 @@ def test_another_implementation_of_a_custom_op_is_a_miss_not_the_writers_result(
     patched = run(tmp_path, "patched", "2.0", OVERRIDE)  # its own kernel of torch's linear
     assert patched["same"], patched
     assert patched["aot_hits"] == 0 and patched["fx_hits"] == 0, patched
+    # its own Python for a function of torch's namespace that torch's own code calls
+    replaced = run(tmp_path, "replaced", "2.0", TORCH_FUNCTION)
+    assert replaced["same"], replaced
+    assert replaced["aot_hits"] == 0 and replaced["fx_hits"] == 0, replaced
 
 
 @pytest.mark.parametrize("written", ["plainly", "with functools.wraps"])
