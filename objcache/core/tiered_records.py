@@ -60,6 +60,10 @@ async def update_record(cache: TieredCache, kind: str, key: str, change: Change)
     or None when there is none or it cannot be read (counted, then replaced)."""
     okey = cache.namespace.object_key(kind, key)
     cap = cache.caps.for_kind(kind)  # stored bytes and payload alike (docs/security.md, "Records")
+    # the run's manifest names the record it wrote, as it names the entries it wrote: the
+    # next start's prefetch brings it instead of the compile reading it from a far tier
+    # (docs/architecture.md, "Records")
+    cache.recorded.add(okey)
     if cache.local is not None:
         # the local copy is checked like a local hit: digest and binding, no signature
         change_local = _entry_change(cache, kind, okey, cap, change, False)

@@ -79,3 +79,19 @@ async def test_a_start_s_first_read_of_a_prefetched_record_is_the_local_copy() -
     assert okey in cache.recorded  # listed in this run's manifest
     unlisted = TieredCache(tier("mem://l2"), [remote], CODEC, NS)
     assert await get_record(unlisted, "pgo", "r") == b"updated since"
+
+
+async def test_a_record_the_run_wrote_is_named_by_its_manifest() -> None:
+    """The next start's prefetch brings the profile this run wrote (a writer's first read
+    of it was a miss), so a new machine's compile does not read it from a far tier."""
+    from objcache.core import manifest
+
+    cache = TieredCache(tier("mem://local"), [tier("mem://r")], CODEC, NS)
+    assert await get_record(cache, "pgo", "r") is None
+    await update_record(cache, "pgo", "r", appending(b"a"))
+    await cache.flush(5)
+    assert await manifest.record_run(cache, "job", "run-1") is not None
+    await cache.flush(5)
+    new_machine = TieredCache(tier("mem://local2"), [cache.remotes[0]], CODEC, NS)
+    listed, _ = await manifest.read_job(new_machine, "job")
+    assert NS.object_key("pgo", "r") in listed
