@@ -12,7 +12,9 @@ call, since they run before this one.
 A build is keyed by the real compiler's path, every argument (a file argument by its
 content, the output by its suffix, the working directory when an argument is relative) and
 the environment variables g++ reads for paths; only a build that succeeded with one output
-is kept. Only this script's stdlib is used: it runs as ``python -S -E``.
+is kept. What a source ``#include``s is not keyed: the headers a test build reads are torch's
+installed ones, fixed for a session (no test builds against headers it writes). Only this
+script's stdlib is used: it runs as ``python -S -E``.
 
 Run as ``gxx_cache.py REAL_GXX CACHE_DIR ARGS...``.
 """
