@@ -189,3 +189,26 @@ def test_a_torch_function_replaced_with_the_program_s_is_named(written: str) -> 
     finally:
         torch.layer_norm = original
     assert _fresh() == ()
+
+
+def test_a_function_of_a_torch_module_a_namespace_holds_is_named() -> None:
+    """``F.mse_loss`` calls ``_Reduction.get_enum``: a function the program puts into
+    ``torch.nn._reduction`` (a module ``torch.nn.functional`` holds) runs while AOTAutograd
+    traces the graph's ``F.mse_loss`` (the eleventh review: served the writer's code, off by
+    602, both ways). Named in every graph's key while in place."""
+    import torch.nn._reduction as reduction
+
+    original = reduction.get_enum
+
+    def get_enum(name: str) -> int:
+        return 2 if name == "mean" else original(name)
+
+    try:
+        reduction.get_enum = get_enum
+        label = "torch_function:torch.nn._reduction.get_enum"
+        assert list(dict(_fresh())) == [label]
+        gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.mse_loss(x, x))
+        assert label in dict(custom_ops.graph_identity(gm))
+    finally:
+        reduction.get_enum = original
+    assert _fresh() == ()
