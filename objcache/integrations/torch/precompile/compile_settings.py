@@ -210,12 +210,29 @@ def aten_switches_changed() -> tuple[str, ...]:
     return tuple(changed)
 
 
+def opt_einsum_state() -> str:
+    """How ``torch.einsum`` orders a contraction of three operands or more in this process:
+    the ``opt_einsum`` package's version (or none), ``enabled`` and ``strategy``
+    (``torch.backends.opt_einsum``, read while a graph's ``einsum`` is traced)."""
+    import sys
+
+    backend = sys.modules.get("torch.backends.opt_einsum")
+    if backend is None:
+        return "unread"
+    get = getattr(backend, "get_opt_einsum", None)
+    package = get() if callable(get) else "?"
+    version = "none" if package is None else str(getattr(package, "__version__", "?"))
+    enabled, strategy = getattr(backend, "enabled", "?"), getattr(backend, "strategy", "?")
+    return f"package={version},enabled={enabled},strategy={strategy}"
+
+
 def process_facts() -> str:
     """What Dynamo folds into a trace as constants without a guard, because one process
     never changes it (docs/torch.md, "What a served entry depends on"): ``torch.distributed``'s
     backend, world size and rank once it is initialized, a fixed ``PYTHONHASHSEED`` (set
     order and ``hash()`` of a string read while tracing), cuBLAS's TF32 switch, the
-    privateuse1 backend's name, the attention backends turned off, the autocast dtypes
+    privateuse1 backend's name, the attention backends turned off, how ``torch.einsum`` orders
+    its contractions (:func:`opt_einsum_state`), the autocast dtypes
     (``torch.get_autocast_dtype`` is folded; with autocast off torch's global-state guard
     does not compare them), and the CUDA devices' names and capabilities once CUDA is
     initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
@@ -233,6 +250,7 @@ def process_facts() -> str:
             # ``torch.get_autocast_dtype`` folds into a trace (autocast off: no guard reads it)
             parts.append(f"sdp_off={','.join(sdp_backends_off())}")
             parts.append(f"aten_switches={','.join(aten_switches_changed())}")
+            parts.append(f"einsum={opt_einsum_state()}")
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

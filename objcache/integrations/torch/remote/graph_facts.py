@@ -10,7 +10,13 @@ out (docs/torch.md, "What a served entry depends on"):
 * **which inputs share memory**: AOTAutograd compiles a function whose inputs overlap (two
   views of one tensor, one of them mutated) to another graph (a synthetic base), but its key
   pickles each input's own metadata, never which inputs share a storage, so a first call
-  with overlapping views was served the graph compiled for separate tensors.
+  with overlapping views was served the graph compiled for separate tensors;
+* **how ``torch.einsum`` contracts**: with three operands or more it asks
+  ``torch.backends.opt_einsum`` for a path (whether the ``opt_einsum`` package is installed,
+  ``enabled``, ``strategy``) while AOTAutograd traces the graph's ``einsum``, and the path
+  decides which products the compiled code computes (in float16 one order overflows where
+  the other does not), while the AOTAutograd key names the ``einsum`` call only: a machine
+  with the package was served the writer's left-to-right code (the eleventh review).
 
 Each is empty for a graph without such values, so those keep torch's keys.
 """
@@ -20,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import sys
 from typing import Any
+
+from objcache.integrations.torch.precompile import compile_settings
 
 #: Frozen scalars are named up to this many per graph (more: by a digest of all).
 MAX_NAMED = 64
@@ -34,7 +42,22 @@ def facts(gm: Any, example_inputs: Any) -> tuple[tuple[str, str], ...]:
     aliasing = input_aliasing(example_inputs)
     if aliasing:
         found.append(("input_aliasing", aliasing))
+    paths = einsum_paths(gm)
+    if paths:
+        found.append(("einsum_paths", paths))
     return tuple(found)
+
+
+def einsum_paths(gm: Any) -> str:
+    """How ``torch.einsum`` picks its contraction order here, where ``gm`` calls it:
+    ``opt_einsum``'s presence and version, ``enabled`` and ``strategy``; empty otherwise."""
+    graph = getattr(gm, "graph", None)
+    if graph is None or not any(
+        node.op == "call_function" and getattr(node.target, "__name__", "") == "einsum"
+        for node in graph.nodes
+    ):
+        return ""
+    return compile_settings.opt_einsum_state()
 
 
 def frozen_scalars(gm: Any) -> str:

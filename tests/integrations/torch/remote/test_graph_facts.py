@@ -68,3 +68,25 @@ def test_inputs_sharing_memory_are_in_the_key() -> None:
     assert separate is None
     same = torch.randn(4)
     assert graph_facts.input_aliasing([same, 1, same.t()]) == "0~2"
+
+
+def test_how_einsum_contracts_keys_a_graph_that_calls_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.einsum`` asks ``torch.backends.opt_einsum`` for its contraction order while
+    AOTAutograd traces (the eleventh review: a machine with the package installed, or with it
+    turned off, was served the writer's order, off by an overflow in float16): the package,
+    ``enabled`` and ``strategy`` key a graph that calls it; a graph that does not keeps
+    torch's key."""
+    import torch.backends.opt_einsum as opt_einsum
+
+    gm = torch.fx.symbolic_trace(lambda a, b, c: torch.einsum("ab,bc,cd->ad", a, b, c))
+    inputs = [torch.randn(2, 2)] * 3
+    here = _field(gm, inputs)
+    assert here is not None and here[-1][0] == "einsum_paths"
+    installed = type("opt_einsum", (), {"__version__": "3.4.0"})
+    monkeypatch.setattr(opt_einsum, "get_opt_einsum", lambda: installed)
+    with_package = _field(gm, inputs)
+    assert with_package is not None and "package=3.4.0" in with_package[-1][1]
+    assert with_package != here
+    monkeypatch.setattr(opt_einsum, "enabled", not opt_einsum.enabled)
+    assert _field(gm, inputs) not in (here, with_package)
+    assert _field(torch.fx.symbolic_trace(lambda a: a.sin()), inputs[:1]) is None
