@@ -51,9 +51,13 @@ def facts(gm: Any, example_inputs: Any) -> tuple[tuple[str, str], ...]:
 def einsum_paths(gm: Any) -> str:
     """How ``torch.einsum`` picks its contraction order here, where ``gm`` calls it:
     ``opt_einsum``'s presence and version, ``enabled`` and ``strategy``; empty otherwise."""
-    graph = getattr(gm, "graph", None)
-    if graph is None or not any(
+    # a subgraph's too: Dynamo puts a checkpointed block's code in a graph of its own
+    modules = gm.modules() if callable(getattr(gm, "modules", None)) else (gm,)
+    graphs = [getattr(module, "graph", None) for module in modules]
+    if not any(
         node.op == "call_function" and getattr(node.target, "__name__", "") == "einsum"
+        for graph in graphs
+        if graph is not None
         for node in graph.nodes
     ):
         return ""

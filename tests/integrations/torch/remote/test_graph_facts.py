@@ -90,3 +90,7 @@ def test_how_einsum_contracts_keys_a_graph_that_calls_it(monkeypatch: pytest.Mon
     monkeypatch.setattr(opt_einsum, "enabled", not opt_einsum.enabled)
     assert _field(gm, inputs) not in (here, with_package)
     assert _field(torch.fx.symbolic_trace(lambda a: a.sin()), inputs[:1]) is None
+    # in a subgraph (a checkpointed block's, the same review): read there too
+    outer = torch.fx.symbolic_trace(lambda a: a.sin())
+    outer.add_submodule("checkpointed", gm)
+    assert _field(outer, inputs[:1]) == (_field(gm, inputs)[-1],)
