@@ -50,7 +50,7 @@ os.environ.setdefault("OBJCACHE_PRECOMPILE", "0")
 
 def _compiler_cache() -> None:
     """``g++`` for the session's processes is ``tests/support/gxx_cache.py``: a build it has
-    made once is copied, not made again (docs/testing.md, "Time: the compiler cache").
+    made once is copied, not made again (docs/testing.md, "The compiler cache").
     Set up once, by the first process (xdist's workers inherit the environment);
     ``TESTS_GXX_CACHE=off`` runs the real compiler every time."""
     if os.environ.get("TESTS_GXX_CACHE"):

@@ -1,5 +1,5 @@
 """A ``g++`` for the test session that serves a build it has already made (docs/testing.md,
-"Time: the compiler cache").
+"The compiler cache").
 
 Most of a compile test's CPU is g++, and most of that is the same work in every simulated
 machine: torch's vector-ISA probes (six small programs, ~8 s on this machine) and the
