@@ -30,6 +30,7 @@ from objcache.integrations import cache_client, patching
 from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
+from objcache.integrations.torch.precompile import torch_edits
 from objcache.integrations.torch.remote import (
     custom_ops,
     keycard_capture,
@@ -321,6 +322,10 @@ def _apply_op_kernels(module: Any) -> None:
     custom_ops.apply([], module)  # ``Library.impl``: each kernel's function, as registered
 
 
+def _apply_torch_edits(module: Any) -> None:
+    torch_edits.remember(module.__name__)  # before the program's first line after the import
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "op_kernels": _apply_op_kernels,
@@ -334,6 +339,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "vllm": _apply_vllm,
     "vllm_aot": _apply_vllm_aot,
     "triton_host": _apply_triton_host,
+    "torch_edits": _apply_torch_edits,
 }
 
 
@@ -401,8 +407,6 @@ def install(config: Any | None = None) -> None:
     process-wide client is rebuilt from it; otherwise it is built from ``OBJCACHE_*`` on
     first use.
     """
-    import importlib
-
     with _lock:
         if config is not None:
             cache_client.get_client(config)
@@ -414,15 +418,25 @@ def install(config: Any | None = None) -> None:
         for name in WATCHED:
             if name in watched.NOT_IMPORTED and name not in sys.modules:
                 continue  # another package's module: hooked when it is imported
-            try:
-                module = importlib.import_module(name)
-            except Exception as exc:
-                failed(f"import {name}", exc)
-                continue
-            apply_part(name, module)
+            if name not in watched.IMPORTED_AFTER_START:
+                _import_and_apply(name)
         if config is None:
             _enable_in_children()
     start_client()
+    with _lock:
+        for name in sorted(watched.IMPORTED_AFTER_START):
+            _import_and_apply(name)
+
+
+def _import_and_apply(name: str) -> None:
+    import importlib
+
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        failed(f"import {name}", exc)
+        return
+    apply_part(name, module)
 
 
 def _enable_in_children() -> None:

@@ -131,21 +131,13 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
 
 
 def _function_namespaces() -> list[tuple[str, dict[str, Any]]]:
-    """The globals of :data:`FUNCTION_NAMESPACES` loaded now (``torch._C._nn`` and its kin
-    are reached as attributes: they are not in ``sys.modules``), and of each of torch's own
+    """The globals of :data:`FUNCTION_NAMESPACES` loaded now, and of each of torch's own
     modules they hold: torch's code calls through such a module at call time
     (``F.mse_loss`` reads ``_Reduction.get_enum``, ``torch.nn._reduction``'s; the eleventh
     review replaced it and a new machine was served the writer's code, off by 602), so a
     function the program put there runs in the trace as one put in the namespace itself
     would. Inductor's own modules are read as Inductor's (:func:`_loaded`)."""
-    listed: list[tuple[str, dict[str, Any]]] = []
-    for name in FUNCTION_NAMESPACES:
-        module = sys.modules.get(name)
-        if module is None and name.startswith("torch._C."):
-            module = getattr(sys.modules.get("torch._C"), name.rsplit(".", 1)[1], None)
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
-            listed.append((name, namespace))
+    listed = [(name, vars(module)) for name, module in loaded_function_namespaces()]
     found = list(listed)
     seen = {id(namespace) for _, namespace in listed}
     for _, namespace in listed:
@@ -163,6 +155,19 @@ def _function_namespaces() -> list[tuple[str, dict[str, Any]]]:
             ):
                 seen.add(id(held))
                 found.append((held_name, held))
+    return found
+
+
+def loaded_function_namespaces() -> list[tuple[str, Any]]:
+    """``(name, module)`` for each of :data:`FUNCTION_NAMESPACES` loaded now (``torch._C._nn``
+    and its kin are reached as attributes: they are not in ``sys.modules``)."""
+    found: list[tuple[str, Any]] = []
+    for name in FUNCTION_NAMESPACES:
+        module = sys.modules.get(name)
+        if module is None and name.startswith("torch._C."):
+            module = getattr(sys.modules.get("torch._C"), name.rsplit(".", 1)[1], None)
+        if isinstance(getattr(module, "__dict__", None), dict):
+            found.append((name, module))
     return found
 
 

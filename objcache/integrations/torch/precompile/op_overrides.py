@@ -23,6 +23,7 @@ from typing import Any
 from objcache.integrations.torch.precompile import (
     inductor_namespace,
     program_registrations,
+    torch_edits,
     traced_code,
 )
 
@@ -292,14 +293,16 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
 
 
 def _named(overridden: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """The overridden ops and the program's table entries, each named as it is now (the
-    values its kernels read may have changed since the registrations did)."""
+    """The overridden ops, the program's table entries and its edits of torch's own data
+    and tables, each named as it is now (the values its kernels read may have changed since
+    the registrations did)."""
     found = tuple((f"override:{name}", op_identity(name)) for name in overridden)
     return (
         found
         + program_registrations.table_overrides()
         + program_registrations.config_callables()
         + inductor_namespace.overrides()
+        + torch_edits.changes()
     )
 
 

@@ -62,6 +62,15 @@ def layer_norm(x, shape, weight=None, bias=None, eps=1e-5, cudnn_enable=False):
 torch.layer_norm = layer_norm
 """
 
+#: Inductor told to run ``sin`` with ATen's kernel (``make_fallback``, what users do to work
+#: around a lowering): the entry is a closure of torch's own, replacing the release's lowering.
+FALLBACK = """
+import torch
+from torch._inductor.lowering import make_fallback
+
+make_fallback(torch.ops.aten.sin.default, warn=False)
+"""
+
 PROGRAM = """\
 import json
 import torch
@@ -109,9 +118,10 @@ def test_another_implementation_of_what_a_graph_calls_is_a_miss_not_the_writers_
     tmp_path: Path,
 ) -> None:
     """A machine whose kernel library is at another version, whose program registers its own
-    kernel of one of torch's ops, or whose program replaces a function of torch's namespaces
-    that torch's own code calls: each misses and computes eager's result; the same library
-    and program are served."""
+    kernel of one of torch's ops, whose program replaces a function of torch's namespaces
+    that torch's own code calls, or whose program replaces one of Inductor's lowerings with
+    torch's own fallback: each misses and computes eager's result; the same library and
+    program are served."""
     writer = run(tmp_path, "writer", "2.0")
     assert writer["same"] and writer["custom_ops"].get("keyed_graphs", 0) >= 1, writer
     same = run(tmp_path, "same", "2.0")  # the same library: served as before
@@ -126,6 +136,10 @@ def test_another_implementation_of_what_a_graph_calls_is_a_miss_not_the_writers_
     replaced = run(tmp_path, "replaced", "2.0", TORCH_FUNCTION)
     assert replaced["same"], replaced
     assert replaced["aot_hits"] == 0 and replaced["fx_hits"] == 0, replaced
+    # one of Inductor's lowerings replaced with torch's own fallback after the install
+    fallback = run(tmp_path, "fallback", "2.0", FALLBACK)
+    assert fallback["same"], fallback
+    assert fallback["aot_hits"] == 0 and fallback["fx_hits"] == 0, fallback
 
 
 @pytest.mark.parametrize("written", ["plainly", "with functools.wraps"])

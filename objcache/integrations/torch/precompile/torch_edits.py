@@ -1,0 +1,213 @@
+"""The program's edits of torch's own data and of Inductor's tables, found against what
+torch's modules held as they were imported (docs/torch.md, "Custom ops in the keys").
+
+Torch's code reads plain data of its own modules while AOTAutograd traces
+(``torch._prims_common._computation_dtype_map``: the dtype a normalization's decomposition
+computes in), and a program can put into Inductor's lowering table a function torch's own
+helper made (``make_fallback(aten.exp.default)`` stores ``fallback_handler``'s closure, whose
+code is torch's). Neither holds code of the program's, so no reading of what the program put
+there names them (:mod:`.inductor_namespace`, :mod:`.program_registrations`); they are found
+as differences from the release: :func:`remember` takes a copy as torch and Inductor's
+lowering module finish importing (a part of the install), and :func:`changes` names what
+differs at every key.
+
+Only replaced and removed entries of a table count: Inductor adds entries as it compiles (a
+fallback for an op without a lowering), so what a table gained depends on what the process
+compiled before, never on the program. Measured on torch 2.13.0 and 2.15.0: compiling
+forward, backward, dynamic shapes, einsum, FFT and normalizations changed none of the data
+read here, and replaced or removed no table entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sys
+import threading
+from typing import Any
+
+from objcache.integrations.torch.precompile import (
+    inductor_namespace,
+    program_registrations,
+    traced_code,
+)
+
+#: How deep a module's container is copied and compared (a dict of tuples of dtypes).
+MAX_DEPTH = 2
+#: A container past this many items is not copied (torch's largest plain table holds ~100).
+MAX_ITEMS = 4096
+
+_lock = threading.Lock()
+#: "module.name" -> (the module's globals, the name, a copy of the value as imported)
+_data: dict[str, tuple[dict[str, Any], str, Any]] = {}
+#: modules whose data is remembered
+_modules: set[str] = set()
+#: id(table) -> (its label, the table, a copy as first seen)
+_tables: dict[int, tuple[str, dict[Any, Any], dict[Any, Any]]] = {}
+#: (the identities read last, the changes named then)
+_memo: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+
+_MISSING = object()
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def remember(finished: str = "") -> None:
+    """Copy the plain data of torch's loaded function namespaces and the entries of
+    Inductor's loaded tables, each the first time it is seen (never raises). ``finished``:
+    a module whose body has just run (the import watcher calls before Python marks it
+    imported)."""
+    # a module torch did not finish, a table changing in another thread: copied next time
+    with contextlib.suppress(Exception):
+        _remember(finished)
+
+
+def _remember(finished: str) -> None:
+    leaves = _leaves()
+    with _lock:
+        for name, namespace in _namespaces(finished):
+            if name in _modules:
+                continue
+            _modules.add(name)
+            for attr, value in list(namespace.items()):
+                if attr.startswith("__"):
+                    continue
+                copied = _copy(value, leaves, 0)
+                if copied is not _MISSING:
+                    _data[f"{name}.{attr}"] = (namespace, attr, copied)
+        for label, table in program_registrations.tables():
+            if id(table) not in _tables:
+                _tables[id(table)] = (label, table, dict(table))
+        _memo.clear()
+
+
+def _namespaces(finished: str) -> list[tuple[str, dict[str, Any]]]:
+    """The globals of each of torch's function namespaces that finished importing."""
+    return [
+        (name, vars(module))
+        for name, module in inductor_namespace.loaded_function_namespaces()
+        if name == finished
+        or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+    ]
+
+
+def _leaves() -> tuple[type, ...]:
+    """The kinds of value copied as they are: Python's scalars, torch's dtypes, devices,
+    layouts and memory formats, enum members and classes (compared by identity)."""
+    torch = sys.modules.get("torch")
+    kinds = [getattr(torch, name, None) for name in ("dtype", "device", "layout", "memory_format")]
+    return (*_SCALARS, *(k for k in kinds if isinstance(k, type)), type, enum.Enum)
+
+
+def _copy(value: Any, leaves: tuple[type, ...], depth: int) -> Any:
+    """A copy of plain data (a leaf, or a container of them to :data:`MAX_DEPTH`), else
+    ``_MISSING``: a function, a module, a registry of objects is not data read here."""
+    kind = type(value)
+    if kind in _CONTAINERS:
+        if depth >= MAX_DEPTH or len(value) > MAX_ITEMS:
+            return _MISSING
+        if kind is dict:
+            items = {}
+            for key, item in list(value.items()):
+                if not isinstance(key, leaves):
+                    return _MISSING
+                copied = _copy(item, leaves, depth + 1)
+                if copied is _MISSING:
+                    return _MISSING
+                items[key] = copied
+            return items
+        copies = [_copy(item, leaves, depth + 1) for item in list(value)]
+        if any(item is _MISSING for item in copies):
+            return _MISSING
+        return kind(copies)
+    if isinstance(value, leaves):
+        return value
+    return _MISSING
+
+
+def _same(now: Any, then: Any) -> bool:
+    """Whether a value equals its copy, item by item (an identical NaN is the same)."""
+    if now is then:
+        return True
+    if type(now) is not type(then):
+        return False
+    if type(now) is dict:
+        return list(now) == list(then) and all(_same(now[k], then[k]) for k in then)
+    if type(now) in (list, tuple):
+        return len(now) == len(then) and all(map(_same, now, then))
+    try:
+        return bool(now == then)
+    except Exception:
+        return False
+
+
+def _read_token() -> int:
+    """The identities of everything :func:`changes` compares, in one C-level hash."""
+    ids: list[int] = [len(_data)]
+    for namespace, attr, _ in _data.values():
+        _ids(namespace.get(attr, _MISSING), ids, 0)
+    for _, table, _ in _tables.values():
+        ids.append(len(table))
+        ids.extend(map(id, list(table.values())))
+    return hash(tuple(ids))
+
+
+def _ids(value: Any, ids: list[int], depth: int) -> None:
+    ids.append(id(value))
+    if type(value) in _CONTAINERS and depth < MAX_DEPTH:
+        ids.append(len(value))
+        for item in list(value.values() if type(value) is dict else value):
+            _ids(item, ids, depth + 1)
+
+
+def changes() -> tuple[tuple[str, str], ...]:
+    """``((label, identity), ...)`` for each value of torch's data that differs from the
+    release's (``torch_data:<module>.<name>``) and each entry of Inductor's tables the
+    program replaced or removed (``replaced:<table>:<op>``): empty where nothing was."""
+    remember()  # a module imported since (torch's random decompositions, on first use)
+    with _lock:
+        token = _read_token()
+        if _memo and _memo[0][0] == token:
+            return _memo[0][1]
+        data = list(_data.items())
+        tables = list(_tables.values())
+    found: list[tuple[str, str]] = []
+    for label, (namespace, attr, then) in data:
+        now = namespace.get(attr, _MISSING)
+        if not _same(now, then):
+            found.append((f"torch_data:{label}", "removed" if now is _MISSING else _identity(now)))
+    for label, table, then in tables:
+        for op, entry in list(then.items()):
+            now = table.get(op, _MISSING)
+            if now is not entry:
+                named = "removed" if now is _MISSING else _identity(now)
+                found.append((f"replaced:{label}:{op}", named))
+    result = tuple(sorted(found))
+    with _lock:
+        _memo[:] = [(token, result)]
+    return result
+
+
+def _identity(value: Any) -> str:
+    """What a changed value is: plain data by value, torch's function (``fallback_handler``'s
+    closure) by its name and what it closes over, the program's by what it computes."""
+    code = getattr(value, "__code__", None)
+    if code is not None and program_registrations.in_torch(code.co_filename):
+        cells = getattr(value, "__closure__", None) or ()
+        held = []
+        for cell in cells:
+            try:
+                held.append(traced_code.value_identity(cell.cell_contents, 1))
+            except ValueError:  # an empty cell
+                held.append("empty")
+        return f"torch:{getattr(code, 'co_qualname', code.co_name)}:{held}"
+    return traced_code.value_identity(value, 0)
+
+
+def reset() -> None:
+    """Forget every copy (tests)."""
+    with _lock:
+        _data.clear()
+        _modules.clear()
+        _tables.clear()
+        _memo.clear()

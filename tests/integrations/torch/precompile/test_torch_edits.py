@@ -1,0 +1,126 @@
+"""The program's edits of torch's own data and of Inductor's tables (docs/torch.md, "Custom
+ops in the keys"): a value of torch's that differs from what the release held as imported
+keys every graph, by what it is now; what Inductor adds while it compiles keys nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from objcache.integrations.torch.precompile import op_overrides, torch_edits
+from tests.support import torch_runs
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _remembered() -> Iterator[None]:
+    """Copies taken now, as the install takes them when torch and Inductor's lowering
+    module finish importing."""
+    import torch._inductor.lowering  # noqa: F401
+
+    torch_edits.reset()
+    torch_edits.remember()
+    yield
+    torch_edits.reset()
+
+
+def test_torch_as_imported_names_nothing() -> None:
+    """No edit: every graph keeps torch's key."""
+    assert torch_edits.changes() == ()
+
+
+def test_a_table_of_torch_s_data_edited_in_place_is_named_by_its_value() -> None:
+    """``_computation_dtype_map[torch.bfloat16] = torch.bfloat16`` (a "fast low-precision"
+    setting: the normalization decompositions compute bfloat16 in bfloat16): named while
+    in place, the same way in any process; put back, nothing."""
+    import torch._prims_common as common
+
+    table = common._computation_dtype_map
+    before = table[torch.bfloat16]
+    table[torch.bfloat16] = torch.bfloat16
+    try:
+        found = dict(torch_edits.changes())
+        label = "torch_data:torch._prims_common._computation_dtype_map"
+        assert list(found) == [label]
+        assert "bfloat16" in found[label] and "0x" not in found[label]
+        assert dict(op_overrides._named(()))[label] == found[label]  # in every key
+    finally:
+        table[torch.bfloat16] = before
+    assert torch_edits.changes() == ()
+
+
+def test_a_constant_rebound_or_removed_is_named() -> None:
+    import torch.nn.functional as F
+
+    modes = F.GRID_SAMPLE_PADDING_MODES
+    F.GRID_SAMPLE_PADDING_MODES = {**modes, "planted": 9}
+    try:
+        assert [label for label, _ in torch_edits.changes()] == [
+            "torch_data:torch.nn.functional.GRID_SAMPLE_PADDING_MODES"
+        ]
+        del F.GRID_SAMPLE_PADDING_MODES
+        assert torch_edits.changes() == (
+            ("torch_data:torch.nn.functional.GRID_SAMPLE_PADDING_MODES", "removed"),
+        )
+    finally:
+        F.GRID_SAMPLE_PADDING_MODES = modes
+    assert torch_edits.changes() == ()
+
+
+def test_a_lowering_replaced_with_torch_s_own_fallback_is_named() -> None:
+    """``make_fallback(aten.exp.default)``: the entry is a closure torch's lowering module
+    made, so it reads as torch's; it differs from the release's lowering, and is named by
+    the function and the op it closes over (no address)."""
+    from torch._inductor import lowering
+
+    op = torch.ops.aten.exp.default
+    released = lowering.lowerings[op]
+    lowering.make_fallback(op, warn=False)
+    try:
+        (label, named), *rest = torch_edits.changes()
+        assert label == "replaced:lowering:aten.exp.default" and not rest
+        assert named.startswith("torch:") and "fallback" in named and "0x" not in named
+    finally:
+        lowering.lowerings[op] = released
+    assert torch_edits.changes() == ()
+
+
+def test_an_entry_removed_is_named_and_an_entry_added_is_not() -> None:
+    """Inductor adds a fallback for an op without a lowering as it compiles (what a table
+    gained depends on what the process compiled before); a removed entry is the program's."""
+    from torch._inductor import decomposition, lowering
+
+    added = torch.ops.aten._nested_tensor_from_mask.default
+    assert added not in lowering.lowerings
+    lowering.make_fallback(added, warn=False)  # what Inductor does as it meets the op
+    removed = next(iter(decomposition.decompositions))
+    entry = decomposition.decompositions.pop(removed)
+    try:
+        assert torch_edits.changes() == ((f"replaced:decomposition:{removed}", "removed"),)
+    finally:
+        decomposition.decompositions[removed] = entry
+        lowering.lowerings.pop(added, None)
+    assert torch_edits.changes() == ()
+
+
+def test_the_zero_code_path_copies_as_import_torch_returns(tmp_path: Path) -> None:
+    """Copied as ``import torch`` returns, so an edit on the program's next line is a
+    change (an explicit ``install()`` copies when it runs)."""
+    site_dir = torch_runs.make_site_dir(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_ENABLE="1")
+    env["OBJCACHE_LOCAL_DIR"] = str(tmp_path / "local")
+    code = (
+        f"import site; site.addsitedir({str(site_dir)!r})\n"
+        "import torch\n"
+        "import torch._prims_common as common\n"
+        "common._computation_dtype_map[torch.bfloat16] = torch.bfloat16\n"
+        "from objcache.integrations.torch.precompile import torch_edits\n"
+        "print(*(label for label, _ in torch_edits.changes()))\n"
+    )
+    out = torch_runs.python_c(code, env).split()
+    assert out == ["torch_data:torch._prims_common._computation_dtype_map"]
