@@ -219,7 +219,7 @@ def _stable_hash(read: Callable[[], Any]) -> int:
 def _read() -> tuple[int, list[tuple[str, Any]]]:
     """(the token, the program's values with where they are): each class dict and registry
     by the identities it holds, scanned again only where those changed."""
-    compile_id = _compile_id()
+    compile_id = current_compile_id()
     with _lock:
         if compile_id is not None and _read_memo and _read_memo[0][0] == compile_id:
             return _read_memo[0][1]
@@ -279,7 +279,8 @@ def _overall(namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]
     )
 
 
-def _compile_id() -> Any:
+def current_compile_id() -> Any:
+    """The frame compile Dynamo is in (None outside one): one compile's keys share a reading."""
     guards = sys.modules.get("torch._guards")
     context = getattr(guards, "CompileContext", None)
     try:
