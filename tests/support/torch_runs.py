@@ -216,6 +216,17 @@ def python_c(code: str, env: Mapping[str, str]) -> str:
 FILE_STORE_TIMEOUT_MS = "5000"
 
 
+def zero_code_python(tmp_path: Path, program: str) -> str:
+    """``program``'s output in a process where objcache is on through the zero-code path
+    (the ``.pth`` of a site folder, ``OBJCACHE_ENABLE=1``, a local tier under ``tmp_path``)."""
+    site_dir = make_site_dir(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(
+        PYTHONPATH=str(ROOT), OBJCACHE_ENABLE="1", OBJCACHE_LOCAL_DIR=str(tmp_path / "local")
+    )
+    return python_c(f"import site; site.addsitedir({str(site_dir)!r})\n{program}", env)
+
+
 def precompile_machine_env(path: Path, store: Path) -> dict[str, str]:
     """A fresh simulated machine at ``path`` (created) on the ``file://`` store ``store``,
     precompile entries on, no prefetch: the writer/reader tests' machines."""

@@ -24,7 +24,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from objcache.integrations.install.watched import WATCHED, on_stop_watching
+from objcache.integrations.install.watched import WATCHED, WATCHED_PACKAGES, on_stop_watching
 from objcache.integrations.install.zero_code_switch import enabled
 
 __all__ = ["activate", "disable", "enabled"]
@@ -37,14 +37,18 @@ _disabled = False
 class _PostImportFinder:
     """Finds nothing itself: wraps the real loader of a watched module to run a hook after it."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], packages: Sequence[str] = ()) -> None:
         self.names = set(names)
+        #: every module under these is watched, for as long as the finder is in place
+        self.packages = tuple(f"{package}." for package in packages)
         self._busy: set[str] = set()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname not in self.names or fullname in self._busy:
+        if fullname in self._busy or (
+            fullname not in self.names and not fullname.startswith(self.packages)
+        ):
             return None
         self._busy.add(fullname)
         try:
@@ -85,7 +89,7 @@ def _imported(name: str, module: ModuleType) -> None:
     with _lock:
         if _finder is not None:
             _finder.names.discard(name)
-            if not _finder.names:
+            if not _finder.names and not _finder.packages:
                 _remove_finder()
         if _disabled:
             return
@@ -125,8 +129,8 @@ def activate(environ: Mapping[str, str] | None = None) -> bool:
         with _lock:
             _disabled = False
             pending = [n for n in WATCHED if n not in sys.modules]
-            if pending and _finder is None:
-                _finder = _PostImportFinder(pending)
+            if (pending or WATCHED_PACKAGES) and _finder is None:
+                _finder = _PostImportFinder(pending, list(WATCHED_PACKAGES))
                 sys.meta_path.insert(0, _finder)
         for name in WATCHED:
             if name in sys.modules:

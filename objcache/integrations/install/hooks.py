@@ -30,7 +30,7 @@ from objcache.integrations import cache_client, patching
 from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import torch_edits
+from objcache.integrations.torch.precompile import inductor_namespace, torch_edits
 from objcache.integrations.torch.remote import (
     custom_ops,
     keycard_capture,
@@ -326,6 +326,10 @@ def _apply_torch_edits(module: Any) -> None:
     torch_edits.remember(module.__name__)  # before the program's first line after the import
 
 
+def _apply_inductor_code(module: Any) -> None:
+    inductor_namespace.remember_module(module)
+
+
 #: Each part of the install -> the function applying it to its torch module.
 APPLY: dict[Part, Callable[[Any], None]] = {
     "op_kernels": _apply_op_kernels,
@@ -340,6 +344,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "vllm_aot": _apply_vllm_aot,
     "triton_host": _apply_triton_host,
     "torch_edits": _apply_torch_edits,
+    "inductor_code": _apply_inductor_code,
 }
 
 
@@ -388,7 +393,9 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
         try:
             mod = module if module is not None else sys.modules[module_name]
             features.executed(module_name)
-            APPLY[WATCHED[module_name]](mod)
+            part = watched.part_of(module_name)
+            if part is not None:
+                APPLY[part](mod)
             _installed_parts.add(module_name)
         except Exception as exc:
             (_swap_failed if module_name == REMOTE_CACHES else failed)(

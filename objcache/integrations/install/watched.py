@@ -29,6 +29,7 @@ Part = Literal[
     "vllm_aot",
     "triton_host",
     "torch_edits",
+    "inductor_code",
 ]
 
 #: torch module -> the part of the install applied once it is imported, in install order.
@@ -59,6 +60,22 @@ WATCHED: dict[str, Part] = {
     # Triton is imported, never imported by ``install()``
     "triton.runtime.build": "triton_host",
 }
+
+#: Packages each module of which is hooked as it is imported (by the zero-code path only):
+#: what Inductor's classes and functions are as torch defines them, before the program can
+#: re-point one (docs/torch.md, "Custom ops in the keys").
+WATCHED_PACKAGES: dict[str, Part] = {"torch._inductor": "inductor_code"}
+
+
+def part_of(name: str) -> Part | None:
+    """The part applied once ``name`` is imported, if any."""
+    part = WATCHED.get(name)
+    if part is None:
+        for package, package_part in WATCHED_PACKAGES.items():
+            if name.startswith(package + "."):
+                return package_part
+    return part
+
 
 #: Watched modules of other packages than torch: hooked when imported, never imported.
 NOT_IMPORTED: frozenset[str] = frozenset(

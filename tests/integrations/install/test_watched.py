@@ -14,4 +14,5 @@ def test_every_watched_module_has_a_part_that_applies_it() -> None:
     from objcache.integrations.install import hooks, watched
 
     assert set(hooks.APPLY) == set(get_args(watched.Part))
-    assert set(watched.WATCHED.values()) == set(hooks.APPLY)
+    parts = set(watched.WATCHED.values()) | set(watched.WATCHED_PACKAGES.values())
+    assert parts == set(hooks.APPLY)

@@ -244,6 +244,8 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
             programs = known[2]
         else:
             programs = scan(where, held)
+            if scan is _scan_namespace:
+                programs += _repointed(where, held, {label for label, _ in programs})
         seen[id(held)] = (held, now, programs)
         found.extend(programs)
     result = (overall, found)
@@ -295,9 +297,72 @@ def overrides() -> tuple[tuple[str, str], ...]:
     return tuple((label, _identity(value)) for label, value in _read()[1])
 
 
+#: namespace -> a copy of its code as first seen (before the program ran, where the install
+#: saw it imported): what torch's release holds there
+_release: dict[str, dict[str, Any]] = {}
+#: What torch's release holds as code in a namespace, compared by identity (by type alone:
+#: ``isinstance`` reads ``__class__``, which a deprecated alias answers with a warning).
+_CODE_KINDS = frozenset(
+    {types.FunctionType, types.BuiltinFunctionType, staticmethod, classmethod, property}
+)
+#: A name the program deleted from a namespace (``del CppOverrides.sigmoid``).
+_REMOVED = object()
+
+
+def remember_release() -> None:
+    """Copy the code of every namespace loaded now and not copied yet (the install calls this
+    as torch and Inductor's lowering module finish importing; a namespace loaded later is
+    copied when a compile first reads it)."""
+    namespaces, _ = _loaded()
+    with _lock:
+        for where, held in namespaces:
+            if where not in _release:
+                _release[where] = dict(held)  # in C; only its code is compared
+
+
+def remember_module(module: Any) -> None:
+    """Copy the namespaces one of Inductor's modules defines, as its import ends (the
+    zero-code path's import watcher: the program may import a code generator and re-point
+    one of its methods before any compile)."""
+    name = getattr(module, "__name__", "")
+    if not name.startswith(PACKAGE + ".") or name.startswith(COMPILED_MODULES):
+        return
+    namespaces, _ = _module_layout(name, vars(module))
+    with _lock:
+        for where, held in namespaces:
+            if where not in _release:
+                _release[where] = dict(held)
+
+
+def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, Any]]:
+    """Torch's own code the program moved in a namespace: a name pointed at another of
+    torch's functions (``CppOverrides.sigmoid = CppOverrides.tanh``; the program's own code
+    is :func:`_scan_namespace`'s) or deleted, against the namespace's first copy. Torch's
+    59 aliases (``get_device_or_error = get_device``) are in that copy: they name nothing."""
+    with _lock:
+        release = _release.get(where)
+        if release is None:
+            _release[where] = dict(namespace)
+            return []
+    found: list[tuple[str, Any]] = []
+    for attr, then in list(release.items()):
+        kind = type(then)
+        if kind not in _CODE_KINDS and not issubclass(kind, type):
+            continue  # data: Inductor's own caches and counters change as it compiles
+        now = namespace.get(attr, _REMOVED)
+        if now is then or (now is not _REMOVED and _own_attr(now, "__wrapped__") is then):
+            continue  # a wrapper of the release's own (Dynamo's ``disable`` of ``jit.trace``)
+        label = f"{_label(where)}:{where}.{attr}"
+        if label not in named:
+            found.append((label, now))
+    return found
+
+
 def _identity(value: Any) -> str:
     """A found value by what it computes; torch's own function closing over the program's
     (``register_custom_op_autotuning``'s lowering and its configs) by what it holds."""
+    if value is _REMOVED:
+        return "removed"
     if type(value) is types.FunctionType and _torch_closure(value):
         held = program_registrations.entry_functions(value)
         return "|".join(",".join(program_registrations.identity(item)) for item in held)

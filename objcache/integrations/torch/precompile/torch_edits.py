@@ -60,6 +60,8 @@ def remember(finished: str = "") -> None:
     # a module torch did not finish, a table changing in another thread: copied next time
     with contextlib.suppress(Exception):
         _remember(finished)
+    with contextlib.suppress(Exception):
+        inductor_namespace.remember_release()
 
 
 def _remember(finished: str) -> None:

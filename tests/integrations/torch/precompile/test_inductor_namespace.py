@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from objcache.integrations.torch.precompile import inductor_namespace, program_registrations
 from objcache.integrations.torch.remote import custom_ops
+from tests.support import torch_runs
 
 torch = pytest.importorskip("torch")
 
@@ -212,3 +214,46 @@ def test_a_function_of_a_torch_module_a_namespace_holds_is_named() -> None:
     finally:
         reduction.get_enum = original
     assert _fresh() == ()
+
+
+def test_a_method_pointed_at_another_of_torch_s_is_named_and_a_wrapper_of_torch_s_is_not() -> None:
+    """``CppOverrides.sigmoid = CppOverrides.tanh``: torch's own code, so no reading of the
+    program's finds it; it differs from the copy of the class taken as its module was
+    imported (the eighth review: a new machine without it was served ``tanh``'s code, off
+    by 1.09). Deleted, it is named too; Dynamo's wrapper of ``torch.jit.trace``, which every
+    first compile puts in place of torch's own, is not."""
+    from torch._inductor.codegen.cpp import CppOverrides
+
+    inductor_namespace.remember_release()
+    released = vars(CppOverrides)["sigmoid"]
+    label = "inductor:torch._inductor.codegen.cpp.CppOverrides.sigmoid"
+    try:
+        CppOverrides.sigmoid = CppOverrides.tanh
+        found = dict(_fresh())
+        assert list(found) == [label] and "tanh" in found[label] and "0x" not in found[label]
+        del CppOverrides.sigmoid
+        assert dict(_fresh()) == {label: "removed"}
+    finally:
+        CppOverrides.sigmoid = released
+    assert _fresh() == ()
+    trace = torch.jit.trace
+    torch.jit.trace = torch._dynamo.disable(trace)
+    try:
+        assert _fresh() == ()
+    finally:
+        torch.jit.trace = trace
+
+
+def test_the_zero_code_path_copies_each_inductor_module_as_it_is_imported(
+    tmp_path: Path,
+) -> None:
+    """A program that imports a code generator and re-points one of its methods before any
+    compile is named: the copy was taken as the module's import ended."""
+    code = (
+        "from torch._inductor.codegen.cpp import CppOverrides\n"
+        "CppOverrides.sigmoid = CppOverrides.tanh\n"
+        "from objcache.integrations.torch.precompile import inductor_namespace\n"
+        "print(*(label for label, _ in inductor_namespace.overrides()))\n"
+    )
+    out = torch_runs.zero_code_python(tmp_path, code).split()
+    assert out == ["inductor:torch._inductor.codegen.cpp.CppOverrides.sigmoid"]

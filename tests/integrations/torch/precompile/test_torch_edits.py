@@ -4,7 +4,6 @@ keys every graph, by what it is now; what Inductor adds while it compiles keys n
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,17 +109,13 @@ def test_an_entry_removed_is_named_and_an_entry_added_is_not() -> None:
 def test_the_zero_code_path_copies_as_import_torch_returns(tmp_path: Path) -> None:
     """Copied as ``import torch`` returns, so an edit on the program's next line is a
     change (an explicit ``install()`` copies when it runs)."""
-    site_dir = torch_runs.make_site_dir(tmp_path / "site")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
-    env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_ENABLE="1")
-    env["OBJCACHE_LOCAL_DIR"] = str(tmp_path / "local")
-    code = (
-        f"import site; site.addsitedir({str(site_dir)!r})\n"
-        "import torch\n"
-        "import torch._prims_common as common\n"
-        "common._computation_dtype_map[torch.bfloat16] = torch.bfloat16\n"
-        "from objcache.integrations.torch.precompile import torch_edits\n"
-        "print(*(label for label, _ in torch_edits.changes()))\n"
-    )
-    out = torch_runs.python_c(code, env).split()
+    edit = "common._computation_dtype_map[torch.bfloat16] = torch.bfloat16"
+    program = [
+        "import torch",
+        "import torch._prims_common as common",
+        edit,
+        "from objcache.integrations.torch.precompile.torch_edits import changes",
+        "print(*(label for label, _ in changes()))",
+    ]
+    out = torch_runs.zero_code_python(tmp_path, "\n".join(program)).split()
     assert out == ["torch_data:torch._prims_common._computation_dtype_map"]
