@@ -327,7 +327,9 @@ def remember_module(module: Any) -> None:
     name = getattr(module, "__name__", "")
     if not name.startswith(PACKAGE + ".") or name.startswith(COMPILED_MODULES):
         return
-    namespaces, _ = _module_layout(name, vars(module))
+    module_dict = vars(module)
+    namespaces, registries = _module_layout(name, module_dict)
+    _modules[name] = (module, len(module_dict), namespaces, registries)  # what a read reuses
     with _lock:
         for where, held in namespaces:
             if where not in _release:
