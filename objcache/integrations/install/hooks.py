@@ -30,7 +30,7 @@ from objcache.integrations import cache_client, patching
 from objcache.integrations.install import features, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.precompile import inductor_namespace, torch_edits
+from objcache.integrations.torch.precompile import torch_edits
 from objcache.integrations.torch.remote import (
     custom_ops,
     keycard_capture,
@@ -327,7 +327,7 @@ def _apply_torch_edits(module: Any) -> None:
 
 
 def _apply_inductor_code(module: Any) -> None:
-    inductor_namespace.remember_module(module)
+    torch_edits.remember_module(module)
 
 
 #: Each part of the install -> the function applying it to its torch module.

@@ -42,8 +42,39 @@ _lock = threading.Lock()
 _data: dict[str, tuple[dict[str, Any], str, Any]] = {}
 #: modules whose data is remembered
 _modules: set[str] = set()
+_DECOMPOSITION = "torch._inductor.decomposition"
+#: Inductor modules whose data is remembered
+_inductor_modules: set[str] = set()
 #: id(table) -> (its label, the table, a copy as first seen)
 _tables: dict[int, tuple[str, dict[Any, Any], dict[Any, Any]]] = {}
+
+#: Inductor's and AOTAutograd's tables: (label, module, attribute, the module whose import
+#: completes it: Inductor's decomposition module adds its random decompositions to the table
+#: torch._decomp defines). Torch grows only the lowering table while it compiles (a fallback
+#: for an op without a lowering, made on demand); an entry added to another is the program's.
+TABLES = (
+    ("decomposition", _DECOMPOSITION, "decompositions", _DECOMPOSITION),
+    ("lowering", "torch._inductor.lowering", "lowerings", "torch._inductor.lowering"),
+    (
+        "decomposition",
+        "torch._functorch.aot_autograd",
+        "aot_autograd_decompositions",
+        "torch._functorch.aot_autograd",
+    ),
+    (
+        "random decomposition",
+        "torch._decomp.decompositions_for_rng",
+        "extra_random_decomps",
+        _DECOMPOSITION,
+    ),
+)
+#: Where Inductor's cached table comes from: ``{**decompositions, **extra_random_decomps}``,
+#: made at the first compile (the program may have edited either before; compared with the
+#: same merge of their copies).
+_MERGED = ("decompositions", "extra_random_decomps")
+_GROWN_BY_TORCH = frozenset({"lowering"})
+#: how many modules were loaded when :func:`changes` last copied what was new
+_loaded_at: list[int] = []
 #: (the frame compile, the identities read then, the changes named then)
 _memo: list[tuple[Any, int, tuple[tuple[str, str], ...]]] = []
 
@@ -53,15 +84,30 @@ _CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def remember(finished: str = "") -> None:
-    """Copy the plain data of torch's loaded function namespaces and the entries of
-    Inductor's loaded tables, each the first time it is seen (never raises). ``finished``:
-    a module whose body has just run (the import watcher calls before Python marks it
-    imported)."""
+    """Copy the plain data of torch's loaded function namespaces and of Inductor's loaded
+    modules, and the entries of the loaded tables, each the first time it is seen (never
+    raises). ``finished``: a module whose body has just run (the import watcher calls before
+    Python marks it imported)."""
     # a module torch did not finish, a table changing in another thread: copied next time
     with contextlib.suppress(Exception):
         _remember(finished)
     with contextlib.suppress(Exception):
         inductor_namespace.remember_release()
+
+
+def remember_module(module: Any) -> None:
+    """Copy what one of Inductor's modules defines as its import ends (the zero-code path's
+    import watcher: the program may edit it before any compile): its code
+    (:func:`.inductor_namespace.remember_module`), its data and its table (never raises)."""
+    with contextlib.suppress(Exception):
+        inductor_namespace.remember_module(module)
+    with contextlib.suppress(Exception):
+        name = getattr(module, "__name__", "")
+        if name.startswith(inductor_namespace.COMPILED_MODULES):
+            return
+        with _lock:
+            _remember_inductor_data(name, module, _leaves())
+            _remember_tables(name)
 
 
 def _remember(finished: str) -> None:
@@ -77,9 +123,52 @@ def _remember(finished: str) -> None:
                 copied = _copy(value, leaves, 0)
                 if copied is not _MISSING:
                     _data[f"{name}.{attr}"] = (namespace, attr, copied)
-        for label, table in program_registrations.tables():
-            if id(table) not in _tables:
-                _tables[id(table)] = (label, table, dict(table))
+        package = inductor_namespace.PACKAGE
+        for name, module in list(sys.modules.items()):
+            if name.startswith(package + ".") and not name.startswith(
+                inductor_namespace.COMPILED_MODULES
+            ):
+                _remember_inductor_data(name, module, leaves)
+        _remember_tables(finished)
+
+
+def _remember_inductor_data(name: str, module: Any, leaves: tuple[type, ...]) -> None:
+    """Inductor's data that no compile changes: the containers its modules and classes hold
+    that are not empty as imported (a set of dtypes the C++ code generator vectorizes).
+    Measured: a compile changes Inductor's counters and flags (scalars) and fills caches
+    that start empty, never one of these."""
+    if name in _inductor_modules or module is None:
+        return
+    _inductor_modules.add(name)
+    module_dict = getattr(module, "__dict__", None)
+    if not isinstance(module_dict, dict):
+        return
+    spaces: list[tuple[str, Any]] = [(name, module_dict)]
+    for value in list(module_dict.values()):
+        if type(value) is type and value.__module__ == name:
+            spaces.append((f"{name}.{value.__qualname__}", value.__dict__))
+    for where, namespace in spaces:
+        for attr, value in list(namespace.items()):
+            if type(value) in _CONTAINERS and value and not attr.startswith("__"):
+                copied = _copy(value, leaves, 0)
+                if copied is not _MISSING:
+                    _data[f"{where}.{attr}"] = (namespace, attr, copied)
+
+
+def _remember_tables(finished: str = "") -> None:
+    """Copy each table once the module that completes it has finished importing."""
+    for label, name, attr, completed_by in TABLES:
+        if completed_by != finished and (
+            completed_by not in sys.modules or _initializing(sys.modules[completed_by])
+        ):
+            continue
+        table = getattr(sys.modules.get(name), attr, None)
+        if isinstance(table, dict) and id(table) not in _tables:
+            _tables[id(table)] = (label, table, dict(table))
+
+
+def _initializing(module: Any) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def _namespaces(finished: str) -> list[tuple[str, dict[str, Any]]]:
@@ -87,8 +176,7 @@ def _namespaces(finished: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         (name, vars(module))
         for name, module in inductor_namespace.loaded_function_namespaces()
-        if name == finished
-        or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+        if name == finished or not _initializing(module)
     ]
 
 
@@ -147,6 +235,9 @@ def _read_token() -> int:
     ids: list[int] = [len(_data)]
     for namespace, attr, _ in _data.values():
         _ids(namespace.get(attr, _MISSING), ids, 0)
+    for _, table in program_registrations.tables():  # Inductor's cached merge among them
+        ids.append(len(table))
+        ids.extend(map(id, list(table.values())))
     for _, table, _ in _tables.values():
         ids.append(len(table))
         ids.extend(map(id, list(table.values())))
@@ -171,12 +262,15 @@ def _ids(value: Any, ids: list[int], depth: int) -> None:
 def changes() -> tuple[tuple[str, str], ...]:
     """``((label, identity), ...)`` for each value of torch's data that differs from the
     release's (``torch_data:<module>.<name>``) and each entry of Inductor's tables the
-    program replaced or removed (``replaced:<table>:<op>``): empty where nothing was."""
+    program replaced, removed (``replaced:<table>:<op>``) or added where torch adds none
+    (``added:<table>:<op>``): empty where nothing was."""
     compile_id = inductor_namespace.current_compile_id()
     with _lock:
         if compile_id is not None and _memo and _memo[0][0] == compile_id:
             return _memo[0][2]  # one frame compile's keys share one reading
-    remember()  # a module imported since (torch's random decompositions, on first use)
+    if _loaded_at[:1] != [len(sys.modules)]:
+        remember()  # a module imported since (torch's random decompositions, on first use)
+        _loaded_at[:] = [len(sys.modules)]
     with _lock:
         token = _read_token()
         if _memo and _memo[0][1] == token:
@@ -190,15 +284,51 @@ def changes() -> tuple[tuple[str, str], ...]:
         if not _same(now, then):
             found.append((f"torch_data:{label}", "removed" if now is _MISSING else _identity(now)))
     for label, table, then in tables:
+        found.extend(_table_changes(label, table, then))
+    merged = _merged_release(tables)
+    for label, table in program_registrations.tables():
+        if merged is not None and all(table is not known for _, known, _ in tables):
+            found.extend(_table_changes(label, table, merged))  # Inductor's cached merge
+    result = tuple(sorted(found))
+    with _lock:
+        _memo[:] = [(compile_id, token, result)]
+    return result
+
+
+def _table_changes(
+    label: str, table: dict[Any, Any], then: dict[Any, Any]
+) -> list[tuple[str, str]]:
+    """An entry replaced or removed against the copy, or added where torch adds none."""
+    found: list[tuple[str, str]] = []
+    ops, entries = list(table), list(table.values())
+    size = len(then)
+    if ops[:size] == list(then) and list(map(id, entries[:size])) == list(map(id, then.values())):
+        added = ops[size:]  # the common case, compared in C: entries appended, none moved
+    else:
         for op, entry in list(then.items()):
             now = table.get(op, _MISSING)
             if now is not entry:
                 named = "removed" if now is _MISSING else _identity(now)
                 found.append((f"replaced:{label}:{op}", named))
-    result = tuple(sorted(found))
-    with _lock:
-        _memo[:] = [(compile_id, token, result)]
-    return result
+        added = [op for op in ops if op not in then]
+    if label not in _GROWN_BY_TORCH:
+        found.extend((f"added:{label}:{op}", _identity(table[op])) for op in added)
+    return found
+
+
+def _merged_release(
+    tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]],
+) -> dict[Any, Any] | None:
+    """What Inductor's cached table holds where neither table it merges was edited."""
+    parts: dict[str, dict[Any, Any]] = {}
+    for _, module, attr, _ in TABLES:
+        table = getattr(sys.modules.get(module), attr, None)
+        for _, known, copy in tables:
+            if known is table and attr in _MERGED:
+                parts[attr] = copy
+    if len(parts) != len(_MERGED):
+        return None
+    return {**parts["decompositions"], **parts["extra_random_decomps"]}
 
 
 def _identity(value: Any) -> str:
@@ -223,4 +353,6 @@ def reset() -> None:
         _data.clear()
         _modules.clear()
         _tables.clear()
+        _inductor_modules.clear()
+        _loaded_at.clear()
         _memo.clear()

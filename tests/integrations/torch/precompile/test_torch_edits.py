@@ -106,6 +106,43 @@ def test_an_entry_removed_is_named_and_an_entry_added_is_not() -> None:
     assert torch_edits.changes() == ()
 
 
+def test_an_entry_added_to_a_decomposition_table_is_named() -> None:
+    """Torch's own ``baddbmm`` decomposition put back into Inductor's table (Inductor leaves
+    it out: it rounds the product to bf16 first): the function is torch's, so only the
+    difference from the table as imported names it (the twelfth review: off by 0.086)."""
+    from torch._decomp import get_decompositions
+    from torch._inductor import decomposition
+
+    op = torch.ops.aten.baddbmm.default
+    assert op not in decomposition.decompositions
+    added = get_decompositions([torch.ops.aten.baddbmm])
+    decomposition.decompositions.update(added)
+    try:
+        found = dict(torch_edits.changes())
+        assert found[f"added:decomposition:{op}"].startswith("torch:")
+    finally:
+        for each in added:
+            del decomposition.decompositions[each]
+    assert torch_edits.changes() == ()
+
+
+def test_data_of_inductor_s_modules_edited_in_place_is_named() -> None:
+    """``VECTORIZABLE_DTYPES.remove(torch.float64)`` (a workaround for a C++ vectorization
+    problem: float64 kernels become scalar loops, which sum in another order; the twelfth
+    review: off by 240): a container Inductor holds as imported, which no compile changes."""
+    from torch._inductor.codegen import cpp
+
+    dtypes = cpp.VECTORIZABLE_DTYPES
+    before = list(dtypes)
+    dtypes.remove(torch.float64)
+    try:
+        label = "torch_data:torch._inductor.codegen.cpp.VECTORIZABLE_DTYPES"
+        assert [found for found, _ in torch_edits.changes()] == [label]
+    finally:
+        dtypes[:] = before
+    assert torch_edits.changes() == ()
+
+
 def test_the_zero_code_path_copies_as_import_torch_returns(tmp_path: Path) -> None:
     """Copied as ``import torch`` returns, so an edit on the program's next line is a
     change (an explicit ``install()`` copies when it runs)."""
