@@ -297,12 +297,16 @@ def _named(overridden: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     and tables, each named as it is now (the values its kernels read may have changed since
     the registrations did)."""
     found = tuple((f"override:{name}", op_identity(name)) for name in overridden)
+    entries = program_registrations.table_overrides()
+    named = {label for label, _ in entries}
+    # a table entry that is the program's code is named once, by what it computes
+    edits = tuple(e for e in torch_edits.changes() if e[0].split(":", 1)[1] not in named)
     return (
         found
-        + program_registrations.table_overrides()
+        + entries
         + program_registrations.config_callables()
         + inductor_namespace.overrides()
-        + torch_edits.changes()
+        + edits
     )
 
 
