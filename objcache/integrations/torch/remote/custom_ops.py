@@ -257,7 +257,10 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
             # torch's own kernel by its code's file, never by ``__module__``: ``functools.wraps``
             # copies torch's onto a program's (``aten::layer_norm`` overridden with a wrapper)
             torchs = name.split("::", 1)[0] in TORCH_NAMESPACES and traced_code.is_torchs(fn)
-            if code is not None and not torchs:  # torch's own kernels are in its release
+            # torch's own kernels are in its release, unless the program asked torch's helper
+            # for one (``torch.library.register_autocast("aten::exp", ...)``: the kernel is a
+            # closure of torch's code)
+            if code is not None and (not torchs or _asked_by_program()):
                 record_kernel(name, fn)
         except Exception:
             counters["impl_unrecorded"] += 1
@@ -265,6 +268,24 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
 
     marked(impl, original)
     return impl
+
+
+def _asked_by_program() -> bool:
+    """Whether the registration under way was asked for by code outside torch (the program,
+    or a library, calling one of torch's helpers), not made by torch's own import: the
+    nearest caller outside torch's and objcache's files is not the import machinery."""
+    home = program_registrations.torch_home()
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(home) and not filename.startswith(_OWN_FOLDER):
+            return not filename.startswith("<frozen importlib")
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+#: objcache's own package: its wrappers sit between torch's helper and the caller.
+_OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
 
 def _wrap_py_impl(original: Callable[..., Any]) -> Any:

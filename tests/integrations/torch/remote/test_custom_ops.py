@@ -298,6 +298,36 @@ def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> 
     assert custom_ops.graph_identity(gm) == ()
 
 
+def test_an_autocast_rule_the_program_put_on_a_torch_op_keys_every_graph() -> None:
+    """``torch.library.register_autocast("aten::exp", "cpu", torch.bfloat16)``: torch's helper
+    makes the kernel (its code is torch's), the program chose it; AOTAutograd traces it under
+    autocast, so a graph's output dtype changes where no graph names it (the twelfth review:
+    served float32 where eager returns bfloat16). Keyed while registered."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    from objcache.integrations.patching import is_marked
+
+    applied = is_marked(torch.library.Library.impl)
+    custom_ops.apply([])  # ``Library.impl`` recorded, as the install does
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin(x) + 1)
+    assert custom_ops.graph_identity(gm) == ()
+    kept = torch.library._keep_alive
+    before = len(kept)
+    try:
+        # the library object torch makes for it: the dispatcher names torch's own file
+        torch.library.register_autocast("aten::exp", "cpu", torch.bfloat16)
+        names = [name for name, _ in custom_ops.graph_identity(gm)]
+        assert names == ["override:aten::exp"], names
+    finally:
+        for lib in kept[before:]:
+            lib._destroy()
+        del kept[before:]
+        torch.ops.aten.exp.default.py_kernels.pop(torch._C.DispatchKey.AutocastCPU, None)
+        if not applied:
+            custom_ops.uninstall()
+    assert custom_ops.graph_identity(gm) == ()
+
+
 def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process() -> None:
     """A Python kernel whose registration objcache did not see (a library imported before
     the install, registering through a helper of its own) is named by nothing but where it
