@@ -303,9 +303,8 @@ def test_an_autocast_rule_the_program_put_on_a_torch_op_keys_every_graph() -> No
     makes the kernel (its code is torch's), the program chose it; AOTAutograd traces it under
     autocast, so a graph's output dtype changes where no graph names it (the twelfth review:
     served float32 where eager returns bfloat16). Keyed while registered."""
-    from objcache.integrations.torch.remote import custom_ops
-
     from objcache.integrations.patching import is_marked
+    from objcache.integrations.torch.remote import custom_ops
 
     applied = is_marked(torch.library.Library.impl)
     custom_ops.apply([])  # ``Library.impl`` recorded, as the install does
