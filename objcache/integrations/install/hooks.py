@@ -443,9 +443,8 @@ def install(config: Any | None = None) -> None:
         if config is None:
             _enable_in_children()
     start_client()
-    with _lock:
-        for name in sorted(watched.IMPORTED_AFTER_START):
-            _import_and_apply(name)
+    for name in sorted(watched.IMPORTED_AFTER_START):
+        _import_and_apply(name)  # the import outside the lock: another thread may need it
 
 
 def _import_and_apply(name: str) -> None:

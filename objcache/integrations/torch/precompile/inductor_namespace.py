@@ -309,15 +309,28 @@ _CODE_KINDS = frozenset(
 _REMOVED = object()
 
 
-def remember_release() -> None:
+def remember_release(finished: str = "") -> None:
     """Copy the code of every namespace loaded now and not copied yet (the install calls this
     as torch and Inductor's lowering module finish importing; a namespace loaded later is
-    copied when a compile first reads it)."""
-    namespaces, _ = _loaded()
-    with _lock:
-        for where, held in namespaces:
-            if where not in _release:
-                _release[where] = dict(held)  # in C; only its code is compared
+    copied when a compile first reads it). A module still running its body (``finished``:
+    the one that just ended it) is copied as its own import ends, never half-made."""
+    for name, module in sorted(list(sys.modules.items())):
+        if module is None or name.startswith(COMPILED_MODULES):
+            continue
+        if not (name == PACKAGE or name.startswith(PACKAGE + ".")):
+            continue
+        if name == finished or not initializing(module):
+            remember_module(module)
+    for where, held in _function_namespaces():
+        if where == finished or not initializing(sys.modules.get(where)):
+            with _lock:
+                if where not in _release:
+                    _release[where] = dict(held)
+
+
+def initializing(module: Any) -> bool:
+    """Whether ``module`` is still running its body (Python marks it done after)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def remember_module(module: Any) -> None:
@@ -325,7 +338,7 @@ def remember_module(module: Any) -> None:
     zero-code path's import watcher: the program may import a code generator and re-point
     one of its methods before any compile)."""
     name = getattr(module, "__name__", "")
-    if not name.startswith(PACKAGE + ".") or name.startswith(COMPILED_MODULES):
+    if not (name == PACKAGE or name.startswith(PACKAGE + ".")) or name.startswith(COMPILED_MODULES):
         return
     module_dict = vars(module)
     namespaces, registries = _module_layout(name, module_dict)

@@ -52,19 +52,21 @@ def record_kernel(name: str, fn: Any) -> None:
         _generation[0] += 1
 
 
-def token() -> tuple[int, int, int]:
+def token() -> tuple[int, int, int, int]:
     """What changes whenever :func:`torch_overrides` may: the number of Python registrations
     torch keeps (``torch.library._impls``, which a library's removal shrinks) and of the
     kernels :func:`record_kernel` heard of (every ``Library.impl`` once objcache installed).
     And what changes when an entry of Inductor's decomposition or lowering tables does
-    (:func:`.program_registrations.tables_token`, ~0.15 ms): cheap enough for every call of a served
-    entry until its settings held."""
+    (:func:`.program_registrations.tables_token`, ~0.15 ms), and torch's data and tables
+    (:func:`.torch_edits.token`, ~0.3 ms): cheap enough for every call of a served entry until
+    its settings held."""
     library = sys.modules.get("torch.library")
     impls = getattr(library, "_impls", None)
     return (
         len(impls) if isinstance(impls, set) else -1,
         _generation[0],
         program_registrations.tables_token(),
+        torch_edits.token(),
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import types
 from collections import Counter
@@ -228,6 +229,9 @@ PROCESS_WIDE = (
     "flags:",
     "inductor:",
     "torch_function:",
+    "torch_data:",
+    "replaced:",
+    "added:",
 )
 
 
@@ -272,16 +276,42 @@ def _wrap_library_impl(original: Callable[..., Any]) -> Any:
 
 def _asked_by_program() -> bool:
     """Whether the registration under way was asked for by code outside torch (the program,
-    or a library, calling one of torch's helpers), not made by torch's own import: the
-    nearest caller outside torch's and objcache's files is not the import machinery."""
+    or a library) through one of torch's public registration helpers
+    (``torch.library.register_autocast``), not made by torch itself: the nearest caller
+    outside torch's and objcache's files is neither the import machinery (torch's modules
+    register as they are imported) nor Python's own library, the outermost
+    frame of torch's under it is a registration helper's (vmap's first call registers torch's
+    decompositions from ``torch._functorch``: torch's), and no compile is under way (what
+    Dynamo runs while it traces is torch's)."""
+    from objcache.integrations.torch.precompile.inductor_namespace import current_compile_id
+
+    if current_compile_id() is not None:
+        return False
     home = program_registrations.torch_home()
     frame = sys._getframe(1)
+    outermost = ""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(home) and not filename.startswith(_OWN_FOLDER):
-            return not filename.startswith("<frozen importlib")
+        if filename.startswith(home):
+            outermost = filename[len(home) :]
+        elif not filename.startswith(_OWN_FOLDER):
+            return outermost.startswith(_REGISTRATION_HELPERS) and not (
+                filename.startswith("<frozen importlib") or _pythons_own(filename)
+            )
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+#: torch's public registration helpers, as paths under torch's package folder.
+_REGISTRATION_HELPERS = ("library.py", "_library" + os.sep)
+
+
+def _pythons_own(filename: str) -> bool:
+    """Whether ``filename`` is Python's own library (``contextlib``, ``threading``), never
+    the program: under the standard library's folder, not under a packages folder in it."""
+    paths = sysconfig.get_paths()
+    packages = tuple(paths[k] + os.sep for k in ("purelib", "platlib") if k in paths)
+    return filename.startswith(paths["stdlib"] + os.sep) and not filename.startswith(packages)
 
 
 #: objcache's own package: its wrappers sit between torch's helper and the caller.

@@ -38,8 +38,11 @@ def test_a_table_of_torch_s_data_edited_in_place_is_named_by_its_value() -> None
     in place, the same way in any process; put back, nothing."""
     import torch._prims_common as common
 
+    from objcache.integrations.torch.remote import custom_ops
+
     table = common._computation_dtype_map
     before = table[torch.bfloat16]
+    token = op_overrides.token()  # what a precompile entry's settings check is redone by
     table[torch.bfloat16] = torch.bfloat16
     try:
         found = dict(torch_edits.changes())
@@ -47,8 +50,20 @@ def test_a_table_of_torch_s_data_edited_in_place_is_named_by_its_value() -> None
         assert list(found) == [label]
         assert "bfloat16" in found[label] and "0x" not in found[label]
         assert dict(op_overrides._named(()))[label] == found[label]  # in every key
+        # process-wide: carried by a precompile entry's settings, which it does not stop
+        assert label.startswith(custom_ops.PROCESS_WIDE)
+        assert op_overrides.token() != token
     finally:
         table[torch.bfloat16] = before
+    assert torch_edits.changes() == ()
+    # a key moved to another value: the same values in another order of keys
+    items = list(table.items())
+    table[torch.float8_e4m3fn] = table.pop(torch.float16)
+    try:
+        assert [label for label, _ in torch_edits.changes()] == [label]
+    finally:
+        table.clear()
+        table.update(items)
     assert torch_edits.changes() == ()
 
 

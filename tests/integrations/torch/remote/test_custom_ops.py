@@ -327,6 +327,22 @@ def test_an_autocast_rule_the_program_put_on_a_torch_op_keys_every_graph() -> No
     assert custom_ops.graph_identity(gm) == ()
 
 
+def test_torch_s_own_registrations_at_a_first_call_are_not_the_program_s(tmp_path: Path) -> None:
+    """``torch.func.vmap``'s first call registers torch's decompositions on aten ops from
+    torch's own code, under the program's call (the code review of the autocast fix: 8 ops
+    named, a key one process alone had); ``register_autocast`` the program calls is its."""
+    program = [
+        "import torch",
+        "from objcache.integrations.torch.precompile.op_overrides import torch_overrides",
+        "torch.func.vmap(torch.sin)(torch.ones(2, 3))",
+        "print(*(name for name, _ in torch_overrides()), sep=',')",
+        'torch.library.register_autocast("aten::exp", "cpu", torch.bfloat16)',
+        "print(*(name for name, _ in torch_overrides()), sep=',')",
+    ]
+    out = ts.zero_code_python(tmp_path, "\n".join(program)).splitlines()
+    assert out == ["", "override:aten::exp"]
+
+
 def test_a_kernel_registered_before_objcache_installed_is_keyed_to_this_process() -> None:
     """A Python kernel whose registration objcache did not see (a library imported before
     the install, registering through a helper of its own) is named by nothing but where it
