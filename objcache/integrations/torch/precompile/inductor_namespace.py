@@ -365,11 +365,28 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
         if kind not in _CODE_KINDS and not issubclass(kind, type):
             continue  # data: Inductor's own caches and counters change as it compiles
         now = namespace.get(attr, _REMOVED)
-        if now is then or (now is not _REMOVED and _own_attr(now, "__wrapped__") is then):
+        if now is then or (now is not _REMOVED and _wraps(now, then)):
             continue  # a wrapper of the release's own (Dynamo's ``disable`` of ``jit.trace``)
         label = f"{_label(where)}:{where}.{attr}"
         if label not in named:
             found.append((label, now))
+    return found
+
+
+def _wraps(value: Any, released: Any) -> bool:
+    """Whether ``value`` and ``released`` are wrappers of one function through
+    ``__wrapped__``, a few wrappers deep (Dynamo's ``disable`` of ``torch.jit.trace``, made
+    again from the original by another ``disable``, or put in place after the copy)."""
+    return not _chain(value).isdisjoint(_chain(released))
+
+
+def _chain(value: Any) -> set[int]:
+    found = {id(value)}
+    for _ in range(4):
+        value = _own_attr(value, "__wrapped__")
+        if value is None:
+            break
+        found.add(id(value))
     return found
 
 

@@ -236,12 +236,17 @@ def test_a_method_pointed_at_another_of_torch_s_is_named_and_a_wrapper_of_torch_
     finally:
         CppOverrides.sigmoid = released
     assert _fresh() == ()
-    trace = torch.jit.trace
-    torch.jit.trace = torch._dynamo.disable(trace)
+    trace, disable = torch.jit.trace, torch._dynamo.disable
+    copied = inductor_namespace._release.pop("torch.jit", None)
     try:
+        torch.jit.trace = disable(trace)  # Dynamo's, in place before the copy
+        inductor_namespace.remember_release()
+        torch.jit.trace = disable(torch.jit.trace)  # and made again after it
         assert _fresh() == ()
     finally:
         torch.jit.trace = trace
+        if copied is not None:
+            inductor_namespace._release["torch.jit"] = copied
 
 
 def test_the_zero_code_path_copies_each_inductor_module_as_it_is_imported(
