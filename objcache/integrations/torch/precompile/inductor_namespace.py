@@ -311,8 +311,8 @@ _REMOVED = object()
 
 def remember_release(finished: str = "") -> None:
     """Copy the code of every namespace loaded now and not copied yet (the install calls this
-    as torch and Inductor's lowering module finish importing; a namespace loaded later is
-    copied when a compile first reads it). A module still running its body (``finished``:
+    as torch and Inductor's lowering module finish importing; a namespace never copied is
+    not compared). A module still running its body (``finished``:
     the one that just ended it) is copied as its own import ends, never half-made."""
     for name, module in sorted(list(sys.modules.items())):
         if module is None or name.startswith(COMPILED_MODULES):
@@ -356,21 +356,31 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
     59 aliases (``get_device_or_error = get_device``) are in that copy: they name nothing."""
     with _lock:
         release = _release.get(where)
-        if release is None:
-            _release[where] = dict(namespace)
-            return []
+    if release is None:
+        # never copied as imported: a copy now could hold an edit in place for a while (a
+        # test's monkeypatch, a context manager), and name torch's own once it is undone
+        return []
     found: list[tuple[str, Any]] = []
     for attr, then in list(release.items()):
         kind = type(then)
         if kind not in _CODE_KINDS and not issubclass(kind, type):
             continue  # data: Inductor's own caches and counters change as it compiles
         now = namespace.get(attr, _REMOVED)
-        if now is then or (now is not _REMOVED and _wraps(now, then)):
+        if now is then or getattr(now, "__func__", now) is getattr(then, "__func__", then):
+            continue  # put back as the function a static method holds
+        if now is not _REMOVED and _wraps(now, then):
             continue  # a wrapper of the release's own (Dynamo's ``disable`` of ``jit.trace``)
+        if _objcaches(now) or _objcaches(then):
+            continue  # objcache's own hooks, put in or taken out: they key what they wrap
         label = f"{_label(where)}:{where}.{attr}"
         if label not in named:
             found.append((label, now))
     return found
+
+
+def _objcaches(value: Any) -> bool:
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(OWN_FOLDER)
 
 
 def _wraps(value: Any, released: Any) -> bool:

@@ -278,7 +278,10 @@ def changes() -> tuple[tuple[str, str], ...]:
         if compile_id is not None and _memo and _memo[0][0] == compile_id:
             return _memo[0][2]  # one frame compile's keys share one reading
     if _loaded_at[:1] != [len(sys.modules)]:
-        remember()  # a module imported since (torch's random decompositions, on first use)
+        # data and tables of a module imported since (torch's random decompositions, on first
+        # use); namespaces' code only where imported or installed (never a copy made mid-edit)
+        with contextlib.suppress(Exception):
+            _remember("")
         _loaded_at[:] = [len(sys.modules)]
     with _lock:
         token = _read_token()
