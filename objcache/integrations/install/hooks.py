@@ -410,7 +410,7 @@ def apply_part(module_name: str, module: Any | None = None) -> None:
 
 def _apply_package_part(module_name: str, module: Any | None) -> None:
     """A module of a watched package (every Inductor module, as it is imported): its part
-    only, which sets no flag (about 40 us a module)."""
+    only, which sets no flag (about 0.07 ms a module)."""
     part = watched.part_of(module_name)
     if part is None or not _config_ok():
         return
