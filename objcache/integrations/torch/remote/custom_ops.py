@@ -36,6 +36,7 @@ from typing import Any
 from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.precompile import (
     compile_settings,
+    inductor_namespace,
     program_registrations,
     traced_code,
 )
@@ -283,9 +284,7 @@ def _asked_by_program() -> bool:
     frame of torch's under it is a registration helper's (vmap's first call registers torch's
     decompositions from ``torch._functorch``: torch's), and no compile is under way (what
     Dynamo runs while it traces is torch's)."""
-    from objcache.integrations.torch.precompile.inductor_namespace import current_compile_id
-
-    if current_compile_id() is not None:
+    if inductor_namespace.current_compile_id() is not None:
         return False
     home = program_registrations.torch_home()
     frame = sys._getframe(1)
@@ -294,7 +293,7 @@ def _asked_by_program() -> bool:
         filename = frame.f_code.co_filename
         if filename.startswith(home):
             outermost = filename[len(home) :]
-        elif not filename.startswith(_OWN_FOLDER):
+        elif not filename.startswith(inductor_namespace.OWN_FOLDER):
             return outermost.startswith(_REGISTRATION_HELPERS) and not (
                 filename.startswith("<frozen importlib") or _pythons_own(filename)
             )
@@ -312,10 +311,6 @@ def _pythons_own(filename: str) -> bool:
     paths = sysconfig.get_paths()
     packages = tuple(paths[k] + os.sep for k in ("purelib", "platlib") if k in paths)
     return filename.startswith(paths["stdlib"] + os.sep) and not filename.startswith(packages)
-
-
-#: objcache's own package: its wrappers sit between torch's helper and the caller.
-_OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
 
 def _wrap_py_impl(original: Callable[..., Any]) -> Any:
