@@ -323,9 +323,7 @@ def remember_release(finished: str = "") -> None:
             remember_module(module)
     for where, held in _function_namespaces():
         if where == finished or not initializing(sys.modules.get(where)):
-            with _lock:
-                if where not in _release:
-                    _release[where] = dict(held)
+            _keep_release(where, held)
 
 
 def initializing(module: Any) -> bool:
@@ -343,10 +341,25 @@ def remember_module(module: Any) -> None:
     module_dict = vars(module)
     namespaces, registries = _module_layout(name, module_dict)
     _modules[name] = (module, len(module_dict), namespaces, registries)  # what a read reuses
+    for where, held in namespaces:
+        _keep_release(where, held)
+
+
+def _keep_release(where: str, held: dict[str, Any]) -> None:
+    if where in _release:
+        return
+    copy = _as_released(where, held)
     with _lock:
-        for where, held in namespaces:
-            if where not in _release:
-                _release[where] = dict(held)
+        _release.setdefault(where, copy)
+
+
+def _as_released(where: str, held: dict[str, Any]) -> dict[str, Any]:
+    """A namespace's copy less what :func:`_scan_namespace` names as the program's: an
+    explicit install copies what is imported already, where the program (a test's
+    ``monkeypatch``) may hold its own function for a while; taken as the release's, torch's
+    own put back would read as re-pointed. Such a name is not compared."""
+    programs = {label.rsplit(".", 1)[1] for label, _ in _scan_namespace(where, held)}
+    return {attr: value for attr, value in held.items() if attr not in programs}
 
 
 def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, Any]]:

@@ -249,6 +249,33 @@ def test_a_method_pointed_at_another_of_torch_s_is_named_and_a_wrapper_of_torch_
             inductor_namespace._release["torch.jit"] = copied
 
 
+def test_a_copy_taken_while_the_program_s_function_is_in_place_names_nothing_once_undone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An explicit install copies the namespaces imported already, maybe while a test's
+    ``monkeypatch`` holds its own function in one (the project's CI: a spy in place of
+    ``RedisRemoteCacheBackend.__init__`` as ``install()`` ran, then every later graph of
+    that worker was keyed on torch's own put back). The program's function is no copy of
+    the release's: named while in place, nothing once undone."""
+    from torch._inductor import remote_cache
+
+    where = "torch._inductor.remote_cache.RedisRemoteCacheBackend"
+    copied = inductor_namespace._release.pop(where, None)
+    try:
+        with monkeypatch.context() as patched:
+
+            def spy(self: object, cache_id: str) -> None:
+                raise RuntimeError(cache_id)
+
+            patched.setattr(remote_cache.RedisRemoteCacheBackend, "__init__", spy)
+            inductor_namespace.remember_release()
+            assert [label for label, _ in _fresh()] == [f"inductor:{where}.__init__"]
+        assert _fresh() == ()
+    finally:
+        if copied is not None:
+            inductor_namespace._release[where] = copied
+
+
 def test_the_zero_code_path_copies_each_inductor_module_as_it_is_imported(
     tmp_path: Path,
 ) -> None:
