@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from objcache.integrations import cache_client, patching
-from objcache.integrations.install import features, watched
+from objcache.integrations.install import features, import_watch, watched
 from objcache.integrations.install.watched import WATCHED, Part
 from objcache.integrations.patching import is_marked, marked
 from objcache.integrations.torch.precompile import torch_edits
@@ -438,13 +438,12 @@ def install(config: Any | None = None) -> None:
         for name in WATCHED:
             if name in watched.NOT_IMPORTED and name not in sys.modules:
                 continue  # another package's module: hooked when it is imported
-            if name not in watched.IMPORTED_AFTER_START:
+            if name not in watched.IMPORTED_WHEN_NEEDED:
                 _import_and_apply(name)
         if config is None:
             _enable_in_children()
+    import_watch.watch()  # the rest as each is imported (the first compile's code generators)
     start_client()
-    for name in sorted(watched.IMPORTED_AFTER_START):
-        _import_and_apply(name)  # the import outside the lock: another thread may need it
 
 
 def _import_and_apply(name: str) -> None:

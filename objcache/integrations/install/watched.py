@@ -61,7 +61,8 @@ WATCHED: dict[str, Part] = {
     "triton.runtime.build": "triton_host",
 }
 
-#: Packages each module of which is hooked as it is imported (by the zero-code path only):
+#: Packages each module of which is hooked as it is imported (the zero-code path, and an
+#: explicit ``install()`` for those imported after it):
 #: what Inductor's classes and functions are as torch defines them, before the program can
 #: re-point one (docs/torch.md, "Custom ops in the keys").
 WATCHED_PACKAGES: dict[str, Part] = {"torch._inductor": "inductor_code"}
@@ -82,10 +83,10 @@ NOT_IMPORTED: frozenset[str] = frozenset(
     {"vllm.model_executor.models.registry", "vllm.compilation.decorators", "triton.runtime.build"}
 )
 
-#: Watched modules ``install()`` imports once the client has started: the first compile
-#: imports Inductor's lowering module anyway (0.65 s on a 2-vCPU machine), and the prefetch
-#: runs meanwhile.
-IMPORTED_AFTER_START: frozenset[str] = frozenset({"torch._inductor.lowering"})
+#: Watched modules of torch's that ``install()`` leaves to the program's first compile (0.65 s
+#: on a 2-vCPU machine that a process which never compiles would pay): hooked, and their
+#: namespaces copied, as their import ends.
+IMPORTED_WHEN_NEEDED: frozenset[str] = frozenset({"torch._inductor.lowering"})
 
 _stop_listeners: list[Callable[[], None]] = []
 

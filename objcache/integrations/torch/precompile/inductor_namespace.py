@@ -392,6 +392,9 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
 
 
 def _objcaches(value: Any) -> bool:
+    if issubclass(type(value), type):  # objcache's classes in torch's place (its cache classes)
+        module = vars(value).get("__module__")
+        return isinstance(module, str) and module.startswith(OWN_PACKAGE + ".")
     code = getattr(getattr(value, "__func__", value), "__code__", None)
     return isinstance(code, types.CodeType) and code.co_filename.startswith(OWN_FOLDER)
 
