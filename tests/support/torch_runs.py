@@ -216,6 +216,19 @@ def python_c(code: str, env: Mapping[str, str]) -> str:
 FILE_STORE_TIMEOUT_MS = "5000"
 
 
+def file_store_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    """This environment less its ``OBJCACHE_*``, with this tree importable, a ``file://`` store
+    and a local tier under ``tmp_path``, and ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        OBJCACHE_TIERS=f"file://{tmp_path / 'store'}",
+        OBJCACHE_LOCAL_DIR=str(tmp_path / "local"),
+        **settings,
+    )
+    return env
+
+
 def zero_code_python(tmp_path: Path, program: str) -> str:
     """``program``'s output in a process where objcache is on through the zero-code path
     (the ``.pth`` of a site folder, ``OBJCACHE_ENABLE=1``, a local tier under ``tmp_path``)."""

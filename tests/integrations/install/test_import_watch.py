@@ -4,7 +4,6 @@ part is applied as its import ends, on the zero-code path and after an explicit
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,8 @@ def test_an_explicit_install_copies_a_code_generator_imported_after_it(tmp_path:
     ``uninstall()`` stops the watching. Before that, nothing is named: the cache classes
     ``install()`` puts in torch's place after copying are objcache's (they were named in
     every key of an explicitly installed process, the zero-code path copying after them)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
-    env.update(
-        PYTHONPATH=str(torch_runs.ROOT),
-        OBJCACHE_TIERS=f"file://{tmp_path / 'store'}",
-        OBJCACHE_LOCAL_DIR=str(tmp_path / "local"),
-        OBJCACHE_PREFETCH="0",
-        OBJCACHE_ENABLE="0",  # the installed ``.pth`` stays out: the explicit path alone
-    )
+    # OBJCACHE_ENABLE=0: the installed ``.pth`` stays out, the explicit path alone
+    env = torch_runs.file_store_env(tmp_path, OBJCACHE_PREFETCH="0", OBJCACHE_ENABLE="0")
     code = (
         "import sys\n"
         "import objcache\n"
