@@ -110,9 +110,21 @@ def dropped_kind(guard: Any) -> str | None:
 
 def code_digest(code: types.CodeType) -> str:
     """What a code object does (bytecode, names, constants, nested code), not its path."""
+    known = _digests.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
     h = hashlib.sha256()
     code_into(code, h)
-    return h.hexdigest()[:32]
+    digest = h.hexdigest()[:32]
+    if len(_digests) > 65_536:
+        _digests.clear()
+    _digests[id(code)] = (code, digest)
+    return digest
+
+
+#: id of a code object -> (the code, its digest): code never changes, a class's many
+#: methods are digested again for each class layout (:func:`class_layout`)
+_digests: dict[int, tuple[types.CodeType, str]] = {}
 
 
 def code_into(code: types.CodeType, h: Any) -> None:
@@ -188,6 +200,54 @@ def _named(value: Any) -> str | None:
     return _reachable(value, module, qualname)
 
 
+#: ``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement or ``type()``, whose
+#: attributes can be set; C's static types (``int``, ``types.SimpleNamespace``) cannot.
+_HEAP_TYPE = 1 << 9
+
+
+def class_layout(cls: type) -> str | None:
+    """The code a class's instances run, as a short suffix of its identity: each class of
+    its method resolution order by name, and the functions, builtins and descriptors their
+    own dicts hold, by name and code. Dynamo reads an object's method through
+    ``type(obj).__mro__`` and never guards what it found (one process never changes a
+    class's methods): a reader whose ``Net`` derives from another base chosen at start-up,
+    or whose ``nn.GELU.forward`` the program did (or did not) replace, names another layout.
+    None where a class of the order has no portable name. C's static types are left out
+    (nothing can replace their methods): empty for a class made of them alone."""
+    mro = getattr(cls, "__mro__", None)
+    heap = [c for c in mro if c.__flags__ & _HEAP_TYPE] if isinstance(mro, tuple) else []
+    if not heap:
+        return ""
+    h = hashlib.sha256()
+    for base in heap:
+        name = _named(base)
+        if name is None:
+            return None
+        h.update(f"{name}\1".encode())
+        for attr, member in list(vars(base).items()):
+            named = _member_code(member)
+            if named is not None:
+                h.update(f"{attr}={named}\0".encode())
+    return "@" + h.hexdigest()[:24]
+
+
+def _member_code(member: Any) -> str | None:
+    """What a class attribute runs when called: a function's home and code, a property's
+    accessors', a builtin's or descriptor's name; None for data (torch guards the values it
+    reads) and for what has no name (counted as what it is)."""
+    if isinstance(member, staticmethod | classmethod):
+        member = member.__func__
+    if isinstance(member, property):
+        parts = [_member_code(f) if f is not None else "-" for f in (member.fget, member.fset)]
+        return "property:" + ",".join(p or "?" for p in parts)
+    if isinstance(member, types.FunctionType):
+        home = _named(member) or _labelled(member) or "unnamed"
+        return f"{home}:{code_digest(member.__code__)}"
+    if isinstance(member, (*DESCRIPTORS, types.BuiltinFunctionType)):
+        return _named(member) or str(type(member).__name__)
+    return None
+
+
 def _labelled(fn: types.FunctionType) -> str | None:
     """``module:qualname`` of a Python function no name reaches (a lambda, a closure, the
     function a decorator wraps), where its globals are a module's: what it does is then
@@ -253,7 +313,8 @@ def _identity(value: Any, depth: int, within: tuple[int, ...], budget: list[int]
         return f"function:{name}:{code_digest(value.__code__)}:[{','.join(cells)}]"
     if isinstance(value, type):
         name = _named(value)
-        return None if name is None else f"class:{name}"
+        layout = class_layout(value) if name is not None else None
+        return None if layout is None else f"class:{name}{layout}"
     if isinstance(value, types.MethodType):
         func = _identity(value.__func__, depth + 1, within, budget)
         owner = _identity(value.__self__, depth + 1, within, budget)
@@ -636,7 +697,9 @@ INLINED_KIND = "INLINED_CODE"
 #: changes a class's methods, as torch assumes): checked until a served code's whole guard
 #: first holds in the process, as a normal compile would have read them then.
 UNGUARDED_KIND = "UNGUARDED_VALUE"
-CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND})
+#: The class a kept ``TYPE_MATCH`` checks, by its bases and methods (:func:`class_layout`).
+LAYOUT_KIND = "CLASS_LAYOUT"
+CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND})
 #: The identity of a module with no hooks of its own.
 _NO_HOOKS = identity(({}, {}, {}, {}))
 
@@ -854,6 +917,19 @@ def _by_value_record(guard: Any, source: str, value_of: Callable[[Any], Any]) ->
     return _record(kind, f"type({source})", guard, lambda g: type(value_of(g)))
 
 
+def _layout_record(source: str, guard: Any, value_of: Callable[[Any], Any]) -> list[Portable]:
+    """The record of the class a kept ``TYPE_MATCH`` checks, by its layout
+    (:func:`class_layout`): torch rebuilds that guard on the reader as the class of the same
+    name, whatever bases and methods it has there. None for Python's own classes."""
+    try:
+        cls = type(value_of(guard))
+    except Exception as exc:
+        raise Unportable(LAYOUT_KIND, source, f"its value cannot be read: {exc!r}") from exc
+    if class_layout(cls) == "":
+        return []
+    return [_record(LAYOUT_KIND, f"type({source})", guard, lambda g: type(value_of(g)))]
+
+
 def split(
     guards: Sequence[Any], value_of: Callable[[Any], Any]
 ) -> tuple[list[Any], tuple[Portable, ...]]:
@@ -874,6 +950,8 @@ def split(
             records.append(_record(kind, source, guard, value_of))
             continue
         kept.append(guard)
+        if str(guard.create_fn_name()) == "TYPE_MATCH":
+            records.extend(_layout_record(source, guard, value_of))
         if str(guard.create_fn_name()) in SELF_CONTAINED:
             continue
         if source not in by_value and under_a_reference(guard, value_of):

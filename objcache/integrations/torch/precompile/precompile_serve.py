@@ -172,6 +172,38 @@ def _install_scopes(package: Any) -> dict[int, tuple[dict[str, Any], frozenset[s
     return scopes
 
 
+def _name_taken(package: Any) -> str | None:
+    """``module.name`` of a resume function the entry would bind where this process already
+    holds another function under that name, else None. Dynamo names a resume function
+    by its offset and the first number free in the module *when it compiles*
+    (``__resume_at_70_3``): a process that compiled another function of the module first
+    holds that name for its own, and torch's ``install`` would re-bind it to the entry's,
+    so the first function's next call ran the other's code (the thirteenth review: off by
+    6, or a ``TypeError`` out of the program's call)."""
+    for code, entry in list(package._codes.items()):
+        if not getattr(entry, "install_to_global", False):
+            continue
+        module = sys.modules.get(getattr(entry, "python_module", ""))
+        scope = getattr(module, "__dict__", None)
+        if not isinstance(scope, dict):
+            continue
+        for name in getattr(entry, "function_names", ()):
+            held = scope.get(name)
+            if held is not None and not _runs(held, code):
+                return f"{entry.python_module}.{name}"
+    return None
+
+
+def _runs(held: Any, code: types.CodeType) -> bool:
+    """Whether a bound resume function (or the factory Dynamo binds for one with free
+    variables) runs ``code``, by what the code does."""
+    found = [getattr(held, "__code__", None), *(getattr(held, "__defaults__", None) or ())[:1]]
+    digest = portable_guards.code_digest(code)
+    return any(
+        isinstance(c, types.CodeType) and portable_guards.code_digest(c) == digest for c in found
+    )
+
+
 def _undo_install(package: Any, scopes: dict[int, tuple[dict[str, Any], frozenset[str]]]) -> None:
     """Take back whatever a failed ``install`` put in place (all or nothing): its globals,
     the precompiled entries on every code (torch's ``uninstall`` resets only the main
@@ -242,6 +274,11 @@ def wrap_install(original: Callable[..., None], initialize: Callable[..., None])
         fn = self.__dict__.pop("_objcache_served", None)
         if fn is None:
             original(self, backends)
+            return
+        taken = _name_taken(self)
+        if taken is not None:  # never re-bind a name this process's own compile bound
+            _reset(self, fn, initialize, "name_taken", taken)
+            self.__dict__.pop("_objcache_fresh", None)
             return
         scopes = _install_scopes(self)
         token = precompile_guards.installing_served.set(True)

@@ -904,3 +904,47 @@ def test_a_c_class_method_read_where_dynamo_guards_nothing_is_a_record() -> None
         ACT = torch.Tensor.relu
     net.inner.act = torch.Tensor.sigmoid
     assert not pg.check_for(records, {})({"self": net})
+
+
+class _Doubles:
+    def act(self, x: Any) -> Any:
+        return x * 2
+
+
+class _Shifts:
+    def act(self, x: Any) -> Any:
+        return x + 1
+
+
+def _fast_act(self: Any, x: Any) -> Any:
+    return x * 3
+
+
+def test_a_class_is_named_with_its_bases_and_the_methods_they_hold() -> None:
+    """Dynamo finds a method through ``type(obj).__mro__`` and guards the class by name only:
+    a class of the same name on another base, or whose method the program replaced, names
+    another layout; the same class names the same, and a base with no portable name makes
+    the class unnamed (its frame is not saved)."""
+
+    def made(base: type, name: str = "Chosen") -> type:
+        cls = type(name, (base,), {"__module__": __name__, "__qualname__": name})
+        globals()[name] = cls  # reachable by its name, as a module-level class is
+        return cls
+
+    try:
+        on_doubles, again = pg.identity(made(_Doubles)), pg.identity(made(_Doubles))
+        on_shifts = pg.identity(made(_Shifts))
+        assert on_doubles is not None and on_doubles.startswith(f"class:{__name__}.Chosen@")
+        assert on_doubles == again and on_shifts != on_doubles
+        original = _Doubles.act
+        try:
+            _Doubles.act = _fast_act  # type: ignore[method-assign]
+            assert pg.identity(made(_Doubles)) != on_doubles
+        finally:
+            _Doubles.act = original  # type: ignore[method-assign]
+        assert pg.identity(made(_Doubles)) == on_doubles
+        local = type("Local", (), {"__qualname__": "f.<locals>.Local"})
+        assert pg.identity(made(local)) is None
+        assert pg.identity(int) == "class:builtins.int"  # Python's own: no layout
+    finally:
+        globals().pop("Chosen", None)

@@ -11,6 +11,9 @@ One function per class of fact a served entry depends on:
   with itself);
 * **inlined methods**: a library class's method Dynamo inlined, patched on the reader (torch
   never guards it: one process never changes it);
+* **class layouts**: a module's class whose base was chosen at start-up (Dynamo finds the
+  method through the class's bases, torch's guard names the class alone and the inlined
+  method's record its own home, which the reader has too);
 * **module hooks**: a forward hook registered on a submodule on the reader only (Dynamo does
   not guard module hooks);
 * **wrapped functions**: a ``functools.wraps`` wrapper from another module (transformers'
@@ -122,6 +125,23 @@ def wrapped(x):
 
 
 check("wrapped_functions", library.scaled(wrapped), x)
+
+
+class Doubles(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+class Shifts(nn.Module):
+    def forward(self, x):
+        return x + 1.0
+
+
+class Chosen(Shifts if os.environ.get("ALT") == "1" else Doubles):  # "the fused one if installed"
+    pass
+
+
+check("class_layout", Chosen(), x)
 
 unnamed = lambda x: (torch._dynamo.graph_break(), x + 1.0)[1]
 scope = {}
@@ -274,13 +294,15 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     store_root: Path, first_machine: dict[str, Any]
 ) -> None:
     """Another value through a module and a class (and in the wrapper's own globals), a
-    patched library method and a hook on a submodule: each served guarded code fails a
-    portable guard and Dynamo compiles the frame, so every result is eager's."""
-    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1", VIEW="1")
+    patched library method, a hook on a submodule and another base class: each served
+    guarded code fails a portable guard and Dynamo compiles the frame, so every result is
+    eager's."""
+    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1", VIEW="1", ALT="1")
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2, counts
     failed = {k.split(":", 1)[1] for k in counts if k.startswith("guard_failed:")}
-    # the module/class values (their own guard kinds) and the method or its hooks
+    # the module/class values (their own guard kinds); the patched method, its hooks and
+    # the chosen base (the class's layout is checked first: a method found through it)
     assert failed & {"EQUALS_MATCH", "CONSTANT_MATCH", "TYPE_MATCH"}, counts
-    assert failed & {"INLINED_CODE", "MODULE_HOOKS"}, counts
+    assert "CLASS_LAYOUT" in failed, counts
