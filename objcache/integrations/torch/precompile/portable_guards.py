@@ -200,35 +200,40 @@ def _named(value: Any) -> str | None:
     return _reachable(value, module, qualname)
 
 
-#: ``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement or ``type()``, whose
-#: attributes can be set; C's static types (``int``, ``types.SimpleNamespace``) cannot.
-_HEAP_TYPE = 1 << 9
-
-
 def class_layout(cls: type) -> str | None:
     """The code a class's instances run, as a short suffix of its identity: each class of
-    its method resolution order by name, and the functions, builtins and descriptors their
-    own dicts hold, by name and code. Dynamo reads an object's method through
-    ``type(obj).__mro__`` and never guards what it found (one process never changes a
-    class's methods): a reader whose ``Net`` derives from another base chosen at start-up,
-    or whose ``nn.GELU.forward`` the program did (or did not) replace, names another layout.
-    None where a class of the order has no portable name. C's static types are left out
-    (nothing can replace their methods): empty for a class made of them alone."""
+    its method resolution order that holds Python code, by name, and the functions,
+    properties, builtins and descriptors its own dict holds, by name and code. Dynamo reads
+    an object's method through ``type(obj).__mro__`` and never guards what it found (one
+    process never changes a class's methods): a reader whose ``Net`` derives from another
+    base chosen at start-up, or whose ``nn.GELU.forward`` the program did (or did not)
+    replace, names another layout. None where such a class has no portable name. Classes
+    with no Python code of their own (C's types, pybind11's) are left out: empty for a
+    class made of them alone."""
     mro = getattr(cls, "__mro__", None)
-    heap = [c for c in mro if c.__flags__ & _HEAP_TYPE] if isinstance(mro, tuple) else []
-    if not heap:
-        return ""
-    h = hashlib.sha256()
-    for base in heap:
+    h, found = hashlib.sha256(), False
+    for base in mro if isinstance(mro, tuple) else ():
+        own = vars(base)
+        if not any(_python_code(member) for member in list(own.values())):
+            continue
         name = _named(base)
         if name is None:
             return None
+        found = True
         h.update(f"{name}\1".encode())
-        for attr, member in list(vars(base).items()):
+        for attr, member in list(own.items()):
             named = _member_code(member)
             if named is not None:
                 h.update(f"{attr}={named}\0".encode())
-    return "@" + h.hexdigest()[:24]
+    return "@" + h.hexdigest()[:24] if found else ""
+
+
+def _python_code(member: Any) -> bool:
+    if isinstance(member, staticmethod | classmethod):
+        member = member.__func__
+    if isinstance(member, property):
+        member = member.fget
+    return isinstance(member, types.FunctionType)
 
 
 def _member_code(member: Any) -> str | None:

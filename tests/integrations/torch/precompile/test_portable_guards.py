@@ -923,8 +923,8 @@ def _fast_act(self: Any, x: Any) -> Any:
 def test_a_class_is_named_with_its_bases_and_the_methods_they_hold() -> None:
     """Dynamo finds a method through ``type(obj).__mro__`` and guards the class by name only:
     a class of the same name on another base, or whose method the program replaced, names
-    another layout; the same class names the same, and a base with no portable name makes
-    the class unnamed (its frame is not saved)."""
+    another layout; the same class names the same, and a base with code and no portable
+    name makes the class unnamed (its frame is not saved)."""
 
     def made(base: type, name: str = "Chosen") -> type:
         cls = type(name, (base,), {"__module__": __name__, "__qualname__": name})
@@ -943,8 +943,12 @@ def test_a_class_is_named_with_its_bases_and_the_methods_they_hold() -> None:
         finally:
             _Doubles.act = original  # type: ignore[method-assign]
         assert pg.identity(made(_Doubles)) == on_doubles
-        local = type("Local", (), {"__qualname__": "f.<locals>.Local"})
+        local = type("Local", (), {"__qualname__": "f.<locals>.Local", "act": _fast_act})
         assert pg.identity(made(local)) is None
-        assert pg.identity(int) == "class:builtins.int"  # Python's own: no layout
+        # classes with no Python code of their own (C's, pybind11's) are named as before
+        assert pg.identity(int) == "class:builtins.int"
+        guards = pytest.importorskip("torch._C._dynamo.guards")
+        manager = guards.RootGuardManager
+        assert pg.identity(manager) == "class:torch._C._dynamo.guards.RootGuardManager"
     finally:
         globals().pop("Chosen", None)
