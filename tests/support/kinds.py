@@ -12,6 +12,7 @@ from tests.support.paths import ROOT
 #: ``*KIND*`` constants that name no stored kind: a portable guard record's kind of source.
 NOT_STORED = {
     "COMPILE_SETTINGS",
+    "CLASS_LAYOUT",
     "MODULE_HOOKS",
     "GLOBAL_HOOKS",
     "INLINED_CODE",
