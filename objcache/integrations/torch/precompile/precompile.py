@@ -55,6 +55,7 @@ from objcache.integrations.torch.precompile import (
     precompile_guards,
     precompile_save,
     precompile_serve,
+    program_registrations,
     superseded_codes,
 )
 from objcache.integrations.torch.precompile.precompile_entry import counters, failed, lock, log
@@ -253,6 +254,10 @@ def _patch_graph_compile() -> None:
             for module in (functions, nn_module):  # nn_module binds the name at its import
                 if module.__dict__.get("invoke_and_store_as_constant") is invoke:
                     _patch(module, "invoke_and_store_as_constant", assumed)
+        polyfilled = getattr(functions, "PolyfilledFunctionVariable", None)
+        call = getattr(polyfilled, "__dict__", {}).get("call_function")
+        if callable(call) and callable(getattr(polyfilled, "can_constant_fold_through", None)):
+            _patch(polyfilled, "call_function", _wrap_constant_folded(call))
 
 
 def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:
@@ -263,14 +268,42 @@ def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:
     (``unsaved:assumed_constant``); torch's own (``is_compile_supported``) are left alone."""
 
     def invoke(tx: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        module = str(getattr(fn, "__module__", "") or "")
-        package = getattr(getattr(tx, "output", None), "package", None)
-        if package is not None and not (module == "torch" or module.startswith("torch.")):
-            package.__dict__.setdefault("_objcache_unsaveable", "assumed_constant")
+        if not _torchs_code(fn):  # by its code's file: ``functools.wraps`` copies __module__
+            _unsaveable(tx, "assumed_constant")
         return original(tx, fn, *args, **kwargs)
 
     marked(invoke, original)
     return invoke
+
+
+def _wrap_constant_folded(original: Callable[..., Any]) -> Any:
+    """The other public route to an unguarded constant: a function the program registered
+    with ``torch.compiler.substitute_in_graph(fn, can_constant_fold_through=True)`` (a C
+    function such as ``os.cpu_count``), which Dynamo calls while it traces, with constant
+    arguments, and bakes in as :func:`_wrap_assumed_constant`'s. A frame whose trace may fold
+    one of the program's is not saved; torch's own polyfills are left alone."""
+
+    def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):
+            if self.can_constant_fold_through() and not _torchs_code(self.traceable_fn):
+                _unsaveable(tx, "assumed_constant")
+        return original(self, tx, *args, **kwargs)
+
+    marked(call_function, original)
+    return call_function
+
+
+def _torchs_code(fn: Any) -> bool:
+    """Whether ``fn`` is a Python function whose code lies in torch's own folder."""
+    code = getattr(fn, "__code__", None)
+    filename = getattr(code, "co_filename", None)
+    return isinstance(filename, str) and program_registrations.in_torch(filename)
+
+
+def _unsaveable(tx: Any, why: str) -> None:
+    package = getattr(getattr(tx, "output", None), "package", None)
+    if package is not None:
+        package.__dict__.setdefault("_objcache_unsaveable", why)
 
 
 def _is_output_code(fn: Any) -> bool:

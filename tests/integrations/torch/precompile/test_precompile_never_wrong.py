@@ -197,6 +197,34 @@ def assumed_constant(x):
 
 
 check("assumed_constant", assumed_constant, x)
+import functools
+
+
+@torch.compiler.assume_constant_result
+@functools.wraps(torch.get_num_threads)  # torch's __module__ copied onto the program's
+def wrapped_scale():
+    return float(os.environ["SCALE"])
+
+
+def assumed_through_wraps(x):
+    return x * wrapped_scale()
+
+
+check("assumed_through_wraps", assumed_through_wraps, x)
+
+
+def cpu_count_polyfill():  # a library's polyfill: Dynamo folds the C function instead
+    return os.cpu_count()
+
+
+torch.compiler.substitute_in_graph(os.cpu_count, can_constant_fold_through=True)(cpu_count_polyfill)
+
+
+def constant_folded(x):
+    return x * float(os.cpu_count())
+
+
+check("constant_folded", constant_folded, x)
 
 
 def copy_if_view(x):  # "do not mutate the caller's view"
@@ -255,8 +283,12 @@ def test_a_trace_that_called_an_assumed_constant_is_not_saved(
 ) -> None:
     """Dynamo bakes the result of an ``assume_constant_result`` function in with no guard:
     constant in one process, not on every machine (the differing reader below has another
-    ``SCALE``), so such a frame is not saved."""
-    assert first_machine["precompile"].get("unsaved:assumed_constant", 0) >= 1, first_machine
+    ``SCALE``), so such a frame is not saved; also where the function is a
+    ``functools.wraps`` wrapper of torch's (its ``__module__`` says torch), and where the
+    program registered a C function to fold through (``substitute_in_graph(os.cpu_count,
+    can_constant_fold_through=True)``: the thirteenth review served another machine's core
+    count)."""
+    assert first_machine["precompile"].get("unsaved:assumed_constant", 0) >= 3, first_machine
 
 
 def test_a_trace_that_read_this_processs_hash_order_is_not_saved(
