@@ -925,7 +925,8 @@ def _by_value_record(guard: Any, source: str, value_of: Callable[[Any], Any]) ->
 def _layout_record(source: str, guard: Any, value_of: Callable[[Any], Any]) -> list[Portable]:
     """The record of the class a kept ``TYPE_MATCH`` checks, by its layout
     (:func:`class_layout`): torch rebuilds that guard on the reader as the class of the same
-    name, whatever bases and methods it has there. None for Python's own classes."""
+    name, whatever bases and methods it has there. None for a class with no Python code of
+    its own (:func:`class_layout` is empty)."""
     try:
         cls = type(value_of(guard))
     except Exception as exc:
