@@ -179,7 +179,62 @@ def measured(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     return {k: figures[k] for k in ("wall", "cpu", "rss_mib")}
 
 
+def run_round(
+    i: int,
+    tag: str,
+    runs: Runs,
+    clients: list[str],
+    server_pid: int | None,
+    data: dict[str, Any],
+    dst: dict[str, Path],
+    samples: dict[str, list[dict[str, float]]],
+    server_cpu: dict[str, list[float]],
+) -> None:
+    """One round: every client's push, then every client's pull (``runs[f"{client}_{direction}"]``),
+    the clients in turn first (``i``); checks what each pull brought, then removes it."""
+    order = clients if i % 2 == 0 else list(reversed(clients))
+    for direction in ("push", "pull"):
+        for client in order:
+            name = f"{client}_{direction}"
+            cmd, env = runs[name]
+            if PROFILE is not None and client == "objcache":
+                out = PROFILE / f"{name}-{tag}.txt"
+                cmd = [PYSPY, "record", "-r", "250", "--format", "raw", "-o", str(out), "--", *cmd]
+            before = process_cpu_s(server_pid)
+            samples.setdefault(name, []).append(measured(cmd, env))
+            server_cpu.setdefault(name, []).append(process_cpu_s(server_pid) - before)
+    for client in clients:
+        got = count_files(dst[client] / "v1")
+        # pull --job brings the job's entries, not its manifest
+        want = data["entries"] if client == "objcache" else data["objects"]
+        if got < want:
+            raise SystemExit(f"{client} pull incomplete: {got} of {want}")
+        shutil.rmtree(dst[client])
+    print(tag, {k: round(v[-1]["wall"], 2) for k, v in samples.items()}, file=sys.stderr)
+
+
 CLIENTS = ("objcache", "s5cmd", "aws")
+Runs = dict[str, tuple[list[str], dict[str, str]]]
+
+
+def bench_env(work: Path) -> dict[str, str]:
+    """The environment every timed command runs in: this tree, no start-up prefetch."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "OBJCACHE_PREFETCH": "0", "PYTHONPATH": root}
+    env["OBJCACHE_STATS_FILE"] = str(work / "stats")
+    return env
+
+
+def objcache_runs(url: str, src: Path, dst: Path, base: dict[str, str]) -> Runs:
+    """objcache's two commands: ``push`` of the source local tier, ``pull --job`` into ``dst``."""
+    cli = [sys.executable, "-m", "objcache.cli"]
+    return {
+        "objcache_push": ([*cli, "push", "--tier", url], {**base, "OBJCACHE_LOCAL_DIR": str(src)}),
+        "objcache_pull": (
+            [*cli, "pull", "--job", JOB, "--tier", url],
+            {**base, "OBJCACHE_LOCAL_DIR": str(dst)},
+        ),
+    }
 
 
 def bench_network(
@@ -193,9 +248,7 @@ def bench_network(
     """Push then pull with each client, ``rounds`` times: straight to the server when
     ``rtt_ms`` is 0, else through a FaultProxy adding ``rtt_ms``."""
     proxy, endpoint = reach(server, rtt_ms)
-    root = str(Path(__file__).resolve().parents[1])
-    base = {**os.environ, "OBJCACHE_PREFETCH": "0", "PYTHONPATH": root}
-    base["OBJCACHE_STATS_FILE"] = str(work / "stats")
+    base = bench_env(work)
     creds = {
         "AWS_ACCESS_KEY_ID": server.access_key,
         "AWS_SECRET_ACCESS_KEY": server.secret_key,
@@ -203,7 +256,6 @@ def bench_network(
         "AWS_DEFAULT_REGION": server.region,
     }
     s5 = [tools["s5cmd"], "--log", "error", "--endpoint-url", endpoint, "cp"]
-    cli = [sys.executable, "-m", "objcache.cli"]
     src, shape = data["src"], data["shape"]
     samples: dict[str, list[dict[str, float]]] = {}
     server_cpu: dict[str, list[float]] = {}
@@ -212,16 +264,9 @@ def bench_network(
             tag = f"{shape}-rtt{rtt_ms:.0f}-r{i}"
             url = s3_url(server, f"o-{tag}", bucket=BUCKET, endpoint_url=endpoint)
             dst = {c: work / f"pull-{c}-{tag}" for c in CLIENTS}
-            runs: dict[str, tuple[list[str], dict[str, str]]] = {
-                "objcache_push": (
-                    [*cli, "push", "--tier", url],
-                    {**base, "OBJCACHE_LOCAL_DIR": str(src)},
-                ),
+            runs = {
+                **objcache_runs(url, src, dst["objcache"], base),
                 "s5cmd_push": ([*s5, f"{src}/*", f"s3://{BUCKET}/s-{tag}/"], {**base, **creds}),
-                "objcache_pull": (
-                    [*cli, "pull", "--job", JOB, "--tier", url],
-                    {**base, "OBJCACHE_LOCAL_DIR": str(dst["objcache"])},
-                ),
                 "s5cmd_pull": (
                     [*s5, f"s3://{BUCKET}/s-{tag}/*", f"{dst['s5cmd']}/"],
                     {**base, **creds},
@@ -241,45 +286,11 @@ def bench_network(
                 aws_env = {**base, "AWS_PROFILE": data["profile"]}
                 runs["aws_push"] = ([*sync, str(src), f"s3://{BUCKET}/a-{tag}"], aws_env)
                 runs["aws_pull"] = ([*sync, f"s3://{BUCKET}/a-{tag}", str(dst["aws"])], aws_env)
-            order = clients if i % 2 == 0 else list(reversed(clients))
-            for direction in ("push", "pull"):
-                for client in order:
-                    name = f"{client}_{direction}"
-                    cmd, env = runs[name]
-                    if PROFILE is not None and client == "objcache":
-                        out = PROFILE / f"{name}-{tag}.txt"
-                        cmd = [
-                            PYSPY,
-                            "record",
-                            "-r",
-                            "250",
-                            "--format",
-                            "raw",
-                            "-o",
-                            str(out),
-                            "--",
-                            *cmd,
-                        ]
-                    before = process_cpu_s(server.pid)
-                    samples.setdefault(name, []).append(measured(cmd, env))
-                    server_cpu.setdefault(name, []).append(process_cpu_s(server.pid) - before)
-            for client in clients:
-                got = count_files(dst[client] / "v1")
-                # pull --job brings the job's entries, not its manifest
-                want = data["entries"] if client == "objcache" else data["objects"]
-                if got < want:
-                    raise SystemExit(f"{client} pull incomplete: {got} of {want}")
-                shutil.rmtree(dst[client])
-            print(tag, {k: round(v[-1]["wall"], 2) for k, v in samples.items()}, file=sys.stderr)
+            run_round(i, tag, runs, clients, server.pid, data, dst, samples, server_cpu)
     finally:
         if proxy is not None:
             proxy.close()
-    result: dict[str, Any] = {"rtt_ms": rtt_ms, "rounds": rounds, "shape": shape}
-    for name, values in samples.items():
-        result[name] = {k: statistics.median(v[k] for v in values) for k in values[0]}
-        result[name]["all"] = [v["wall"] for v in values]
-        result[name]["server_cpu"] = statistics.median(server_cpu[name])
-    return result
+    return medians(shape, rtt_ms, rounds, samples, server_cpu)
 
 
 # --- report --------------------------------------------------------------------------------
@@ -297,12 +308,24 @@ def report(datas: dict[str, dict[str, Any]], results: list[dict[str, Any]], vers
         "| peak RSS MiB | SeaweedFS CPU s | objcache / s5cmd wall |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    lines += table_rows(datas, results, CLIENTS, "s5cmd")
+    return "\n".join(lines) + "\n"
+
+
+def table_rows(
+    datas: dict[str, dict[str, Any]],
+    results: list[dict[str, Any]],
+    clients: tuple[str, ...],
+    reference: str,
+) -> list[str]:
+    """The report's rows: each client's figures, objcache's wall over ``reference``'s."""
+    lines = []
     for r in results:
         d = datas[r["shape"]]
         network = "direct" if r["rtt_ms"] == 0 else f"+{r['rtt_ms']:.0f} ms RTT"
         for direction in ("push", "pull"):
-            base = r[f"s5cmd_{direction}"]["wall"]
-            for client in CLIENTS:
+            base = r[f"{reference}_{direction}"]["wall"]
+            for client in clients:
                 m = r.get(f"{client}_{direction}")
                 if m is None:
                     continue
@@ -316,34 +339,71 @@ def report(datas: dict[str, dict[str, Any]], results: list[dict[str, Any]], vers
                     f"| {objects / m['wall']:,.0f} | {d['bytes'] / 1e6 / m['wall']:.1f} "
                     f"| {m['cpu']:.2f} | {m['rss_mib']:.0f} | {m['server_cpu']:.1f} | {ratio} |"
                 )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def chart(datas: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
+def ratio_chart(
+    results: list[dict[str, Any]], reference: str, title: str, section: str
+) -> dict[str, Any]:
+    """The chart of objcache's wall over ``reference``'s per shape, direction and network."""
     rows = []
     for r in results:
         network = "direct" if r["rtt_ms"] == 0 else f"+{r['rtt_ms']:.0f} ms"
         for direction in ("push", "pull"):
-            ratio = r[f"objcache_{direction}"]["wall"] / r[f"s5cmd_{direction}"]["wall"]
+            ratio = r[f"objcache_{direction}"]["wall"] / r[f"{reference}_{direction}"]["wall"]
             rows.append([f"{r['shape']} {direction}, {network}", round(ratio, 2)])
     return {
         "chart": "bars",
-        "title": "objcache push / pull --job wall time over s5cmd cp (1.0 = as fast as s5cmd)",
-        "xlabel": "objcache wall s / s5cmd wall s (lower is better)",
-        "source": "bench/bulk.py, docs/benchmarks.md section bulk",
+        "title": title,
+        "xlabel": f"objcache wall s / {reference} wall s (lower is better)",
+        "source": f"bench/{section}.py, docs/benchmarks.md section {section}",
         "target": 1.0,
         "rows": rows,
         "highlight": "",
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def medians(
+    shape: str,
+    rtt_ms: float,
+    rounds: int,
+    samples: dict[str, list[dict[str, float]]],
+    server_cpu: dict[str, list[float]],
+) -> dict[str, Any]:
+    """Each command's median figures over the rounds (its walls kept as ``all``)."""
+    result: dict[str, Any] = {"rtt_ms": rtt_ms, "rounds": rounds, "shape": shape}
+    for name, values in samples.items():
+        result[name] = {k: statistics.median(v[k] for v in values) for k in values[0]}
+        result[name]["all"] = [v["wall"] for v in values]
+        result[name]["server_cpu"] = statistics.median(server_cpu[name])
+    return result
+
+
+def write_out(args: argparse.Namespace, section: str, text: str, chart: dict[str, Any]) -> None:
+    """With ``--out``: the report as that file's section ``section`` (the command that
+    reproduces it above it) and its chart beside it."""
+    if args.out:
+        command = (
+            f"python bench/{section}.py --rounds {args.rounds} --scale {args.scale:g} "
+            f"--shapes {args.shapes} --networks {args.networks} --out {args.out}"
+        )
+        write_section(args.out, section, command, text)
+        _chart.write_beside(args.out, section, chart)
+
+
+def shape_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every bulk bench takes: rounds, scale, shapes, networks, output."""
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0, help="divide every count by this")
     ap.add_argument("--shapes", default="compile,small,large")
     ap.add_argument("--rtt-ms", type=float, default=50)
     ap.add_argument("--networks", default="direct,rtt", help="direct, rtt or both")
+    ap.add_argument("--out", type=Path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    shape_arguments(ap)
     ap.add_argument("--aws", action="store_true", help="also aws s3 sync, for the record")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument(
@@ -351,7 +411,6 @@ def main() -> None:
         type=Path,
         help="record each objcache run with py-spy (collapsed stacks) into this folder",
     )
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     global PROFILE
@@ -390,12 +449,8 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(json.dumps({"datas": datas, "results": results}, default=str))
-    if args.out:
-        command = (
-            f"python bench/bulk.py --rounds {args.rounds} --scale {args.scale:g} --out {args.out}"
-        )
-        write_section(args.out, "bulk", command, text)
-        _chart.write_beside(args.out, "bulk", chart(datas, results))
+    title = "objcache push / pull --job wall time over s5cmd cp (1.0 = as fast as s5cmd)"
+    write_out(args, "bulk", text, ratio_chart(results, "s5cmd", title, "bulk"))
 
 
 if __name__ == "__main__":
