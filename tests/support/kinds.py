@@ -13,6 +13,7 @@ from tests.support.paths import ROOT
 NOT_STORED = {
     "COMPILE_SETTINGS",
     "CLASS_LAYOUT",
+    "ABSENT_NAMES",
     "MODULE_HOOKS",
     "GLOBAL_HOOKS",
     "INLINED_CODE",

@@ -704,7 +704,10 @@ INLINED_KIND = "INLINED_CODE"
 UNGUARDED_KIND = "UNGUARDED_VALUE"
 #: The class a kept ``TYPE_MATCH`` checks, by its bases and methods (:func:`class_layout`).
 LAYOUT_KIND = "CLASS_LAYOUT"
-CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND})
+#: Names the trace looked up in an object and did not find (:mod:`.absent_names`): none
+#: may be there on the reader.
+ABSENT_KIND = "ABSENT_NAMES"
+CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND})
 #: The identity of a module with no hooks of its own.
 _NO_HOOKS = identity(({}, {}, {}, {}))
 
@@ -772,7 +775,21 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
 #: Tensor facts Dynamo reads while it traces and never guards (one process keeps passing the
 #: same kind of tensor): whether an input is a view of another, pinned, shared. A frame whose
 #: traced code reads one is not saved (docs/torch.md, "Precompile entries").
-UNGUARDED_TENSOR_FACTS = frozenset({"_base", "_is_view", "is_pinned", "is_shared", "_version"})
+UNGUARDED_TENSOR_FACTS = frozenset(
+    {
+        "_base",
+        "_is_view",
+        "is_pinned",
+        "is_shared",
+        "_version",
+        # whether an input is a leaf of autograd's graph: Dynamo folds ``is_leaf`` and
+        # ``grad_fn is None`` (no guard checks it: requires_grad alone is guarded)
+        "is_leaf",
+        "grad_fn",
+        "output_nr",
+        "retains_grad",
+    }
+)
 UNGUARDED_TENSOR_UNSAVED = "unguarded_tensor_fact"
 
 
@@ -990,6 +1007,26 @@ def _set_order_records(source: str, value: Any) -> list[Portable]:
     return [Portable(source, SET_ORDER_KIND, ident)]
 
 
+def absent_records(absent: dict[str, set[str]]) -> tuple[Portable, ...]:
+    """One record per source of the names a trace did not find there
+    (:mod:`.absent_names`); raises :class:`Unportable` where a source cannot be read on
+    another machine."""
+    out = []
+    for source in sorted(absent):
+        if parse_source(source) is None:
+            raise Unportable(ABSENT_KIND, source, "its source cannot be read on another machine")
+        out.append(Portable(source, ABSENT_KIND, json.dumps(sorted(absent[source]))))
+    return tuple(out)
+
+
+def _present(value: Any, expected: str) -> str | None:
+    """The first name of an ``ABSENT_NAMES`` record that ``value`` has, or None."""
+    for name in json.loads(expected):
+        if hasattr(value, name):
+            return str(name)
+    return None
+
+
 # --- reader ------------------------------------------------------------------------------------
 
 
@@ -1093,6 +1130,13 @@ def check_for(
                         continue
                 if value is _MISSING:
                     return fail(kind, source, expected)
+                if kind == ABSENT_KIND:  # the object the trace looked in: none of the names
+                    if value is not passed[i]:
+                        present = _present(value, expected)
+                        if present is not None:
+                            return fail(kind, source, expected, f"{present!r} present")
+                        passed[i] = value
+                    continue
                 if kind == SET_ORDER_KIND:  # the order, at every call (a set changes inside)
                     if not isinstance(value, set | frozenset):
                         return fail(kind, source, expected, identity(value))

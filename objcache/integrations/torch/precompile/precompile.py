@@ -51,6 +51,7 @@ from typing import Any
 
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
+    absent_names,
     hash_order,
     precompile_guards,
     precompile_save,
@@ -260,6 +261,20 @@ def _patch_graph_compile() -> None:
             _patch(polyfilled, "call_function", _wrap_constant_folded(call))
 
 
+def _patch_absent_names(translator: Any) -> None:
+    """Collect what a trace looked up and did not find (:mod:`.absent_names`); raises where
+    torch lacks a piece, so that the part is not half applied."""
+    import importlib
+
+    load_builtin = translator.load_builtin_from_argval
+    _patch(translator, "load_builtin_from_argval", absent_names.wrap_load_builtin(load_builtin))
+    base = importlib.import_module("torch._dynamo.variables.base").VariableTracker
+    for cls in absent_names.hasattr_classes(base):
+        _patch(cls, "call_obj_hasattr", absent_names.wrap_hasattr(cls.__dict__["call_obj_hasattr"]))
+    error = importlib.import_module("torch._dynamo.exc").ObservedAttributeError
+    _patch(error, "__init__", absent_names.wrap_observed_attribute_error(error.__init__))
+
+
 def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:
     """Dynamo calls a function marked ``torch.compiler.assume_constant_result`` while it
     traces and bakes its result into the code with no guard: the user's promise that it is
@@ -444,6 +459,7 @@ def apply(package_module: Any) -> None:
             create_resume = getattr(base, "create_resume", None)
             if callable(create_resume):
                 _patch(base, "create_resume", _wrap_create_resume(create_resume))
+            _patch_absent_names(base)
             protocol = importlib.import_module("torch._dynamo.variables.object_protocol")
             hashing = hash_order.wrap_generic_hash(protocol.generic_hash)
             _patch(protocol, "generic_hash", hashing)

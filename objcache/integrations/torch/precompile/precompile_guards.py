@@ -30,6 +30,7 @@ from typing import Any
 
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
+    absent_names,
     compile_settings,
     hash_order,
     portable_guards,
@@ -117,6 +118,7 @@ def wrap_serialize_guards(
                     *portable_guards.inlined_code_records(traced),
                     *portable_guards.unguarded_value_records(traced, _frame_locals(builder)),
                     *portable_guards.global_hook_records(),
+                    *portable_guards.absent_records(absent_names.collected(output_graph)),
                 )
             )
         except portable_guards.Unportable as exc:

@@ -952,3 +952,32 @@ def test_a_class_is_named_with_its_bases_and_the_methods_they_hold() -> None:
         assert pg.identity(manager) == "class:torch._C._dynamo.guards.RootGuardManager"
     finally:
         globals().pop("Chosen", None)
+
+
+def test_names_a_trace_looked_up_in_vain_must_be_absent_on_the_reader() -> None:
+    """An attribute ``hasattr`` found absent (``G['lib'].fast``) and a builtin reached past a
+    module's globals: the reader's check fails where the object has the name, and a source
+    no other machine can read makes the frame unsaveable."""
+    records = pg.absent_records({"G['lib']": {"fast"}, "__import__('math')": {"abs"}})
+    assert [r.kind for r in records] == [pg.ABSENT_KIND] * 2
+    assert pg.check_for(records, {"lib": SimpleNamespace(slow=_square)})({})
+    assert not pg.check_for(records, {"lib": SimpleNamespace(fast=_square)})({})
+    assert not pg.check_for(pg.absent_records({"__import__('math')": {"sqrt"}}), {})({})
+    with pytest.raises(pg.Unportable):
+        pg.absent_records({"a name made in the frame": {"fast"}})
+
+
+def _leafy(x: Any) -> Any:
+    return x * 2 if x.is_leaf else x
+
+
+def _graded(x: Any) -> Any:
+    return x if x.grad_fn is None else x * 3
+
+
+def test_tensor_facts_torch_does_not_guard_are_found_in_the_traced_code() -> None:
+    """Whether an input is a leaf of autograd's graph: Dynamo folds ``is_leaf`` and
+    ``grad_fn`` and guards only ``requires_grad``."""
+    assert pg.unguarded_tensor_read([_leafy.__code__]) == "is_leaf"
+    assert pg.unguarded_tensor_read([_square.__code__, _graded.__code__]) == "grad_fn"
+    assert pg.unguarded_tensor_read([_square.__code__]) is None

@@ -23,6 +23,9 @@ One function per class of fact a served entry depends on:
   and ``hash()`` of a string, in processes whose hash seed is their own (the default);
 * **tensor facts torch does not guard**: whether an input is a view (``x._base``): a frame
   whose trace read one is not saved;
+* **names looked up in vain**: a builtin the reader's module shadows, an optional function
+  ``hasattr`` found absent on the writer, an attribute ``getattr`` defaulted (Dynamo guards
+  none of them across processes);
 * **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
   an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
   user's call; here the package is unsaveable, counted, and the program runs.
@@ -63,6 +66,11 @@ FACTOR = SCALE + 1.0
 class Gain(nn.Module):
     def forward(self, x):
         return x * 1.5
+
+
+if os.environ.get("FAST") == "1":  # an optional kernel, present where it is installed
+    def fast(t):
+        return t * t
 
 
 def scaled(fn):
@@ -238,6 +246,42 @@ def view_input():
     return base, (base[:4] if os.environ.get("VIEW") == "1" else torch.arange(4.0))
 
 
+if os.environ.get("SHADOW") == "1":  # "from fastops import abs" where it is installed
+    def abs(t):
+        return t * t
+
+
+def shadowed_builtin(x):
+    return abs(x) + 1.0
+
+
+def optional_kernel(x):
+    return (library.fast(x) if hasattr(library, "fast") else x.sin()) * 2.0
+
+
+class Switched(nn.Module):
+    def forward(self, x):
+        return x * x + 1.0 if getattr(self, "use_fast", False) else x.sin() + 1.0
+
+
+switched = Switched()
+if os.environ.get("FAST") == "1":
+    switched.use_fast = True
+check("absent_names", shadowed_builtin, x)
+check("absent_attributes", optional_kernel, x)
+check("absent_attribute_defaulted", switched, x)
+
+
+def caught_attribute_error(x):
+    try:
+        kernel = library.fast
+    except AttributeError:
+        return x.cos() * 3.0
+    return kernel(x) * 3.0
+
+
+check("absent_attribute_caught", caught_attribute_error, x)
+
 eager_base, v = view_input()
 ref = copy_if_view(v)
 compiled_base, v = view_input()
@@ -309,6 +353,15 @@ def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
     assert first_machine["precompile"].get("unsaved:unguarded_tensor_fact", 0) >= 1, first_machine
 
 
+def test_a_trace_that_caught_a_missing_attribute_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """``getattr(self, "use_fast", False)`` on an object without it: Dynamo answers from the
+    attribute error it caught, with no object a record could name (the reader below sets
+    the attribute), so the frame is not saved."""
+    assert first_machine["precompile"].get("unsaved:absent_attribute", 0) >= 1, first_machine
+
+
 def test_a_reader_like_the_writer_is_served(
     store_root: Path, first_machine: dict[str, Any]
 ) -> None:
@@ -329,7 +382,17 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     patched library method, a hook on a submodule and another base class: each served
     guarded code fails a portable guard and Dynamo compiles the frame, so every result is
     eager's."""
-    reader = run(store_root, "other", SCALE="3", PATCH="1", HOOK="1", VIEW="1", ALT="1")
+    reader = run(
+        store_root,
+        "other",
+        SCALE="3",
+        PATCH="1",
+        HOOK="1",
+        VIEW="1",
+        ALT="1",
+        SHADOW="1",
+        FAST="1",
+    )
     assert all(reader["results"].values()), reader
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2, counts
@@ -338,3 +401,5 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     # the chosen base (the class's layout is checked first: a method found through it)
     assert failed & {"EQUALS_MATCH", "CONSTANT_MATCH", "TYPE_MATCH"}, counts
     assert "CLASS_LAYOUT" in failed, counts
+    # a builtin the reader's module shadows, an optional function the reader has
+    assert "ABSENT_NAMES" in failed, counts

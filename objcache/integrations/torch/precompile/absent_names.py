@@ -1,0 +1,147 @@
+"""Names a trace looked up and did not find, as records of a precompile entry
+(docs/torch.md, "What a served entry depends on").
+
+Dynamo bakes into a frame's code what a failed lookup decided and torch guards none of it
+across processes (one process never adds a name it looked up in vain):
+
+* a **builtin** (``abs``, ``len``) is reached past the module's globals: a reader whose
+  module defines that name (``from fastops import abs`` where it is installed) runs its own
+  function, the writer's code the builtin;
+* an **attribute a check found absent**: ``hasattr(helpmod, "fast")``,
+  ``getattr(self, "use_fast", False)``, ``hasattr(torch.ops.lib, "op")``, a class attribute
+  defined only where a switch is on.
+
+While a frame of a precompile package is traced, each such name is collected with the
+source of the object it was looked up in (the module of the code that loaded a builtin;
+the object ``hasattr`` asked): :func:`records` makes one ``ABSENT_NAMES`` record per source,
+which the reader checks (:func:`.portable_guards.check_for`, until the whole guard first
+holds, as a compile there would have looked then). A failed lookup whose object has no
+source torch could name (an object made inside the frame aside), or one the trace caught
+itself (``try: x.attr except AttributeError``, ``getattr`` with a default, which Dynamo
+answers without ``hasattr``), makes the frame unsaveable (``unsaved:absent_attribute``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from objcache.integrations.patching import marked
+
+#: Why a frame is not saved where a failed lookup has no source to check.
+UNSAVED = "absent_attribute"
+#: Where the names are collected: an attribute of the frame's ``OutputGraph``.
+_ATTR = "_objcache_absent"
+
+_inside_hasattr = threading.local()
+
+
+def _collect(tx: Any, source: str, name: str) -> None:
+    output = getattr(tx, "output", None)
+    if getattr(output, "package", None) is None:
+        return  # not a frame of a precompile package
+    found: dict[str, set[str]] = output.__dict__.setdefault(_ATTR, {})
+    found.setdefault(source, set()).add(name)
+
+
+def _unsaveable(tx: Any) -> None:
+    package = getattr(getattr(tx, "output", None), "package", None)
+    if package is not None:
+        package.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
+
+
+def collected(output_graph: Any) -> dict[str, set[str]]:
+    """The names the frame's trace did not find, by the source of what it looked in."""
+    found = getattr(output_graph, "__dict__", {}).get(_ATTR, {})
+    return found if isinstance(found, dict) else {}
+
+
+def module_source(f_globals: Any) -> str | None:
+    """``__import__('top').sub`` naming the module whose globals are ``f_globals``, or None
+    where no loaded module holds them (an ``exec`` of a string)."""
+    name = f_globals.get("__name__") if isinstance(f_globals, dict) else None
+    if not isinstance(name, str):
+        return None
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "__dict__", None) is not f_globals:
+        return None
+    top, *below = name.split(".")
+    return f"__import__({top!r})" + "".join(f".{part}" for part in below)
+
+
+def wrap_load_builtin(original: Callable[..., Any]) -> Any:
+    """``InstructionTranslatorBase.load_builtin_from_argval``: Dynamo reached ``argval``
+    past the globals of the code it traces; that the module does not define it is a fact."""
+
+    def load_builtin_from_argval(self: Any, argval: Any) -> Any:
+        with contextlib.suppress(Exception):
+            source = module_source(getattr(self, "f_globals", None))
+            if source is None:
+                _unsaveable(self)
+            elif isinstance(argval, str):
+                _collect(self, source, argval)
+        return original(self, argval)
+
+    marked(load_builtin_from_argval, original)
+    return load_builtin_from_argval
+
+
+def wrap_hasattr(original: Callable[..., Any]) -> Any:
+    """A ``VariableTracker`` class's ``call_obj_hasattr``: a False answer on an object with
+    a source is collected, one without a source makes the frame unsaveable."""
+
+    def call_obj_hasattr(self: Any, tx: Any, name: Any) -> Any:
+        depth = getattr(_inside_hasattr, "depth", 0)
+        _inside_hasattr.depth = depth + 1
+        try:
+            result = original(self, tx, name)
+        finally:
+            _inside_hasattr.depth = depth
+        with contextlib.suppress(Exception):
+            if result.is_python_constant() and result.as_python_constant() is False:
+                source = getattr(self, "source", None)
+                text = getattr(source, "name", None) if source is not None else None
+                text = text() if callable(text) else text
+                if isinstance(text, str) and isinstance(name, str):
+                    _collect(tx, text, name)
+                else:
+                    _unsaveable(tx)
+        return result
+
+    marked(call_obj_hasattr, original)
+    return call_obj_hasattr
+
+
+def wrap_observed_attribute_error(original: Callable[..., None]) -> Any:
+    """``ObservedAttributeError.__init__``: an attribute the trace did not find outside a
+    ``hasattr`` (which :func:`wrap_hasattr` answers for): the frame is not saved."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(_inside_hasattr, "depth", 0):
+            return
+        with contextlib.suppress(Exception):
+            from torch._guards import TracingContext
+
+            context = TracingContext.try_get()
+            if context is not None:
+                context.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
+
+    marked(__init__, original)
+    return __init__
+
+
+def hasattr_classes(base: type) -> list[type]:
+    """``base`` and each of its subclasses that defines ``call_obj_hasattr`` itself."""
+    seen: list[type] = []
+    stack = [base]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return [cls for cls in seen if callable(cls.__dict__.get("call_obj_hasattr"))]
