@@ -60,16 +60,54 @@ def collected(output_graph: Any) -> dict[str, set[str]]:
 
 
 def module_source(f_globals: Any) -> str | None:
-    """``__import__('top').sub`` naming the module whose globals are ``f_globals``, or None
-    where no loaded module holds them (an ``exec`` of a string)."""
-    name = f_globals.get("__name__") if isinstance(f_globals, dict) else None
-    if not isinstance(name, str):
+    """``__import__('top').sub`` naming the loaded module whose globals are ``f_globals``, or
+    None where none holds them (an ``exec`` of a string). Found by its ``__name__`` first,
+    else among the loaded modules (``_collections_abc`` names itself ``collections.abc``)."""
+    if not isinstance(f_globals, dict):
         return None
-    module = sys.modules.get(name)
+    known = _sources.get(id(f_globals))
+    if known is not None and known[0] is f_globals:
+        return known[1]
+    name = f_globals.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
     if module is None or getattr(module, "__dict__", None) is not f_globals:
-        return None
+        name = next(
+            (
+                key
+                for key, loaded in list(sys.modules.items())
+                if getattr(loaded, "__dict__", None) is f_globals and isinstance(key, str)
+            ),
+            None,
+        )
+    source = None if name is None else _import_path(name)
+    if len(_sources) > 4096:
+        _sources.clear()
+    _sources[id(f_globals)] = (f_globals, source)
+    return source
+
+
+#: id of a module's globals -> (those globals, the module's source or None)
+_sources: dict[int, tuple[dict[str, Any], str | None]] = {}
+
+
+def _import_path(name: str) -> str:
     top, *below = name.split(".")
     return f"__import__({top!r})" + "".join(f".{part}" for part in below)
+
+
+def class_source(cls: Any) -> str | None:
+    """The source naming class ``cls`` by its module and qualified name, where that path
+    reaches it, else None (a class made in a function)."""
+    module_name = getattr(cls, "__module__", None)
+    qualname = getattr(cls, "__qualname__", None)
+    if not isinstance(module_name, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    target: Any = sys.modules.get(module_name)
+    if target is None:
+        return None
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    return f"{_import_path(module_name)}.{qualname}" if target is cls else None
 
 
 def wrap_load_builtin(original: Callable[..., Any]) -> Any:
@@ -90,8 +128,10 @@ def wrap_load_builtin(original: Callable[..., Any]) -> Any:
 
 
 def wrap_hasattr(original: Callable[..., Any]) -> Any:
-    """A ``VariableTracker`` class's ``call_obj_hasattr``: a False answer on an object with
-    a source is collected, one without a source makes the frame unsaveable."""
+    """A ``VariableTracker`` class's ``call_obj_hasattr``: a False answer is collected at
+    the object's source, or for an object the frame made (no source) at its class's (an
+    attribute the object lacks its class lacks too); where neither is there the frame is
+    unsaveable."""
 
     def call_obj_hasattr(self: Any, tx: Any, name: Any) -> Any:
         depth = getattr(_inside_hasattr, "depth", 0)
@@ -105,6 +145,8 @@ def wrap_hasattr(original: Callable[..., Any]) -> Any:
                 source = getattr(self, "source", None)
                 text = getattr(source, "name", None) if source is not None else None
                 text = text() if callable(text) else text
+                if source is None:  # an object the frame made: looked up through its class
+                    text = class_source(self.python_type())
                 if isinstance(text, str) and isinstance(name, str):
                     _collect(tx, text, name)
                 else:
