@@ -112,6 +112,12 @@ def wrap_serialize_guards(
                     portable_guards.UNGUARDED_TENSOR_UNSAVED,
                     f"the trace read tensor.{fact}, which torch does not guard",
                 )
+            if _caller_may_alias(output_graph):
+                return _not_saved(
+                    output_graph,
+                    ALIASING_UNSAVED,
+                    "the graph mutates a tensor its caller passes, which may share storage",
+                )
             records = portable_guards.bounded(
                 (
                     *records,
@@ -143,6 +149,44 @@ def wrap_serialize_guards(
 
     marked(serialize_guards, original)
     return serialize_guards
+
+
+#: Why a frame is not saved where another caller could pass tensors sharing storage.
+ALIASING_UNSAVED = "input_aliasing"
+
+
+def _caller_may_alias(output_graph: Any) -> bool:
+    """Whether the frame's graph mutates a tensor the caller passes (an argument, or an item
+    of one, reached through no attribute) and takes another tensor. Which inputs share
+    storage decides such a graph's code (AOTAutograd's synthetic bases), and torch guards it
+    only where the writer's inputs overlapped: a reader passing two views of one buffer
+    (``f(buf[:8], buf[:8])``) would run code made for separate tensors. A module's
+    parameters and buffers and an optimizer's state are reached through attributes: their
+    sharing is the program's own (BatchNorm's running statistics, an optimizer step). Fails
+    closed (True) where torch's bookkeeping cannot be read."""
+    try:
+        import torch
+
+        mutation = output_graph.root_tracer.has_input_mutation()
+        if not mutation.has_mutation:
+            return False
+        mutated = set(mutation.mutated_input_indices)
+        tensors, passed_and_mutated = 0, False
+        for index, node in enumerate(output_graph.graph.nodes):
+            if node.op != "placeholder":
+                break
+            if not isinstance(node.meta.get("example_value"), torch.Tensor):
+                continue
+            tensors += 1
+            source = getattr(node.meta.get("grapharg"), "source", None)
+            name = getattr(source, "name", None)
+            name = name() if callable(name) else name
+            path = portable_guards.parse_source(name) if isinstance(name, str) else None
+            passed = path is None or (path[0] == "L" and all(how != "attr" for how, _ in path[1]))
+            passed_and_mutated = passed_and_mutated or (passed and index in mutated)
+        return tensors >= 2 and passed_and_mutated
+    except Exception:
+        return True
 
 
 def _traced_code(output_graph: Any) -> list[Any]:

@@ -26,6 +26,8 @@ One function per class of fact a served entry depends on:
 * **names looked up in vain**: a builtin the reader's module shadows, an optional function
   ``hasattr`` found absent on the writer, an attribute ``getattr`` defaulted (Dynamo guards
   none of them across processes);
+* **inputs sharing storage**: a graph that mutates a tensor its caller passes, beside another
+  tensor (the reader passes two views of one buffer);
 * **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
   an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
   user's call; here the package is unsaveable, counted, and the program runs.
@@ -287,6 +289,21 @@ ref = copy_if_view(v)
 compiled_base, v = view_input()
 out = torch.compile(copy_if_view)(v)
 results["view_state"] = bool(torch.allclose(out, ref) and torch.equal(eager_base, compiled_base))
+def mutates_first(a, b):  # "scale in place, then add": b sees a's update when they share storage
+    a.mul_(2.0)
+    return a + b
+
+
+def pair_of_inputs():
+    if os.environ.get("VIEW") == "1":  # two views of one buffer
+        buf = torch.arange(8.0)
+        return buf[:4], buf[:4]
+    return torch.arange(4.0), torch.arange(4.0)
+
+
+ref = mutates_first(*pair_of_inputs())
+out = torch.compile(mutates_first)(*pair_of_inputs())
+results["input_aliasing"] = bool(torch.allclose(out, ref))
 print("RESULT " + json.dumps({"results": results, "precompile": dict(precompile_entry.counters)}))
 """
 
@@ -360,6 +377,16 @@ def test_a_trace_that_caught_a_missing_attribute_is_not_saved(
     attribute error it caught, with no object a record could name (the reader below sets
     the attribute), so the frame is not saved."""
     assert first_machine["precompile"].get("unsaved:absent_attribute", 0) >= 1, first_machine
+
+
+def test_a_graph_that_mutates_a_tensor_its_caller_passes_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """Which inputs share storage decides the code of a graph that mutates one (torch guards
+    it only where the writer's overlapped): a frame mutating a tensor its caller passes,
+    beside another tensor, is not saved (the differing reader below passes two views of one
+    buffer)."""
+    assert first_machine["precompile"].get("unsaved:input_aliasing", 0) >= 1, first_machine
 
 
 def test_a_reader_like_the_writer_is_served(
