@@ -254,6 +254,10 @@ async def prefetch(
     # first); ranks of a node still fetch in different orders within each window and leave
     # a key another rank is fetching to it (its lease), so together they fetch each about once.
     window = concurrency or PREFETCH_CONCURRENCY
+    # a store whose calls run on a bounded pool of threads: no more at once, so that none
+    # waits for a thread inside its deadline
+    bounds = [t.backend.max_in_flight for t in cache.remotes if t.backend.max_in_flight]
+    window = min([window, *bounds])
     already_local = len(mine) - len(missing)
     missing = need.arrange(missing, window)
     if planned is not None:

@@ -389,16 +389,26 @@ class _Bounded(Backend):
         super().__init__(tier.backend.spec)
         self.tier = tier
         self.inner = tier.backend
+        self.max_in_flight = self.inner.max_in_flight
+        #: a backend's own bound on calls at once: the calls past it wait here, before their
+        #: deadline starts (a bulk copy keeps hundreds in flight)
+        self._slots = asyncio.Semaphore(self.max_in_flight) if self.max_in_flight else None
+
+    async def _run(self, op: str, fn: Callable[[], Awaitable[T]], nbytes: int = 0) -> T:
+        if self._slots is None:
+            return await self.tier.run(op, fn, nbytes)
+        async with self._slots:
+            return await self.tier.run(op, fn, nbytes)
 
     async def get(self, key: str) -> bytes | None:
-        return await self.tier.run("get", lambda: self.inner.get(key))
+        return await self._run("get", lambda: self.inner.get(key))
 
     async def get_capped(self, key: str, max_bytes: int) -> bytes | None:
         # the inner backend's own capped read: refused before the body is read
-        return await self.tier.run("get", lambda: self.inner.get_capped(key, max_bytes))
+        return await self._run("get", lambda: self.inner.get_capped(key, max_bytes))
 
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
-        return await self.tier.run("put", lambda: self.inner.put(key, data, mode), len(data))
+        return await self._run("put", lambda: self.inner.put(key, data, mode), len(data))
 
     async def put_then(
         self, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None]
@@ -408,9 +418,7 @@ class _Bounded(Backend):
         counts them; any other store, once its answer is back."""
         inner = self.inner
         if isinstance(inner, LocalStore):
-            return await self.tier.run(
-                "put", lambda: inner.put_then(key, data, mode, then), len(data)
-            )
+            return await self._run("put", lambda: inner.put_then(key, data, mode, then), len(data))
         stored = False
         try:
             stored = await self.put(key, data, mode)
@@ -419,10 +427,10 @@ class _Bounded(Backend):
             then(stored)
 
     async def exists(self, key: str) -> bool:
-        return await self.tier.run("exists", lambda: self.inner.exists(key))
+        return await self._run("exists", lambda: self.inner.exists(key))
 
     async def delete(self, key: str) -> bool:
-        return await self.tier.run("delete", lambda: self.inner.delete(key))
+        return await self._run("delete", lambda: self.inner.delete(key))
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         pages = aiter(self.inner.list(prefix))

@@ -75,6 +75,10 @@ class Backend(abc.ABC):
     #: Stored names that listings skipped because they are not UTF-8: no key names them,
     #: and one of them must not end the listing (docs/architecture.md, "Listings").
     undecodable_names: int = 0
+    #: Calls the backend runs at once, where it has a bound of its own (a pool of worker
+    #: threads); 0: none. A bulk command queues the calls past it before their deadline
+    #: starts, so that waiting for a thread is not counted as a store that does not answer.
+    max_in_flight: int = 0
 
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec

@@ -147,6 +147,9 @@ _BUCKETS_SEEN: set[tuple[str | None, str]] = set()
 
 
 class GCSBackend(Backend):
+    #: google-cloud-storage's calls block: they run on the process's worker threads
+    max_in_flight = MAX_THREADS
+
     def __init__(self, spec: TierSpec) -> None:
         super().__init__(spec)
         self.bucket = spec.location
