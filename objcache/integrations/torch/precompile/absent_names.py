@@ -13,12 +13,13 @@ across processes (one process never adds a name it looked up in vain):
 
 While a frame of a precompile package is traced, each such name is collected with the
 source of the object it was looked up in (the module of the code that loaded a builtin;
-the object ``hasattr`` asked): :func:`records` makes one ``ABSENT_NAMES`` record per source,
+the object ``hasattr`` asked): :func:`.portable_guards.absent_records` makes one
+``ABSENT_NAMES`` record per source,
 which the reader checks (:func:`.portable_guards.check_for`, until the whole guard first
 holds, as a compile there would have looked then). A failed lookup whose object has no
 source torch could name (an object made inside the frame aside), or one the trace caught
-itself (``try: x.attr except AttributeError``, ``getattr`` with a default, which Dynamo
-answers without ``hasattr``), makes the frame unsaveable (``unsaved:absent_attribute``).
+itself (``try: x.attr except AttributeError``, or a ``getattr`` default where Dynamo answers
+it without ``hasattr``), makes the frame unsaveable (``unsaved:absent_attribute``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from objcache.integrations.patching import marked
+from objcache.integrations.torch.precompile.portable_guards import import_source
+from objcache.integrations.torch.precompile.precompile_entry import unsaveable
 
 #: Why a frame is not saved where a failed lookup has no source to check.
 UNSAVED = "absent_attribute"
@@ -45,12 +48,6 @@ def _collect(tx: Any, source: str, name: str) -> None:
         return  # not a frame of a precompile package
     found: dict[str, set[str]] = output.__dict__.setdefault(_ATTR, {})
     found.setdefault(source, set()).add(name)
-
-
-def _unsaveable(tx: Any) -> None:
-    package = getattr(getattr(tx, "output", None), "package", None)
-    if package is not None:
-        package.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
 
 
 def collected(output_graph: Any) -> dict[str, set[str]]:
@@ -79,7 +76,7 @@ def module_source(f_globals: Any) -> str | None:
             ),
             None,
         )
-    source = None if name is None else _import_path(name)
+    source = None if name is None else import_source(name)
     if len(_sources) > 4096:
         _sources.clear()
     _sources[id(f_globals)] = (f_globals, source)
@@ -88,11 +85,6 @@ def module_source(f_globals: Any) -> str | None:
 
 #: id of a module's globals -> (those globals, the module's source or None)
 _sources: dict[int, tuple[dict[str, Any], str | None]] = {}
-
-
-def _import_path(name: str) -> str:
-    top, *below = name.split(".")
-    return f"__import__({top!r})" + "".join(f".{part}" for part in below)
 
 
 def class_source(cls: Any) -> str | None:
@@ -107,7 +99,7 @@ def class_source(cls: Any) -> str | None:
         return None
     for part in qualname.split("."):
         target = getattr(target, part, None)
-    return f"{_import_path(module_name)}.{qualname}" if target is cls else None
+    return import_source(module_name, *qualname.split(".")) if target is cls else None
 
 
 def wrap_load_builtin(original: Callable[..., Any]) -> Any:
@@ -118,7 +110,7 @@ def wrap_load_builtin(original: Callable[..., Any]) -> Any:
         with contextlib.suppress(Exception):
             source = module_source(getattr(self, "f_globals", None))
             if source is None:
-                _unsaveable(self)
+                unsaveable(self, UNSAVED)
             elif isinstance(argval, str):
                 _collect(self, source, argval)
         return original(self, argval)
@@ -150,7 +142,7 @@ def wrap_hasattr(original: Callable[..., Any]) -> Any:
                 if isinstance(text, str) and isinstance(name, str):
                     _collect(tx, text, name)
                 else:
-                    _unsaveable(tx)
+                    unsaveable(tx, UNSAVED)
         return result
 
     marked(call_obj_hasattr, original)

@@ -833,11 +833,10 @@ def unguarded_value_records(
         if module is None or not isinstance(name, str) or sys.modules.get(name) is not module:
             continue
         scope = vars(module)
-        top, *below = name.split(".")
         for attr in dict.fromkeys(code.co_names):
             value = scope.get(attr)
             if isinstance(value, DESCRIPTORS):
-                record(f"__import__({top!r})" + "".join(f".{s}" for s in (*below, attr)), value)
+                record(import_source(name, attr), value)
     if isinstance(f_locals, dict):
         torch = sys.modules.get("torch")
         module_type = getattr(getattr(torch, "nn", None), "Module", None)
@@ -854,6 +853,12 @@ def unguarded_value_records(
                         raise Unportable(UNGUARDED_KIND, source, "no attribute path reaches it")
                     record(source, held)
     return tuple(out)
+
+
+def import_source(module: str, *attrs: str) -> str:
+    """The source of ``module`` imported by name, then ``attrs`` (``__import__('a').b.c``)."""
+    top, *below = module.split(".")
+    return f"__import__({top!r})" + "".join(f".{s}" for s in (*below, *attrs))
 
 
 def _code_source(code: types.CodeType, qualname: str) -> str | None:

@@ -59,7 +59,13 @@ from objcache.integrations.torch.precompile import (
     program_registrations,
     superseded_codes,
 )
-from objcache.integrations.torch.precompile.precompile_entry import counters, failed, lock, log
+from objcache.integrations.torch.precompile.precompile_entry import (
+    counters,
+    failed,
+    lock,
+    log,
+    unsaveable,
+)
 
 #: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
 PACKAGE = "torch._dynamo.package"
@@ -284,7 +290,7 @@ def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:
 
     def invoke(tx: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if not _torchs_code(fn):  # by its code's file: ``functools.wraps`` copies __module__
-            _unsaveable(tx, "assumed_constant")
+            unsaveable(tx, "assumed_constant")
         return original(tx, fn, *args, **kwargs)
 
     marked(invoke, original)
@@ -301,7 +307,7 @@ def _wrap_constant_folded(original: Callable[..., Any]) -> Any:
     def call_function(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
         with contextlib.suppress(Exception):
             if self.can_constant_fold_through() and not _torchs_code(self.traceable_fn):
-                _unsaveable(tx, "assumed_constant")
+                unsaveable(tx, "assumed_constant")
         return original(self, tx, *args, **kwargs)
 
     marked(call_function, original)
@@ -313,12 +319,6 @@ def _torchs_code(fn: Any) -> bool:
     code = getattr(fn, "__code__", None)
     filename = getattr(code, "co_filename", None)
     return isinstance(filename, str) and program_registrations.in_torch(filename)
-
-
-def _unsaveable(tx: Any, why: str) -> None:
-    package = getattr(getattr(tx, "output", None), "package", None)
-    if package is not None:
-        package.__dict__.setdefault("_objcache_unsaveable", why)
 
 
 def _is_output_code(fn: Any) -> bool:

@@ -54,6 +54,14 @@ def _module_source(name: str) -> bytes:
         return b""  # no source file (exec'd code): the code digest alone
 
 
+def unsaveable(tx: Any, why: str) -> None:
+    """Mark the precompile package of the frame ``tx`` traces as not to be saved (counted
+    ``unsaved:<why>`` when it is recorded); nothing where the frame has no package."""
+    package = getattr(getattr(tx, "output", None), "package", None)
+    if package is not None:
+        package.__dict__.setdefault("_objcache_unsaveable", why)
+
+
 def entry_key(fn: Any, job: str, compiler: str) -> tuple[str, str]:
     """``(torch's key, objcache key)`` of the function ``torch.compile`` wraps.
 

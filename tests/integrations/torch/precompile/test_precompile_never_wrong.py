@@ -373,9 +373,9 @@ def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
 def test_a_trace_that_caught_a_missing_attribute_is_not_saved(
     first_machine: dict[str, Any],
 ) -> None:
-    """``getattr(self, "use_fast", False)`` on an object without it: Dynamo answers from the
-    attribute error it caught, with no object a record could name (the reader below sets
-    the attribute), so the frame is not saved."""
+    """``try: library.fast except AttributeError``: the trace caught the attribute error
+    itself, with no object a record could name (the reader below has ``library.fast``), so
+    the frame is not saved."""
     assert first_machine["precompile"].get("unsaved:absent_attribute", 0) >= 1, first_machine
 
 
