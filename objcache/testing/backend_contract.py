@@ -38,7 +38,7 @@ from objcache.backends.base import Backend, ObjectInfo, PutMode
 from objcache.backends.records_contract import RecordBackend
 from objcache.core.records import Change, Outcome, read_modify_write
 from objcache.entry.layout import Namespace
-from objcache.errors import InvalidKey
+from objcache.errors import InvalidKey, TransientBackendError
 
 
 async def listed(backend: Backend, prefix: str = "") -> dict[str, int]:
@@ -85,6 +85,24 @@ def _add_element(element: str) -> Change:
         return json.dumps(sorted(members | {element})).encode()
 
     return change
+
+
+async def _join_riding_out_server_errors(
+    store: RecordBackend, key: str, element: str, tries: int = 3
+) -> tuple[Outcome, bool]:
+    """Add ``element`` to the record ``key``: ``(outcome, retried)``. A transient error (a
+    test server's HTTP 500 under concurrent writers: moto's has answered so) is the
+    server's, not the backend's; the writer tries again, as a caller would. A try after
+    an error may find its own element applied (``UNCHANGED``)."""
+    for attempt in range(tries):
+        try:
+            outcome, _ = await read_modify_write(store, key, _add_element(element), timeout_s=30)
+        except TransientBackendError:
+            if attempt == tries - 1:
+                raise
+            continue
+        return outcome, attempt > 0
+    raise AssertionError("unreachable")
 
 
 class BackendContract:
@@ -298,12 +316,11 @@ class BackendContract:
     ) -> None:
         store = _records(backend)
         outcomes = await asyncio.gather(
-            *(
-                read_modify_write(store, "r/join", _add_element(f"w{i}"), timeout_s=30)
-                for i in range(8)
-            )
+            *(_join_riding_out_server_errors(store, "r/join", f"w{i}") for i in range(8))
         )
-        assert [o for o, _ in outcomes] == [Outcome.STORED] * 8
+        assert all(
+            o is Outcome.STORED or (o is Outcome.UNCHANGED and retried) for o, retried in outcomes
+        )
         assert await backend.get("r/join") == json.dumps([f"w{i}" for i in range(8)]).encode()
 
     async def test_record_conflict_storm_ends_within_the_deadline(self, backend: Backend) -> None:
@@ -312,19 +329,28 @@ class BackendContract:
         store = _records(backend)
         deadline_s = 5.0
         started = time.monotonic()
-        outcomes = await asyncio.gather(
+        results = await asyncio.gather(
             *(
                 read_modify_write(store, "r/storm", _add_element(f"w{i:03d}"), timeout_s=deadline_s)
                 for i in range(100)
-            )
+            ),
+            return_exceptions=True,
         )
         assert time.monotonic() - started < deadline_s + 2.0
         stored = await backend.get("r/storm")
         joined = set(json.loads(stored)) if stored else set()
-        for i, (outcome, _) in enumerate(outcomes):
+        outcomes: list[Outcome] = []
+        for i, result in enumerate(results):
+            # a transient error (a test server's HTTP 500 under the storm) says so, as a drop does
+            if isinstance(result, TransientBackendError):
+                outcome = Outcome.DROPPED
+            else:
+                assert not isinstance(result, BaseException), result
+                outcome = result[0]
+            outcomes.append(outcome)
             assert outcome in (Outcome.STORED, Outcome.DROPPED)
             if outcome is Outcome.STORED:  # a confirmed write is never lost
                 assert f"w{i:03d}" in joined
             # else: dropped, or cut off by the deadline after the store applied it
             assert f"w{i:03d}" in joined or outcome is Outcome.DROPPED
-        assert sum(o is Outcome.STORED for o, _ in outcomes) >= 1
+        assert sum(o is Outcome.STORED for o in outcomes) >= 1
