@@ -187,15 +187,32 @@ ATEN_SWITCHES: tuple[tuple[str, object], ...] = (
 )
 
 
+#: The smallest double above zero: denormal. Read from a global, so no compiler folds the
+#: product in :func:`denormals_flushed` before the thread's mode can act on it.
+_DENORMAL = 5e-324
+
+
+def denormals_flushed() -> bool:
+    """Whether this thread flushes denormals (``torch.set_flush_denormal(True)``: the CPU's
+    flush-to-zero and denormals-are-zero modes, which torch has no getter for). Inductor
+    folds constants with real kernels while it compiles, in the compiling thread: under the
+    mode a denormal folds to zero (0.0 where a normal compile bakes in 0.1). Python's own
+    float arithmetic runs on the same unit and obeys the same mode: a denormal doubled is
+    zero only where the mode is on."""
+    tiny = _DENORMAL
+    return tiny * 2.0 == 0.0
+
+
 def aten_switches_changed() -> tuple[str, ...]:
     """``name=value`` for each of :data:`ATEN_SWITCHES` this process set away from torch's
     default (a switch this release lacks is skipped; one that fails to read is named, so no
-    key is shared on a guess). Empty with torch's defaults, so such processes keep torch's
-    keys."""
+    key is shared on a guess), and ``flush_denormal=True`` where the calling thread flushes
+    denormals (:func:`denormals_flushed`). Empty with torch's defaults, so such processes
+    keep torch's keys."""
     import sys
 
     c = getattr(sys.modules.get("torch"), "_C", None)
-    changed = []
+    changed = ["flush_denormal=True"] if denormals_flushed() else []
     for name, default in ATEN_SWITCHES:
         getter = getattr(c, f"_get_{name}", None)
         if getter is None:

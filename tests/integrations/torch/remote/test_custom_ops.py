@@ -423,6 +423,37 @@ def test_torchs_global_switches_an_aten_decomposition_reads_are_in_every_graph_s
     assert field() is None
 
 
+def test_a_thread_that_flushes_denormals_keys_every_graph_by_it() -> None:
+    """Inductor folds constants with real kernels in the compiling thread: under
+    ``torch.set_flush_denormal(True)`` a denormal folds to zero (0.0 baked in where a normal
+    compile bakes in 0.1). torch has no getter for the mode and no key names it: a thread
+    with it on keys every graph by it; with it off again, torch's key."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    class Details:
+        def __init__(self, gm: Any) -> None:
+            self.gm = gm
+
+    init = custom_ops._wrap_details_init(Details.__init__)
+    gm = torch.fx.symbolic_trace(lambda x: x + torch.full((2,), 1e-39) * 1e38)
+
+    def field() -> Any:
+        made = Details.__new__(Details)
+        init(made, gm)
+        return made.__dict__.get(custom_ops.FIELD)
+
+    assert field() is None
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        folded = float((torch.full((1,), 1e-39) * 1e38)[0])
+        assert folded == 0.0  # what a compile in this thread would fold
+        assert field() == (("aten_switches", "flush_denormal=True"),)
+    finally:
+        torch.set_flush_denormal(False)
+    assert field() is None
+
+
 def test_a_registration_from_a_package_beside_torch_is_the_program_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
