@@ -74,6 +74,7 @@ PARTS: dict[str, tuple[Hook, ...]] = {
         *_hooks("class", _RC, "RemoteDynamoPGOCache"),
         *_hooks("flag", "torch._dynamo.config", "automatic_dynamic_remote_pgo"),
         *_hooks("method", "torch._dynamo.pgo", "PGOCacheArtifact.populate_cache"),
+        *_hooks("function", "torch._dynamo.pgo", "update_automatic_dynamic"),
     ),
     "autotune": (
         *_REMOTE_BASE,

@@ -34,6 +34,7 @@ from objcache.integrations.torch.precompile import torch_edits
 from objcache.integrations.torch.remote import (
     custom_ops,
     keycard_capture,
+    pgo_strict,
     process_keys,
     remote_cache_classes,
     writethrough,
@@ -265,6 +266,18 @@ def _apply_autograd_cache(module: Any) -> None:
     time_saved.apply(module)
 
 
+def _apply_pgo(module: Any) -> None:
+    """A frame that must be one graph starts static whatever profile was loaded
+    (:mod:`objcache.integrations.torch.remote.pgo_strict`)."""
+    if features.off("PGO") is not None:
+        return
+    original = module.update_automatic_dynamic
+    if is_marked(original):
+        return
+    patching.save(module.__name__, "update_automatic_dynamic", original)
+    module.update_automatic_dynamic = pgo_strict.wrap_update_automatic_dynamic(original)
+
+
 def _apply_precompile(module: Any) -> None:
     """Carry torch's precompile entries through objcache (only with OBJCACHE_PRECOMPILE=1).
 
@@ -340,6 +353,7 @@ APPLY: dict[Part, Callable[[Any], None]] = {
     "fx_candidates": _apply_codecache,
     "aot_candidates": _apply_autograd_cache,
     "precompile": _apply_precompile,
+    "pgo": _apply_pgo,
     "vllm": _apply_vllm,
     "vllm_aot": _apply_vllm_aot,
     "triton_host": _apply_triton_host,

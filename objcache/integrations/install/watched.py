@@ -30,6 +30,7 @@ Part = Literal[
     "triton_host",
     "torch_edits",
     "inductor_code",
+    "pgo",
 ]
 
 #: torch module -> the part of the install applied once it is imported, in install order.
@@ -44,6 +45,7 @@ WATCHED: dict[str, Part] = {
     "torch._inductor.config": "flags",
     "torch._functorch.config": "flags",
     "torch._dynamo.config": "flags",
+    "torch._dynamo.pgo": "pgo",
     "torch._inductor.remote_cache": "remote_caches",
     "torch._inductor.runtime.autotune_cache": "autotune",
     "torch._inductor.cpp_builder": "kernels",

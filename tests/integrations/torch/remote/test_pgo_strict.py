@@ -1,0 +1,73 @@
+"""A frame that must be one graph starts static whatever dynamic-shape profile the process
+loaded (objcache/integrations/torch/remote/pgo_strict.py); other frames keep the profile."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch._dynamo.pgo as pgo
+
+from objcache.integrations.torch.remote import pgo_strict
+
+
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * math.gcd(x.shape[0], 12) + 1  # a size folded into a constant: static only
+
+
+@pytest.fixture
+def loaded_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A process that loaded, at start, the profile a writer left after running ``scaled``
+    at sizes 8 and 10 (dim 0 dynamic), with objcache's wrapper on torch's update."""
+    torch._dynamo.reset()
+    compiled = torch.compile(scaled, backend="eager")
+    compiled(torch.ones(8))
+    compiled(torch.ones(10))  # a recompile: automatic dynamic marks dim 0
+    learned = copy.deepcopy(pgo.get_code_state())
+    assert learned, "the writer learned no profile"
+    torch._dynamo.reset()
+
+    def read_at_first_use() -> object:  # as torch reads the store's profile: at first use
+        if pgo._CODE_STATE is None:
+            pgo._CODE_STATE = copy.deepcopy(learned)
+            pgo._INIT_CODE_STATE = copy.deepcopy(learned)
+        return pgo._CODE_STATE
+
+    monkeypatch.setattr(pgo, "_CODE_STATE", None)
+    monkeypatch.setattr(pgo, "_INIT_CODE_STATE", None)
+    monkeypatch.setattr(pgo, "get_code_state", read_at_first_use)
+    monkeypatch.setattr(
+        pgo,
+        "update_automatic_dynamic",
+        pgo_strict.wrap_update_automatic_dynamic(pgo.update_automatic_dynamic),
+    )
+    monkeypatch.setattr(pgo_strict, "_decided", set())
+    yield
+    torch._dynamo.reset()
+
+
+def test_a_fullgraph_frame_compiles_as_on_a_machine_without_the_profile(
+    loaded_profile: None,
+) -> None:
+    before = pgo_strict.counters["strict_frames_started_static"]
+    strict = torch.compile(scaled, backend="eager", fullgraph=True)
+    x = torch.arange(8.0)
+    assert torch.equal(strict(x), scaled(x))  # with the profile taken: Unsupported (gcd)
+    assert pgo_strict.counters["strict_frames_started_static"] == before + 1
+    # decided once a frame: what the process learns from here on is torch's own
+    assert torch.equal(strict(x + 1), scaled(x + 1))
+    assert pgo_strict.counters["strict_frames_started_static"] == before + 1
+
+
+def test_a_frame_that_may_break_keeps_the_loaded_profile(loaded_profile: None) -> None:
+    code_id = pgo.CodeId.make(scaled.__code__, None)
+    kept = pgo.get_code_state()[code_id]
+    before = pgo_strict.counters["strict_frames_started_static"]
+    lenient = torch.compile(scaled, backend="eager")
+    x = torch.arange(8.0)
+    assert torch.equal(lenient(x), scaled(x))
+    assert pgo.get_code_state()[code_id] is kept
+    assert pgo_strict.counters["strict_frames_started_static"] == before
