@@ -22,8 +22,11 @@ from objcache.integrations.patching import marked
 
 #: ``strict_frames_started_static``: loaded profile entries a strict frame did not take.
 counters: Counter[str] = Counter()
-#: The frames (torch's ``CodeId``) whose loaded entry was decided on in this process.
+#: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
+#: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
+#: it again, and each strict frame is decided again in the new one.
 _decided: set[Any] = set()
+_decided_in: list[Any] = [None]
 
 
 def _strict(tx: Any) -> bool:
@@ -33,11 +36,14 @@ def _strict(tx: Any) -> bool:
 def _start_static(tx: Any) -> None:
     """Drop the profile entry loaded at start for ``tx``'s frame, the first time only."""
     pgo = sys.modules["torch._dynamo.pgo"]
+    state = pgo.get_code_state()  # the first call reads the profile (local file or store)
+    if state is not _decided_in[0]:
+        _decided.clear()
+        _decided_in[0] = state
     code_id = pgo.CodeId.make(tx.f_code, tx.closure)
     if code_id in _decided:
         return
     _decided.add(code_id)
-    state = pgo.get_code_state()  # the first call reads the profile (local file or store)
     loaded = pgo._INIT_CODE_STATE  # what that read found
     if loaded is not None and code_id in loaded and code_id in state:
         state[code_id] = pgo.CodeState()

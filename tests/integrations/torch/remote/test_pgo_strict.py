@@ -45,6 +45,7 @@ def loaded_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pgo_strict.wrap_update_automatic_dynamic(pgo.update_automatic_dynamic),
     )
     monkeypatch.setattr(pgo_strict, "_decided", set())
+    monkeypatch.setattr(pgo_strict, "_decided_in", [None])
     yield
     torch._dynamo.reset()
 
@@ -71,3 +72,14 @@ def test_a_frame_that_may_break_keeps_the_loaded_profile(loaded_profile: None) -
     assert torch.equal(lenient(x), scaled(x))
     assert pgo.get_code_state()[code_id] is kept
     assert pgo_strict.counters["strict_frames_started_static"] == before
+
+
+def test_after_a_reset_the_profile_read_again_is_decided_again(loaded_profile: None) -> None:
+    """``torch._dynamo.reset()`` drops torch's profile; the next compile reads it again, and
+    a strict frame must not take it then either."""
+    before = pgo_strict.counters["strict_frames_started_static"]
+    x = torch.arange(8.0)
+    assert torch.equal(torch.compile(scaled, backend="eager", fullgraph=True)(x), scaled(x))
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(scaled, backend="eager", fullgraph=True)(x), scaled(x))
+    assert pgo_strict.counters["strict_frames_started_static"] == before + 2
