@@ -187,32 +187,43 @@ ATEN_SWITCHES: tuple[tuple[str, object], ...] = (
 )
 
 
-#: The smallest double above zero: denormal. Read from a global, so no compiler folds the
-#: product in :func:`denormals_flushed` before the thread's mode can act on it.
+#: The smallest double above zero (denormal), and a quarter of the spacing of doubles at 1.0:
+#: read from globals, so no compiler folds the sums in :func:`float_environment` before the
+#: thread's mode can act on them.
 _DENORMAL = 5e-324
+_QUARTER_ULP = 2.0**-54
 
 
-def denormals_flushed() -> bool:
-    """Whether this thread flushes denormals (``torch.set_flush_denormal(True)``: the CPU's
-    flush-to-zero and denormals-are-zero modes, which torch has no getter for). Inductor
-    folds constants with real kernels while it compiles, in the compiling thread: under the
-    mode a denormal folds to zero (0.0 where a normal compile bakes in 0.1). Python's own
-    float arithmetic runs on the same unit and obeys the same mode: a denormal doubled is
-    zero only where the mode is on."""
-    tiny = _DENORMAL
-    return tiny * 2.0 == 0.0
+def float_environment() -> tuple[str, ...]:
+    """How this thread's floating point differs from the default, as ``name=value`` (empty
+    where it does not): ``flush_denormal=True`` (``torch.set_flush_denormal(True)``: the CPU's
+    flush-to-zero and denormals-are-zero modes, which torch has no getter for) and
+    ``rounding=up|down|zero`` (``fesetround`` through ctypes). Inductor folds constants with
+    real kernels while it compiles, in the compiling thread: under such a mode a fold gives
+    other bits (a denormal folds to zero: 0.0 baked in where a normal compile bakes in 0.1).
+    Python's own float arithmetic runs on the same unit and obeys the same modes."""
+    tiny, quarter = _DENORMAL, _QUARTER_ULP
+    found = []
+    if tiny * 2.0 == 0.0:
+        found.append("flush_denormal=True")
+    up, down = 1.0 + quarter > 1.0, -1.0 - quarter < -1.0
+    if up or down:
+        found.append(f"rounding={'up' if up else 'down'}")
+    elif 1.0 + 3 * quarter == 1.0:  # nearest rounds it to the next double; toward zero does not
+        found.append("rounding=zero")
+    return tuple(found)
 
 
 def aten_switches_changed() -> tuple[str, ...]:
     """``name=value`` for each of :data:`ATEN_SWITCHES` this process set away from torch's
     default (a switch this release lacks is skipped; one that fails to read is named, so no
-    key is shared on a guess), and ``flush_denormal=True`` where the calling thread flushes
-    denormals (:func:`denormals_flushed`). Empty with torch's defaults, so such processes
-    keep torch's keys."""
+    key is shared on a guess), and how the calling thread's floating point differs from the
+    default (:func:`float_environment`). Empty with torch's defaults, so such processes keep
+    torch's keys."""
     import sys
 
     c = getattr(sys.modules.get("torch"), "_C", None)
-    changed = ["flush_denormal=True"] if denormals_flushed() else []
+    changed = list(float_environment())
     for name, default in ATEN_SWITCHES:
         getter = getattr(c, f"_get_{name}", None)
         if getter is None:

@@ -423,11 +423,16 @@ def test_torchs_global_switches_an_aten_decomposition_reads_are_in_every_graph_s
     assert field() is None
 
 
-def test_a_thread_that_flushes_denormals_keys_every_graph_by_it() -> None:
+def test_a_thread_that_flushes_denormals_or_rounds_otherwise_keys_every_graph_by_it() -> None:
     """Inductor folds constants with real kernels in the compiling thread: under
     ``torch.set_flush_denormal(True)`` a denormal folds to zero (0.0 baked in where a normal
-    compile bakes in 0.1). torch has no getter for the mode and no key names it: a thread
-    with it on keys every graph by it; with it off again, torch's key."""
+    compile bakes in 0.1), and another rounding mode folds to other bits. torch has no getter
+    for either and no key names them: a thread with one on keys every graph by it; back in
+    the default modes, torch's key."""
+    import ctypes
+    import ctypes.util
+    import platform
+
     from objcache.integrations.torch.remote import custom_ops
 
     class Details:
@@ -443,6 +448,15 @@ def test_a_thread_that_flushes_denormals_keys_every_graph_by_it() -> None:
         return made.__dict__.get(custom_ops.FIELD)
 
     assert field() is None
+    if platform.machine() == "x86_64" and platform.system() == "Linux":
+        libm = ctypes.CDLL(ctypes.util.find_library("m"))
+        for mode, name in ((0x800, "up"), (0x400, "down"), (0xC00, "zero")):
+            assert libm.fesetround(mode) == 0
+            try:
+                assert field() == (("aten_switches", f"rounding={name}"),)
+            finally:
+                libm.fesetround(0)  # to nearest, the default
+        assert field() is None
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU has no flush-to-zero mode torch can set")
     try:
