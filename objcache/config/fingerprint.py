@@ -34,6 +34,9 @@ from objcache.config.files import publish_file
 FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "machine")
 #: The fields that come from torch (and so from an ``import torch``).
 TORCH_FIELDS = ("torch", "cuda", "hip", "gpu", "cpu_isa")
+#: How :data:`TORCH_FIELDS` are rendered, in the cache key: a cache written by an objcache that
+#: rendered them otherwise (``cpu_isa`` without Inductor's extensions) is never read.
+FIELDS_FORMAT = b"torch-fields-2"
 #: Environment variables torch reads when it reports the device and the vector ISA.
 TORCH_ENV = (
     "ATEN_CPU_CAPABILITY",
@@ -67,13 +70,57 @@ def _torch_fields() -> dict[str, str]:
     return fields
 
 
+#: The x86 extensions beyond ATen's AVX-512 level that Inductor's vector ISA and its CPU GEMM
+#: micro-kernels choose by (``VecAVX512VNNI``, ``VecAMX``, the AMX FP16 and AVX-512 BF16
+#: kernels): source written for one of them does not build, or faults, where it is absent.
+X86_EXTENSIONS = (
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+)
+#: The Arm features Inductor's vector ISA (``VecSVE(128|256)``, ``VecNEON``) and its compiler
+#: flags choose by.
+ARM_EXTENSIONS = ("sve", "sve2", "bf16", "sve_max_length")
+
+
 def _cpu_isa(torch: Any) -> str:
-    """The vector ISA ATen and Inductor use here: honours ``ATEN_CPU_CAPABILITY``."""
+    """The vector ISA ATen and Inductor use here: ATen's dispatch level (honours
+    ``ATEN_CPU_CAPABILITY``), then the extensions Inductor's finer vector classes pick by on
+    that level (``avx512 avx512_vnni amx_tile ...``): two AVX-512 machines with and without
+    AMX get the same ATen level and other kernels from Inductor."""
     try:
-        capability = str(torch.backends.cpu.get_cpu_capability())
+        capability = str(torch.backends.cpu.get_cpu_capability()).lower()
     except Exception:
-        capability = os.environ.get("ATEN_CPU_CAPABILITY", "default")
-    return capability.lower()
+        capability = os.environ.get("ATEN_CPU_CAPABILITY", "default").lower()
+    return " ".join([capability, *_vector_extensions(torch, capability)])
+
+
+def _vector_extensions(torch: Any, capability: str) -> list[str]:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        if not capability.startswith("avx512"):
+            return []  # Inductor's AVX2 and scalar classes look at none of them
+        names: tuple[str, ...] = X86_EXTENSIONS
+    elif machine in ("aarch64", "arm64"):
+        names = ARM_EXTENSIONS
+    else:
+        return []
+    try:
+        found = torch.cpu.get_capabilities()
+    except Exception:  # named, so no environment is shared on a guess
+        return ["extensions=unreadable"]
+    picked = []
+    for name in names:
+        value = found.get(name)
+        if value is True:
+            picked.append(name)
+        elif value not in (None, False, 0):
+            picked.append(f"{name}={value}")
+    return picked
 
 
 def _triton_version() -> str:
@@ -132,6 +179,7 @@ def torch_inputs_key() -> str | None:
         return None
     h = hashlib.blake2b(digest_size=16)
     for part in (
+        FIELDS_FORMAT,
         sys.executable.encode(),
         version_py.encode(),
         str(mtime).encode(),

@@ -116,3 +116,33 @@ def test_the_cache_is_never_written_through_a_linked_folder(
     assert fp._cached_torch_fields("k") == fields
     cached = tmp_path / "home" / "objcache" / "fingerprint" / "k.json"
     assert cached.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_cpu_isa_names_the_extensions_inductor_picks_its_kernels_by(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATen's level is "avx512" on every AVX-512 CPU; Inductor picks finer vector classes on it
+    (VNNI, AMX: its CPU GEMM templates write AMX tile intrinsics for bf16 that no other CPU
+    builds): two such machines are two environments. Below AVX-512 nothing is added."""
+    import platform
+    from types import SimpleNamespace
+
+    from objcache.config import fingerprint as fp
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+
+    def fake(level: str, **caps: object) -> object:
+        return SimpleNamespace(
+            backends=SimpleNamespace(cpu=SimpleNamespace(get_cpu_capability=lambda: level)),
+            cpu=SimpleNamespace(get_capabilities=lambda: {"avx512_vnni": False, **caps}),
+        )
+
+    plain = fp._cpu_isa(fake("AVX512"))
+    amx = fp._cpu_isa(fake("AVX512", avx512_vnni=True, amx_tile=True, amx_bf16=True))
+    assert plain == "avx512"
+    assert amx == "avx512 avx512_vnni amx_tile amx_bf16"
+    assert fp._cpu_isa(fake("AVX2", avx512_vnni=True, amx_tile=True)) == "avx2"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert (
+        fp._cpu_isa(fake("SVE256", sve=True, sve_max_length=256)) == "sve256 sve sve_max_length=256"
+    )

@@ -14,8 +14,9 @@ X86_LADDER = ("default", "avx2", "avx512")
 
 
 def lower_isa(current: str) -> str | None:
-    """A level below ``current`` that ATen on this machine will accept, or None at the bottom."""
-    current = current.lower()
+    """A level below ``current`` (a fingerprint's ``cpu_isa``: ATen's level, then Inductor's
+    extensions) that ATen on this machine will accept, or None at the bottom."""
+    current = (current.split() or ["default"])[0].lower()
     if current == "default":
         return None
     if current in X86_LADDER:
