@@ -214,6 +214,34 @@ def float_environment() -> tuple[str, ...]:
     return tuple(found)
 
 
+def cpu_gemm_geometry() -> str:
+    """The CPU facts Inductor's C++ GEMM templates write into a kernel's source, where they can
+    be chosen (``max_autotune`` or ``max_autotune_gemm`` on, ``CPP`` among
+    ``max_autotune_gemm_backends``): the per-core L1d and L2 cache sizes its cache blocking
+    reads (``torch.cpu.get_capabilities()``) and the thread count its thread blocking reads.
+    Neither torch's key nor the environment names them, and a graph's entry carries the source
+    with the blocking as constants (a writer with a 512 KB L2 served code off by 372 to a
+    machine with 1 MB). Empty where no such template can be chosen, so those keys stay
+    torch's."""
+    import sys
+
+    config = sys.modules.get("torch._inductor.config")
+    torch = sys.modules.get("torch")
+    if config is None or torch is None:
+        return ""
+    if not (getattr(config, "max_autotune", False) or getattr(config, "max_autotune_gemm", False)):
+        return ""
+    if "CPP" not in str(getattr(config, "max_autotune_gemm_backends", "")).upper().split(","):
+        return ""
+    try:
+        caps = torch.cpu.get_capabilities()
+        l1d, l2 = caps.get("l1d_cache_size", "?"), caps.get("l2_cache_size", "?")
+        threads = torch.get_num_threads()
+    except Exception as exc:  # named, so no key is shared on a guess
+        return f"unreadable:{type(exc).__name__}"
+    return f"l1d={l1d},l2={l2},threads={threads}"
+
+
 def aten_switches_changed() -> tuple[str, ...]:
     """``name=value`` for each of :data:`ATEN_SWITCHES` this process set away from torch's
     default (a switch this release lacks is skipped; one that fails to read is named, so no
@@ -279,6 +307,11 @@ def process_facts() -> str:
             parts.append(f"sdp_off={','.join(sdp_backends_off())}")
             parts.append(f"aten_switches={','.join(aten_switches_changed())}")
             parts.append(f"einsum={opt_einsum_state()}")
+            caps = torch.cpu.get_capabilities()  # the C++ GEMM templates' blocking, whatever
+            parts.append(  # the mode in effect where the facts are read (cpu_gemm_geometry)
+                f"cpu_gemm=l1d={caps.get('l1d_cache_size')},l2={caps.get('l2_cache_size')},"
+                f"threads={torch.get_num_threads()}"
+            )
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

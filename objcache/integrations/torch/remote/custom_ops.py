@@ -195,10 +195,12 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
                 ops += (("flags:torch", program_registrations.torch_flags()),)
             off = compile_settings.sdp_backends_off()
             switches = compile_settings.aten_switches_changed()
+            gemm = compile_settings.cpu_gemm_geometry()
             facts = graph_facts.facts(gm, args[0] if args else kwargs.get("example_inputs"))
         except Exception as exc:  # never a key torch would share with another implementation
             ops = (("<unreadable>", f"{type(exc).__name__}:{os.urandom(8).hex()}"),)
             off = switches = facts = ()
+            gemm = ""
             counters["unreadable"] += 1
         if any(not name.startswith(PROCESS_WIDE) for name, _ in ops):
             _not_a_precompile_entry()
@@ -206,6 +208,8 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
             ops += (("sdp_backends_off", ",".join(off)),)
         if switches:
             ops += (("aten_switches", ",".join(switches)),)
+        if gemm:
+            ops += (("cpu_gemm", gemm),)
         ops += facts
         if ops:
             self.__dict__[FIELD] = ops

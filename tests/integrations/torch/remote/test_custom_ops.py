@@ -766,3 +766,39 @@ def test_ops_by_computed_name_kernels_the_library_object_holds_and_torch_s_switc
         for library in libraries:
             library._destroy()
         custom_ops.uninstall()
+
+
+def test_where_a_cpu_gemm_template_can_be_chosen_the_cache_sizes_and_threads_are_in_the_key() -> (
+    None
+):
+    """Inductor's C++ GEMM templates (max-autotune with the CPP backend) write the per-core
+    cache sizes' and the thread count's blocking into the kernel source the entry carries:
+    keyed there; elsewhere torch's key."""
+    from torch._inductor import config as inductor_config
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    class Details:
+        def __init__(self, gm: Any) -> None:
+            self.gm = gm
+
+    init = custom_ops._wrap_details_init(Details.__init__)
+    gm = torch.fx.symbolic_trace(lambda a, b: torch.bmm(a, b) * 1.5)
+
+    def field() -> Any:
+        made = Details.__new__(Details)
+        init(made, gm)
+        return made.__dict__.get(custom_ops.FIELD)
+
+    caps = torch.cpu.get_capabilities()
+    geometry = (
+        f"l1d={caps.get('l1d_cache_size')},l2={caps.get('l2_cache_size')},"
+        f"threads={torch.get_num_threads()}"
+    )
+    assert field() is None
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,CPP"):
+        assert field() == (("cpu_gemm", geometry),)
+    with inductor_config.patch(max_autotune_gemm=True, max_autotune_gemm_backends="CPP"):
+        assert field() == (("cpu_gemm", geometry),)
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"):
+        assert field() is None
