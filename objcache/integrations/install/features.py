@@ -62,6 +62,7 @@ PARTS: dict[str, tuple[Hook, ...]] = {
         *_hooks("class", _RC, "RemoteFxGraphCache"),
         *_hooks("flag", _ICONF, "fx_graph_remote_cache"),
         *_hooks("method", _CODECACHE, "FxGraphCache._write_to_local_cache"),
+        *_hooks("method", "torch._inductor.output_code", "CompiledFxGraph.after_deserialization"),
     ),
     "AOTAutograd": (
         *_REMOTE_BASE,

@@ -37,6 +37,7 @@ from objcache.integrations.torch.remote import (
     pgo_strict,
     process_keys,
     remote_cache_classes,
+    unbuildable_hits,
     writethrough,
 )
 from objcache.integrations.torch.remote import guarded_candidates as candidates
@@ -253,6 +254,7 @@ def _apply_kernels(module: Any) -> None:
 
 def _apply_codecache(module: Any) -> None:
     custom_ops.apply([module.FxGraphHashDetails])
+    unbuildable_hits.apply(module.CompiledFxGraph)  # a hit that does not build here: a miss
     _apply_candidates(candidates.apply_fx, module)
     time_saved.apply(module)
     if features.off("key cards") is None:
@@ -529,6 +531,7 @@ def uninstall() -> None:
             precompile.uninstall()
         process_keys.uninstall()
         custom_ops.uninstall()
+        unbuildable_hits.uninstall()
         _uninstall_vllm()
         _uninstall_triton_host()
         _installed_parts.clear()
