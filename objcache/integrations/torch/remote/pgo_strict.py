@@ -14,14 +14,15 @@ is kept and joined into the store as usual. Frames that may break keep the loade
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from objcache.integrations.patching import marked
+from objcache.integrations.torch.remote.remote_cache_classes import counters
 
-#: ``strict_frames_started_static``: loaded profile entries a strict frame did not take.
-counters: Counter[str] = Counter()
+#: ``counters``: the torch hooks' own (``stats()["hooks"]``): ``strict_frames_started_static``,
+#: loaded profile entries a strict frame did not take.
+__all__ = ["counters", "wrap_update_automatic_dynamic"]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
 #: it again, and each strict frame is decided again in the new one.
@@ -59,7 +60,7 @@ def wrap_update_automatic_dynamic(original: Callable[..., Any]) -> Callable[...,
             try:
                 _start_static(tx)
             except Exception:  # torch's own profile as it stands: never fail a compile
-                counters["errors"] += 1
+                counters["errors:pgo_strict"] += 1
         return original(tx, name, entry, **kwargs)
 
     return marked(update_automatic_dynamic, original)

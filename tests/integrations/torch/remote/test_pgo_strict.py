@@ -58,6 +58,9 @@ def test_a_fullgraph_frame_compiles_as_on_a_machine_without_the_profile(
     x = torch.arange(8.0)
     assert torch.equal(strict(x), scaled(x))  # with the profile taken: Unsupported (gcd)
     assert pgo_strict.counters["strict_frames_started_static"] == before + 1
+    from objcache.integrations.install import hooks  # what a run summary reports
+
+    assert hooks.stats()["hooks"]["strict_frames_started_static"] == before + 1
     # decided once a frame: what the process learns from here on is torch's own
     assert torch.equal(strict(x + 1), scaled(x + 1))
     assert pgo_strict.counters["strict_frames_started_static"] == before + 1
