@@ -234,12 +234,16 @@ def cpu_gemm_geometry() -> str:
     if "CPP" not in str(getattr(config, "max_autotune_gemm_backends", "")).upper().split(","):
         return ""
     try:
-        caps = torch.cpu.get_capabilities()
-        l1d, l2 = caps.get("l1d_cache_size", "?"), caps.get("l2_cache_size", "?")
-        threads = torch.get_num_threads()
+        return _cpu_blocking(torch)
     except Exception as exc:  # named, so no key is shared on a guess
         return f"unreadable:{type(exc).__name__}"
-    return f"l1d={l1d},l2={l2},threads={threads}"
+
+
+def _cpu_blocking(torch: Any) -> str:
+    """What the C++ GEMM templates' cache and thread blocking read."""
+    caps = torch.cpu.get_capabilities()
+    l1d, l2 = caps.get("l1d_cache_size", "?"), caps.get("l2_cache_size", "?")
+    return f"l1d={l1d},l2={l2},threads={torch.get_num_threads()}"
 
 
 def aten_switches_changed() -> tuple[str, ...]:
@@ -307,11 +311,8 @@ def process_facts() -> str:
             parts.append(f"sdp_off={','.join(sdp_backends_off())}")
             parts.append(f"aten_switches={','.join(aten_switches_changed())}")
             parts.append(f"einsum={opt_einsum_state()}")
-            caps = torch.cpu.get_capabilities()  # the C++ GEMM templates' blocking, whatever
-            parts.append(  # the mode in effect where the facts are read (cpu_gemm_geometry)
-                f"cpu_gemm=l1d={caps.get('l1d_cache_size')},l2={caps.get('l2_cache_size')},"
-                f"threads={torch.get_num_threads()}"
-            )
+            # the C++ GEMM templates' blocking, whatever mode is in effect where facts are read
+            parts.append(f"cpu_gemm={_cpu_blocking(torch)}")
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

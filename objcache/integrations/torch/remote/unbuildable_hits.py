@@ -19,6 +19,7 @@ from typing import Any
 
 from objcache.integrations.patching import Patches, is_marked, marked
 from objcache.integrations.torch.remote.remote_cache_classes import counters
+from objcache.observe.plaintext import plain
 
 log = logging.getLogger("objcache.torch")
 _patched = Patches()
@@ -56,9 +57,7 @@ def wrap_after_deserialization(
                 log.warning(
                     "objcache: a cached graph's kernels do not build on this machine; "
                     "compiling it here instead (%s)",
-                    (first[0][:200] if first else type(exc).__name__)
-                    .encode("ascii", "backslashreplace")
-                    .decode(),
+                    plain(first[0][:200] if first else type(exc).__name__),
                 )
             raise OSError("a cached graph's kernels do not build on this machine") from exc
 
