@@ -22,7 +22,7 @@ from typing import Any
 
 from objcache.integrations.install.watched import WATCHED, WATCHED_PACKAGES, on_stop_watching
 
-__all__ = ["apply", "disable", "warn", "watch"]
+__all__ = ["apply", "disable", "warn", "watch", "watching"]
 
 _lock = threading.RLock()
 _finder: _PostImportFinder | None = None
@@ -126,6 +126,11 @@ def watch() -> None:
         if (pending or WATCHED_PACKAGES) and _finder is None:
             _finder = _PostImportFinder(pending, list(WATCHED_PACKAGES))
             sys.meta_path.insert(0, _finder)
+
+
+def watching() -> bool:
+    """Whether the watcher is in place (the zero-code path started it as torch was imported)."""
+    return _finder is not None
 
 
 def disable() -> None:

@@ -10,7 +10,9 @@ there names them (:mod:`.inductor_namespace`, :mod:`.program_registrations`); th
 as differences from the release: :func:`remember` copies torch's function namespaces and the
 loaded tables as torch and Inductor's lowering module finish importing, and
 :func:`remember_module` each of Inductor's modules as it is imported (parts of the install);
-:func:`changes` names what differs at every key.
+:func:`changes` names what differs at every key. A table the program had completed before
+objcache could copy it (an explicit ``install()`` after ``torch.compile``) is compared with
+the release's entries, read in a fresh interpreter (the last section).
 
 Entries replaced in or removed from a table count, and entries added to any table but the
 lowering table: Inductor adds fallbacks there as it compiles (for an op without a lowering),
@@ -24,8 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
+import json
+import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from objcache.integrations.torch.precompile import (
@@ -75,6 +82,17 @@ TABLES = (
 #: same merge of their copies).
 _MERGED = ("decompositions", "extra_random_decomps")
 _GROWN_BY_TORCH = frozenset({"lowering"})
+#: The modules whose import completes a table (what a fresh interpreter imports to read the
+#: release's tables).
+COMPLETING_MODULES = tuple(dict.fromkeys(completed_by for *_, completed_by in TABLES))
+#: Completing modules the program had imported before objcache could watch them (an explicit
+#: ``install()`` after ``torch.compile``): a table they complete, first copied now, is
+#: compared with the release's identities, read in a fresh interpreter (:func:`note_preloaded`).
+_preloaded: set[str] = set()
+#: id(table) -> "module.attribute" of each table whose first copy was taken as found
+_as_found: dict[int, str] = {}
+#: id(entry) -> (the entry, held so its id stays its own, its identity)
+_entry_identities: dict[int, tuple[Any, str]] = {}
 #: how many modules were loaded when :func:`changes` last copied what was new
 _loaded_at: list[int] = []
 #: (the frame compile, the identities read then, the changes named then)
@@ -170,6 +188,52 @@ def _remember_tables(finished: str = "") -> None:
         table = getattr(sys.modules.get(name), attr, None)
         if isinstance(table, dict) and id(table) not in _tables:
             _tables[id(table)] = (label, table, dict(table))
+            if completed_by in _preloaded:
+                _as_found[id(table)] = f"{name}.{attr}"
+
+
+def note_preloaded(names: list[str]) -> None:
+    """``names``: the completing modules the program imported before objcache watched them.
+    Tables they complete that are copied from now on are taken as found, and the release's
+    are read in a fresh interpreter, starting now."""
+    with _lock:
+        _preloaded.update(n for n in names if n in COMPLETING_MODULES)
+        late = any(
+            completed_by in _preloaded
+            and id(getattr(sys.modules.get(name), attr, None)) not in _tables
+            for _, name, attr, completed_by in TABLES
+        )
+    if late:
+        _start_reading_release()
+
+
+def op_name(op: Any) -> str:
+    """A table's key as every process names it: an op overload by its name, anything else
+    (a builtin torch function, whose text carries its address) by its identity."""
+    text = str(op)
+    return text if " at 0x" not in text else traced_code.value_identity(op, 0)
+
+
+def _entry_identity(entry: Any) -> str:
+    """:func:`_identity` of a table entry (of one of torch's functions: computed once)."""
+    held = _entry_identities.get(id(entry))
+    if held is not None and held[0] is entry:
+        return held[1]
+    identity = _identity(entry)
+    if identity.startswith("torch:"):  # torch's own function: what the program's reads may change
+        _entry_identities[id(entry)] = (entry, identity)
+    return identity
+
+
+def release_identities() -> dict[str, dict[str, str]]:
+    """``{"module.attribute": {op name: entry identity}}`` of every loaded table as it is now:
+    what the fresh interpreter prints for a process that copied them as found."""
+    found: dict[str, dict[str, str]] = {}
+    for _, name, attr, _ in TABLES:
+        table = getattr(sys.modules.get(name), attr, None)
+        if isinstance(table, dict):
+            found[f"{name}.{attr}"] = {op_name(op): _identity(e) for op, e in list(table.items())}
+    return found
 
 
 def _namespaces(finished: str) -> list[tuple[str, dict[str, Any]]]:
@@ -298,7 +362,11 @@ def changes() -> tuple[tuple[str, str], ...]:
         if not _same(now, then):
             found.append((f"torch_data:{label}", "removed" if now is _MISSING else _identity(now)))
     for label, table, then in tables:
-        found.extend(_table_changes(label, table, then))
+        where = _as_found.get(id(table))
+        if where is None:
+            found.extend(_table_changes(label, table, then))
+        else:
+            found.extend(_changes_from_release(label, table, then, where))
     merged = _merged_release(tables)
     for label, table in program_registrations.tables():
         if merged is not None and all(table is not known for _, known, _ in tables):
@@ -327,6 +395,36 @@ def _table_changes(
         added = [op for op in ops if op not in then]
     if label not in _GROWN_BY_TORCH:
         found.extend((f"added:{label}:{op}", _identity(table[op])) for op in added)
+    return found
+
+
+def _changes_from_release(
+    label: str, table: dict[Any, Any], then: dict[Any, Any], where: str
+) -> list[tuple[str, str]]:
+    """A table copied as found, against the release's identities: what :func:`_table_changes`
+    names for a process that copied the release. Where the release could not be read, the
+    copy as found is named by its digest (a key no process with another copy shares)."""
+    release = _release_identities_read()
+    known = None if release is None else release.get(where)
+    if known is None:
+        digest = hashlib.blake2b(digest_size=16)
+        for name, identity in sorted((op_name(op), _entry_identity(e)) for op, e in then.items()):
+            digest.update(f"{name}\0{identity}\0".encode())
+        return [(f"as_found:{label}:{where}", digest.hexdigest())]
+    found: list[tuple[str, str]] = []
+    now = {op_name(op): entry for op, entry in list(table.items())}
+    for name, identity in known.items():
+        entry = now.get(name, _MISSING)
+        if entry is _MISSING:
+            found.append((f"replaced:{label}:{name}", "removed"))
+        elif _entry_identity(entry) != identity:
+            found.append((f"replaced:{label}:{name}", _entry_identity(entry)))
+    if label not in _GROWN_BY_TORCH:
+        found.extend(
+            (f"added:{label}:{name}", _entry_identity(entry))
+            for name, entry in now.items()
+            if name not in known
+        )
     return found
 
 
@@ -370,3 +468,144 @@ def reset() -> None:
         _inductor_modules.clear()
         _loaded_at.clear()
         _memo.clear()
+        _preloaded.clear()
+        _as_found.clear()
+        _entry_identities.clear()
+    with _release_lock:
+        _started.clear()
+        _answer.clear()
+
+
+# --- the release's tables, read in a fresh interpreter ---------------------------------
+# Where the program imported a table's completing module before objcache could watch it (an
+# explicit ``install()`` after ``torch.compile(model)``, which imports Inductor), the first
+# copy holds whatever the program did to the table before. What the release holds is then
+# asked of a fresh interpreter of the same Python and torch, which imports the tables'
+# modules and prints each entry's identity (:func:`release_identities`); the answer is kept
+# per machine beside the fingerprint cache, keyed by what decides torch's release. One that
+# cannot be had leaves the copy as found, named in the keys by its digest.
+
+_release_lock = threading.Lock()
+#: Bump when what the child prints changes.
+FORMAT = "1"
+#: The child imports torch and Inductor's tables (seconds); past this it is given up on.
+TIMEOUT_S = 180.0
+#: The most a child's answer may hold (two tables of ~2,000 entries are ~1 MiB).
+MAX_ANSWER_BYTES = 16 << 20
+#: What the fresh interpreter runs: the tables' modules imported as the release defines them,
+#: nothing of the program's, objcache's zero-code path off.
+CHILD = (
+    "import importlib, json, sys\n"
+    "from objcache.integrations.torch.precompile import torch_edits\n"
+    "for name in torch_edits.COMPLETING_MODULES:\n"
+    "    importlib.import_module(name)\n"
+    "sys.stdout.write(json.dumps(torch_edits.release_identities()))\n"
+)
+
+_started: list[threading.Thread] = []
+_answer: list[dict[str, dict[str, str]] | None] = []
+
+
+def _start_reading_release() -> None:
+    """Begin reading the release's tables in a fresh interpreter, in the background
+    (idempotent; never raises)."""
+    with _release_lock:
+        if _started or _answer:
+            return
+        thread = threading.Thread(target=_read, name="objcache-release-tables", daemon=True)
+        _started.append(thread)
+    thread.start()
+
+
+def _release_identities_read(timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, str]] | None:
+    """``{"module.attribute": {op name: entry identity}}`` as the release holds them, or None
+    where they could not be read (waits for the reading, bounded)."""
+    _start_reading_release()
+    thread = _started[0] if _started else None
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout_s)
+    return _answer[0] if _answer else None
+
+
+def _read() -> None:
+    found: dict[str, dict[str, str]] | None = None
+    with contextlib.suppress(Exception):
+        found = _cached()
+        if found is None:
+            found = _ask_child()
+            if found is not None:
+                _store(found)
+    with _release_lock:
+        _answer[:] = [found]
+
+
+def _cache_file() -> Path | None:
+    from objcache.config import fingerprint
+    from objcache.config.settings import user_cache_dir
+
+    key = fingerprint.torch_inputs_key()
+    if key is None:
+        return None
+    return user_cache_dir() / "release-tables" / f"{key}-{FORMAT}.json"
+
+
+def _cached() -> dict[str, dict[str, str]] | None:
+    path = _cache_file()
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return _valid(f.read(MAX_ANSWER_BYTES + 1))
+    except OSError:
+        return None
+
+
+def _store(found: dict[str, dict[str, str]]) -> None:
+    from objcache.config.files import publish_file
+    from objcache.config.settings import user_cache_dir
+
+    path = _cache_file()
+    if path is None:
+        return
+    data = json.dumps(found, sort_keys=True).encode()
+    # this user's folder, opened without following a link; a refused one: asked again next time
+    with contextlib.suppress(OSError):
+        publish_file(user_cache_dir(), [path.parent.name, path.name], data, mode=0o600,
+                     create_root=True)  # fmt: skip
+
+
+def _ask_child() -> dict[str, dict[str, str]] | None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env["OBJCACHE_ENABLE"] = "0"  # the child must not install (nor prefetch, nor write)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-P", "-c", CHILD],  # -P: not the working folder's modules
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return _valid(done.stdout)
+
+
+def _valid(data: bytes) -> dict[str, dict[str, str]] | None:
+    """The answer if it is what the child prints: tables of strings, bounded."""
+    if len(data) > MAX_ANSWER_BYTES:
+        return None
+    try:
+        found: Any = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    for label, table in found.items():
+        if not isinstance(label, str) or not isinstance(table, dict):
+            return None
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+            return None
+    return found

@@ -4,6 +4,7 @@ keys every graph, by what it is now; what Inductor adds while it compiles keys n
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,3 +172,51 @@ def test_the_zero_code_path_copies_as_import_torch_returns(tmp_path: Path) -> No
     ]
     out = torch_runs.zero_code_python(tmp_path, "\n".join(program)).split()
     assert out == ["torch_data:torch._prims_common._computation_dtype_map"]
+
+
+def _late_install(tmp_path: Path, cache: Path, *, edit: bool, child: bool = True) -> list[str]:
+    """A program that compiles (which imports Inductor), may edit Inductor's tables with
+    torch's own functions, and only then calls ``objcache.install()``: the labels of
+    ``changes()``."""
+    program = [
+        "import torch",
+        "from objcache.config.settings import Config",
+        "from objcache.integrations.torch.precompile import torch_edits",
+        "f = torch.compile(lambda x: x + 1)",
+        "from torch._inductor import decomposition, lowering",
+        "aten = torch.ops.aten",
+    ]
+    if edit:
+        program += [
+            "decomposition.decompositions.pop(aten.gelu.default)",
+            "lowering.make_fallback(aten.gelu.default)",
+        ]
+    if not child:
+        program.append("torch_edits._ask_child = lambda: None")
+    program += [
+        "import objcache",
+        f"objcache.install(Config.from_env({{'OBJCACHE_TIERS': 'file://{tmp_path / 'store'}', "
+        f"'OBJCACHE_LOCAL_DIR': '{tmp_path / 'local'}'}}))",
+        "print(*(label for label, _ in torch_edits.changes()), sep='\\n')",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_runs.ROOT), XDG_CACHE_HOME=str(cache))
+    return [line for line in torch_runs.python_c("\n".join(program), env).splitlines() if line]
+
+
+def test_an_install_after_the_program_imported_inductor_checks_the_release_s_tables(
+    tmp_path: Path,
+) -> None:
+    """``install()`` after ``torch.compile`` (Inductor imported, its tables completed) and
+    after the program removed a decomposition and made a fallback with torch's own function:
+    the copy taken then holds the edit, so the release's tables are read in a fresh
+    interpreter and the edit is named as a process that installed first names it; without
+    an edit nothing is (such a process shares entries with the others); where the release
+    cannot be read, the tables as found are named by their digest (a miss elsewhere)."""
+    cache = tmp_path / "cache"
+    assert _late_install(tmp_path, cache, edit=True) == ["replaced:decomposition:aten.gelu.default"]
+    assert list((cache / "objcache" / "release-tables").iterdir())  # kept for the next process
+    assert _late_install(tmp_path, cache, edit=False) == []
+    unread = _late_install(tmp_path, tmp_path / "other-cache", edit=True, child=False)
+    assert unread and all(label.startswith("as_found:") for label in unread)
+    assert "as_found:decomposition:torch._inductor.decomposition.decompositions" in unread
