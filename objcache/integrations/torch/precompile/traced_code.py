@@ -568,6 +568,16 @@ def _is_programs_function(value: Any) -> bool:
     return module is None or not is_stdlib(module)
 
 
+def is_programs_function(value: Any) -> bool:
+    """A Python function (or method) outside torch and Python's own library."""
+    return _is_programs_function(value)
+
+
+def is_programs_callable(value: Any) -> bool:
+    """A function of the program's, or a callable instance of one of its classes."""
+    return _is_programs_function(value) or (callable(value) and _is_programs_object(value))
+
+
 def _function_of(value: Any) -> Any:
     """A bound method's function; anything else as it is (never an attribute read, which
     a module's or an object's ``__getattr__`` would compute)."""

@@ -57,9 +57,9 @@ _lock = threading.Lock()
 _patched: list[tuple[Any, str, Any]] = []
 
 
-def _ops_of(gm: Any) -> Iterator[str]:
-    """``ns::name`` of every op outside torch's namespaces the graph (and its subgraphs)
-    calls."""
+def _call_targets(gm: Any) -> Iterator[Any]:
+    """What every ``call_function`` node of the graph and of its subgraphs (a checkpoint's
+    body, a ``nested_compile_region``'s) calls."""
     graphs = [gm]
     seen: set[int] = set()
     while graphs:
@@ -73,11 +73,33 @@ def _ops_of(gm: Any) -> Iterator[str]:
                 sub = getattr(module, str(node.target), None)
                 if getattr(sub, "graph", None) is not None:
                     graphs.append(sub)
-            if getattr(node, "op", None) != "call_function":
-                continue
-            name = _qualified_name(node.target)
-            if name is not None and name.split("::", 1)[0] not in TORCH_NAMESPACES:
-                yield name
+            if getattr(node, "op", None) == "call_function":
+                yield node.target
+
+
+def _ops_of(gm: Any) -> Iterator[str]:
+    """``ns::name`` of every op outside torch's namespaces the graph (and its subgraphs)
+    calls."""
+    for target in _call_targets(gm):
+        name = _qualified_name(target)
+        if name is not None and name.split("::", 1)[0] not in TORCH_NAMESPACES:
+            yield name
+
+
+def _program_callables(gm: Any) -> dict[str, Any]:
+    """``{"callable:<module>.<name>": target}`` for each of the program's functions and
+    callable objects the graph or a subgraph calls (``allow_in_graph``'d into a
+    checkpoint's body): AOTAutograd runs them while it traces, and torch's AOTAutograd key
+    names them by their import path only (it refuses them at the top level, not in a
+    subgraph), so what they compute and read is named here."""
+    found: dict[str, Any] = {}
+    for target in _call_targets(gm):
+        if _qualified_name(target) is not None or not traced_code.is_programs_callable(target):
+            continue
+        owner = target if traced_code.is_programs_function(target) else type(target)
+        name = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', '?')}"
+        found.setdefault(f"callable:{name}", target)
+    return found
 
 
 def _qualified_name(target: Any) -> str | None:
@@ -92,11 +114,16 @@ def _qualified_name(target: Any) -> str | None:
 
 def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], ...]:
     """``((op, identity), ...)`` for the ops outside torch's namespaces ``gm`` calls, the
+    program's functions its subgraphs call (:func:`_program_callables`), the
     tensor subclasses outside torch among its inputs, state and values (AOTAutograd runs
     their ``__torch_dispatch__`` while it traces), then every op of torch's own namespaces
     whose kernel the program replaced and the program's entries in Inductor's
     decomposition and lowering tables (:func:`torch_overrides`)."""
     ops = tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
+    callables = _program_callables(gm)
+    ops += tuple(
+        (name, traced_code.value_identity(target, 0)) for name, target in sorted(callables.items())
+    )
     subclasses = traced_code.tensor_subclasses(_values_of(gm, example_inputs))
     ops += tuple(
         (f"subclass:{cls.__module__}.{cls.__qualname__}", traced_code.class_identity(cls))

@@ -6,6 +6,7 @@ replacement of a torch function, misses, and never runs the writer's decompositi
 from __future__ import annotations
 
 import functools
+import operator
 import shutil
 import types
 from pathlib import Path
@@ -273,6 +274,41 @@ def test_a_tensor_subclass_a_graph_takes_is_in_its_identity() -> None:
     assert [name for name, _ in keyed] == [f"subclass:{one.__module__}.{one.__qualname__}"]
     assert keyed != custom_ops.graph_identity(gm, [plain.as_subclass(two)])
     assert keyed == custom_ops.graph_identity(gm, [plain.as_subclass(one)])
+
+
+def test_a_program_function_a_subgraph_calls_is_in_its_identity() -> None:
+    """A function of the program's that a subgraph calls (``allow_in_graph``'d inside a
+    checkpoint's or a ``nested_compile_region``'s body): AOTAutograd traces through it,
+    and torch's AOTAutograd key names it by its import path only (it refuses such a
+    function at the top level, not in a subgraph). What it reads is in the identity: a
+    setting read from the environment at import, another on another machine, another key."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    cfg = types.ModuleType("objcache_test_subgraph_cfg")
+    cfg.SCALE = 2.0  # type: ignore[attr-defined]
+    scope: dict[str, Any] = {"cfg": cfg, "__name__": "objcache_test_subgraph_program"}
+    exec("def opaque(x):\n    return x * cfg.SCALE\n", scope)
+    body = torch.fx.Graph()
+    body.output(body.call_function(scope["opaque"], (body.placeholder("x"),)))
+    root = torch.nn.Module()
+    root.body = torch.fx.GraphModule(torch.nn.Module(), body)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.ops.aten.sin.default, (x,)))
+    graph.get_attr("body")
+    gm = torch.fx.GraphModule(root, graph)
+    keyed = custom_ops.graph_identity(gm)
+    assert [name for name, _ in keyed] == ["callable:objcache_test_subgraph_program.opaque"]
+    cfg.SCALE = 3.0  # type: ignore[attr-defined]
+    assert custom_ops.graph_identity(gm) != keyed
+    cfg.SCALE = 2.0  # type: ignore[attr-defined]
+    assert custom_ops.graph_identity(gm) == keyed
+    # torch's own functions and Python's in a subgraph name nothing
+    plain = torch.fx.Graph()
+    y = plain.placeholder("x")
+    plain.output(plain.call_function(operator.mul, (plain.call_function(torch.sin, (y,)), 2)))
+    root.body = torch.fx.GraphModule(torch.nn.Module(), plain)
+    assert custom_ops.graph_identity(torch.fx.GraphModule(root, graph)) == ()
 
 
 def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> None:
