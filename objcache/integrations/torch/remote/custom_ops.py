@@ -57,22 +57,29 @@ _lock = threading.Lock()
 _patched: list[tuple[Any, str, Any]] = []
 
 
-def _call_targets(gm: Any) -> Iterator[Any]:
-    """What every ``call_function`` node of the graph and of its subgraphs (a checkpoint's
-    body, a ``nested_compile_region``'s) calls."""
-    graphs = [gm]
+def _graphs(gm: Any) -> Iterator[Any]:
+    """The graph module and each of its subgraphs (a checkpoint's body, a
+    ``nested_compile_region``'s), at any depth."""
+    modules = [gm]
     seen: set[int] = set()
-    while graphs:
-        module = graphs.pop()
+    while modules:
+        module = modules.pop()
         if id(module) in seen:
             continue
         seen.add(id(module))
+        yield module
         graph = getattr(module, "graph", None)
         for node in getattr(graph, "nodes", ()):
             if getattr(node, "op", None) == "get_attr":
                 sub = getattr(module, str(node.target), None)
                 if getattr(sub, "graph", None) is not None:
-                    graphs.append(sub)
+                    modules.append(sub)
+
+
+def _call_targets(gm: Any) -> Iterator[Any]:
+    """What every ``call_function`` node of the graph and of its subgraphs calls."""
+    for module in _graphs(gm):
+        for node in getattr(getattr(module, "graph", None), "nodes", ()):
             if getattr(node, "op", None) == "call_function":
                 yield node.target
 
@@ -133,8 +140,8 @@ def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], 
 
 
 def _values_of(gm: Any, example_inputs: Any) -> list[Any]:
-    """The example inputs, the module's parameters and buffers, the example values of its
-    nodes."""
+    """The example inputs, the module's parameters and buffers, the example values of the
+    nodes of its graph and subgraphs (a subclass made inside a checkpoint's body)."""
     values: list[Any] = []
     if isinstance(example_inputs, (list, tuple)):
         values.extend(example_inputs)
@@ -142,13 +149,13 @@ def _values_of(gm: Any, example_inputs: Any) -> list[Any]:
         method = getattr(gm, attr, None)
         if callable(method):
             values.extend(method())
-    graph = getattr(gm, "graph", None)
-    for node in getattr(graph, "nodes", ()):
-        meta = getattr(node, "meta", None)
-        if isinstance(meta, dict) and "example_value" in meta:
-            values.append(meta["example_value"])
-        if getattr(node, "op", None) == "call_function" and isinstance(node.target, type):
-            values.append(node.target)  # a class the graph calls: constructed inside
+    for module in _graphs(gm):
+        for node in getattr(getattr(module, "graph", None), "nodes", ()):
+            meta = getattr(node, "meta", None)
+            if isinstance(meta, dict) and "example_value" in meta:
+                values.append(meta["example_value"])
+            if getattr(node, "op", None) == "call_function" and isinstance(node.target, type):
+                values.append(node.target)  # a class the graph calls: constructed inside
     return values
 
 

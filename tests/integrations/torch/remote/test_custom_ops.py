@@ -311,6 +311,34 @@ def test_a_program_function_a_subgraph_calls_is_in_its_identity() -> None:
     assert custom_ops.graph_identity(torch.fx.GraphModule(root, graph)) == ()
 
 
+def test_a_tensor_subclass_a_subgraph_makes_is_in_its_identity() -> None:
+    """A subclass constructed inside a checkpoint's body (a node of the subgraph calls the
+    class): AOTAutograd runs its ``__torch_dispatch__`` there too; another version of it is
+    another key, as for a subclass the graph takes."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    def keyed(factor: float) -> tuple[tuple[str, str], ...]:
+        class Scaled(torch.Tensor):
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                return func(*args, **(kwargs or {})) * factor
+
+        body = torch.fx.Graph()
+        body.output(body.call_function(Scaled, (body.placeholder("x"),)))
+        root = torch.nn.Module()
+        root.body = torch.fx.GraphModule(torch.nn.Module(), body)
+        graph = torch.fx.Graph()
+        graph.output(graph.call_function(torch.ops.aten.sin.default, (graph.placeholder("x"),)))
+        graph.get_attr("body")
+        return custom_ops.graph_identity(torch.fx.GraphModule(root, graph))
+
+    one = keyed(1.0)
+    assert [name.split(".")[-1] for name, _ in one] == ["Scaled"]
+    assert one[0][0].startswith("subclass:")
+    assert one != keyed(2.0)
+    assert one == keyed(1.0)
+
+
 def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> None:
     """A decomposition the program put in Inductor's table runs for every graph using the
     op, which no key of torch's names: it keys every graph while it is there."""
