@@ -450,11 +450,9 @@ def install(config: Any | None = None) -> None:
         elif not _config_ok():
             return
         if not import_watch.watching():
-            # tables the program's imports completed before objcache could copy them: checked
-            # against the release's, read in a fresh interpreter (docs/torch.md)
-            torch_edits.note_preloaded(
-                [n for n in torch_edits.COMPLETING_MODULES if n in sys.modules]
-            )
+            # tables and Inductor's modules the program imported before objcache could copy
+            # them: checked against the release's, read in a fresh interpreter (docs/torch.md)
+            torch_edits.note_preloaded(list(sys.modules))
         # every hooked torch module, so each part is checked whole before it applies
         features.load(features.TORCH_PARTS)
         for name in WATCHED:

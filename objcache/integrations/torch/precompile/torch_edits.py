@@ -91,6 +91,11 @@ COMPLETING_MODULES = tuple(dict.fromkeys(completed_by for *_, completed_by in TA
 _preloaded: set[str] = set()
 #: id(table) -> "module.attribute" of each table whose first copy was taken as found
 _as_found: dict[int, str] = {}
+#: Inductor's modules the program had imported before objcache watched them: their data's
+#: first copies are taken as found and compared with the release's renderings
+_preloaded_modules: set[str] = set()
+#: labels of the data copied as found (of :data:`_preloaded_modules`)
+_data_as_found: set[str] = set()
 #: id(entry) -> (the entry, held so its id stays its own, its identity)
 _entry_identities: dict[int, tuple[Any, str]] = {}
 #: how many modules were loaded when :func:`changes` last copied what was new
@@ -162,6 +167,10 @@ def _remember_inductor_data(name: str, module: Any, leaves: tuple[type, ...]) ->
     if name in _inductor_modules or module is None:
         return
     _inductor_modules.add(name)
+    # a module the program imported before objcache watched it: its containers compared with
+    # the release's renderings (one the program emptied before is not seen: as imported,
+    # torch's empty containers are not read either, some of them fill as torch imports more)
+    as_found = name in _preloaded_modules
     module_dict = getattr(module, "__dict__", None)
     if not isinstance(module_dict, dict):
         return
@@ -175,6 +184,8 @@ def _remember_inductor_data(name: str, module: Any, leaves: tuple[type, ...]) ->
                 copied = _copy(value, leaves, 0)
                 if copied is not _MISSING:
                     _data[f"{where}.{attr}"] = (namespace, attr, copied)
+                    if as_found:
+                        _data_as_found.add(f"{where}.{attr}")
 
 
 def _remember_tables(finished: str = "") -> None:
@@ -193,18 +204,27 @@ def _remember_tables(finished: str = "") -> None:
 
 
 def note_preloaded(names: list[str]) -> None:
-    """``names``: the completing modules the program imported before objcache watched them.
-    Tables they complete that are copied from now on are taken as found, and the release's
-    are read in a fresh interpreter, starting now."""
+    """``names``: the modules the program imported before objcache watched them (an explicit
+    ``install()`` after ``torch.compile``). Tables they complete and data of Inductor's
+    modules among them, copied from now on, are taken as found, and the release's are read
+    in a fresh interpreter, starting now."""
     with _lock:
         _preloaded.update(n for n in names if n in COMPLETING_MODULES)
-        late = any(
+        _preloaded_modules.update(
+            n
+            for n in names
+            if n.startswith(inductor_namespace.PACKAGE + ".")
+            and not n.startswith(inductor_namespace.COMPILED_MODULES)
+            and n not in _inductor_modules
+        )
+        late = bool(_preloaded_modules) or any(
             completed_by in _preloaded
             and id(getattr(sys.modules.get(name), attr, None)) not in _tables
             for _, name, attr, completed_by in TABLES
         )
+        modules = sorted(_preloaded_modules)
     if late:
-        _start_reading_release()
+        _start_reading_release(modules)
 
 
 def op_name(op: Any) -> str:
@@ -225,14 +245,24 @@ def _entry_identity(entry: Any) -> str:
     return identity
 
 
-def release_identities() -> dict[str, dict[str, str]]:
-    """``{"module.attribute": {op name: entry identity}}`` of every loaded table as it is now:
-    what the fresh interpreter prints for a process that copied them as found."""
+def release_identities(modules: list[str]) -> dict[str, dict[str, str]]:
+    """What the fresh interpreter prints for a process that copied tables or data as found:
+    ``{"table:<module>.<attribute>": {op name: entry identity}}`` for every loaded table,
+    and ``{"data": {label: identity}}`` for the containers of Inductor's ``modules``
+    (imported by the caller), as they are now."""
     found: dict[str, dict[str, str]] = {}
     for _, name, attr, _ in TABLES:
         table = getattr(sys.modules.get(name), attr, None)
         if isinstance(table, dict):
-            found[f"{name}.{attr}"] = {op_name(op): _identity(e) for op, e in list(table.items())}
+            found[f"table:{name}.{attr}"] = {
+                op_name(op): _identity(e) for op, e in list(table.items())
+            }
+    with _lock:
+        _preloaded_modules.update(modules)  # the same containers as the asking process's
+        for name in modules:
+            _remember_inductor_data(name, sys.modules.get(name), _leaves())
+        data = [(label, then) for label, (_, _, then) in _data.items() if label in _data_as_found]
+    found["data"] = {label: _identity(then) for label, then in data}
     return found
 
 
@@ -359,7 +389,9 @@ def changes() -> tuple[tuple[str, str], ...]:
     found: list[tuple[str, str]] = []
     for label, (namespace, attr, then) in data:
         now = namespace.get(attr, _MISSING)
-        if not _same(now, then):
+        if label in _data_as_found:
+            found.extend(_data_from_release(label, now, then))
+        elif not _same(now, then):
             found.append((f"torch_data:{label}", "removed" if now is _MISSING else _identity(now)))
     for label, table, then in tables:
         where = _as_found.get(id(table))
@@ -398,6 +430,20 @@ def _table_changes(
     return found
 
 
+def _data_from_release(label: str, now: Any, then: Any) -> list[tuple[str, str]]:
+    """Data of Inductor's copied as found, against the release's rendering: named where it
+    differs, as :func:`changes` names it for a process that copied the release; where the
+    release could not be read, by its rendering as found."""
+    release = _release_identities_read()
+    known = None if release is None else release.get("data", {}).get(label)
+    if known is None:
+        return [(f"as_found:torch_data:{label}", _identity(then))]
+    if now is _MISSING:
+        return [(f"torch_data:{label}", "removed")]
+    identity = _identity(now)
+    return [] if identity == known else [(f"torch_data:{label}", identity)]
+
+
 def _changes_from_release(
     label: str, table: dict[Any, Any], then: dict[Any, Any], where: str
 ) -> list[tuple[str, str]]:
@@ -405,7 +451,7 @@ def _changes_from_release(
     names for a process that copied the release. Where the release could not be read, the
     copy as found is named by its digest (a key no process with another copy shares)."""
     release = _release_identities_read()
-    known = None if release is None else release.get(where)
+    known = None if release is None else release.get(f"table:{where}")
     if known is None:
         digest = hashlib.blake2b(digest_size=16)
         for name, identity in sorted((op_name(op), _entry_identity(e)) for op, e in then.items()):
@@ -470,24 +516,29 @@ def reset() -> None:
         _memo.clear()
         _preloaded.clear()
         _as_found.clear()
+        _preloaded_modules.clear()
+        _data_as_found.clear()
         _entry_identities.clear()
     with _release_lock:
         _started.clear()
         _answer.clear()
+        _asked.clear()
 
 
-# --- the release's tables, read in a fresh interpreter ---------------------------------
-# Where the program imported a table's completing module before objcache could watch it (an
-# explicit ``install()`` after ``torch.compile(model)``, which imports Inductor), the first
-# copy holds whatever the program did to the table before. What the release holds is then
-# asked of a fresh interpreter of the same Python and torch, which imports the tables'
-# modules and prints each entry's identity (:func:`release_identities`); the answer is kept
-# per machine beside the fingerprint cache, keyed by what decides torch's release. One that
-# cannot be had leaves the copy as found, named in the keys by its digest.
+# --- the release's tables and Inductor's data, read in a fresh interpreter --------------
+# Where the program imported a table's completing module, or one of Inductor's modules,
+# before objcache could watch it (an explicit ``install()`` after ``torch.compile(model)``,
+# which imports Inductor; or after ``import torch._dynamo``), the first copy holds whatever
+# the program did before. What the release holds is then asked of a fresh interpreter of the
+# same Python and torch, which imports those modules and prints each table entry's identity
+# and each container's rendering (:func:`release_identities`); the answer is kept per
+# machine beside the fingerprint cache, keyed by what decides torch's release and the
+# modules asked about. One that cannot be had leaves the copies as found, named in the keys
+# by what they hold (a miss where another process's differ).
 
 _release_lock = threading.Lock()
 #: Bump when what the child prints changes.
-FORMAT = "1"
+FORMAT = "2"
 #: The child imports torch and Inductor's tables (4.5 s of one core here); past this the
 #: compile waiting for it goes on with the tables as found (named by digest: a miss).
 TIMEOUT_S = 60.0
@@ -498,29 +549,33 @@ MAX_ANSWER_BYTES = 16 << 20
 CHILD = (
     "import importlib, json, sys\n"
     "from objcache.integrations.torch.precompile import torch_edits\n"
-    "for name in torch_edits.COMPLETING_MODULES:\n"
+    "modules = sys.argv[1:]\n"
+    "for name in (*torch_edits.COMPLETING_MODULES, *modules):\n"
     "    importlib.import_module(name)\n"
-    "sys.stdout.write(json.dumps(torch_edits.release_identities()))\n"
+    "sys.stdout.write(json.dumps(torch_edits.release_identities(modules)))\n"
 )
 
 _started: list[threading.Thread] = []
+#: the Inductor modules the reading asks about (those the program had imported)
+_asked: list[str] = []
 _answer: list[dict[str, dict[str, str]] | None] = []
 
 
-def _start_reading_release() -> None:
-    """Begin reading the release's tables in a fresh interpreter, in the background
-    (idempotent; never raises)."""
+def _start_reading_release(modules: list[str] | None = None) -> None:
+    """Begin reading the release's tables and the data of Inductor's ``modules`` in a fresh
+    interpreter, in the background (idempotent; never raises)."""
     with _release_lock:
         if _started or _answer:
             return
+        _asked[:] = modules or []
         thread = threading.Thread(target=_read, name="objcache-release-tables", daemon=True)
         _started.append(thread)
     thread.start()
 
 
 def _release_identities_read(timeout_s: float = TIMEOUT_S) -> dict[str, dict[str, str]] | None:
-    """``{"module.attribute": {op name: entry identity}}`` as the release holds them, or None
-    where they could not be read (waits for the reading, bounded)."""
+    """:func:`release_identities` of the release, or None where they could not be read
+    (waits for the reading, bounded)."""
     _start_reading_release()
     thread = _started[0] if _started else None
     if thread is not None and thread is not threading.current_thread():
@@ -547,7 +602,8 @@ def _cache_file() -> Path | None:
     key = fingerprint.torch_inputs_key()
     if key is None:
         return None
-    return user_cache_dir() / "release-tables" / f"{key}-{FORMAT}.json"
+    asked = hashlib.blake2b("\0".join(_asked).encode(), digest_size=8).hexdigest()
+    return user_cache_dir() / "release-tables" / f"{key}-{asked}-{FORMAT}.json"
 
 
 def _cached() -> dict[str, dict[str, str]] | None:
@@ -580,7 +636,7 @@ def _ask_child() -> dict[str, dict[str, str]] | None:
     env["OBJCACHE_ENABLE"] = "0"  # the child must not install (nor prefetch, nor write)
     try:
         done = subprocess.run(
-            [sys.executable, "-P", "-c", CHILD],  # -P: not the working folder's modules
+            [sys.executable, "-P", "-c", CHILD, *_asked],  # -P: not the working folder's
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,

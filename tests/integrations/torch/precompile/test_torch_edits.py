@@ -184,12 +184,14 @@ def _late_install(tmp_path: Path, cache: Path, *, edit: bool, child: bool = True
         "from objcache.integrations.torch.precompile import torch_edits",
         "f = torch.compile(lambda x: x + 1)",
         "from torch._inductor import decomposition, lowering",
+        "from torch._inductor.codegen import cpp",
         "aten = torch.ops.aten",
     ]
     if edit:
         program += [
             "decomposition.decompositions.pop(aten.gelu.default)",
             "lowering.make_fallback(aten.gelu.default)",
+            "cpp.VECTORIZABLE_DTYPES.remove(torch.float64)",
         ]
     if not child:
         program.append("torch_edits._ask_child = lambda: None")
@@ -208,15 +210,20 @@ def test_an_install_after_the_program_imported_inductor_checks_the_release_s_tab
     tmp_path: Path,
 ) -> None:
     """``install()`` after ``torch.compile`` (Inductor imported, its tables completed) and
-    after the program removed a decomposition and made a fallback with torch's own function:
-    the copy taken then holds the edit, so the release's tables are read in a fresh
-    interpreter and the edit is named as a process that installed first names it; without
-    an edit nothing is (such a process shares entries with the others); where the release
-    cannot be read, the tables as found are named by their digest (a miss elsewhere)."""
+    after the program removed a decomposition, made a fallback with torch's own function and
+    edited a container of Inductor's: the copies taken then hold the edits, so the release's
+    tables and data are read in a fresh interpreter and each edit is named as a process that
+    installed first names it; without an edit nothing is (such a process shares entries with
+    the others); where the release cannot be read, the copies as found are named by what
+    they hold (a miss elsewhere)."""
     cache = tmp_path / "cache"
-    assert _late_install(tmp_path, cache, edit=True) == ["replaced:decomposition:aten.gelu.default"]
+    assert _late_install(tmp_path, cache, edit=True) == [
+        "replaced:decomposition:aten.gelu.default",
+        "torch_data:torch._inductor.codegen.cpp.VECTORIZABLE_DTYPES",
+    ]
     assert list((cache / "objcache" / "release-tables").iterdir())  # kept for the next process
     assert _late_install(tmp_path, cache, edit=False) == []
     unread = _late_install(tmp_path, tmp_path / "other-cache", edit=True, child=False)
     assert unread and all(label.startswith("as_found:") for label in unread)
     assert "as_found:decomposition:torch._inductor.decomposition.decompositions" in unread
+    assert "as_found:torch_data:torch._inductor.codegen.cpp.VECTORIZABLE_DTYPES" in unread
