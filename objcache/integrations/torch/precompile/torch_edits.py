@@ -549,9 +549,15 @@ MAX_ANSWER_BYTES = 16 << 20
 CHILD = (
     "import importlib, json, sys\n"
     "from objcache.integrations.torch.precompile import torch_edits\n"
-    "modules = sys.argv[1:]\n"
-    "for name in (*torch_edits.COMPLETING_MODULES, *modules):\n"
+    "for name in torch_edits.COMPLETING_MODULES:\n"
     "    importlib.import_module(name)\n"
+    "modules = []\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        importlib.import_module(name)\n"
+    "        modules.append(name)\n"
+    "    except Exception:\n"
+    "        pass  # its data is left as found (a miss), the rest is still read\n"
     "sys.stdout.write(json.dumps(torch_edits.release_identities(modules)))\n"
 )
 
