@@ -23,8 +23,10 @@ from typing import Any
 from objcache.integrations.torch.precompile.traced_code import (
     MAX_DEPTH,
     UNIDENTIFIED,
+    class_identity,
     file_digest,
     function_identity,
+    is_programs_object,
     is_stdlib,
     is_torchs,
     is_torchs_name,
@@ -151,7 +153,57 @@ def config_callables() -> tuple[tuple[str, str], ...]:
             if fns:
                 named = "|".join(",".join(identity(fn)) for fn in fns)
                 found.append((f"config:{module_name}.{name}", named))
+    found.extend(choices_identity())
     return tuple(found)
+
+
+def choices_identity() -> list[tuple[str, str]]:
+    """Inductor's heuristics object where the program gave its own: an ``InductorChoices``
+    subclass set as ``config.inductor_choices_class``, registered
+    (``register_inductor_choices``) or set for the thread (``V.set_choices_handler``).
+    Inductor's scheduler asks it which nodes to fuse and how to tile; torch's key names a
+    configured class by the ``uuid()`` it returns and a thread's handler not at all. Named by
+    the class's code and what the object holds (``config:inductor_choices:<where>``)."""
+    found: list[tuple[str, str]] = []
+    virtualized = sys.modules.get("torch._inductor.virtualized")
+    choices_module = sys.modules.get("torch._inductor.choices")
+    config = sys.modules.get("torch._inductor.config")
+    candidates: list[tuple[str, Any]] = []
+    with contextlib.suppress(Exception):
+        key = getattr(getattr(virtualized, "_choices", None), "_key", None)
+        if isinstance(key, str):
+            held = getattr(virtualized, "threadlocal", None)
+            candidates.append(("thread", getattr(held, key, None)))
+    with contextlib.suppress(Exception):
+        candidates.append(("config", getattr(config, "inductor_choices_class", None)))
+    with contextlib.suppress(Exception):
+        registered = getattr(choices_module, "_registered_inductor_choices", None) or {}
+        candidates.extend((f"registered:{k}", v) for k, v in sorted(registered.items()))
+    for where, value in candidates:
+        named = _choices_part(value)
+        if named:
+            found.append((f"config:inductor_choices:{where}", named))
+    return found
+
+
+def _choices_part(value: Any, depth: int = 0) -> str:
+    """The program's part of a choices object, class or factory ("" for torch's own): a class
+    by its code, a factory function by its identity, an object of the program's by its class
+    and state, torch's object (a composed handler) by the program's objects it holds."""
+    if isinstance(value, type):
+        return "" if is_torchs(value) else class_identity(value)
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return ",".join(",".join(identity(fn)) for fn in program_functions(value))
+    if is_programs_object(value):
+        return value_identity(value, 0)
+    if depth >= 2 or not is_torchs(type(value)) or not hasattr(value, "__dict__"):
+        return ""
+    held = [
+        item
+        for attr in list(vars(value).values())
+        for item in (attr if isinstance(attr, (list, tuple)) else [attr])
+    ]
+    return "|".join(part for part in (_choices_part(item, depth + 1) for item in held) if part)
 
 
 _flag_reads: list[tuple[int, list[tuple[str, Any, str]]]] = []

@@ -573,6 +573,12 @@ def is_programs_function(value: Any) -> bool:
     return _is_programs_function(value)
 
 
+def is_programs_object(value: Any) -> bool:
+    """An instance of a class of the program's (not a function, class, module or container;
+    not torch's or Python's own)."""
+    return _is_programs_object(value)
+
+
 def is_programs_callable(value: Any) -> bool:
     """A function of the program's, or a callable instance of one of its classes."""
     return _is_programs_function(value) or (callable(value) and _is_programs_object(value))

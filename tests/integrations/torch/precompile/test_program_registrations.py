@@ -139,3 +139,54 @@ def test_what_a_table_entry_reads_is_named_at_every_call() -> None:
         else:
             decompositions[op] = before
         fast_random_decomps.cache_clear()
+
+
+CHOICES = """\
+import os
+from torch._inductor.choices import InductorChoices
+
+NOFUSE = True
+
+
+class NoFuse(InductorChoices):
+    @staticmethod
+    def can_fuse(scheduler, node1, node2, shared_data_score):
+        if NOFUSE:
+            return False
+        return InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score)
+
+    def uuid(self):
+        return "nofuse-v1"
+"""
+
+
+def test_the_program_s_inductor_heuristics_are_named(tmp_path: Path) -> None:
+    """An ``InductorChoices`` of the program's, set for the thread (``V.set_choices_handler``,
+    which no key of torch's reads) or as ``config.inductor_choices_class`` (keyed by torch by
+    its ``uuid()`` alone): Inductor's scheduler asks it what to fuse, so it is named by its
+    code and what it reads, in every key; another setting, another key."""
+    import importlib.util
+
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    path = tmp_path / "objcache_test_choices.py"
+    path.write_text(CHOICES)
+    spec = importlib.util.spec_from_file_location("objcache_test_choices", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert program_registrations.choices_identity() == []
+    with V.set_choices_handler(module.NoFuse()):
+        named = dict(program_registrations.config_callables())
+        assert "config:inductor_choices:thread" in named
+        module.NOFUSE = False
+        assert dict(program_registrations.choices_identity()) != {
+            k: v for k, v in named.items() if k.startswith("config:inductor_choices")
+        }
+        module.NOFUSE = True
+    with config.patch(inductor_choices_class=module.NoFuse):
+        assert [k for k, _ in program_registrations.choices_identity()] == [
+            "config:inductor_choices:config"
+        ]
+    assert program_registrations.choices_identity() == []
