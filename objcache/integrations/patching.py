@@ -105,6 +105,11 @@ def restore(mod: Any, attr: str, value: Any) -> None:
         mod.AutotuneCache._read = value
     elif attr == "AutotuneCacheBundler.begin_compile":
         mod.AutotuneCacheBundler.begin_compile = value
+    elif attr == "InstructionTranslator.run":  # None: the class inherited it
+        if value is None:
+            del mod.InstructionTranslator.run
+        else:
+            mod.InstructionTranslator.run = value
     else:
         setattr(mod, attr, value)
 

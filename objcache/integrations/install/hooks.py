@@ -269,15 +269,32 @@ def _apply_autograd_cache(module: Any) -> None:
 
 
 def _apply_pgo(module: Any) -> None:
-    """A frame that must be one graph starts static whatever profile was loaded
+    """A frame that must be one graph starts static whatever profile was loaded, and one that
+    fails to trace holding its loaded entry is traced again without it
     (:mod:`objcache.integrations.torch.remote.pgo_strict`)."""
     if features.off("PGO") is not None:
         return
     original = module.update_automatic_dynamic
-    if is_marked(original):
+    if not is_marked(original):
+        patching.save(module.__name__, "update_automatic_dynamic", original)
+        module.update_automatic_dynamic = pgo_strict.wrap_update_automatic_dynamic(original)
+    _apply_pgo_restart()
+
+
+def _apply_pgo_restart() -> None:
+    """The PGO part's hook on Dynamo's tracer (``InstructionTranslator.run``), once the tracer
+    module has defined it: applied with the PGO part, or as the tracer module's import ends
+    (torch imports the profile module half-way through the tracer's)."""
+    if features.off("PGO") is not None:
         return
-    patching.save(module.__name__, "update_automatic_dynamic", original)
-    module.update_automatic_dynamic = pgo_strict.wrap_update_automatic_dynamic(original)
+    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
+    translator = getattr(tracing, "InstructionTranslator", None)
+    run = getattr(translator, "run", None)
+    if tracing is None or not callable(run) or is_marked(run):
+        return
+    # None: inherited, put back by deleting objcache's
+    patching.save(tracing.__name__, "InstructionTranslator.run", translator.__dict__.get("run"))
+    setattr(translator, "run", pgo_strict.wrap_run(run))  # noqa: B010
 
 
 def _apply_precompile(module: Any) -> None:
@@ -287,6 +304,8 @@ def _apply_precompile(module: Any) -> None:
     store reads unverified pickles under a key naming only the function's qualname and
     line (docs/torch.md, "Precompile entries").
     """
+    if getattr(module, "__name__", "") == "torch._dynamo.symbolic_convert":
+        _apply_pgo_restart()  # the tracer module's other hook (a module applies one part)
     if not features.opted_in("precompile") or features.off("precompile") is not None:
         return
     # the feature's modules are imported only where it is on

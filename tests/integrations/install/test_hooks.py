@@ -37,6 +37,11 @@ def _snapshot() -> dict[str, Any]:
     snap["build"] = cpp_builder.CppBuilder.build
     snap["__init__"] = cpp_builder.CppBuilder.__init__
     snap["has_backend"] = hasattr(remote_cache, "ObjcacheBackend")
+    from torch._dynamo import pgo, symbolic_convert
+
+    snap["update_automatic_dynamic"] = pgo.update_automatic_dynamic
+    snap["run"] = symbolic_convert.InstructionTranslator.run  # inherited: deleted back
+    snap["run_own"] = "run" in vars(symbolic_convert.InstructionTranslator)
     return snap
 
 
@@ -82,12 +87,15 @@ def test_install_is_idempotent_and_uninstall_restores_torch_exactly(
         cache = remote_cache.create_cache("fx-graph-v1", False, "X", "RemoteFxGraphCache")
         assert cache is not None and type(cache).objcache_kind == "fx-graph"
         assert cache._get_key("fabc") == "pt2:fx-graph-v1::fabc:c1"
+        now = _snapshot()  # the PGO part's hooks on torch's profile and on Dynamo's tracer
+        assert now["run"] is not before["run"] and now["run"].__wrapped__ is before["run"]
+        assert now["update_automatic_dynamic"].__wrapped__ is before["update_automatic_dynamic"]
     finally:
         objcache.uninstall()
     after = _snapshot()
     assert "OBJCACHE_ENABLE" not in os.environ
     assert after == before
-    for key in ("RemoteFxGraphCache", "_read", "begin_compile", "build", "__init__"):
+    for key in ("RemoteFxGraphCache", "_read", "begin_compile", "build", "__init__", "run"):
         assert after[key] is before[key]
     assert not objcache.integrations.torch.installed()  # type: ignore[attr-defined]
 

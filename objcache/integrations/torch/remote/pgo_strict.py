@@ -9,6 +9,12 @@ raises on a machine without the profile. So the first time such a frame reads it
 entry in a process, the entry loaded at start is dropped: the frame compiles as on a fresh
 machine, and what this process then learns (a size that changes: torch's automatic dynamic)
 is kept and joined into the store as usual. Frames that may break keep the loaded profile.
+
+A frame can also turn strict after its inputs were read (``torch._dynamo.error_on_graph_break``
+as a decorator of a helper it calls, or a ``with`` block inside it): its trace then fails
+where a static one would not. So a frame whose trace fails with a graph-break error
+(``Unsupported``) while it holds its loaded entry is traced again without it (torch's own
+restart of a frame's analysis), once: what a machine without the profile does.
 """
 
 from __future__ import annotations
@@ -21,34 +27,88 @@ from objcache.integrations.patching import marked
 from objcache.integrations.torch.remote.remote_cache_classes import counters
 
 #: ``counters``: the torch hooks' own (``stats()["hooks"]``): ``strict_frames_started_static``,
-#: loaded profile entries a strict frame did not take.
-__all__ = ["counters", "wrap_update_automatic_dynamic"]
+#: loaded profile entries a strict frame did not take; ``failed_frames_restarted_static``,
+#: frames traced again without theirs.
+__all__ = ["counters", "wrap_run", "wrap_update_automatic_dynamic"]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
 #: it again, and each strict frame is decided again in the new one.
 _decided: set[Any] = set()
 _decided_in: list[Any] = [None]
+#: The frames whose loaded entry was dropped (either way), in that same profile.
+_dropped: set[Any] = set()
 
 
 def _strict(tx: Any) -> bool:
     return bool(getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False))
 
 
-def _start_static(tx: Any) -> None:
-    """Drop the profile entry loaded at start for ``tx``'s frame, the first time only."""
+def _frame(tx: Any) -> tuple[Any, Any, Any]:
+    """``(torch's pgo module, the profile in force, tx's frame's CodeId)``; a new profile
+    (after ``torch._dynamo.reset()``) forgets what was decided in the last."""
     pgo = sys.modules["torch._dynamo.pgo"]
     state = pgo.get_code_state()  # the first call reads the profile (local file or store)
     if state is not _decided_in[0]:
         _decided.clear()
+        _dropped.clear()
         _decided_in[0] = state
-    code_id = pgo.CodeId.make(tx.f_code, tx.closure)
+    return pgo, state, pgo.CodeId.make(tx.f_code, tx.closure)
+
+
+def _drop(pgo: Any, state: Any, code_id: Any) -> bool:
+    """Drop the frame's loaded entry (once); whether one was dropped now."""
+    loaded = pgo._INIT_CODE_STATE  # what the first read found
+    if code_id in _dropped or loaded is None or code_id not in loaded or code_id not in state:
+        return False
+    _dropped.add(code_id)
+    state[code_id] = pgo.CodeState()
+    return True
+
+
+def _start_static(tx: Any) -> None:
+    """Drop the profile entry loaded at start for ``tx``'s frame, the first time only."""
+    pgo, state, code_id = _frame(tx)
     if code_id in _decided:
         return
     _decided.add(code_id)
-    loaded = pgo._INIT_CODE_STATE  # what that read found
-    if loaded is not None and code_id in loaded and code_id in state:
-        state[code_id] = pgo.CodeState()
+    if _drop(pgo, state, code_id):
         counters["strict_frames_started_static"] += 1
+
+
+def _restart_static(tx: Any, error: BaseException) -> BaseException | None:
+    """The restart to raise for a root frame whose trace failed with ``error`` while it held
+    its loaded entry (now dropped), or None."""
+    exc = sys.modules.get("torch._dynamo.exc")
+    unsupported = getattr(exc, "Unsupported", None)
+    restart = getattr(exc, "UnspecializeRestartAnalysis", None)  # clears the speculation log
+    if unsupported is None or restart is None or not isinstance(error, unsupported):
+        return None
+    pgo, state, code_id = _frame(tx)
+    if not _drop(pgo, state, code_id):
+        return None
+    counters["failed_frames_restarted_static"] += 1
+    restarted: BaseException = restart(restart_reason="objcache: traced again without the profile")
+    return restarted
+
+
+def wrap_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``InstructionTranslator.run`` (a root frame's trace): a graph-break error
+    while the frame held its loaded profile entry restarts the analysis without it."""
+
+    def run(self: Any) -> Any:
+        try:
+            return original(self)
+        except Exception as error:
+            try:
+                restart = _restart_static(self, error)
+            except Exception:  # torch's own profile as it stands: its error, unchanged
+                counters["errors:pgo_strict"] += 1
+                restart = None
+            if restart is not None:
+                raise restart from error
+            raise
+
+    return marked(run, original)
 
 
 def wrap_update_automatic_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch._dynamo.pgo as pgo
+import torch._dynamo.symbolic_convert
 
 from objcache.integrations.torch.remote import pgo_strict
 
@@ -44,7 +45,10 @@ def loaded_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "update_automatic_dynamic",
         pgo_strict.wrap_update_automatic_dynamic(pgo.update_automatic_dynamic),
     )
+    translator = torch._dynamo.symbolic_convert.InstructionTranslator
+    monkeypatch.setattr(translator, "run", pgo_strict.wrap_run(translator.run))
     monkeypatch.setattr(pgo_strict, "_decided", set())
+    monkeypatch.setattr(pgo_strict, "_dropped", set())
     monkeypatch.setattr(pgo_strict, "_decided_in", [None])
     yield
     torch._dynamo.reset()
@@ -86,3 +90,29 @@ def test_after_a_reset_the_profile_read_again_is_decided_again(loaded_profile: N
     torch._dynamo.reset()
     assert torch.equal(torch.compile(scaled, backend="eager", fullgraph=True)(x), scaled(x))
     assert pgo_strict.counters["strict_frames_started_static"] == before + 2
+
+
+@torch._dynamo.error_on_graph_break(True)
+def _groups(n: int) -> int:
+    return math.gcd(n, 12)  # a size folded into a constant: static only
+
+
+def turns_strict(x: torch.Tensor) -> torch.Tensor:
+    return x * _groups(x.shape[0]) + 1  # strict only from the helper's call on
+
+
+def test_a_frame_that_turns_strict_inside_is_traced_again_without_the_profile(
+    loaded_profile: None,
+) -> None:
+    """``error_on_graph_break`` on a helper the frame calls: the frame's inputs were read
+    (dynamic, from the loaded profile) before the helper made it strict, so its trace fails
+    where a machine without the profile compiles static: traced again without the entry."""
+    code_id = pgo.CodeId.make(scaled.__code__, None)
+    learned = pgo.get_code_state()[code_id]
+    # the writer's profile, as if it had been learned for this frame
+    pgo._CODE_STATE[pgo.CodeId.make(turns_strict.__code__, None)] = copy.deepcopy(learned)
+    pgo._INIT_CODE_STATE[pgo.CodeId.make(turns_strict.__code__, None)] = copy.deepcopy(learned)
+    before = pgo_strict.counters["failed_frames_restarted_static"]
+    x = torch.arange(8.0)
+    assert torch.equal(torch.compile(turns_strict, backend="eager")(x), turns_strict(x))
+    assert pgo_strict.counters["failed_frames_restarted_static"] == before + 1
