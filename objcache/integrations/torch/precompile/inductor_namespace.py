@@ -34,6 +34,11 @@ from objcache.integrations.torch.precompile.traced_code import (
 
 #: The package whose classes and registries decide the code a graph compiles to.
 PACKAGE = "torch._inductor"
+#: AOTAutograd's package, read as Inductor's is (its modules' globals, classes and
+#: registries): its partitioner looks its helpers up as module globals at every call
+#: (``get_default_op_list``: which activations the backward recomputes), so a function the
+#: program put there decides the code as one put in Inductor's would.
+AOT_PACKAGE = "torch._functorch"
 
 #: torch's function namespaces that torch's own Python reads while AOTAutograd traces
 #: (``F.layer_norm`` calls ``torch.layer_norm``, ``F.dropout`` ``torch._VF.dropout``,
@@ -79,6 +84,7 @@ OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__f
 #: classes key some of its registries): theirs are part of the release, not the program's.
 TORCH_DEPENDENCIES = frozenset(
     {"sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock", "fsspec", "triton"}
+    | {"torchgen"}  # torch's own code generator, shipped in its wheel beside it
     | {"typing_extensions", "numpy", "setuptools", "pkg_resources", "_distutils_hack"}
 )
 
@@ -99,9 +105,9 @@ _scanned: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
 
 
 def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
-    """The namespaces of Inductor's loaded modules (their globals and the dicts of the
-    classes they define), and their module-level containers (each once, less the tables
-    and settings read elsewhere)."""
+    """The namespaces of Inductor's and AOTAutograd's loaded modules (their globals and the
+    dicts of the classes they define), and their module-level containers (each once, less
+    the tables and settings read elsewhere)."""
     loaded = len(sys.modules)
     with _lock:
         if _layout and _layout[0][0] == loaded:
@@ -110,7 +116,7 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
     namespaces: list[tuple[str, dict[str, Any]]] = []
     registries: list[tuple[str, Any]] = []
     for name, module in sorted(list(sys.modules.items())):
-        if module is None or not (name == PACKAGE or name.startswith(PACKAGE + ".")):
+        if module is None or not (_in(name, PACKAGE) or _in(name, AOT_PACKAGE)):
             continue
         if name.startswith(COMPILED_MODULES):
             continue  # a compiled graph's own code (one per kernel), not the compiler's
@@ -128,6 +134,10 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
     with _lock:
         _layout[:] = [(loaded, namespaces, registries)]
     return namespaces, registries
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def _function_namespaces() -> list[tuple[str, dict[str, Any]]]:

@@ -216,6 +216,34 @@ def test_a_function_of_a_torch_module_a_namespace_holds_is_named() -> None:
     assert _fresh() == ()
 
 
+def test_a_helper_of_aotautograd_s_partitioner_the_program_replaced_is_named() -> None:
+    """AOTAutograd's partitioner looks its helpers up as module globals at every call: a
+    program's ``get_default_op_list`` (nothing recomputed in the backward) decides which
+    activations are saved, so the compiled forward and backward (the twenty-fifth review,
+    bfloat16: served the writer's code, torch with one cache folder too). Named in every
+    graph's key while in place; torch's own package and the code generator torch ships
+    beside it (``torchgen``) are not the program's."""
+    import torch._functorch.partitioners as partitioners
+
+    original = partitioners.get_default_op_list
+
+    def never_recompute() -> Any:
+        ops = original()
+        ops.recomputable_ops = set()
+        return ops
+
+    assert _fresh() == ()
+    try:
+        partitioners.get_default_op_list = never_recompute
+        label = "torch_function:torch._functorch.partitioners.get_default_op_list"
+        assert list(dict(_fresh())) == [label]
+        gm = torch.fx.symbolic_trace(lambda x: torch.sin(x))
+        assert label in dict(custom_ops.graph_identity(gm))
+    finally:
+        partitioners.get_default_op_list = original
+    assert _fresh() == ()
+
+
 def test_a_method_pointed_at_another_of_torch_s_is_named_and_a_wrapper_of_torch_s_is_not() -> None:
     """``CppOverrides.sigmoid = CppOverrides.tanh``: torch's own code, so no reading of the
     program's finds it; it differs from the copy of the class taken as its module was
