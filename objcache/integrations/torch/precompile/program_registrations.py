@@ -130,9 +130,10 @@ _config_names: dict[str, tuple[str, ...]] = {}
 def config_callables() -> tuple[tuple[str, str], ...]:
     """``((f"config:{module}.{name}", identity), ...)`` for the program's functions and
     objects set in torch's compiler settings (``config.post_grad_custom_post_pass =
-    MyPass()``): torch keys such a pass by the ``uuid()`` it returns, which says nothing of
-    what it reads; here, by what it runs. Read at every key (a ``config.patch`` changes
-    them); about 35 entries."""
+    MyPass()``, ``config.external_matmul.append(fn)``): torch keys such a pass by the
+    ``uuid()`` it returns, which says nothing of what it reads; here, by what it runs. Read
+    at every key (a ``config.patch`` changes them): the settings named like a pass, those
+    whose default is a container, and those the program set."""
     found: list[tuple[str, str]] = []
     for module_name in _CONFIG_MODULES:
         module = sys.modules.get(module_name)
@@ -141,9 +142,16 @@ def config_callables() -> tuple[tuple[str, str], ...]:
             continue
         names = _config_names.get(module_name)
         if names is None:
-            names = tuple(k for k in entries if any(w in k.lower() for w in _CONFIG_WORDS))
+            # by name, and each entry whose default is a container (one appended to in place,
+            # ``config.external_matmul.append(fn)``, is not an override)
+            names = tuple(
+                k
+                for k, entry in entries.items()
+                if any(w in k.lower() for w in _CONFIG_WORDS)
+                or isinstance(getattr(entry, "default", None), (list, dict, set))
+            )
             _config_names[module_name] = names
-        for name in names:
+        for name in dict.fromkeys((*names, *_overridden(entries))):
             try:
                 value = getattr(module, name)
             except Exception:
@@ -155,6 +163,20 @@ def config_callables() -> tuple[tuple[str, str], ...]:
                 found.append((f"config:{module_name}.{name}", named))
     found.extend(choices_identity())
     return tuple(found)
+
+
+def _overridden(entries: dict[str, Any]) -> list[str]:
+    """The settings the program set (``config.x = ...``, a ``config.patch``): only they can
+    hold the program's objects, whatever their names (torch's defaults are torch's)."""
+    unset = getattr(sys.modules.get("torch.utils._config_module"), "_UNSET_SENTINEL", None)
+    found: list[str] = []
+    for name, entry in entries.items():
+        held = getattr(entry, "user_override", unset)
+        get = getattr(held, "get", None)  # torch >= 2.13: a context variable
+        with contextlib.suppress(Exception):
+            if (get() if callable(get) else held) is not unset:
+                found.append(name)
+    return found
 
 
 def choices_identity() -> list[tuple[str, str]]:

@@ -190,3 +190,27 @@ def test_the_program_s_inductor_heuristics_are_named(tmp_path: Path) -> None:
             "config:inductor_choices:config"
         ]
     assert program_registrations.choices_identity() == []
+
+
+def test_the_program_s_functions_in_any_setting_are_named() -> None:
+    """``config.external_matmul.append(fn)`` (a list setting appended to in place, whose name
+    says nothing of a pass): the program's matmul joins Inductor's autotuning choices, which
+    no key of torch's names; named while it is there, whatever the setting's name."""
+    from torch._inductor import config
+
+    scale = {"value": 1.0}
+
+    def matmul(a: Any, b: Any, out: Any) -> None:
+        out.copy_((a @ b) * scale["value"])
+
+    label = "config:torch._inductor.config.external_matmul"
+    assert label not in dict(program_registrations.config_callables())
+    config.external_matmul.append(matmul)
+    try:
+        named = dict(program_registrations.config_callables())
+        assert label in named
+        scale["value"] = 2.0
+        assert dict(program_registrations.config_callables())[label] != named[label]
+    finally:
+        config.external_matmul.remove(matmul)
+    assert label not in dict(program_registrations.config_callables())
