@@ -217,11 +217,37 @@ def _compilers_given(aot_config: Any) -> dict[str, Any]:
     return given
 
 
+def register_external_matmuls() -> None:
+    """Register the program's ``config.external_matmul`` kernels as Inductor's lowering does
+    (``extern_kernels.<name>``, never raises). Inductor registers them only while it lowers
+    a matmul, and code it compiled calls one there by name when it chose it: a process served
+    that code from a cache never lowered, and the call raised ``AttributeError`` (a crash
+    where a fresh compile runs; torch with one shared cache folder does the same). Done
+    before a graph's key is read: the key names these functions by what they compute
+    (``config:``), so the code served calls this process's same functions."""
+    config = sys.modules.get("torch._inductor.config")
+    kernels = list(getattr(config, "external_matmul", None) or ())
+    if not kernels:
+        return
+    try:
+        import importlib
+
+        register = importlib.import_module("torch._inductor.kernel.mm").lazy_register_extern_choice
+    except Exception:
+        return
+    for kernel in kernels:
+        try:
+            register(kernel)
+        except Exception:
+            counters["external_matmul_unregistered"] += 1
+
+
 def _wrap_details_init(original: Callable[..., None]) -> Any:
     def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
         original(self, gm, *args, **kwargs)
         if FIELD in self.__dict__:
             return
+        register_external_matmuls()
         try:
             ops = graph_identity(gm, args[0] if args else kwargs.get("example_inputs", ()))
             ops += compilers_identity(args[1] if len(args) > 1 else kwargs.get("aot_config"))

@@ -339,6 +339,27 @@ def test_a_tensor_subclass_a_subgraph_makes_is_in_its_identity() -> None:
     assert one == keyed(1.0)
 
 
+def test_the_program_s_external_matmuls_are_registered_before_a_key_is_read() -> None:
+    """Code Inductor compiled with the program's ``config.external_matmul`` kernel calls it as
+    ``extern_kernels.<name>``, registered only while Inductor lowers a matmul: a process
+    served that code never lowered and crashed on the call (the twenty-sixth review; torch
+    with one shared cache folder too). A key read registers them as lowering would."""
+    from torch._inductor import config
+    from torch._inductor.select_algorithm import extern_kernels
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    def objcache_test_fast_mm(a: Any, b: Any, out: Any) -> None:
+        torch.mm(a, b, out=out)
+
+    assert not hasattr(extern_kernels, "objcache_test_fast_mm")
+    custom_ops.register_external_matmuls()  # nothing set: nothing registered
+    assert not hasattr(extern_kernels, "objcache_test_fast_mm")
+    with config.patch(external_matmul=[objcache_test_fast_mm]):
+        custom_ops.register_external_matmuls()
+    assert extern_kernels.objcache_test_fast_mm is objcache_test_fast_mm
+
+
 def test_the_program_s_entry_in_inductor_s_decompositions_keys_every_graph() -> None:
     """A decomposition the program put in Inductor's table runs for every graph using the
     op, which no key of torch's names: it keys every graph while it is there."""
