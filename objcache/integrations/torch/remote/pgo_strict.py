@@ -15,6 +15,12 @@ as a decorator of a helper it calls, or a ``with`` block inside it): its trace t
 where a static one would not. So a frame whose trace fails with a graph-break error
 (``Unsupported``) while it holds its loaded entry is traced again without it (torch's own
 restart of a frame's analysis), once: what a machine without the profile does.
+
+And a Python scalar argument (an ``int``) a loaded profile marks dynamic starts static in
+every frame: traced as a symbol, the program's integer arithmetic on it runs in the kernel
+in 64 bits, where a static compile folds Python's exact integer (``x + n ** 5`` at n=7000
+wraps around; a 64-bit hash of ``n`` raises ``OverflowError``). The process makes it dynamic
+itself once it sees the argument change, as torch does on a fresh machine.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from objcache.integrations.torch.remote.remote_cache_classes import counters
 
 #: ``counters``: the torch hooks' own (``stats()["hooks"]``): ``strict_frames_started_static``,
 #: loaded profile entries a strict frame did not take; ``failed_frames_restarted_static``,
-#: frames traced again without theirs.
+#: frames traced again without theirs; ``loaded_scalars_started_static``, scalar inputs a
+#: loaded profile marked dynamic, traced static first.
 __all__ = ["counters", "wrap_run", "wrap_update_automatic_dynamic"]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
@@ -37,6 +44,8 @@ _decided: set[Any] = set()
 _decided_in: list[Any] = [None]
 #: The frames whose loaded entry was dropped (either way), in that same profile.
 _dropped: set[Any] = set()
+#: (CodeId, input name) whose loaded scalar entry was decided on, in that same profile.
+_scalars_decided: set[tuple[Any, str]] = set()
 
 
 def _strict(tx: Any) -> bool:
@@ -51,6 +60,7 @@ def _frame(tx: Any) -> tuple[Any, Any, Any]:
     if state is not _decided_in[0]:
         _decided.clear()
         _dropped.clear()
+        _scalars_decided.clear()
         _decided_in[0] = state
     return pgo, state, pgo.CodeId.make(tx.f_code, tx.closure)
 
@@ -73,6 +83,24 @@ def _start_static(tx: Any) -> None:
     _decided.add(code_id)
     if _drop(pgo, state, code_id):
         counters["strict_frames_started_static"] += 1
+
+
+def _scalar_starts_static(tx: Any, name: str) -> None:
+    """A scalar input the loaded profile marks dynamic starts static (once per input)."""
+    pgo, state, code_id = _frame(tx)
+    if (code_id, name) in _scalars_decided:
+        return
+    _scalars_decided.add((code_id, name))
+    loaded = pgo._INIT_CODE_STATE
+    held = None if loaded is None or code_id not in loaded else loaded[code_id]
+    was = None if held is None else held.automatic_dynamic.get(name)
+    if was is None or was.scalar is not pgo.auto_dynamic:
+        return
+    frame = state.get(code_id)
+    now = None if frame is None else frame.automatic_dynamic.get(name)
+    if now is not None and now.scalar is pgo.auto_dynamic:
+        now.scalar = pgo.auto_unset
+        counters["loaded_scalars_started_static"] += 1
 
 
 def _restart_static(tx: Any, error: BaseException) -> BaseException | None:
@@ -116,11 +144,12 @@ def wrap_update_automatic_dynamic(original: Callable[..., Any]) -> Callable[...,
     traced), with a strict frame's loaded entry dropped before torch reads it."""
 
     def update_automatic_dynamic(tx: Any, name: str, entry: Any, **kwargs: Any) -> Any:
-        if _strict(tx):
-            try:
+        try:
+            if _strict(tx):
                 _start_static(tx)
-            except Exception:  # torch's own profile as it stands: never fail a compile
-                counters["errors:pgo_strict"] += 1
+            _scalar_starts_static(tx, name)
+        except Exception:  # torch's own profile as it stands: never fail a compile
+            counters["errors:pgo_strict"] += 1
         return original(tx, name, entry, **kwargs)
 
     return marked(update_automatic_dynamic, original)

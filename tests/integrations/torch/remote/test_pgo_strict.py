@@ -116,3 +116,38 @@ def test_a_frame_that_turns_strict_inside_is_traced_again_without_the_profile(
     x = torch.arange(8.0)
     assert torch.equal(torch.compile(turns_strict, backend="eager")(x), turns_strict(x))
     assert pgo_strict.counters["failed_frames_restarted_static"] == before + 1
+
+
+def with_count(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x + n * n * n * n * n  # exact in Python; 64-bit in a kernel where n is a symbol
+
+
+def test_a_scalar_the_loaded_profile_marks_dynamic_starts_static(
+    loaded_profile: None,
+) -> None:
+    """A writer called the frame with n=2 then n=3 (the profile marks ``n`` dynamic); a new
+    machine's first call traces ``n`` as a constant, as a machine without the profile does
+    (a symbol's arithmetic runs in 64 bits in Inductor's kernels: at n=7000 it wraps
+    around); a second value in the process makes it dynamic, torch's own way."""
+    from torch._dynamo.pgo import FrameStateSizeEntry, auto_dynamic
+
+    code_id = pgo.CodeId.make(with_count.__code__, None)
+    pgo.get_code_state()  # the profile read at first use, as torch reads the store's
+    for state in (pgo._CODE_STATE, pgo._INIT_CODE_STATE):
+        state[code_id] = pgo.CodeState()
+        state[code_id].automatic_dynamic["L['n']"] = FrameStateSizeEntry(scalar=auto_dynamic)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    before = pgo_strict.counters["loaded_scalars_started_static"]
+    compiled = torch.compile(with_count, backend=backend)
+    x = torch.ones(2)
+    assert torch.equal(compiled(x, 7000), with_count(x, 7000))
+    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 1  # n folded into the graph: a constant, not an input
+    assert pgo_strict.counters["loaded_scalars_started_static"] == before + 1
+    assert torch.equal(compiled(x, 3), with_count(x, 3))  # a second value: torch's own way
+    assert len(graphs) == 2
