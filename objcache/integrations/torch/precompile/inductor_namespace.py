@@ -137,6 +137,7 @@ def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
 
 
 def _in(name: str, package: str) -> bool:
+    """Whether module ``name`` is ``package`` or one of its modules."""
     return name == package or name.startswith(package + ".")
 
 
@@ -161,7 +162,7 @@ def _function_namespaces() -> list[tuple[str, dict[str, Any]]]:
                 and isinstance(held, dict)
                 and id(held) not in seen
                 and (held_name == "torch" or held_name.startswith("torch."))
-                and not (held_name == PACKAGE or held_name.startswith(PACKAGE + "."))
+                and not _in(held_name, PACKAGE)
             ):
                 seen.add(id(held))
                 found.append((held_name, held))
@@ -327,7 +328,7 @@ def remember_release(finished: str = "") -> None:
     for name, module in sorted(list(sys.modules.items())):
         if module is None or name.startswith(COMPILED_MODULES):
             continue
-        if not (name == PACKAGE or name.startswith(PACKAGE + ".")):
+        if not _in(name, PACKAGE):
             continue
         if name == finished or not initializing(module):
             remember_module(module)
@@ -346,7 +347,7 @@ def remember_module(module: Any) -> None:
     zero-code path's import watcher: the program may import a code generator and re-point
     one of its methods before any compile)."""
     name = getattr(module, "__name__", "")
-    if not (name == PACKAGE or name.startswith(PACKAGE + ".")) or name.startswith(COMPILED_MODULES):
+    if not _in(name, PACKAGE) or name.startswith(COMPILED_MODULES):
         return
     module_dict = vars(module)
     namespaces, registries = _module_layout(name, module_dict)
@@ -473,7 +474,7 @@ def _scan_namespace(where: str, namespace: Any) -> list[tuple[str, Any]]:
 
 
 def _label(where: str) -> str:
-    return "inductor" if where == PACKAGE or where.startswith(PACKAGE + ".") else "torch_function"
+    return "inductor" if _in(where, PACKAGE) else "torch_function"
 
 
 #: Callables of Python's own that wrap another callable (followed to it).
