@@ -190,7 +190,7 @@ def _late_install(tmp_path: Path, cache: Path, *, edit: bool, child: bool = True
     if edit:
         program += [
             "decomposition.decompositions.pop(aten.gelu.default)",
-            "lowering.make_fallback(aten.gelu.default)",
+            "lowering.make_fallback(aten.gelu.default, warn=False)",
             "cpp.VECTORIZABLE_DTYPES.remove(torch.float64)",
         ]
     if not child:
