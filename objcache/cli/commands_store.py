@@ -375,6 +375,7 @@ def _pull_job(config: Config, tier: str | None, job: str, as_json: bool) -> None
                     progress=lambda n: progress(1, n),
                     planned=planned,
                     shard=(index, count),
+                    streamed=True,
                 )
             finally:
                 await cache.close(config.flush_timeout_s)

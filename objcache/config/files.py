@@ -71,7 +71,7 @@ def open_folder(
     return fd
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
     """The low-level write loop (tests replace it to fail mid-write)."""
     view = memoryview(data)
     while view:

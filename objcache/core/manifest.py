@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from objcache.core.read_decision import LEASED_ELSEWHERE
+from objcache.core.streamed import fetch as stream_fetch
 from objcache.core.tier import Failed
 from objcache.core.tiered import TieredCache
 from objcache.core.writes import Remote, put, write
@@ -219,6 +220,7 @@ async def prefetch(
     byte_budget: int = 0,
     timeline: PrefetchTimeline | None = None,
     shard: tuple[int, int] = (0, 1),
+    streamed: bool = False,
 ) -> dict[str, Any]:
     """Fetch every entry the job's earlier runs used into the local tier (bounded).
 
@@ -237,6 +239,9 @@ async def prefetch(
     ``shard``: (index, count): fetch only the entries whose key falls in this one of
     ``count`` shards (:func:`shard_of`; a bulk pull over a process per core,
     objcache/cli/bulk_processes.py); shard 0 compacts the job's manifests.
+    ``streamed``: nothing in this process serves the entries (``objcache pull --job``), so
+    each comes into the local tier as it arrives, a large one never whole in memory
+    (objcache/core/streamed.py); listeners are then told of none.
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = timeline or PrefetchTimeline()
@@ -273,19 +278,24 @@ async def prefetch(
                 room.clear()
                 await room.wait()
             timeline.request(okey)
-            payload, tier = await cache.get_object(
-                okey, wait=False, absent_locally=cache.local is not None
-            )
+            if streamed:
+                size, tier = await stream_fetch(cache, okey)
+                payload = None
+            else:
+                payload, tier = await cache.get_object(
+                    okey, wait=False, absent_locally=cache.local is not None
+                )
+                size = None if payload is None else len(payload)
             elsewhere += tier == LEASED_ELSEWHERE
-            size = None if payload is None else len(payload)
             timeline.arrive(okey, size, tier, elsewhere=tier == LEASED_ELSEWHERE)
-            if payload is not None:
+            if size is not None:
                 cache.stats.prefetch_fetched[tier] += 1
+            if payload is not None:
                 tell(cache, okey, payload)
             fetched_bytes += size or 0
         if progress is not None:
             progress(size or 0)
-        return payload is not None
+        return size is not None
 
     if byte_budget:
         cache.on_landed = room.set

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sized
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -43,6 +43,7 @@ from objcache.errors import (
 from objcache.observe.metrics import TierStats, log_once
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Sized)
 
 #: Share of the tier deadline a record update may spend on conflicts before it is dropped
 #: (the rest is left for the last attempt's answer, so a storm never trips the breaker).
@@ -198,13 +199,20 @@ class Tier:
     async def get(self, key: str, max_bytes: int = 0) -> tuple[bytes | None, str]:
         """``(data, "")`` on a hit, ``(None, reason)`` on a miss of any kind; an object over
         a non-zero ``max_bytes`` is a ``too_large`` miss."""
-        started = time.perf_counter()
         backend = self.backend
+        return await self.get_with(
+            key, lambda: backend.get_capped(key, max_bytes) if max_bytes else backend.get(key)
+        )
+
+    async def get_with(
+        self, key: str, read: Callable[[], Awaitable[S | None]]
+    ) -> tuple[S | None, str]:
+        """:meth:`get` of what ``read`` returns (the body, or what a body streamed elsewhere
+        left: objcache/core/streamed.py), timed and counted as a get: ``(it, "")`` on a hit,
+        ``(None, reason)`` on a miss."""
+        started = time.perf_counter()
         try:
-            data = await self.call(
-                "get",
-                lambda: backend.get_capped(key, max_bytes) if max_bytes else backend.get(key),
-            )
+            data = await self.call("get", read)
         except Failed as f:
             self.missed(key, f.reason)
             return None, f.reason

@@ -64,6 +64,8 @@ MAC_SIZE = 32
 MIN_COMPRESS = 256
 #: Refuse to allocate more than this for one entry, whatever the header claims.
 MAX_PAYLOAD = 8 << 30
+#: The most bytes a zstd frame's header takes (its content size is read from them).
+_FRAME_HEAD = 18
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,21 @@ class Codec:
         signature: bool = True,
     ) -> tuple[int, int, memoryview]:
         """Header, digest and signature checks: (codec, payload length, stored bytes)."""
+        head = self._header(view, max_payload)
+        if len(view) < head.start:
+            raise CorruptEntry("entry truncated inside its signature")
+        stored = view[head.start :]
+        self._settle(
+            head, view, _digest(okey, stored), len(stored), stored[:_FRAME_HEAD], signature
+        )
+        return head.codec, head.length, stored
+
+    def stream_check(self, okey: str, max_payload: int = MAX_PAYLOAD) -> StreamCheck:
+        """:meth:`verify` of an entry handed over in pieces (:class:`StreamCheck`)."""
+        return StreamCheck(self, okey, max_payload)
+
+    def _header(self, view: memoryview, max_payload: int) -> _Header:
+        """The fixed header's fields, checked (``view`` holds at least its first bytes)."""
         if len(view) < HEADER_SIZE:
             raise CorruptEntry(f"entry too short ({len(view)} bytes)")
         magic, version, codec, scheme, reserved, length, digest = _HEAD.unpack_from(view)
@@ -180,31 +197,104 @@ class Codec:
             raise CorruptEntry(f"declared length {length} exceeds the limit")
         if length > max_payload:
             raise OversizedEntry(f"payload of {length} bytes is over the {max_payload} cap")
-        start = HEADER_SIZE + _SIG_SIZE[scheme]
-        if len(view) < start:
-            raise CorruptEntry("entry truncated inside its signature")
-        stored = view[start:]
-        if not hmac.compare_digest(_digest(okey, stored), digest):
+        return _Header(codec, scheme, length, digest, HEADER_SIZE + _SIG_SIZE[scheme])
+
+    def _settle(
+        self,
+        head: _Header,
+        view: memoryview,
+        digest: bytes,
+        stored_size: int,
+        first: memoryview | bytes,
+        signature: bool,
+    ) -> None:
+        """The checks after the header: the stored bytes' ``digest`` (bound to the key), the
+        signature over ``view``'s header and signature bytes, and the payload length against
+        the stored bytes (``stored_size``; ``first``: their first bytes, a zstd frame's
+        header)."""
+        if not hmac.compare_digest(digest, head.digest):
             # Either damaged bytes or a valid entry of another name (substituted).
             raise CorruptEntry("digest mismatch: damaged, or stored under another key")
         if signature and self.verifies:
-            if scheme == SIG_NONE:
+            if head.scheme == SIG_NONE:
                 raise UnsignedEntry("entry is not signed and a signing key is configured")
-            if not self._signature_ok(scheme, view[:HEADER_SIZE], view[HEADER_SIZE:start]):
+            if not self._signature_ok(
+                head.scheme, view[:HEADER_SIZE], view[HEADER_SIZE : head.start]
+            ):
                 raise BadSignature("entry signature matches no configured key")
-        if codec == CODEC_RAW and len(stored) != length:
+        if head.codec == CODEC_RAW and stored_size != head.length:
             raise CorruptEntry("raw payload length mismatch")
-        if codec == CODEC_ZSTD:
+        if head.codec == CODEC_ZSTD:
             # Unsigned, the header's codec and length are outside the digest: the zstd frame
             # records its content size (inside the digest), so both are checked without
             # decompressing, and verify() refuses what decode() would.
             try:
-                framed = zstandard.frame_content_size(stored)
+                framed = zstandard.frame_content_size(first)
             except zstandard.ZstdError:
                 raise CorruptEntry("payload is not a zstd frame") from None
-            if framed != length:
+            if framed != head.length:
                 raise CorruptEntry("declared length differs from the zstd frame's")
-        return codec, length, stored
+
+
+@dataclass(frozen=True)
+class _Header:
+    codec: int
+    scheme: int
+    length: int
+    digest: bytes
+    start: int  # where the stored bytes begin (after the signature)
+
+
+class StreamCheck:
+    """:meth:`Codec.verify` of an entry that arrives in pieces (a large entry written to its
+    local file as it is received, docs/architecture.md, "Streamed entries"): :meth:`feed`
+    each piece in order, then :meth:`finish`, which raises what ``verify`` raises for the
+    whole. The header is checked as soon as it is in (a declared length over the cap stops
+    the transfer at its first piece); the stored bytes are hashed as they pass, never held.
+    Not thread-safe: one thread at a time (pieces may be fed from a worker thread)."""
+
+    def __init__(self, codec: Codec, okey: str, max_payload: int) -> None:
+        self._codec, self._max_payload = codec, max_payload
+        self._head = bytearray()
+        self._parsed: _Header | None = None
+        self._hash = _digest_start(okey)
+        self._first = bytearray()
+        self._stored = 0
+
+    def feed(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view and self._in_header():
+            want = HEADER_SIZE if self._parsed is None else self._parsed.start
+            take = want - len(self._head)
+            self._head += view[:take]
+            view = view[take:]
+            if self._parsed is None and len(self._head) == HEADER_SIZE:
+                self._parsed = self._codec._header(memoryview(self._head), self._max_payload)
+        if view:
+            if len(self._first) < _FRAME_HEAD:
+                self._first += view[: _FRAME_HEAD - len(self._first)]
+            self._hash.update(view)
+            self._stored += len(view)
+
+    @property
+    def length(self) -> int | None:
+        """The payload's length the header declares (None before the header is in)."""
+        return None if self._parsed is None else self._parsed.length
+
+    def _in_header(self) -> bool:
+        return self._parsed is None or len(self._head) < self._parsed.start
+
+    def finish(self, *, signature: bool = True) -> None:
+        """The checks that need the whole entry (digest, signature, lengths)."""
+        head = self._parsed
+        if head is None:
+            raise CorruptEntry(f"entry too short ({len(self._head)} bytes)")
+        if len(self._head) < head.start:
+            raise CorruptEntry("entry truncated inside its signature")
+        view = memoryview(bytes(self._head))
+        self._codec._settle(
+            head, view, self._hash.digest(), self._stored, bytes(self._first), signature
+        )
 
 
 #: Signature bytes after the header, per scheme.
@@ -214,11 +304,17 @@ _SIG_SIZE = {SIG_NONE: 0, SIG_HMAC: MAC_SIZE, SIG_ED25519: SIGNATURE_SIZE}
 def _digest(okey: str, stored: bytes | memoryview) -> bytes:
     """BLAKE2b-256 binding the stored bytes to their object key (length-prefixed, so no
     key/payload split is ambiguous)."""
+    h = _digest_start(okey)
+    h.update(stored)
+    return h.digest()
+
+
+def _digest_start(okey: str) -> hashlib.blake2b:
+    """:func:`_digest`'s hash with the key in, waiting for the stored bytes."""
     name = okey.encode()
     h = hashlib.blake2b(len(name).to_bytes(2, "big"), digest_size=32)
     h.update(name)
-    h.update(stored)
-    return h.digest()
+    return h
 
 
 def _mac(key: bytes, header: bytes | memoryview) -> bytes:

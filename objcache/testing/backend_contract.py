@@ -38,7 +38,7 @@ from objcache.backends.base import Backend, ObjectInfo, PutMode
 from objcache.backends.records_contract import RecordBackend
 from objcache.core.records import Change, Outcome, read_modify_write
 from objcache.entry.layout import Namespace
-from objcache.errors import InvalidKey, TransientBackendError
+from objcache.errors import EntryTooLarge, InvalidKey, TransientBackendError
 
 
 async def listed(backend: Backend, prefix: str = "") -> dict[str, int]:
@@ -105,6 +105,22 @@ async def _join_riding_out_server_errors(
     raise AssertionError("unreachable")
 
 
+class _Sink:
+    """A :class:`~objcache.backends.base.Sink` that keeps what it is handed."""
+
+    def __init__(self, in_pieces: bool) -> None:
+        self.in_pieces = in_pieces
+        self.sizes: list[int | None] = []
+        self.pieces: list[bytes] = []
+
+    async def begin(self, size: int | None) -> bool:
+        self.sizes.append(size)
+        return self.in_pieces
+
+    async def piece(self, data: bytes) -> None:
+        self.pieces.append(bytes(data))
+
+
 class BackendContract:
     """Inherit, implement :meth:`make_backend`, and every contract test runs on your backend."""
 
@@ -140,6 +156,23 @@ class BackendContract:
         assert type(got) is bytes
         assert got == data
         assert await backend.exists("rt/value") is True
+
+    @pytest.mark.parametrize("in_pieces", [True, False], ids=["in-pieces", "whole"])
+    async def test_get_into_hands_the_object_to_its_sink(
+        self, backend: Backend, in_pieces: bool
+    ) -> None:
+        """``get_into``: the object's bytes in order (in pieces where the sink asks, one
+        otherwise), the size told first where known; an absent key is False; an object
+        over the cap is refused (EntryTooLarge), one of exactly the cap is not."""
+        data = os.urandom(3 << 20)
+        assert await backend.put("into/value", data) is True
+        sink = _Sink(in_pieces)
+        assert await backend.get_into("into/value", len(data), sink) is True
+        assert b"".join(sink.pieces) == data
+        assert sink.sizes in ([len(data)], [None]) and (in_pieces or len(sink.pieces) == 1)
+        assert await backend.get_into("into/absent", len(data), _Sink(in_pieces)) is False
+        with pytest.raises(EntryTooLarge):
+            await backend.get_into("into/value", len(data) - 1, _Sink(in_pieces))
 
     async def test_create_keeps_first_value(self, backend: Backend) -> None:
         assert await backend.put("k", b"first", PutMode.CREATE) is True

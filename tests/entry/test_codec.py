@@ -59,10 +59,24 @@ def test_compressible_payload_is_compressed_and_tiny_stays_raw() -> None:
     assert PLAIN.encode(noise, OKEY)[HEADER_SIZE:] == noise
 
 
-#: Both ways of checking an entry: decoding it, and verifying it without decoding (copies).
+def streamed(codec: Codec, entry: bytes, pieces: list[int], max_payload: int = MAX_PAYLOAD) -> None:
+    """``codec.stream_check`` fed ``entry`` cut at the sizes of ``pieces`` (cycled), then
+    finished: what a large entry received in pieces goes through."""
+    check = codec.stream_check(OKEY, max_payload)
+    at = i = 0
+    while at < len(entry):
+        size = max(1, pieces[i % len(pieces)])
+        check.feed(entry[at : at + size])
+        at, i = at + size, i + 1
+    check.finish()
+
+
+#: Every way of checking an entry: decoding it, verifying it without decoding (copies), and
+#: verifying it as its pieces arrive (a large entry streamed to its local file).
 CHECKS: dict[str, Callable[[Codec, bytes], object]] = {
     "decode": lambda c, e: c.decode(e, OKEY),
     "verify": lambda c, e: c.verify(e, OKEY),
+    "streamed": lambda c, e: streamed(c, e, [1, 7, 49, 3]),
 }
 
 
@@ -104,6 +118,38 @@ def test_verify_accepts_exactly_what_decode_accepts(blob: bytes) -> None:
                     codec.verify(entry, OKEY)
             else:
                 codec.verify(entry, OKEY)
+
+
+@settings(max_examples=examples(300))
+@given(
+    st.binary(max_size=200),
+    st.lists(st.integers(min_value=1, max_value=80), min_size=1, max_size=5),
+    st.sampled_from([PLAIN, SIGNED]),
+    st.booleans(),
+    st.integers(min_value=0, max_value=300),
+)
+def test_a_streamed_check_refuses_and_accepts_exactly_what_verify_does(
+    blob: bytes, pieces: list[int], codec: Codec, encoded: bool, cap: int
+) -> None:
+    """Whatever the bytes and wherever they are cut: the same error (type and message) as
+    ``verify`` of the whole, or none; the cap of the key's kind included."""
+    entry = codec.encode(blob, OKEY) if encoded else blob
+    try:
+        codec.verify(entry, OKEY, cap)
+    except EntryError as exc:
+        with pytest.raises(type(exc)) as raised:
+            streamed(codec, entry, pieces, cap)
+        assert str(raised.value) == str(exc)
+    else:
+        streamed(codec, entry, pieces, cap)
+
+
+def test_a_streamed_check_refuses_a_declared_length_over_the_cap_at_its_first_piece() -> None:
+    """A transfer of an entry too big for its kind stops as its header arrives."""
+    entry = PLAIN.encode(os.urandom(1000), OKEY)
+    check = PLAIN.stream_check(OKEY, 999)
+    with pytest.raises(OversizedEntry):
+        check.feed(entry[:HEADER_SIZE])
 
 
 @settings(max_examples=examples(300))

@@ -112,6 +112,19 @@ class Backend(abc.ABC):
             check_size(len(data), max_bytes)
         return data
 
+    async def get_into(self, key: str, max_bytes: int, sink: Sink) -> bool:
+        """:meth:`get_capped` handed to ``sink``: whether the object was there. The body goes
+        to ``sink.piece`` whole, or in pieces as it arrives where ``sink.begin`` (told the
+        size, where the protocol tells it first) asks for that; the pieces then add up to
+        the whole object or the call raises (docs/architecture.md, "Streamed entries").
+        Backends whose protocol streams bodies override this; the others hand them whole."""
+        data = await self.get_capped(key, max_bytes)
+        if data is None:
+            return False
+        await sink.begin(len(data))
+        await sink.piece(data)
+        return True
+
     @abc.abstractmethod
     async def put(self, key: str, data: bytes, mode: PutMode = PutMode.CREATE) -> bool:
         """Store ``data``. Returns False only when ``mode`` is CREATE and the key existed."""
@@ -137,6 +150,35 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+
+class Sink(Protocol):
+    """Where :meth:`Backend.get_into` hands an object's body."""
+
+    async def begin(self, size: int | None) -> bool:
+        """The body is about to come, of ``size`` bytes where known: whether to hand it in
+        pieces as it arrives (True) or whole, in one :meth:`piece` (False)."""
+        ...
+
+    async def piece(self, data: bytes) -> None:
+        """The next bytes of the body."""
+        ...
+
+
+class PendingWrite(Protocol):
+    """An entry being written to a local store in pieces (:meth:`LocalStore.open_write`);
+    each method is blocking, for a worker thread, one thread at a time."""
+
+    size: int
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``."""
+
+    def publish(self, mode: PutMode) -> bool:
+        """Make the written bytes the entry (as :meth:`Backend.put` would); whether stored."""
+
+    def discard(self) -> None:
+        """Drop what was written; the entry is untouched."""
 
 
 @runtime_checkable
@@ -187,3 +229,21 @@ class LocalStore(Protocol):
         """:meth:`Backend.put`, then ``then(stored)`` in the same worker-thread hop
         (``then(False)`` when the write raised): a write-through lets its node lease go
         there, saving the waiting processes a hop (docs/architecture.md)."""
+
+
+@runtime_checkable
+class WritesInPieces(Protocol):
+    """What a local store offers to write a large entry as it arrives (``disk://`` does):
+    one piece at a time, never the whole in memory (docs/architecture.md, "Streamed
+    entries")."""
+
+    async def open_write(self, key: str) -> PendingWrite:
+        """An entry of ``key`` to write in pieces, published whole or not at all."""
+        ...
+
+    async def publish_then(
+        self, pending: PendingWrite, mode: PutMode, then: Callable[[bool], None] | None
+    ) -> bool:
+        """``pending.publish(mode)``, then ``then(stored)`` in the same worker-thread hop, as
+        :meth:`put_then` (and accounted as its write would be)."""
+        ...

@@ -141,6 +141,65 @@ def _unlink_quietly(name: str, directory: int) -> None:
         os.unlink(name, dir_fd=directory)
 
 
+class PendingWrite:
+    """An entry being written into its temp file, in pieces (:meth:`write`, in order), then
+    :meth:`publish`-ed under its name as :meth:`FsStore.write` publishes, or :meth:`discard`-ed:
+    either way the temp file and the folder's descriptor are let go of, so nothing partial is
+    ever visible (a large entry received from a remote tier is written as it arrives,
+    docs/architecture.md, "Streamed entries"). One thread at a time."""
+
+    def __init__(self, store: FsStore, rel: str, name: str, directory: int, tmp: str, fd: int):
+        self._store, self._rel, self._name = store, rel, name
+        self.key = f"{rel}/{name}" if rel else name
+        self._directory, self._tmp, self._fd = directory, tmp, fd
+        self.size = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        _write_all(self._fd, data)
+        self.size += len(data)
+
+    def publish(self, mode: PutMode) -> bool:
+        """Whether the entry is now stored under its name (CREATE: False when another
+        writer got there first)."""
+        directory, tmp, name = self._directory, self._tmp, self._name
+        published = False
+        try:
+            try:
+                if self._store.fsync:
+                    os.fsync(self._fd)
+            finally:
+                self._close_file()
+            if mode is PutMode.OVERWRITE:
+                os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                published = True
+                return True
+            published = self._store._publish_create(directory, tmp, name)
+            return published
+        finally:
+            if not (published and mode is PutMode.OVERWRITE):
+                _unlink_quietly(tmp, directory)
+            self._store._maybe_sweep(self._rel, directory)
+            self._close_folder()
+
+    def discard(self) -> None:
+        """Drop the temp file (a piece failed, or what arrived did not verify)."""
+        try:
+            self._close_file()
+            _unlink_quietly(self._tmp, self._directory)
+        finally:
+            self._close_folder()
+
+    def _close_file(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _close_folder(self) -> None:
+        directory, self._directory = self._directory, -1
+        if directory >= 0:
+            os.close(directory)
+
+
 #: The one ``openat2`` of this process: where it turns out unusable, every read walks.
 _openat2 = OpenAt2()
 
@@ -282,27 +341,20 @@ class FsStore(FsFolders):
         return st
 
     def write(self, key: str, data: bytes, mode: PutMode) -> bool:
+        pending = self.open_write(key)
+        try:
+            pending.write(data)
+        except BaseException:
+            pending.discard()
+            raise
+        return pending.publish(mode)
+
+    def open_write(self, key: str) -> PendingWrite:
+        """An entry of ``key`` written in pieces (:class:`PendingWrite`): its temp file, in
+        the key's folder (created as needed)."""
         rel, _, name = key.rpartition("/")
         directory, tmp, fd = self._open_temp(rel)
-        published = False
-        try:
-            try:
-                _write_all(fd, data)
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            if mode is PutMode.OVERWRITE:
-                os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
-                published = True
-                return True
-            published = self._publish_create(directory, tmp, name)
-            return published
-        finally:
-            if not (published and mode is PutMode.OVERWRITE):
-                _unlink_quietly(tmp, directory)
-            self._maybe_sweep(rel, directory)
-            os.close(directory)
+        return PendingWrite(self, rel, name, directory, tmp, fd)
 
     def _open_temp(self, rel: str) -> tuple[int, str, int]:
         """(folder fd, temp name, temp fd) in the folder ``rel``, created as needed."""

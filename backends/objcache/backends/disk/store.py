@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from objcache.backends.base import PutMode, TierSpec
+from objcache.backends.base import PendingWrite, PutMode, TierSpec
 from objcache.backends.fs import FsBackend, os_error
 from objcache.backends.fs_folders import check_key
 from objcache.backends.fs_store import FsStore
+from objcache.backends.fs_store import PendingWrite as FsPendingWrite
 from objcache.backends.options import opt_int
 from objcache.errors import BackendError
 
@@ -39,9 +41,20 @@ def _write_then(
     store: FsStore, key: str, data: bytes, mode: PutMode, then: Callable[[bool], None] | None
 ) -> bool:
     """``store.write``, then ``then(stored)`` whatever happened (False if it raised)."""
+    return _then(functools.partial(store.write, key, data, mode), then)
+
+
+def _publish_then(
+    pending: FsPendingWrite, mode: PutMode, then: Callable[[bool], None] | None
+) -> bool:
+    """``pending.publish``, then ``then(stored)`` whatever happened (False if it raised)."""
+    return _then(functools.partial(pending.publish, mode), then)
+
+
+def _then(store: Callable[[], bool], then: Callable[[bool], None] | None) -> bool:
     stored = False
     try:
-        stored = store.write(key, data, mode)
+        stored = store()
         return stored
     finally:
         if then is not None:
@@ -187,6 +200,25 @@ class DiskBackend(FsBackend):
         if self.max_bytes:
             if stored:
                 self._index.seen(key, len(data), time.time())
+            self._kick()
+        return stored
+
+    async def open_write(self, key: str) -> PendingWrite:
+        """An entry of ``key`` written in pieces (see
+        :class:`~objcache.backends.base.WritesInPieces`); each piece's write raises
+        ``OSError`` as it comes."""
+        check_key(key)
+        return await self._run(f"put {key}", self.store.open_write, key)
+
+    async def publish_then(
+        self, pending: PendingWrite, mode: PutMode, then: Callable[[bool], None] | None
+    ) -> bool:
+        """``pending.publish(mode)``, then ``then(stored)`` in the same worker-thread hop."""
+        assert isinstance(pending, FsPendingWrite)
+        stored = await self._run(f"put {pending.key}", _publish_then, pending, mode, then)
+        if self.max_bytes:
+            if stored:
+                self._index.seen(pending.key, pending.size, time.time())
             self._kick()
         return stored
 

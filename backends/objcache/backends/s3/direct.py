@@ -30,12 +30,14 @@ Error responses become botocore ``ClientError`` objects, so one classifier
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import re
 import ssl
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -45,6 +47,8 @@ from botocore import exceptions as bce
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from yarl import URL
+
+from objcache.backends.base import Sink, check_size
 
 #: Key used only to ask botocore where a bucket's objects live (never requested).
 _PROBE_KEY = "objcache-route-probe"
@@ -165,6 +169,12 @@ class SigV4:
         return {k.lower(): str(v) for k, v in request.headers.items()}
 
 
+def _check_length(received: int, expected: int | None) -> None:
+    """A GET's body is all its ``Content-Length`` said, or the answer is an error."""
+    if expected is not None and received != expected:
+        raise aiohttp.ClientPayloadError(f"response body cut short: {received} of {expected} bytes")
+
+
 def client_error(status: int, body: bytes, headers: Any, operation: str) -> bce.ClientError:
     """The ``ClientError`` botocore would raise for this error response."""
     fields = dict(_ERROR_FIELD.findall(body[:8192]))
@@ -255,6 +265,53 @@ class DirectS3:
         ``partNumber`` and ``uploadId``), signed with it. A body of
         :data:`SIGN_OFFLOAD_BYTES` or more is signed in a worker thread: over plain http
         the signature covers its SHA-256 (hashlib lets go of the GIL)."""
+        async with self._exchange(
+            method, route, name, operation, body=body, extra=extra, query=query
+        ) as response:
+            if response_headers is not None:  # e.g. the ETag of a record; names lowercased
+                response_headers.update((k.lower(), v) for k, v in response.headers.items())
+            data = await response.read()
+            if method == "GET":
+                _check_length(len(data), response.content_length)
+            return data
+
+    async def get_into(
+        self, route: Route, name: str, sink: Sink, max_bytes: int, extra: dict[str, str]
+    ) -> None:
+        """A GET whose body goes to ``sink`` (whole, or in pieces as it arrives where the
+        sink asks for that: :meth:`~objcache.backends.base.Backend.get_into`); an answer
+        over ``max_bytes`` (a ranged GET's one byte more) is refused before its body is
+        read. Errors as :meth:`request`."""
+        async with self._exchange("GET", route, name, "GetObject", extra=extra) as response:
+            expected = response.content_length
+            if expected is not None:
+                check_size(expected, max_bytes)
+            if not await sink.begin(expected):
+                data = await response.read()
+                _check_length(len(data), expected)
+                check_size(len(data), max_bytes)
+                await sink.piece(data)
+                return
+            received = 0
+            async for data in response.content.iter_any():
+                received += len(data)
+                check_size(received, max_bytes)
+                await sink.piece(data)
+            _check_length(received, expected)
+
+    @contextlib.asynccontextmanager
+    async def _exchange(
+        self,
+        method: str,
+        route: Route,
+        name: str,
+        operation: str,
+        *,
+        body: bytes | memoryview | None = None,
+        extra: dict[str, str] | None = None,
+        query: dict[str, str] | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One signed request, its 2xx response open for its body (see :meth:`request`)."""
         encoded = quote(name, safe="/~")
         if query:
             encoded += "?" + "&".join(
@@ -271,15 +328,8 @@ class DirectS3:
             method, url, headers=headers, data=body, allow_redirects=False, proxy=route.proxy
         ) as response:
             if response.status < 300:
-                if response_headers is not None:  # e.g. the ETag of a record; names lowercased
-                    response_headers.update((k.lower(), v) for k, v in response.headers.items())
-                data = await response.read()
-                expected = response.content_length
-                if method == "GET" and expected is not None and len(data) != expected:
-                    raise aiohttp.ClientPayloadError(
-                        f"response body cut short: {len(data)} of {expected} bytes"
-                    )
-                return data
+                yield response
+                return
             error = await response.read() if method != "HEAD" else b""
             exc = client_error(response.status, error, response.headers, operation)
             if 300 <= response.status < 400 or exc.response["Error"]["Code"] in _HAND_BACK_CODES:

@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore import exceptions as bce
@@ -58,6 +59,7 @@ from objcache.backends.base import (
     Backend,
     ObjectInfo,
     PutMode,
+    Sink,
     TierSpec,
     check_size,
     validate_key,
@@ -277,6 +279,35 @@ class S3Backend(Backend):
             return None
         check_size(len(found.data), max_bytes)
         return found.data
+
+    async def get_into(self, key: str, max_bytes: int, sink: Sink) -> bool:
+        """The direct path's GET hands the body to ``sink`` as it arrives (a large entry
+        streamed to its local file, docs/architecture.md, "Streamed entries"); where
+        botocore makes the call, or with no cap, the body is handed whole."""
+        client = await self._client()
+        route = await self._route(client)
+        if route is None or client.direct is None or not max_bytes:
+            return await super().get_into(key, max_bytes, sink)
+        name = self._object_name(key)
+        try:
+            await client.direct.get_into(
+                route, name, sink, max_bytes, {"range": f"bytes=0-{max_bytes}"}
+            )
+            return True
+        except Reroute:
+            client.direct.disable(self.bucket)
+            return await super().get_into(key, max_bytes, sink)
+        except bce.ClientError as exc:
+            if is_not_found(exc):
+                return False
+            if status_code(exc) == 416:  # an empty object: refused by the codec as corrupt
+                await sink.begin(0)
+                await sink.piece(b"")
+                return True
+            raise await self._fail(client.boto, exc, "get") from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            # the transfer's own failures; what the sink raises is the sink's to tell
+            raise await self._fail(client.boto, exc, "get") from exc
 
     async def _read(
         self, key: str, *, versioned: bool, byte_range: str | None = None

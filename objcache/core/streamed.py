@@ -1,0 +1,247 @@
+"""A remote entry into the local tier as it arrives (docs/architecture.md, "Streamed entries").
+
+``objcache pull --job`` (a prefetch whose entries nothing in its process serves) asks for
+each entry this way. The remote tier hands the body in pieces where it can
+(:meth:`~objcache.backends.base.Backend.get_into`); a body of :data:`STREAM_FROM` bytes or
+more goes to a temp file in the entry's local folder piece by piece, each piece through the
+entry's check on the way (:class:`~objcache.entry.codec.StreamCheck`: the header at once, the
+digest as the bytes pass), in a worker thread while the next piece arrives, and is published
+under its name only once the whole verifies; a smaller body is gathered and takes the
+ordinary way (verified whole, written through). Nothing unverified is ever under an entry's
+name, and a large entry costs a few pieces of memory, not its size twice over (the whole
+body, then its payload).
+
+Only where the answer is one remote tier's (one readable, its breaker closed) and the local
+tier writes in pieces (``disk://``); anything else is :meth:`TieredCache.get_object`'s fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from typing import TYPE_CHECKING
+
+from objcache.backends.base import PendingWrite, PutMode, WritesInPieces
+from objcache.core.fetch_once.leased_lookup import claim, let_go
+from objcache.core.fetch_once.nodelease import Lease
+from objcache.core.read_decision import REFUSED, UNSHARED, after_race, lease_outcome_of_write
+from objcache.core.tier import Tier
+from objcache.entry.codec import StreamCheck
+from objcache.errors import BackendError, EntryError
+
+if TYPE_CHECKING:
+    from objcache.core.tiered import TieredCache
+
+#: Bodies at least this big are written to their local file as they arrive.
+STREAM_FROM = 1 << 20
+#: Bytes gathered before they are handed to the writing thread.
+PIECE = 1 << 20
+
+
+class LocalWriteFailed(Exception):
+    """The local tier could not take a piece: its failure, not the remote tier's."""
+
+
+class Landing:
+    """One attempt's body (:class:`~objcache.backends.base.Sink`): gathered whole when small,
+    else checked and written piece by piece; :meth:`finish` or :meth:`discard` ends it.
+    ``len()`` is the bytes received. What refuses the entry or fails the local write
+    (not the remote tier's doing) is kept in :attr:`error` and ends the transfer."""
+
+    def __init__(self, store: WritesInPieces, check: StreamCheck, okey: str) -> None:
+        self._store, self._check, self._okey = store, check, okey
+        self.whole = b""
+        self.pending: PendingWrite | None = None
+        self.error: EntryError | LocalWriteFailed | None = None
+        self._received = 0
+        self._held: list[tuple[bytes, bool]] = []
+        self._held_bytes = 0
+        self._writing: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return self._received
+
+    async def begin(self, size: int | None) -> bool:
+        if size is None or size < STREAM_FROM:
+            return False
+        try:
+            self.pending = await self._store.open_write(self._okey)
+        except (BackendError, OSError) as exc:
+            raise LocalWriteFailed(str(exc)) from exc
+        return True
+
+    async def piece(self, data: bytes) -> None:
+        self._received += len(data)
+        if self.pending is None:
+            self.whole += data
+            return
+        # the header is checked on arrival (a refusal stops the transfer at its first
+        # piece); later pieces are checked in the writing thread
+        checked = self._check.length is None
+        if checked:
+            self._check.feed(data)
+        self._held.append((data, checked))
+        self._held_bytes += len(data)
+        if self._held_bytes >= PIECE:
+            await self._hand_over()
+
+    async def _hand_over(self) -> None:
+        """Give the held pieces to a worker thread, once the previous hand-over is done."""
+        if self._writing is not None:
+            await self._writing
+        pieces, self._held, self._held_bytes = self._held, [], 0
+        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, pieces))
+
+    def _write(self, pieces: list[tuple[bytes, bool]]) -> None:
+        assert self.pending is not None
+        for data, checked in pieces:
+            if not checked:
+                self._check.feed(data)
+            try:
+                self.pending.write(data)
+            except OSError as exc:
+                raise LocalWriteFailed(str(exc)) from exc
+
+    async def finish(self) -> int:
+        """Every piece written and the whole verified (raises the entry's error): the
+        payload's length."""
+        await self._hand_over()
+        assert self._writing is not None
+        await self._writing
+        self._check.finish()
+        assert self._check.length is not None
+        return self._check.length
+
+    async def discard(self) -> None:
+        """Drop what was written (the attempt failed or the entry did not verify)."""
+        if self._writing is not None:
+            with contextlib.suppress(Exception):
+                await self._writing
+        if self.pending is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.pending.discard)
+            self.pending = None
+
+
+def only_remote(cache: TieredCache) -> Tier | None:
+    """The one remote tier a fetch asks (one readable, its breaker closed), or None."""
+    readable = [t for t in cache.remotes if t.readable]
+    if len(readable) != 1 or readable[0].breaker_open():
+        return None
+    return readable[0]
+
+
+async def fetch(cache: TieredCache, okey: str) -> tuple[int | None, str]:
+    """``(bytes fetched, tier)`` of a prefetched entry nothing in this process serves, as
+    ``cache.get_object(okey, wait=False, absent_locally=True)`` answers it but without the
+    payload: ``(None, LEASED_ELSEWHERE)`` for a key another process of the node fetches,
+    ``(None, "")`` on a miss. A lookup of the same key in this process meanwhile does not
+    join it (``objcache pull --job`` makes none)."""
+    tier = only_remote(cache)
+    store = cache.local_store
+    if tier is None or cache.local is None or not isinstance(store, WritesInPieces):
+        payload, name = await cache.get_object(okey, wait=False, absent_locally=True)
+        return (None if payload is None else len(payload)), name
+    lease: Lease | None = None
+    if cache.leases is not None and cache.local_store is not None:
+        verify = functools.partial(cache.verify, cache.local)
+        found, lease, elsewhere = await claim(
+            cache.leases, cache.local_store, cache.local, cache.stats, verify, okey,
+            wait=False, absent_locally=True,
+        )  # fmt: skip
+        if found is not None:
+            return len(found), cache.local.name
+        if elsewhere is not None:
+            return None, elsewhere
+    try:
+        landed = await _land(cache, tier, store, okey, lease)
+    except BaseException:
+        if lease is not None:
+            await lease.release(UNSHARED)
+        raise
+    if landed is None:
+        return None, ""
+    cache.recorded.add(okey)
+    return landed, tier.name
+
+
+async def _land(
+    cache: TieredCache, tier: Tier, store: WritesInPieces, okey: str, lease: Lease | None
+) -> int | None:
+    """The entry's bytes from ``tier`` into the local tier: how many, or None (a miss,
+    counted; the lease, if held, let go of with the miss's outcome)."""
+    cap = cache.cap(okey)
+    landing: Landing | None = None
+
+    async def attempt() -> Landing | None:
+        nonlocal landing
+        if landing is not None:  # a retried attempt starts over
+            await landing.discard()
+        landing = Landing(store, cache.codec.stream_check(okey, cap), okey)
+        found = False
+        try:
+            found = await tier.backend.get_into(okey, cap, landing)
+        except (EntryError, LocalWriteFailed) as exc:
+            landing.error = exc  # the tier answered: not a failure of its own
+        return landing if found or landing.error is not None else None
+
+    try:
+        got, reason = await tier.get_with(okey, attempt)
+        if got is not None:
+            size = await _settle(cache, tier, store, okey, got, lease)
+            if size is not None:
+                return size
+            reason = REFUSED
+    finally:
+        if landing is not None:
+            await landing.discard()
+    if lease is not None:
+        then = after_race(False, [reason], [], local=True, leased=True, read_only=cache.read_only)
+        if then.release is not None:
+            await lease.release(then.release)
+    return None
+
+
+async def _settle(
+    cache: TieredCache,
+    tier: Tier,
+    store: WritesInPieces,
+    okey: str,
+    landing: Landing,
+    lease: Lease | None,
+) -> int | None:
+    """What an attempt received, verified and in the local tier: its payload's length, or
+    None (refused, or the local write failed: counted)."""
+    try:
+        if landing.error is not None:
+            raise landing.error
+        if landing.pending is None:  # a small body: verified whole and written through
+            payload = await cache.verify(tier, okey, landing.whole)
+            if payload is None:
+                return None
+            tier.hit(okey)
+            await cache.write_through(okey, landing.whole, lease)
+            return len(payload)
+        length = await landing.finish()
+    except EntryError as exc:
+        tier.refused(okey, exc)
+        return None
+    except LocalWriteFailed:
+        assert cache.local is not None
+        cache.local.put_skipped("error")
+        return None
+    tier.hit(okey)
+    pending, landing.pending = landing.pending, None
+    then = None if lease is None else functools.partial(let_go, lease)
+    stored = False
+    try:
+        stored = await store.publish_then(pending, PutMode.OVERWRITE, then)
+    except (BackendError, OSError):
+        assert cache.local is not None
+        cache.local.put_skipped("error")
+    if stored:
+        cache.stats.write_through += 1
+    if lease is not None:
+        await lease.release(lease_outcome_of_write(stored))
+    return length if stored else None

@@ -1,0 +1,182 @@
+"""A remote entry into the local tier as it arrives (objcache/core/streamed.py): whole and
+verified, or nothing under its name; memory a few pieces, not the entry."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from objcache.backends import fs_store
+from objcache.backends.base import Sink
+from objcache.core import manifest, streamed
+from objcache.core.fetch_once.nodelease import NodeLeases
+from objcache.core.manifest import Manifest
+from objcache.core.tiered import TieredCache
+from objcache.errors import TransientBackendError
+from tests.support.memory_backend import MemoryBackend
+from tests.support.tiers import CODEC, NS, disk_tier, tier
+
+PIECE = 64 << 10
+
+
+class Streaming(MemoryBackend):
+    """A store whose bodies arrive in pieces of :data:`PIECE` bytes, as a network store's
+    do; ``fail_after`` pieces of the next call, the connection is reset (once)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.fail_after: int | None = None
+        self.handed = 0
+
+    async def get_into(self, key: str, max_bytes: int, sink: Sink) -> bool:
+        await self._enter("get")
+        data = self.data.get(key)
+        if data is None:
+            return False
+        if not await sink.begin(len(data)):
+            await sink.piece(data)
+            return True
+        for at in range(0, len(data), PIECE):
+            if self.fail_after is not None and at // PIECE == self.fail_after:
+                self.fail_after = None
+                raise TransientBackendError("connection reset mid-body", tier=self.name)
+            self.handed += 1
+            await sink.piece(data[at : at + PIECE])
+        return True
+
+
+def streaming_cache(root: Path) -> tuple[TieredCache, Streaming]:
+    remote = tier("mem://store")
+    store = Streaming("mem://store")
+    remote.backend = store
+    local = disk_tier(root / "local")
+    leases = NodeLeases(str(root / "local"), hold_s=30)
+    return TieredCache(local, [remote], CODEC, NS, leases=leases), store
+
+
+def entry_in(store: MemoryBackend, key: str, payload: bytes) -> tuple[str, bytes]:
+    okey = NS.object_key("fx-graph", key)
+    store.data[okey] = CODEC.encode(payload, okey)
+    return okey, store.data[okey]
+
+
+def on_disk(root: Path, okey: str) -> bytes | None:
+    path = root / "local" / okey
+    return path.read_bytes() if path.exists() else None
+
+
+def temp_files(root: Path) -> list[str]:
+    return [
+        name
+        for _, _, names in os.walk(root / "local")
+        for name in names
+        if name.startswith(fs_store.TMP_PREFIX)
+    ]
+
+
+async def test_a_large_entry_lands_whole_and_verified_piece_by_piece(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    payload = os.urandom(3 << 20)
+    okey, entry = entry_in(store, "big", payload)
+    assert await streamed.fetch(cache, okey) == (len(payload), "mem://store")
+    assert on_disk(tmp_path, okey) == entry
+    assert store.handed == -(-len(entry) // PIECE)  # in pieces, never whole
+    assert cache.stats.write_through == 1 and cache.remotes[0].stats.hits == 1
+    assert temp_files(tmp_path) == []
+    assert cache.stats.node_leases["held"] == 1
+    # the next process finds it local: no second GET
+    again, _ = streaming_cache(tmp_path)
+    again.remotes[0].backend = store
+    assert await streamed.fetch(again, okey) == (len(payload), again.local.name)  # type: ignore[union-attr]
+    assert store.calls["get"] == 1
+
+
+async def test_a_small_entry_takes_the_ordinary_way(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    okey, entry = entry_in(store, "small", b"graph" * 10)
+    assert await streamed.fetch(cache, okey) == (50, "mem://store")
+    assert on_disk(tmp_path, okey) == entry and store.handed == 0
+
+
+@pytest.mark.parametrize("damage", ["a flipped byte", "cut short", "another key's entry"])
+async def test_a_large_entry_that_does_not_verify_leaves_nothing(
+    tmp_path: Path, damage: str
+) -> None:
+    cache, store = streaming_cache(tmp_path)
+    okey, entry = entry_in(store, "big", os.urandom(2 << 20))
+    if damage == "a flipped byte":
+        bad = bytearray(entry)
+        bad[len(entry) // 2] ^= 1
+        store.data[okey] = bytes(bad)
+    elif damage == "cut short":
+        store.data[okey] = entry[: -PIECE // 2]
+    else:
+        other, _ = entry_in(store, "other", b"")
+        store.data[okey] = CODEC.encode(os.urandom(2 << 20), other)
+    assert await streamed.fetch(cache, okey) == (None, "")
+    assert on_disk(tmp_path, okey) is None and temp_files(tmp_path) == []
+    assert cache.remotes[0].stats.misses["corrupt"] == 1
+    assert not cache.remotes[0].breaker_open() and cache.remotes[0].breaker.state == "closed"
+
+
+async def test_an_entry_over_its_kind_s_cap_stops_at_its_header(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    cache.caps = type(cache.caps)(default=1 << 20, per_kind={"fx-graph": 1 << 20})
+    okey, entry = entry_in(store, "big", os.urandom(4 << 20))
+    store.data[okey] = entry[: 1 << 20]  # a store that cuts at the cap + 1, as a ranged GET
+    assert await streamed.fetch(cache, okey) == (None, "")
+    assert store.handed <= 2, "refused as the header arrived, not after the whole"
+    assert on_disk(tmp_path, okey) is None and temp_files(tmp_path) == []
+    assert cache.remotes[0].stats.misses["too_large"] == 1
+
+
+async def test_a_reset_mid_body_is_retried_from_the_start(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    okey, entry = entry_in(store, "big", os.urandom(2 << 20))
+    store.fail_after = 5
+    assert await streamed.fetch(cache, okey) == (2 << 20, "mem://store")
+    assert on_disk(tmp_path, okey) == entry and temp_files(tmp_path) == []
+    assert store.calls["get"] == 2
+
+
+async def test_a_local_write_that_fails_mid_entry_is_the_local_tier_s_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC half-way: nothing under the entry's name, no temp file, the local tier's put
+    error counted, the remote tier's breaker untouched."""
+    cache, store = streaming_cache(tmp_path)
+    okey, _ = entry_in(store, "big", os.urandom(3 << 20))
+    writes = 0
+    real = fs_store._write_all
+
+    def full_disk(fd: int, data: bytes | memoryview) -> None:
+        nonlocal writes
+        writes += 1
+        if writes > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(fs_store, "_write_all", full_disk)
+    assert await streamed.fetch(cache, okey) == (None, "")
+    assert on_disk(tmp_path, okey) is None and temp_files(tmp_path) == []
+    assert cache.local is not None and cache.local.stats.put_errors["error"] == 1
+    assert cache.remotes[0].breaker.state == "closed"
+    assert sum(cache.remotes[0].stats.misses.values()) == 0
+
+
+async def test_a_pull_by_job_streams_and_reports_what_it_fetched(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    big, big_entry = entry_in(store, "big", os.urandom(2 << 20))
+    small, small_entry = entry_in(store, "small", b"s" * 300)
+    mokey = NS.object_key(manifest.KIND, "job/run-1")
+    store.data[mokey] = CODEC.encode(
+        Manifest("job", frozenset({big, small}), 1.0).to_bytes(), mokey
+    )
+    result = await manifest.prefetch(cache, "job", streamed=True)
+    assert (result["fetched"], result["bytes"]) == (2, (2 << 20) + 300)
+    assert on_disk(tmp_path, big) == big_entry and on_disk(tmp_path, small) == small_entry
+    assert sum(cache.stats.prefetch_fetched.values()) == 2
+    await cache.flush(5)
