@@ -23,7 +23,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from objcache.backends.base import PendingWrite, PutMode, WritesInPieces
-from objcache.core.fetch_once.leased_lookup import claim, let_go
+from objcache.core.fetch_once.leased_lookup import let_go
 from objcache.core.fetch_once.nodelease import Lease
 from objcache.core.read_decision import REFUSED, UNSHARED, after_race, lease_outcome_of_write
 from objcache.core.tier import Tier
@@ -144,12 +144,8 @@ async def fetch(cache: TieredCache, okey: str) -> tuple[int | None, str]:
         payload, name = await cache.get_object(okey, wait=False, absent_locally=True)
         return (None if payload is None else len(payload)), name
     lease: Lease | None = None
-    if cache.leases is not None and cache.local_store is not None:
-        verify = functools.partial(cache.verify, cache.local)
-        found, lease, elsewhere = await claim(
-            cache.leases, cache.local_store, cache.local, cache.stats, verify, okey,
-            wait=False, absent_locally=True,
-        )  # fmt: skip
+    if cache.leases is not None:
+        found, lease, elsewhere = await cache.claim(okey, wait=False, absent_locally=True)
         if found is not None:
             return len(found), cache.local.name
         if elsewhere is not None:

@@ -247,12 +247,7 @@ class TieredCache:
                 # rather than fetch it a second time, then look locally as always
                 await self.prefetch_elsewhere.wait(okey)
             if self._leased():
-                assert self.leases is not None and self.local_store is not None
-                verify = functools.partial(self.verify, self.local)
-                found, lease, elsewhere = await claim(
-                    self.leases, self.local_store, self.local, self.stats, verify, okey,
-                    wait=wait, absent_locally=absent_locally,
-                )  # fmt: skip
+                found, lease, elsewhere = await self.claim(okey, wait, absent_locally)
                 if found is not None:
                     return found, self.local.name
                 if elsewhere is not None:
@@ -393,6 +388,18 @@ class TieredCache:
             if tier is self.local and self.local_store is not None:
                 await self.local_store.quarantine(okey)
             return None
+
+    async def claim(
+        self, okey: str, wait: bool, absent_locally: bool
+    ) -> tuple[bytes | None, Lease | None, str | None]:
+        """The local look and the key's node lease (``fetch_once/leased_lookup.py``'s
+        ``claim``) over this cache's local tier; only where :meth:`_leased`."""
+        assert self.leases is not None and self.local_store is not None and self.local
+        verify = functools.partial(self.verify, self.local)
+        return await claim(
+            self.leases, self.local_store, self.local, self.stats, verify, okey,
+            wait=wait, absent_locally=absent_locally,
+        )  # fmt: skip
 
     def _leased(self) -> bool:
         """Whether lookups go through node leases (a disk local tier and a remote to ask)."""

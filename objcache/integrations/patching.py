@@ -101,15 +101,12 @@ def restore(mod: Any, attr: str, value: Any) -> None:
         mark = getattr(mod, "_mark_get_dict_dirty", None)
         if mark is not None:
             mark(attr[len("config:") :])
-    elif attr == "AutotuneCache._read":
-        mod.AutotuneCache._read = value
-    elif attr == "AutotuneCacheBundler.begin_compile":
-        mod.AutotuneCacheBundler.begin_compile = value
-    elif attr == "InstructionTranslator.run":  # None: the class inherited it
+    elif "." in attr:  # a class's attribute; None: the class inherited it
+        owner, _, name = attr.partition(".")
         if value is None:
-            del mod.InstructionTranslator.run
+            delattr(getattr(mod, owner), name)
         else:
-            mod.InstructionTranslator.run = value
+            setattr(getattr(mod, owner), name, value)
     else:
         setattr(mod, attr, value)
 

@@ -282,8 +282,9 @@ def _apply_pgo(module: Any) -> None:
 
 
 def _apply_pgo_restart() -> None:
-    """The PGO part's hook on Dynamo's tracer (``InstructionTranslator.run``), once the tracer
-    module has defined it: applied with the PGO part, or as the tracer module's import ends
+    """The PGO part's hooks on Dynamo's tracer (``InstructionTranslator.run``) and on its graph
+    compile (``OutputGraph.compile_and_call_fx_graph``), once the tracer module has defined
+    them: applied with the PGO part, or as the tracer module's import ends
     (torch imports the profile module half-way through the tracer's)."""
     if features.off("PGO") is not None:
         return
@@ -295,6 +296,13 @@ def _apply_pgo_restart() -> None:
     # None: inherited, put back by deleting objcache's
     patching.save(tracing.__name__, "InstructionTranslator.run", translator.__dict__.get("run"))
     setattr(translator, "run", pgo_strict.wrap_run(run))  # noqa: B010
+    output = getattr(sys.modules.get("torch._dynamo.output_graph"), "OutputGraph", None)
+    compile_graph = getattr(output, "compile_and_call_fx_graph", None)
+    if output is not None and callable(compile_graph) and not is_marked(compile_graph):
+        own = output.__dict__.get("compile_and_call_fx_graph")
+        patching.save("torch._dynamo.output_graph", "OutputGraph.compile_and_call_fx_graph", own)
+        wrapped = pgo_strict.wrap_compile_graph(compile_graph)
+        setattr(output, "compile_and_call_fx_graph", wrapped)  # noqa: B010
 
 
 def _apply_precompile(module: Any) -> None:

@@ -16,6 +16,14 @@ where a static one would not. So a frame whose trace fails with a graph-break er
 (``Unsupported``) while it holds its loaded entry is traced again without it (torch's own
 restart of a frame's analysis), once: what a machine without the profile does.
 
+A frame whose trace, holding its loaded entry, made a float of a symbolic size (``n * 0.7``,
+``n / 2``, ``math.sqrt(n)``: a ``ToFloat`` or an integer true division in a graph value, a
+tensor's size or a guard) is traced again without it too, before its graph is compiled. Such
+float arithmetic is not the program's: sympy folds a product's float constants first
+(``n * 0.7 * 3`` becomes ``2.1 * n``, whose 2.0999999999999996 makes ``int(...)`` of it one
+less at n=10), Inductor's kernels then compute that expression, and Dynamo's guard on it may
+disagree with the hint it traced with (a crash). A static compile computes Python's floats.
+
 And a Python scalar argument (an ``int``) a loaded profile marks dynamic starts static in
 every frame: traced as a symbol, the program's integer arithmetic on it runs in the kernel
 in 64 bits, where a static compile folds Python's exact integer (``x + n ** 5`` at n=7000
@@ -36,7 +44,9 @@ from objcache.integrations.torch.remote.remote_cache_classes import counters
 #: loaded profile entries a strict frame did not take; ``failed_frames_restarted_static``,
 #: frames traced again without theirs; ``loaded_scalars_started_static``, scalar inputs a
 #: loaded profile marked dynamic, traced static first.
-__all__ = ["counters", "wrap_run", "wrap_update_automatic_dynamic"]
+#: ``float_frames_restarted_static``: frames traced again without theirs after their trace
+#: made a float of a size.
+__all__ = ["counters", "wrap_compile_graph", "wrap_run", "wrap_update_automatic_dynamic"]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
 #: it again, and each strict frame is decided again in the new one.
@@ -117,6 +127,70 @@ def _restart_static(tx: Any, error: BaseException) -> BaseException | None:
     counters["failed_frames_restarted_static"] += 1
     restarted: BaseException = restart(restart_reason="objcache: traced again without the profile")
     return restarted
+
+
+def _floats_of_sizes(output: Any) -> bool:
+    """Whether a trace made a float of a symbolic size: a graph value, a tensor size or a
+    guard whose expression holds a ``ToFloat`` or an integer true division, or a symbolic
+    float value."""
+    import torch
+
+    functions = sys.modules["torch.utils._sympy.functions"]
+    kinds = (functions.ToFloat, functions.IntTrueDiv)
+
+    def floaty(value: Any) -> bool:
+        if isinstance(value, torch.SymFloat):
+            return bool(value.node.expr.free_symbols)
+        if isinstance(value, (torch.SymInt, torch.SymBool)):
+            return bool(value.node.expr.has(*kinds))
+        return False
+
+    for node in output.graph.nodes:
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            if any(floaty(d) for d in (*value.shape, *value.stride())):
+                return True
+        elif floaty(value):
+            return True
+    return any(guard.expr.has(*kinds) for guard in output.shape_env.guards)
+
+
+def _restart_float_sizes(output: Any) -> BaseException | None:
+    """The restart to raise for a root frame about to compile a graph whose trace made a
+    float of a size while it held its loaded entry (now dropped), or None."""
+    tx = output.root_tx
+    env = output.shape_env
+    values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+    if not values:  # nothing symbolic: the common case, at once
+        return None
+    pgo, state, code_id = _frame(tx)
+    loaded = pgo._INIT_CODE_STATE
+    if loaded is None or code_id not in loaded or code_id in _dropped:
+        return None
+    if not _floats_of_sizes(output) or not _drop(pgo, state, code_id):
+        return None
+    counters["float_frames_restarted_static"] += 1
+    restart = sys.modules["torch._dynamo.exc"].UnspecializeRestartAnalysis
+    restarted: BaseException = restart(restart_reason="objcache: a float of a profiled size")
+    return restarted
+
+
+def wrap_compile_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``OutputGraph.compile_and_call_fx_graph`` (a traced graph about to be
+    compiled): a trace that made a float of a size while its frame held its loaded profile
+    entry restarts the analysis without it."""
+
+    def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            restart = _restart_float_sizes(self)
+        except Exception:  # torch's own graph as it stands: compiled, unchanged
+            counters["errors:pgo_strict"] += 1
+            restart = None
+        if restart is not None:
+            raise restart
+        return original(self, *args, **kwargs)
+
+    return marked(compile_and_call_fx_graph, original)
 
 
 def wrap_run(original: Callable[..., Any]) -> Callable[..., Any]:

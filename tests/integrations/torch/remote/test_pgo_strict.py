@@ -47,6 +47,9 @@ def loaded_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     )
     translator = torch._dynamo.symbolic_convert.InstructionTranslator
     monkeypatch.setattr(translator, "run", pgo_strict.wrap_run(translator.run))
+    output = torch._dynamo.output_graph.OutputGraph
+    compile_graph = pgo_strict.wrap_compile_graph(output.compile_and_call_fx_graph)
+    monkeypatch.setattr(output, "compile_and_call_fx_graph", compile_graph)
     monkeypatch.setattr(pgo_strict, "_decided", set())
     monkeypatch.setattr(pgo_strict, "_dropped", set())
     monkeypatch.setattr(pgo_strict, "_decided_in", [None])
@@ -74,11 +77,13 @@ def test_a_frame_that_may_break_keeps_the_loaded_profile(loaded_profile: None) -
     code_id = pgo.CodeId.make(scaled.__code__, None)
     kept = pgo.get_code_state()[code_id]
     before = pgo_strict.counters["strict_frames_started_static"]
+    floats = pgo_strict.counters["float_frames_restarted_static"]
     lenient = torch.compile(scaled, backend="eager")
     x = torch.arange(8.0)
     assert torch.equal(lenient(x), scaled(x))
     assert pgo.get_code_state()[code_id] is kept
     assert pgo_strict.counters["strict_frames_started_static"] == before
+    assert pgo_strict.counters["float_frames_restarted_static"] == floats
 
 
 def test_after_a_reset_the_profile_read_again_is_decided_again(loaded_profile: None) -> None:
@@ -151,3 +156,39 @@ def test_a_scalar_the_loaded_profile_marks_dynamic_starts_static(
     assert pgo_strict.counters["loaded_scalars_started_static"] == before + 1
     assert torch.equal(compiled(x, 3), with_count(x, 3))  # a second value: torch's own way
     assert len(graphs) == 2
+
+
+def share(x: torch.Tensor) -> torch.Tensor:
+    k = int(x.shape[0] * 0.7 * 3) // 3  # Python: (10 * 0.7) * 3 = 21.0; sympy: 2.1 * 10 < 21
+    return x[:k] * 2.0
+
+
+def test_a_frame_that_made_a_float_of_a_profiled_size_is_traced_again_without_it(
+    loaded_profile: None,
+) -> None:
+    """The loaded profile marks dim 0 dynamic; the frame's trace multiplies the size by
+    floats, which sympy re-associates (Inductor then computes ``2.1 * n``, one row short at
+    n=10, and Dynamo's own guard on it can fail): traced again static, before its graph is
+    compiled, as a machine without the profile traces it."""
+    code_id = pgo.CodeId.make(scaled.__code__, None)
+    learned = pgo.get_code_state()[code_id]
+    for state in (pgo._CODE_STATE, pgo._INIT_CODE_STATE):
+        state[pgo.CodeId.make(share.__code__, None)] = copy.deepcopy(learned)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    before = pgo_strict.counters["float_frames_restarted_static"]
+    x = torch.arange(10.0)
+    assert torch.equal(torch.compile(share, backend=backend)(x), share(x))
+    assert pgo_strict.counters["float_frames_restarted_static"] == before + 1
+    (graph,) = graphs  # compiled once: after the restart
+    sizes = [
+        d
+        for n in graph.graph.nodes
+        if n.op == "placeholder"
+        for d in getattr(n.meta.get("example_value"), "shape", ())
+    ]
+    assert sizes == [10], "static: the size is a constant"
