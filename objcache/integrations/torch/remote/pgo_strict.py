@@ -23,6 +23,8 @@ float arithmetic is not the program's: sympy folds a product's float constants f
 (``n * 0.7 * 3`` becomes ``2.1 * n``, whose 2.0999999999999996 makes ``int(...)`` of it one
 less at n=10), Inductor's kernels then compute that expression, and Dynamo's guard on it may
 disagree with the hint it traced with (a crash). A static compile computes Python's floats.
+The same for an integer of sizes past 64 bits at the call's sizes (``n**5`` at n=7000): a
+kernel wraps it around, Python does not.
 
 And a Python scalar argument (an ``int``) a loaded profile marks dynamic starts static in
 every frame: traced as a symbol, the program's integer arithmetic on it runs in the kernel
@@ -44,13 +46,15 @@ from objcache.integrations.torch.remote.remote_cache_classes import counters
 #: loaded profile entries a strict frame did not take; ``failed_frames_restarted_static``,
 #: frames traced again without theirs; ``loaded_scalars_started_static``, scalar inputs a
 #: loaded profile marked dynamic, traced static first.
-#: ``float_frames_restarted_static``: frames traced again without theirs after their trace
-#: made a float of a size.
+#: ``size_arithmetic_restarted_static``: frames traced again without theirs after their
+#: trace made a float of a size, or an integer of sizes past 64 bits.
 __all__ = ["counters", "wrap_compile_graph", "wrap_run", "wrap_update_automatic_dynamic"]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
 #: it again, and each strict frame is decided again in the new one.
 _decided: set[Any] = set()
+#: A kernel's integers are 64-bit.
+_INT64 = 1 << 63
 _decided_in: list[Any] = [None]
 #: The frames whose loaded entry was dropped (either way), in that same profile.
 _dropped: set[Any] = set()
@@ -129,10 +133,11 @@ def _restart_static(tx: Any, error: BaseException) -> BaseException | None:
     return restarted
 
 
-def _floats_of_sizes(output: Any) -> bool:
-    """Whether a trace made a float of a symbolic size: a graph value, a tensor size or a
-    guard whose expression holds a ``ToFloat`` or an integer true division, or a symbolic
-    float value."""
+def _size_arithmetic(output: Any) -> bool:
+    """Whether a trace computed with symbolic sizes what a static compile computes in
+    Python: a float of a size (a graph value, a tensor size or a guard whose expression holds
+    a ``ToFloat`` or an integer true division, or a symbolic float value), or an integer of
+    sizes past 64 bits at this call's sizes (a kernel computes it in 64; Python exactly)."""
     import torch
 
     functions = sys.modules["torch.utils._sympy.functions"]
@@ -141,7 +146,12 @@ def _floats_of_sizes(output: Any) -> bool:
     def floaty(value: Any) -> bool:
         if isinstance(value, torch.SymFloat):
             return bool(value.node.expr.free_symbols)
-        if isinstance(value, (torch.SymInt, torch.SymBool)):
+        if isinstance(value, torch.SymInt):
+            hint = value.node.hint
+            if isinstance(hint, int) and not -_INT64 <= hint < _INT64:
+                return True
+            return bool(value.node.expr.has(*kinds))
+        if isinstance(value, torch.SymBool):
             return bool(value.node.expr.has(*kinds))
         return False
 
@@ -155,9 +165,10 @@ def _floats_of_sizes(output: Any) -> bool:
     return any(guard.expr.has(*kinds) for guard in output.shape_env.guards)
 
 
-def _restart_float_sizes(output: Any) -> BaseException | None:
-    """The restart to raise for a root frame about to compile a graph whose trace made a
-    float of a size while it held its loaded entry (now dropped), or None."""
+def _restart_for_sizes(output: Any) -> BaseException | None:
+    """The restart to raise for a root frame about to compile a graph whose size arithmetic
+    (:func:`_size_arithmetic`) a static compile does in Python, while it held its loaded
+    entry (now dropped), or None."""
     tx = output.root_tx
     env = output.shape_env
     values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
@@ -167,22 +178,22 @@ def _restart_float_sizes(output: Any) -> BaseException | None:
     loaded = pgo._INIT_CODE_STATE
     if loaded is None or code_id not in loaded or code_id in _dropped:
         return None
-    if not _floats_of_sizes(output) or not _drop(pgo, state, code_id):
+    if not _size_arithmetic(output) or not _drop(pgo, state, code_id):
         return None
-    counters["float_frames_restarted_static"] += 1
+    counters["size_arithmetic_restarted_static"] += 1
     restart = sys.modules["torch._dynamo.exc"].UnspecializeRestartAnalysis
-    restarted: BaseException = restart(restart_reason="objcache: a float of a profiled size")
+    restarted: BaseException = restart(restart_reason="objcache: arithmetic on a profiled size")
     return restarted
 
 
 def wrap_compile_graph(original: Callable[..., Any]) -> Callable[..., Any]:
     """torch's ``OutputGraph.compile_and_call_fx_graph`` (a traced graph about to be
-    compiled): a trace that made a float of a size while its frame held its loaded profile
-    entry restarts the analysis without it."""
+    compiled): a trace whose size arithmetic a static compile does in Python, while its frame
+    held its loaded profile entry, restarts the analysis without it."""
 
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            restart = _restart_float_sizes(self)
+            restart = _restart_for_sizes(self)
         except Exception:  # torch's own graph as it stands: compiled, unchanged
             counters["errors:pgo_strict"] += 1
             restart = None

@@ -77,13 +77,13 @@ def test_a_frame_that_may_break_keeps_the_loaded_profile(loaded_profile: None) -
     code_id = pgo.CodeId.make(scaled.__code__, None)
     kept = pgo.get_code_state()[code_id]
     before = pgo_strict.counters["strict_frames_started_static"]
-    floats = pgo_strict.counters["float_frames_restarted_static"]
+    restarts = pgo_strict.counters["size_arithmetic_restarted_static"]
     lenient = torch.compile(scaled, backend="eager")
     x = torch.arange(8.0)
     assert torch.equal(lenient(x), scaled(x))
     assert pgo.get_code_state()[code_id] is kept
     assert pgo_strict.counters["strict_frames_started_static"] == before
-    assert pgo_strict.counters["float_frames_restarted_static"] == floats
+    assert pgo_strict.counters["size_arithmetic_restarted_static"] == restarts
 
 
 def test_after_a_reset_the_profile_read_again_is_decided_again(loaded_profile: None) -> None:
@@ -163,27 +163,37 @@ def share(x: torch.Tensor) -> torch.Tensor:
     return x[:k] * 2.0
 
 
-def test_a_frame_that_made_a_float_of_a_profiled_size_is_traced_again_without_it(
-    loaded_profile: None,
+def power(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    return x + n * n * n * n * n  # exact in Python; 64 bits in a kernel, past them at 7000
+
+
+@pytest.mark.parametrize(
+    ("frame", "size"), [(share, 10), (power, 7000)], ids=["a float of a size", "past 64 bits"]
+)
+def test_a_frame_whose_size_arithmetic_python_does_is_traced_again_without_the_profile(
+    loaded_profile: None, frame: object, size: int
 ) -> None:
-    """The loaded profile marks dim 0 dynamic; the frame's trace multiplies the size by
-    floats, which sympy re-associates (Inductor then computes ``2.1 * n``, one row short at
-    n=10, and Dynamo's own guard on it can fail): traced again static, before its graph is
-    compiled, as a machine without the profile traces it."""
+    """The loaded profile marks dim 0 dynamic. A trace that multiplies the size by floats
+    hands them to sympy, which re-associates them (Inductor then computes ``2.1 * n``, one
+    row short at n=10, and Dynamo's own guard on it can fail); one whose integer of sizes
+    passes 64 bits at this call has a kernel wrap it around. Either is traced again static,
+    before its graph is compiled, as a machine without the profile traces it."""
+    assert callable(frame)
     code_id = pgo.CodeId.make(scaled.__code__, None)
     learned = pgo.get_code_state()[code_id]
     for state in (pgo._CODE_STATE, pgo._INIT_CODE_STATE):
-        state[pgo.CodeId.make(share.__code__, None)] = copy.deepcopy(learned)
+        state[pgo.CodeId.make(frame.__code__, None)] = copy.deepcopy(learned)
     graphs: list[torch.fx.GraphModule] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: object) -> object:
         graphs.append(gm)
         return gm.forward
 
-    before = pgo_strict.counters["float_frames_restarted_static"]
-    x = torch.arange(10.0)
-    assert torch.equal(torch.compile(share, backend=backend)(x), share(x))
-    assert pgo_strict.counters["float_frames_restarted_static"] == before + 1
+    before = pgo_strict.counters["size_arithmetic_restarted_static"]
+    x = torch.arange(float(size))
+    assert torch.equal(torch.compile(frame, backend=backend)(x), frame(x))
+    assert pgo_strict.counters["size_arithmetic_restarted_static"] == before + 1
     (graph,) = graphs  # compiled once: after the restart
     sizes = [
         d
@@ -191,4 +201,4 @@ def test_a_frame_that_made_a_float_of_a_profiled_size_is_traced_again_without_it
         if n.op == "placeholder"
         for d in getattr(n.meta.get("example_value"), "shape", ())
     ]
-    assert sizes == [10], "static: the size is a constant"
+    assert sizes == [size], "static: the size is a constant"
