@@ -262,7 +262,9 @@ async def _run_child(config: Config, env_fields: dict[str, str], job: str, relay
     cache = build_cache(config, env_fields)
     cache.on_landed_key = lambda okey: relay.send({"brought": okey})
     try:
-        result = await prefetch(cache, job, timeline=_RelayedTimeline(relay, cache))
+        # nothing here serves the entries: each lands as it arrives (a large one never
+        # whole in memory, objcache/core/streamed.py); the parent reads them locally
+        result = await prefetch(cache, job, timeline=_RelayedTimeline(relay, cache), streamed=True)
     finally:
         await cache.close()
     # its tiers' counts (errors, misses, breaker) for the parent's ``objcache stats``

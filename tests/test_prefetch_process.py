@@ -44,12 +44,15 @@ def test_a_new_machine_prefetches_in_a_child_and_looks_up_locally_only(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """A first machine fills the store; a new one's prefetch runs in a child process, into
-    the same local tier: its lookups read no remote tier, and its time line (built from
-    what the child said) is what ``explain --time`` shows."""
+    the same local tier (an entry of 1 MiB or more written as it arrives): its lookups read
+    no remote tier, and its time line (built from what the child said) is what ``explain
+    --time`` shows."""
     env = _env(redis_server)
     first = Client(Config.from_env({**env, "OBJCACHE_LOCAL_DIR": str(tmp_path / "a")}))
     for i in range(3):
         first.put("fx-graph", f"k{i}", f"v{i}".encode())
+    big = os.urandom(2 << 20)
+    first.put("fx-graph", "big", big)
     first.close()
 
     new = Client(Config.from_env({**env, "OBJCACHE_LOCAL_DIR": str(tmp_path / "b")}))
@@ -57,12 +60,13 @@ def test_a_new_machine_prefetches_in_a_child_and_looks_up_locally_only(
     assert child is not None and child.proc.pid != os.getpid()
     assert new.prefetch_result is not None
     result = new.prefetch_result.result(60)
-    assert result["fetched"] == 3 and result["keys"] == 3
+    assert result["fetched"] == 4 and result["keys"] == 4
     wait_until(lambda: child.proc.poll() is not None, what="the child's exit")
     assert [new.get("fx-graph", f"k{i}") for i in range(3)] == [b"v0", b"v1", b"v2"]
+    assert new.get("fx-graph", "big") == big
     assert _remote_reads(new) == 0  # every lookup local: the child fetched them
     child_tiers = new.stats()["prefetch_process"]["tiers"]  # what it fetched, for stats
-    assert sum(t["hits"] for t in child_tiers if not t["local"]) == 4  # 3 entries, 1 manifest
+    assert sum(t["hits"] for t in child_tiers if not t["local"]) == 5  # 4 entries, 1 manifest
     new.close()
 
     out = CliRunner().invoke(
@@ -71,8 +75,8 @@ def test_a_new_machine_prefetches_in_a_child_and_looks_up_locally_only(
     )
     assert out.exit_code == 0, out.output
     p = json.loads(out.output)["prefetch"]
-    assert p["fetched"] == 3 and p["keys"] == 3 and p["bytes"] == 6
-    assert sorted(e["key"] for e in p["entries"]) == ["k0", "k1", "k2"]
+    assert p["fetched"] == 4 and p["keys"] == 4 and p["bytes"] == 6 + len(big)
+    assert sorted(e["key"] for e in p["entries"]) == ["big", "k0", "k1", "k2"]
 
 
 def test_a_child_that_dies_ends_every_wait_and_lookups_go_their_own_way(

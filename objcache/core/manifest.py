@@ -239,9 +239,9 @@ async def prefetch(
     ``shard``: (index, count): fetch only the entries whose key falls in this one of
     ``count`` shards (:func:`shard_of`; a bulk pull over a process per core,
     objcache/cli/bulk_processes.py); shard 0 compacts the job's manifests.
-    ``streamed``: nothing in this process serves the entries (``objcache pull --job``), so
-    each comes into the local tier as it arrives, a large one never whole in memory
-    (objcache/core/streamed.py); listeners are then told of none.
+    ``streamed``: nothing in this process serves the entries (``objcache pull --job``, the
+    prefetch process), so each comes into the local tier as it arrives, a large one never
+    whole in memory (objcache/core/streamed.py); listeners are then told of none.
     """
     started = time.perf_counter()
     timeline = cache.prefetch_timeline = timeline or PrefetchTimeline()

@@ -1,15 +1,16 @@
 """A remote entry into the local tier as it arrives (docs/architecture.md, "Streamed entries").
 
-``objcache pull --job`` (a prefetch whose entries nothing in its process serves) asks for
-each entry this way. The remote tier hands the body in pieces where it can
-(:meth:`~objcache.backends.base.Backend.get_into`); a body of :data:`STREAM_FROM` bytes or
-more goes to a temp file in the entry's local folder piece by piece, each piece through the
-entry's check on the way (:class:`~objcache.entry.codec.StreamCheck`: the header at once, the
-digest as the bytes pass), in a worker thread while the next piece arrives, and is published
-under its name only once the whole verifies; a smaller body is gathered and takes the
-ordinary way (verified whole, written through). Nothing unverified is ever under an entry's
-name, and a large entry costs a few pieces of memory, not its size twice over (the whole
-body, then its payload).
+``objcache pull --job`` and the start-up prefetch in its own process (prefetches whose
+entries nothing in their process serves) ask for each entry this way. The remote tier hands
+the body in pieces where it can (:meth:`~objcache.backends.base.Backend.get_into`); a body
+of :data:`STREAM_FROM` bytes or more goes to a temp file in the entry's local folder piece
+by piece, each piece through the entry's check on the way
+(:class:`~objcache.entry.codec.StreamCheck`: the header at once, the digest as the bytes
+pass), in a worker thread while the next piece arrives, and is published under its name
+only once the whole verifies; a smaller body is gathered and takes the ordinary way
+(verified whole, written through). Nothing unverified is ever under an entry's name, and a
+large entry costs a few pieces of memory, not its size twice over (the whole body, then
+its payload).
 
 Only where the answer is one remote tier's (one readable, its breaker closed) and the local
 tier writes in pieces (``disk://``); anything else is :meth:`TieredCache.get_object`'s fetch.
@@ -137,7 +138,7 @@ async def fetch(cache: TieredCache, okey: str) -> tuple[int | None, str]:
     ``cache.get_object(okey, wait=False, absent_locally=True)`` answers it but without the
     payload: ``(None, LEASED_ELSEWHERE)`` for a key another process of the node fetches,
     ``(None, "")`` on a miss. A lookup of the same key in this process meanwhile does not
-    join it (``objcache pull --job`` makes none)."""
+    join it (``objcache pull --job`` and the prefetch process make none)."""
     tier = only_remote(cache)
     store = cache.local_store
     if tier is None or cache.local is None or not isinstance(store, WritesInPieces):
