@@ -105,7 +105,7 @@ async def _join_riding_out_server_errors(
     raise AssertionError("unreachable")
 
 
-class _Sink:
+class KeepingSink:
     """A :class:`~objcache.backends.base.Sink` that keeps what it is handed."""
 
     def __init__(self, in_pieces: bool) -> None:
@@ -166,13 +166,13 @@ class BackendContract:
         over the cap is refused (EntryTooLarge), one of exactly the cap is not."""
         data = os.urandom(3 << 20)
         assert await backend.put("into/value", data) is True
-        sink = _Sink(in_pieces)
+        sink = KeepingSink(in_pieces)
         assert await backend.get_into("into/value", len(data), sink) is True
         assert b"".join(sink.pieces) == data
         assert sink.sizes in ([len(data)], [None]) and (in_pieces or len(sink.pieces) == 1)
-        assert await backend.get_into("into/absent", len(data), _Sink(in_pieces)) is False
+        assert await backend.get_into("into/absent", len(data), KeepingSink(in_pieces)) is False
         with pytest.raises(EntryTooLarge):
-            await backend.get_into("into/value", len(data) - 1, _Sink(in_pieces))
+            await backend.get_into("into/value", len(data) - 1, KeepingSink(in_pieces))
 
     async def test_create_keeps_first_value(self, backend: Backend) -> None:
         assert await backend.put("k", b"first", PutMode.CREATE) is True

@@ -36,6 +36,7 @@ from objcache.config.urls import parse_tier_url
 from objcache.core.policy import CircuitBreaker, RetryPolicy
 from objcache.core.tier import Tier
 from objcache.errors import PermanentBackendError, TransientBackendError
+from objcache.testing.backend_contract import KeepingSink
 from tests.support import servers
 from tests.support.cloud import gcs_url, s3_url
 from tests.support.proxy import FaultProxy
@@ -300,6 +301,27 @@ async def test_reset_mid_body_is_transient(behind_proxy: Proxied) -> None:
         await asyncio.wait_for(backend.get("body"), 60)
     proxy.passthrough()
     assert await backend.get("body") == data, "the client recovers on the next call"
+
+
+@pytest.mark.parametrize("in_pieces", [True, False], ids=["in-pieces", "whole"])
+async def test_reset_mid_body_into_a_sink_is_transient(
+    behind_proxy: Proxied, in_pieces: bool
+) -> None:
+    """``get_into`` (a large entry streamed to its local file): a reset mid-body is a
+    transient error, and the sink never holds the whole body before it."""
+    proxy = behind_proxy.proxy
+    backend = behind_proxy.make()
+    data = os.urandom(2 * MiB)
+    await backend.put("body", data)
+    proxy.reset_after(256 * 1024)
+    cut = KeepingSink(in_pieces)
+    with pytest.raises(TransientBackendError):
+        await asyncio.wait_for(backend.get_into("body", 4 * MiB, cut), 60)
+    assert sum(map(len, cut.pieces)) < len(data)
+    proxy.passthrough()
+    whole = KeepingSink(in_pieces)
+    assert await backend.get_into("body", 4 * MiB, whole) is True
+    assert b"".join(whole.pieces) == data, "the client recovers on the next call"
 
 
 # --- what the proxy shows of an object store's traffic -------------------------------
