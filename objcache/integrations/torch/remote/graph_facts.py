@@ -18,6 +18,20 @@ out (docs/torch.md, "What a served entry depends on"):
   the other does not), while the AOTAutograd key names the ``einsum`` call only: a machine
   with the package was served the writer's left-to-right code (the eleventh review).
 
+* **which frozen parameters share memory** (``freezing``): Inductor merges constants that
+  share a storage as it lowers (``GraphLowering``'s constant deduplication), after the key
+  was read, and the key names a frozen parameter by its metadata: a writer whose two
+  parameters shared one storage (tied weights, a checkpoint loaded with ``assign=True``)
+  served code reading one constant for both to a machine where they differ (the
+  twenty-seventh review: off by 1.39 to 3.97);
+* **the values of the frozen parameters a C++ GEMM template packs** (``freezing`` with a C++
+  GEMM template among max-autotune's choices): the template packs a frozen weight into a
+  new constant as it lowers, and that constant is stored with the entry, so a machine with
+  another checkpoint computed with the writer's weights (the same review: off by 68.6).
+  Only there are frozen CPU parameters named by a digest of their bytes (their reading costs
+  about a second a GB); elsewhere a frozen parameter is read from the program's module as
+  the code runs, as torch's key assumes.
+
 Each is empty for a graph without such values, so those keep torch's keys.
 """
 
@@ -45,7 +59,59 @@ def facts(gm: Any, example_inputs: Any) -> tuple[tuple[str, str], ...]:
     paths = einsum_paths(gm)
     if paths:
         found.append(("einsum_paths", paths))
+    params = frozen_params(gm)
+    sharing = _sharing(params)
+    if sharing:
+        found.append(("frozen_sharing", sharing))
+    if params and _packs_frozen_weights():
+        found.append(("frozen_values", frozen_values(params)))
     return tuple(found)
+
+
+def frozen_params(gm: Any) -> list[tuple[str, Any]]:
+    """``(attribute, tensor)`` of each frozen parameter ``gm`` reads (``freezing``)."""
+    freezing_utils = sys.modules.get("torch._inductor.freezing_utils")
+    is_frozen = getattr(freezing_utils, "is_frozen_param", None)
+    graph = getattr(gm, "graph", None)
+    if is_frozen is None or graph is None:
+        return []
+    found = []
+    for node in graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value: Any = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        if getattr(value, "shape", None) is not None and is_frozen(value):
+            found.append((str(node.target), value))
+    return found
+
+
+def _packs_frozen_weights() -> bool:
+    """Whether a C++ GEMM template may pack a frozen weight into a constant of its own."""
+    config = sys.modules.get("torch._inductor.config")
+    return bool(getattr(config, "freezing", False)) and bool(compile_settings.cpu_gemm_geometry())
+
+
+def frozen_values(params: list[tuple[str, Any]]) -> str:
+    """A digest of the bytes of the CPU frozen parameters (by attribute, in order)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in params:
+        if tensor.device.type != "cpu":
+            continue
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\0".encode())
+        flat = tensor.detach().contiguous().reshape(-1)
+        if flat.numel():
+            digest.update(_bytes_of(flat))
+    return digest.hexdigest()
+
+
+def _bytes_of(flat: Any) -> memoryview:
+    """A contiguous CPU tensor's memory, read in place."""
+    import ctypes
+
+    nbytes = flat.numel() * flat.element_size()
+    return memoryview((ctypes.c_char * nbytes).from_address(flat.data_ptr())).cast("B")
 
 
 def einsum_paths(gm: Any) -> str:
@@ -66,22 +132,11 @@ def einsum_paths(gm: Any) -> str:
 
 def frozen_scalars(gm: Any) -> str:
     """The values of the 0-d frozen parameters ``gm`` reads (Inductor inlines them)."""
-    freezing_utils = sys.modules.get("torch._inductor.freezing_utils")
-    is_frozen = getattr(freezing_utils, "is_frozen_param", None)
-    graph = getattr(gm, "graph", None)
-    if is_frozen is None or graph is None:
-        return ""
-    named: list[str] = []
-    for node in graph.nodes:
-        if node.op != "get_attr":
-            continue
-        value: Any = gm
-        for part in str(node.target).split("."):
-            value = getattr(value, part, None)
-        shape = getattr(value, "shape", None)
-        if shape is None or len(shape) != 0 or not is_frozen(value):
-            continue
-        named.append(f"{node.target}={value.item()!r}:{value.dtype}")
+    named = [
+        f"{name}={value.item()!r}:{value.dtype}"
+        for name, value in frozen_params(gm)
+        if len(value.shape) == 0
+    ]
     if len(named) > MAX_NAMED:
         return "sha256:" + hashlib.sha256("\0".join(named).encode()).hexdigest()[:32]
     return ",".join(named)
@@ -92,18 +147,24 @@ def input_aliasing(example_inputs: Any) -> str:
     (inputs 0 and 2 overlap), ``1=3`` (same storage, apart); empty where none share."""
     if not isinstance(example_inputs, (list, tuple)):
         return ""
+    return _sharing([(str(i), value) for i, value in enumerate(example_inputs)])
+
+
+def _sharing(items: list[tuple[str, Any]]) -> str:
+    """Which of the named tensors share a storage: ``a~b`` (their memory overlaps), ``a=b``
+    (same storage, apart); empty where none share."""
     torch = sys.modules.get("torch")
     if torch is None:
         return ""
-    by_storage: dict[Any, list[tuple[int, Any]]] = {}
-    for i, value in enumerate(example_inputs):
+    by_storage: dict[Any, list[tuple[str, Any]]] = {}
+    for name, value in items:
         if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
             continue
         try:
             storage = value.untyped_storage()
         except Exception:  # a tensor without storage (a subclass, a functional wrapper)
             continue
-        by_storage.setdefault(storage._cdata, []).append((i, value))
+        by_storage.setdefault(storage._cdata, []).append((name, value))
     pairs: list[str] = []
     for group in by_storage.values():
         for a in range(len(group)):

@@ -94,3 +94,58 @@ def test_how_einsum_contracts_keys_a_graph_that_calls_it(monkeypatch: pytest.Mon
     outer = torch.fx.symbolic_trace(lambda a: a.sin())
     outer.add_submodule("checkpointed", gm)
     assert _field(outer, inputs[:1]) == (_field(gm, inputs)[-1],)
+
+
+def _two_linear_weights(tied: bool, scale: float = 1.0) -> Any:
+    """A graph reading two frozen 4x4 weights: two parameters of one storage (tied, as a
+    checkpoint loaded with ``assign=True`` leaves them) or of two."""
+    import torch._inductor.freezing_utils  # what objcache reads it through
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.full((4, 4), scale))
+            b = self.a.data if tied else torch.full((4, 4), scale)
+            self.b = torch.nn.Parameter(b)
+
+        def forward(self, x: Any) -> Any:
+            return x @ self.a + x @ self.b
+
+    gm = torch.fx.symbolic_trace(M())
+    for name in ("a", "b"):
+        getattr(gm, name)._is_frozen_param = True
+    return gm
+
+
+def test_frozen_parameters_sharing_memory_are_in_the_key() -> None:
+    """Inductor merges frozen constants that share a storage after the key is read (the
+    twenty-seventh review: a tied writer served one constant for both to an untied machine,
+    off by 3.97): tied and untied are two keys; no frozen parameter shares, torch's key."""
+    x = torch.ones(4, 4)
+    assert _field(_two_linear_weights(True), [x]) == (("frozen_sharing", "a~b"),)
+    assert _field(_two_linear_weights(False), [x]) is None
+
+
+def test_frozen_weights_a_cpp_gemm_template_packs_are_named_by_their_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With freezing and a C++ GEMM template among max-autotune's choices, the template packs a
+    frozen weight into a constant stored with the entry (the same review: another checkpoint
+    was served the writer's weights, off by 68.6): the frozen parameters' bytes key the graph
+    there, and only there."""
+    import torch._inductor.config as inductor_config
+
+    x = torch.ones(4, 4)
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    assert _field(_two_linear_weights(False, 1.0), [x]) is None  # no template: torch's key
+    monkeypatch.setattr(inductor_config, "max_autotune", True)
+    monkeypatch.setattr(inductor_config, "max_autotune_gemm_backends", "CPP,ATEN")
+
+    def values(scale: float) -> str:
+        field = dict(_field(_two_linear_weights(False, scale), [x]) or ())
+        return str(field.get("frozen_values", ""))
+
+    assert values(1.0) and values(1.0) == values(1.0)
+    assert values(2.0) != values(1.0)
+    monkeypatch.setattr(inductor_config, "max_autotune_gemm_backends", "ATEN")
+    assert values(2.0) == "" == values(1.0)
