@@ -19,16 +19,19 @@ tier writes in pieces (``disk://``); anything else is :meth:`TieredCache.get_obj
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from objcache.backends.base import PendingWrite, PutMode, WritesInPieces
+from objcache.backends.shared import blocking_pool
 from objcache.core.fetch_once.leased_lookup import let_go
 from objcache.core.fetch_once.nodelease import Lease
 from objcache.core.read_decision import REFUSED, UNSHARED, after_race, lease_outcome_of_write
 from objcache.core.tier import Tier
-from objcache.entry.codec import StreamCheck
+from objcache.entry.codec import HEADER_SIZE, StreamCheck
 from objcache.errors import BackendError, EntryError
 
 if TYPE_CHECKING:
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 STREAM_FROM = 1 << 20
 #: Bytes gathered before they are handed to the writing thread.
 PIECE = 1 << 20
+#: The first bytes of a body checked on arrival: the header and the longest signature.
+HEAD_BYTES = HEADER_SIZE + 64
 
 
 class LocalWriteFailed(Exception):
@@ -48,57 +53,85 @@ class Landing:
     """One attempt's body (:class:`~objcache.backends.base.Sink`): gathered whole when small,
     else checked and written piece by piece; :meth:`finish` or :meth:`discard` ends it.
     ``len()`` is the bytes received. What refuses the entry or fails the local write
-    (not the remote tier's doing) is kept in :attr:`error` and ends the transfer."""
+    (not the remote tier's doing) is kept in :attr:`error` and ends the transfer.
+
+    The local file's work (its opening, each hand-over of pieces) runs in the blocking pool
+    one step at a time, the loop receiving the next pieces meanwhile; a step is never
+    cancelled half-way (a cancelled caller leaves it to end in its thread), and
+    :meth:`discard` drops the file once the last step has ended, without waiting for it."""
 
     def __init__(self, store: WritesInPieces, check: StreamCheck, okey: str) -> None:
         self._store, self._check, self._okey = store, check, okey
         self.whole = b""
         self.pending: PendingWrite | None = None
         self.error: EntryError | LocalWriteFailed | None = None
+        self._streaming = False
         self._received = 0
-        self._held: list[tuple[bytes, bool]] = []
+        self._held: list[tuple[bytes | memoryview, bool]] = []
         self._held_bytes = 0
-        self._writing: asyncio.Future[None] | None = None
+        #: The last step handed to the blocking pool (a thread's own future).
+        self._step: concurrent.futures.Future[None] | None = None
+        self._discarded = False
 
     def __len__(self) -> int:
         return self._received
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the body goes to the local file as it arrives (else: :attr:`whole`)."""
+        return self._streaming
+
     async def begin(self, size: int | None) -> bool:
         if size is None or size < STREAM_FROM:
             return False
+        self._streaming = True
+        await self._run(self._open)
+        return True
+
+    def _open(self) -> None:
         try:
-            self.pending = await self._store.open_write(self._okey)
+            self.pending = self._store.open_write(self._okey)
         except (BackendError, OSError) as exc:
             raise LocalWriteFailed(str(exc)) from exc
-        return True
+        if self._discarded:  # dropped while this step ran
+            self._drop()
 
     async def piece(self, data: bytes) -> None:
         self._received += len(data)
-        if self.pending is None:
+        if not self._streaming:
             self.whole += data
             return
-        # the header is checked on arrival (a refusal stops the transfer at its first
-        # piece); later pieces are checked in the writing thread
-        checked = self._check.length is None
-        if checked:
-            self._check.feed(data)
-        self._held.append((data, checked))
+        if self._check.length is None:
+            # the header is checked on arrival (a refusal stops the transfer at its first
+            # piece); the rest is checked in the writing thread
+            head = memoryview(data)[:HEAD_BYTES]
+            self._check.feed(head)
+            self._held.append((head, True))
+            self._held.append((memoryview(data)[HEAD_BYTES:], False))
+        else:
+            self._held.append((data, False))
         self._held_bytes += len(data)
         if self._held_bytes >= PIECE:
             await self._hand_over()
 
     async def _hand_over(self) -> None:
-        """Give the held pieces to a worker thread, once the previous hand-over is done."""
-        if self._writing is not None:
-            await self._writing
+        """Give the held pieces to the blocking pool, once the previous step is done."""
         pieces, self._held, self._held_bytes = self._held, [], 0
-        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, pieces))
+        await self._run(functools.partial(self._write, pieces))
 
-    def _write(self, pieces: list[tuple[bytes, bool]]) -> None:
-        assert self.pending is not None
+    async def _run(self, step: Callable[[], None]) -> None:
+        """Wait for the previous step, then start ``step`` (its end is awaited by the next
+        call, :meth:`finish` or nobody: the loop receives meanwhile)."""
+        if self._step is not None:
+            await asyncio.wrap_future(self._step)
+        self._step = blocking_pool().submit(step)
+
+    def _write(self, pieces: list[tuple[bytes | memoryview, bool]]) -> None:
         for data, checked in pieces:
             if not checked:
                 self._check.feed(data)
+            if self.pending is None:
+                return  # dropped
             try:
                 self.pending.write(data)
             except OSError as exc:
@@ -108,21 +141,27 @@ class Landing:
         """Every piece written and the whole verified (raises the entry's error): the
         payload's length."""
         await self._hand_over()
-        assert self._writing is not None
-        await self._writing
+        assert self._step is not None
+        await asyncio.wrap_future(self._step)
         self._check.finish()
         assert self._check.length is not None
         return self._check.length
 
-    async def discard(self) -> None:
-        """Drop what was written (the attempt failed or the entry did not verify)."""
-        if self._writing is not None:
-            with contextlib.suppress(Exception):
-                await self._writing
-        if self.pending is not None:
+    def discard(self) -> None:
+        """Drop what was written (the attempt failed or the entry did not verify): at once
+        where no step runs, else as the running one ends, in its thread."""
+        self._discarded = True
+        step = self._step
+        if step is None or step.done():
+            self._drop()
+        else:
+            step.add_done_callback(lambda _: self._drop())
+
+    def _drop(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
             with contextlib.suppress(OSError):
-                await asyncio.to_thread(self.pending.discard)
-            self.pending = None
+                pending.discard()
 
 
 def only_remote(cache: TieredCache) -> Tier | None:
@@ -141,7 +180,14 @@ async def fetch(cache: TieredCache, okey: str) -> tuple[int | None, str]:
     join it (``objcache pull --job`` and the prefetch process make none)."""
     tier = only_remote(cache)
     store = cache.local_store
-    if tier is None or cache.local is None or not isinstance(store, WritesInPieces):
+    local = cache.local
+    if (
+        tier is None
+        or local is None
+        or not isinstance(store, WritesInPieces)
+        or local.flags.max_size  # its cap is checked by the ordinary write
+        or local.breaker_open()
+    ):
         payload, name = await cache.get_object(okey, wait=False, absent_locally=True)
         return (None if payload is None else len(payload)), name
     lease: Lease | None = None
@@ -174,7 +220,7 @@ async def _land(
     async def attempt() -> Landing | None:
         nonlocal landing
         if landing is not None:  # a retried attempt starts over
-            await landing.discard()
+            landing.discard()
         landing = Landing(store, cache.codec.stream_check(okey, cap), okey)
         found = False
         try:
@@ -186,13 +232,13 @@ async def _land(
     try:
         got, reason = await tier.get_with(okey, attempt)
         if got is not None:
-            size = await _settle(cache, tier, store, okey, got, lease)
+            size = await _settle(cache, tier, okey, got, lease)
             if size is not None:
                 return size
             reason = REFUSED
     finally:
         if landing is not None:
-            await landing.discard()
+            landing.discard()
     if lease is not None:
         then = after_race(False, [reason], [], local=True, leased=True, read_only=cache.read_only)
         if then.release is not None:
@@ -203,7 +249,6 @@ async def _land(
 async def _settle(
     cache: TieredCache,
     tier: Tier,
-    store: WritesInPieces,
     okey: str,
     landing: Landing,
     lease: Lease | None,
@@ -213,7 +258,7 @@ async def _settle(
     try:
         if landing.error is not None:
             raise landing.error
-        if landing.pending is None:  # a small body: verified whole and written through
+        if not landing.streaming:  # a small body: verified whole and written through
             payload = await cache.verify(tier, okey, landing.whole)
             if payload is None:
                 return None
@@ -229,16 +274,15 @@ async def _settle(
         cache.local.put_skipped("error")
         return None
     tier.hit(okey)
+    assert cache.local is not None and landing.pending is not None
     pending, landing.pending = landing.pending, None
     then = None if lease is None else functools.partial(let_go, lease)
-    stored = False
-    try:
-        stored = await store.publish_then(pending, PutMode.OVERWRITE, then)
-    except (BackendError, OSError):
-        assert cache.local is not None
-        cache.local.put_skipped("error")
+    stored = await cache.local.publish(pending, PutMode.OVERWRITE, then)
     if stored:
         cache.stats.write_through += 1
+    else:  # never published (the tier refused the write): its file goes
+        with contextlib.suppress(OSError):
+            pending.discard()
     if lease is not None:
         await lease.release(lease_outcome_of_write(stored))
     return length if stored else None

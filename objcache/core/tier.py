@@ -22,9 +22,11 @@ from objcache.backends.base import (
     Describes,
     LocalStore,
     ObjectInfo,
+    PendingWrite,
     PutMode,
     Sharded,
     TierSpec,
+    WritesInPieces,
 )
 from objcache.backends.records_contract import RecordBackend
 from objcache.config.urls import flag
@@ -296,6 +298,22 @@ class Tier:
             call = functools.partial(backend.put_then, key, data, mode, then)
         else:
             raise TypeError(f"{self.name}: put(then=...) needs a local store")
+        return await self._counted_put(len(data), call)
+
+    async def publish(
+        self, pending: PendingWrite, mode: PutMode, then: Callable[[bool], None] | None
+    ) -> bool:
+        """:meth:`put` of an entry written in pieces (``pending``, a local store's:
+        objcache/core/streamed.py), counted as a put; ``then`` as :meth:`put`'s. False where
+        it was not stored (never published: the caller drops ``pending``)."""
+        backend = self.backend
+        if not isinstance(backend, WritesInPieces):
+            raise TypeError(f"{self.name}: publish() needs a store that writes in pieces")
+        return await self._counted_put(
+            pending.size, functools.partial(backend.publish_then, pending, mode, then)
+        )
+
+    async def _counted_put(self, nbytes: int, call: Callable[[], Awaitable[bool]]) -> bool:
         started = time.perf_counter()
         try:
             written = await self.call("put", call)
@@ -306,7 +324,7 @@ class Tier:
             self.stats.put_latency.observe((time.perf_counter() - started) * 1000)
         if written:
             self.stats.puts += 1
-            self.stats.bytes_written += len(data)
+            self.stats.bytes_written += nbytes
         else:
             self.stats.put_skipped_exists += 1
         return True

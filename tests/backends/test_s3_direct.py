@@ -415,3 +415,56 @@ async def test_a_name_the_store_refuses_is_an_invalid_key_that_leaves_the_breake
         client.close()
         client.bridge.stop()
         shim.close()
+
+
+class _Creds:
+    async def get_frozen_credentials(self) -> ReadOnlyCredentials:
+        return ReadOnlyCredentials("AK", "SK", None)
+
+
+@pytest.mark.parametrize("call", ["get_into", "request"])
+async def test_an_answer_without_a_length_is_read_no_further_than_the_cap(call: str) -> None:
+    """A server or proxy that ignores the Range and answers chunked (no Content-Length): the
+    body is refused as it passes the cap (EntryTooLarge), not read whole into memory."""
+    from aiohttp import web
+
+    from objcache.errors import EntryTooLarge
+    from objcache.testing.backend_contract import KeepingSink
+
+    written = []
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for _ in range(64):  # 64 MiB, if nobody stops reading
+            await response.write(b"x" * (1 << 20))
+            written.append(1)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    direct = _s3_direct.DirectS3(
+        None, _Creds(), connect_timeout=5, read_timeout=30, max_connections=4, ca_bundle=None
+    )
+    route = Route(f"http://127.0.0.1:{port}/bucket", f"127.0.0.1:{port}", "/bucket", "us-east-1")
+    sink = KeepingSink(False)
+    try:
+        with pytest.raises(EntryTooLarge):
+            if call == "get_into":
+                await direct.get_into(route, "k", sink, 1 << 20, {"range": "bytes=0-1048576"})
+            else:
+                await direct.request(
+                    "GET", route, "k", "GetObject", extra={"range": "bytes=0-1048576"},
+                    max_bytes=(1 << 20) + 1,
+                )  # fmt: skip
+        assert sink.pieces == [] and len(written) < 64
+    finally:
+        await direct.close()
+        await runner.cleanup()

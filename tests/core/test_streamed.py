@@ -3,8 +3,11 @@ verified, or nothing under its name; memory a few pieces, not the entry."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +17,13 @@ from objcache.backends.base import Sink
 from objcache.core import manifest, streamed
 from objcache.core.fetch_once.nodelease import NodeLeases
 from objcache.core.manifest import Manifest
+from objcache.core.policy import RetryPolicy
+from objcache.core.tier import TierFlags
 from objcache.core.tiered import TieredCache
 from objcache.errors import TransientBackendError
 from tests.support.memory_backend import MemoryBackend
 from tests.support.tiers import CODEC, NS, disk_tier, tier
+from tests.support.waiting import until
 
 PIECE = 64 << 10
 
@@ -180,3 +186,60 @@ async def test_a_pull_by_job_streams_and_reports_what_it_fetched(tmp_path: Path)
     assert on_disk(tmp_path, big) == big_entry and on_disk(tmp_path, small) == small_entry
     assert sum(cache.stats.prefetch_fetched.values()) == 2
     await cache.flush(5)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("end", ["the remote tier's deadline", "a cancelled caller"])
+async def test_an_end_during_a_slow_local_write_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """A deadline (a counted miss) or a cancellation (the caller's) while a piece is being
+    written: the write ends in its thread, then its file and descriptors go; no error
+    reaches a caller that did not cancel."""
+    cache, store = streaming_cache(tmp_path)
+    cache.remotes[0].policy = RetryPolicy(timeout_s=0.3, retries=0)
+    okey, _ = entry_in(store, "big", os.urandom(3 << 20))
+    real = fs_store._write_all
+    writing = threading.Event()
+
+    def slow_disk(fd: int, data: bytes | memoryview) -> None:
+        writing.set()
+        time.sleep(0.5)
+        real(fd, data)
+
+    monkeypatch.setattr(fs_store, "_write_all", slow_disk)
+    before = open_fds()
+    if end == "the remote tier's deadline":
+        assert await streamed.fetch(cache, okey) == (None, "")
+        assert cache.remotes[0].stats.misses["timeout"] == 1
+    else:
+        task = asyncio.ensure_future(streamed.fetch(cache, okey))
+        await until(writing.is_set, what="a piece being written")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await until(lambda: temp_files(tmp_path) == [] and open_fds() == before, what="clean-up")
+    assert on_disk(tmp_path, okey) is None
+
+
+async def test_a_local_tier_with_a_size_cap_takes_the_ordinary_write(tmp_path: Path) -> None:
+    """``disk://...?max_size=``: its cap applies to a large entry as to any (not streamed)."""
+    cache, store = streaming_cache(tmp_path)
+    assert cache.local is not None
+    cache.local.flags = TierFlags(max_size=1 << 20)
+    okey, _ = entry_in(store, "big", os.urandom(2 << 20))
+    await streamed.fetch(cache, okey)
+    await cache.flush(5)
+    assert on_disk(tmp_path, okey) is None and store.handed == 0
+    assert cache.local.stats.put_errors["too_large"] == 1
+
+
+async def test_a_streamed_entry_is_counted_as_the_local_tier_s_put(tmp_path: Path) -> None:
+    cache, store = streaming_cache(tmp_path)
+    okey, entry = entry_in(store, "big", os.urandom(2 << 20))
+    await streamed.fetch(cache, okey)
+    assert cache.local is not None
+    assert (cache.local.stats.puts, cache.local.stats.bytes_written) == (1, len(entry))

@@ -237,8 +237,9 @@ class WritesInPieces(Protocol):
     one piece at a time, never the whole in memory (docs/architecture.md, "Streamed
     entries")."""
 
-    async def open_write(self, key: str) -> PendingWrite:
-        """An entry of ``key`` to write in pieces, published whole or not at all."""
+    def open_write(self, key: str) -> PendingWrite:
+        """An entry of ``key`` to write in pieces, published whole or not at all; blocking,
+        for a worker thread (errors typed as every call's)."""
         ...
 
     async def publish_then(

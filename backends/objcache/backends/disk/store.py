@@ -203,12 +203,15 @@ class DiskBackend(FsBackend):
             self._kick()
         return stored
 
-    async def open_write(self, key: str) -> PendingWrite:
+    def open_write(self, key: str) -> PendingWrite:
         """An entry of ``key`` written in pieces (see
-        :class:`~objcache.backends.base.WritesInPieces`); each piece's write raises
-        ``OSError`` as it comes."""
+        :class:`~objcache.backends.base.WritesInPieces`), in the caller's (worker) thread;
+        each piece's write raises ``OSError`` as it comes."""
         check_key(key)
-        return await self._run(f"put {key}", self.store.open_write, key)
+        try:
+            return self.store.open_write(key)
+        except OSError as exc:
+            raise os_error(exc, self.name, f"put {key}") from exc
 
     async def publish_then(
         self, pending: PendingWrite, mode: PutMode, then: Callable[[bool], None] | None

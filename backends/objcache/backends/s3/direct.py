@@ -169,6 +169,26 @@ class SigV4:
         return {k.lower(): str(v) for k, v in request.headers.items()}
 
 
+async def _read_body(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """A GET's whole body, all its ``Content-Length`` said; with a non-zero ``max_bytes``
+    an answer without one (chunked: a server or proxy that ignored the Range) is read no
+    further than the chunk that passes the cap (EntryTooLarge)."""
+    expected = response.content_length
+    if expected is not None and max_bytes:
+        check_size(expected, max_bytes)  # refused before the body is read
+    if expected is not None or not max_bytes:
+        data = await response.read()
+        _check_length(len(data), expected)
+        return data
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in response.content.iter_any():
+        received += len(chunk)
+        check_size(received, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _check_length(received: int, expected: int | None) -> None:
     """A GET's body is all its ``Content-Length`` said, or the answer is an error."""
     if expected is not None and received != expected:
@@ -258,11 +278,13 @@ class DirectS3:
         extra: dict[str, str] | None = None,
         response_headers: dict[str, str] | None = None,
         query: dict[str, str] | None = None,
+        max_bytes: int = 0,
     ) -> bytes:
-        """Send one request; the body of a 2xx answer, else the ``ClientError`` botocore
-        would raise (:class:`Reroute` for answers botocore may get past: redirects, region
-        complaints, a refused signature). ``query``: the URL's parameters (UploadPart's
-        ``partNumber`` and ``uploadId``), signed with it. A body of
+        """Send one request; the body of a 2xx answer (a GET's read no further than one
+        chunk past ``max_bytes`` where non-zero, whatever its headers say), else the
+        ``ClientError`` botocore would raise (:class:`Reroute` for answers botocore may get
+        past: redirects, region complaints, a refused signature). ``query``: the URL's
+        parameters (UploadPart's ``partNumber`` and ``uploadId``), signed with it. A body of
         :data:`SIGN_OFFLOAD_BYTES` or more is signed in a worker thread: over plain http
         the signature covers its SHA-256 (hashlib lets go of the GIL)."""
         async with self._exchange(
@@ -270,10 +292,9 @@ class DirectS3:
         ) as response:
             if response_headers is not None:  # e.g. the ETag of a record; names lowercased
                 response_headers.update((k.lower(), v) for k, v in response.headers.items())
-            data = await response.read()
-            if method == "GET":
-                _check_length(len(data), response.content_length)
-            return data
+            if method != "GET":
+                return await response.read()
+            return await _read_body(response, max_bytes)
 
     async def get_into(
         self, route: Route, name: str, sink: Sink, max_bytes: int, extra: dict[str, str]
@@ -287,8 +308,7 @@ class DirectS3:
             if expected is not None:
                 check_size(expected, max_bytes)
             if not await sink.begin(expected):
-                data = await response.read()
-                _check_length(len(data), expected)
+                data = await _read_body(response, max_bytes)
                 check_size(len(data), max_bytes)
                 await sink.piece(data)
                 return

@@ -320,8 +320,16 @@ class S3Backend(Backend):
         ranged: dict[str, Any] = {"Range": byte_range} if byte_range else {}
         try:
             extra = {"range": byte_range} if byte_range else None
+            # a ranged read never reads more than the range, whatever the answer says
+            most = int(byte_range.rpartition("-")[2]) + 1 if byte_range else 0
             data = await self._direct(
-                client, "GET", name, "GetObject", extra=extra, response_headers=headers
+                client,
+                "GET",
+                name,
+                "GetObject",
+                extra=extra,
+                response_headers=headers,
+                max_bytes=most,
             )
             if data is not None:
                 return Versioned(data, headers["etag"] if headers is not None else "")

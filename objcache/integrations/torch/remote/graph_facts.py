@@ -94,11 +94,19 @@ def _packs_frozen_weights() -> bool:
 
 
 def frozen_values(params: list[tuple[str, Any]]) -> str:
-    """A digest of the bytes of the CPU frozen parameters (by attribute, in order)."""
+    """A digest of the bytes of the CPU frozen parameters (by attribute, in order); a tensor
+    subclass (which may have no memory of its own) raises ``ValueError``: the key's
+    unreadable case, a miss."""
+    import torch
+
     digest = hashlib.blake2b(digest_size=16)
     for name, tensor in params:
         if tensor.device.type != "cpu":
             continue
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or (
+            tensor.layout is not torch.strided
+        ):
+            raise ValueError(f"frozen parameter {name} is a {type(tensor).__name__}")
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\0".encode())
         flat = tensor.detach().contiguous().reshape(-1)
         if flat.numel():
@@ -110,6 +118,8 @@ def _bytes_of(flat: Any) -> memoryview:
     """A contiguous CPU tensor's memory, read in place."""
     import ctypes
 
+    if not flat.data_ptr():
+        raise ValueError("a frozen parameter without memory of its own")
     nbytes = flat.numel() * flat.element_size()
     return memoryview((ctypes.c_char * nbytes).from_address(flat.data_ptr())).cast("B")
 

@@ -126,9 +126,7 @@ def test_frozen_parameters_sharing_memory_are_in_the_key() -> None:
     assert _field(_two_linear_weights(False), [x]) is None
 
 
-def test_frozen_weights_a_cpp_gemm_template_packs_are_named_by_their_bytes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_frozen_weights_a_cpp_gemm_template_packs_are_named_by_their_bytes() -> None:
     """With freezing and a C++ GEMM template among max-autotune's choices, the template packs a
     frozen weight into a constant stored with the entry (the same review: another checkpoint
     was served the writer's weights, off by 68.6): the frozen parameters' bytes key the graph
@@ -136,16 +134,55 @@ def test_frozen_weights_a_cpp_gemm_template_packs_are_named_by_their_bytes(
     import torch._inductor.config as inductor_config
 
     x = torch.ones(4, 4)
-    monkeypatch.setattr(inductor_config, "freezing", True)
-    assert _field(_two_linear_weights(False, 1.0), [x]) is None  # no template: torch's key
-    monkeypatch.setattr(inductor_config, "max_autotune", True)
-    monkeypatch.setattr(inductor_config, "max_autotune_gemm_backends", "CPP,ATEN")
 
     def values(scale: float) -> str:
         field = dict(_field(_two_linear_weights(False, scale), [x]) or ())
         return str(field.get("frozen_values", ""))
 
-    assert values(1.0) and values(1.0) == values(1.0)
-    assert values(2.0) != values(1.0)
-    monkeypatch.setattr(inductor_config, "max_autotune_gemm_backends", "ATEN")
-    assert values(2.0) == "" == values(1.0)
+    with inductor_config.patch(freezing=True):
+        assert values(1.0) == ""  # no template: torch's key
+    template = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+    with inductor_config.patch(freezing=True, **template):
+        assert values(1.0) and values(1.0) == values(1.0)
+        assert values(2.0) != values(1.0)
+    with inductor_config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends="ATEN"):
+        assert values(2.0) == "" == values(1.0)
+    with inductor_config.patch(freezing=False, **template):
+        assert values(2.0) == "" == values(1.0)
+
+
+def test_a_frozen_tensor_subclass_makes_the_key_unreadable_not_a_crash() -> None:
+    """A wrapper subclass has no memory of its own (``data_ptr() == 0``): its bytes are never
+    read in place (that crashed the process); the key is the unreadable one, a miss."""
+    import torch._inductor.config as inductor_config
+    import torch._inductor.freezing_utils  # what objcache reads it through
+
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner: Any) -> Any:
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        @classmethod
+        def __torch_dispatch__(
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            unwrap = [a.inner if isinstance(a, Wrapper) else a for a in args]
+            out = func(*unwrap, **(kwargs or {}))
+            return Wrapper(out) if isinstance(out, torch.Tensor) else out
+
+    root = torch.nn.Module()
+    root.w = Wrapper(torch.randn(8, 8))
+    root.w._is_frozen_param = True
+    graph = torch.fx.Graph()
+    graph.output(graph.get_attr("w"))
+    gm = torch.fx.GraphModule(root, graph)
+    with pytest.raises(ValueError):
+        graph_facts.frozen_values(graph_facts.frozen_params(gm))
+    with inductor_config.patch(
+        freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"
+    ):
+        field = _field(gm, [])
+    assert field is not None and field[0][0] == "<unreadable>"
