@@ -39,13 +39,17 @@ DEFAULT_FILES = (
     "tests/observe/test_prometheus.py",
 )
 
-BUSY_LOOP = "while True: pass"
+#: Busy until this process (its parent) is gone: a stress run killed from outside (a timeout
+#: around ``make stress``) must not leave a core taken for good.
+BUSY_LOOP = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
 FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
 
 
 def busy_core() -> subprocess.Popen[bytes]:
-    """A process that keeps one core busy until it is killed."""
-    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True)
+    """A process that keeps one core busy until it is killed or this process ends."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BUSY_LOOP, str(os.getpid())], start_new_session=True
+    )
 
 
 def run_once(files: list[str], extra: list[str]) -> tuple[int, str, float]:
