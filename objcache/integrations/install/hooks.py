@@ -270,14 +270,22 @@ def _apply_autograd_cache(module: Any) -> None:
 
 def _apply_pgo(module: Any) -> None:
     """A frame that must be one graph starts static whatever profile was loaded, and one that
-    fails to trace holding its loaded entry is traced again without it
-    (:mod:`objcache.integrations.torch.remote.pgo_strict`)."""
+    fails to trace or compile holding its loaded entry is compiled again without it
+    (:mod:`objcache.integrations.torch.remote.pgo_strict`): applied as the profile module or
+    the frame compiler (``convert_frame``) is imported, whichever is last."""
     if features.off("PGO") is not None:
         return
-    original = module.update_automatic_dynamic
-    if not is_marked(original):
-        patching.save(module.__name__, "update_automatic_dynamic", original)
-        module.update_automatic_dynamic = pgo_strict.wrap_update_automatic_dynamic(original)
+    pgo = sys.modules.get("torch._dynamo.pgo")
+    original = getattr(pgo, "update_automatic_dynamic", None)
+    if pgo is not None and callable(original) and not is_marked(original):
+        patching.save(pgo.__name__, "update_automatic_dynamic", original)
+        wrapped = pgo_strict.wrap_update_automatic_dynamic(original)
+        setattr(pgo, "update_automatic_dynamic", wrapped)  # noqa: B010
+    frames = sys.modules.get("torch._dynamo.convert_frame")
+    compile_frame = getattr(frames, "_compile", None)
+    if frames is not None and callable(compile_frame) and not is_marked(compile_frame):
+        patching.save(frames.__name__, "_compile", compile_frame)
+        setattr(frames, "_compile", pgo_strict.wrap_compile(compile_frame))  # noqa: B010
     _apply_pgo_restart()
 
 

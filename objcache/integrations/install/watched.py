@@ -46,6 +46,7 @@ WATCHED: dict[str, Part] = {
     "torch._functorch.config": "flags",
     "torch._dynamo.config": "flags",
     "torch._dynamo.pgo": "pgo",
+    "torch._dynamo.convert_frame": "pgo",
     "torch._inductor.remote_cache": "remote_caches",
     "torch._inductor.runtime.autotune_cache": "autotune",
     "torch._inductor.cpp_builder": "kernels",

@@ -26,6 +26,11 @@ disagree with the hint it traced with (a crash). A static compile computes Pytho
 The same for an integer of sizes past 64 bits at the call's sizes (``n**5`` at n=7000): a
 kernel wraps it around, Python does not.
 
+Whatever else fails in a frame's compile while it holds its loaded entry (an error Dynamo,
+AOTAutograd or Inductor raises only for a dynamic trace, or Dynamo's own check of the guards
+it built) is compiled once more without it, as a machine without the profile compiles it: the
+error a static compile raises, if any, is the one the program sees.
+
 And a Python scalar argument (an ``int``) a loaded profile marks dynamic starts static in
 every frame: traced as a symbol, the program's integer arithmetic on it runs in the kernel
 in 64 bits, where a static compile folds Python's exact integer (``x + n ** 5`` at n=7000
@@ -48,7 +53,15 @@ from objcache.integrations.torch.remote.remote_cache_classes import counters
 #: loaded profile marked dynamic, traced static first.
 #: ``size_arithmetic_restarted_static``: frames traced again without theirs after their
 #: trace made a float of a size, or an integer of sizes past 64 bits.
-__all__ = ["counters", "wrap_compile_graph", "wrap_run", "wrap_update_automatic_dynamic"]
+#: ``failed_compiles_retried_static``: frames whose compile failed while they held theirs,
+#: compiled once more without it.
+__all__ = [
+    "counters",
+    "wrap_compile",
+    "wrap_compile_graph",
+    "wrap_run",
+    "wrap_update_automatic_dynamic",
+]
 #: The frames (torch's ``CodeId``) whose loaded entry was decided on, and the profile they
 #: were decided in: ``torch._dynamo.reset()`` drops torch's profile, the next compile reads
 #: it again, and each strict frame is decided again in the new one.
@@ -69,6 +82,11 @@ def _strict(tx: Any) -> bool:
 def _frame(tx: Any) -> tuple[Any, Any, Any]:
     """``(torch's pgo module, the profile in force, tx's frame's CodeId)``; a new profile
     (after ``torch._dynamo.reset()``) forgets what was decided in the last."""
+    return _code_frame(tx.f_code, tx.closure)
+
+
+def _code_frame(code: Any, closure: Any) -> tuple[Any, Any, Any]:
+    """:func:`_frame` of a code object and its closure."""
     pgo = sys.modules["torch._dynamo.pgo"]
     state = pgo.get_code_state()  # the first call reads the profile (local file or store)
     if state is not _decided_in[0]:
@@ -76,7 +94,7 @@ def _frame(tx: Any) -> tuple[Any, Any, Any]:
         _dropped.clear()
         _scalars_decided.clear()
         _decided_in[0] = state
-    return pgo, state, pgo.CodeId.make(tx.f_code, tx.closure)
+    return pgo, state, pgo.CodeId.make(code, closure)
 
 
 def _drop(pgo: Any, state: Any, code_id: Any) -> bool:
@@ -184,6 +202,38 @@ def _restart_for_sizes(output: Any) -> BaseException | None:
     restart = sys.modules["torch._dynamo.exc"].UnspecializeRestartAnalysis
     restarted: BaseException = restart(restart_reason="objcache: arithmetic on a profiled size")
     return restarted
+
+
+def _retry_static(code: Any, closure: Any) -> bool:
+    """Whether a frame whose compile just failed held its loaded entry (now dropped)."""
+    if "torch._dynamo.pgo" not in sys.modules:
+        return False
+    pgo, state, code_id = _code_frame(code, closure)
+    return _drop(pgo, state, code_id)
+
+
+def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``convert_frame._compile`` (one frame's whole compile: trace, graph compile,
+    guards): one that fails while the frame held its loaded profile entry compiles once more
+    without it; what that compile raises, the program sees."""
+
+    def _compile(
+        code: Any, globals: Any, locals: Any, builtins: Any, closure: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        try:
+            return original(code, globals, locals, builtins, closure, *args, **kwargs)
+        except Exception:
+            try:
+                retry = _retry_static(code, closure)
+            except Exception:  # torch's own profile as it stands: its error, unchanged
+                counters["errors:pgo_strict"] += 1
+                retry = False
+            if not retry:
+                raise
+        counters["failed_compiles_retried_static"] += 1
+        return original(code, globals, locals, builtins, closure, *args, **kwargs)
+
+    return marked(_compile, original)
 
 
 def wrap_compile_graph(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch._dynamo.convert_frame
 import torch._dynamo.pgo as pgo
 import torch._dynamo.symbolic_convert
 
@@ -50,6 +51,8 @@ def loaded_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     output = torch._dynamo.output_graph.OutputGraph
     compile_graph = pgo_strict.wrap_compile_graph(output.compile_and_call_fx_graph)
     monkeypatch.setattr(output, "compile_and_call_fx_graph", compile_graph)
+    frames = torch._dynamo.convert_frame
+    monkeypatch.setattr(frames, "_compile", pgo_strict.wrap_compile(frames._compile))
     monkeypatch.setattr(pgo_strict, "_decided", set())
     monkeypatch.setattr(pgo_strict, "_dropped", set())
     monkeypatch.setattr(pgo_strict, "_decided_in", [None])
@@ -202,3 +205,49 @@ def test_a_frame_whose_size_arithmetic_python_does_is_traced_again_without_the_p
         for d in getattr(n.meta.get("example_value"), "shape", ())
     ]
     assert sizes == [size], "static: the size is a constant"
+
+
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0
+
+
+def static_only(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+    """A compiler that fails on a dynamic graph (as Dynamo, AOTAutograd or Inductor can fail
+    for a dynamic trace only)."""
+    for value in inputs:
+        sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+        if any(isinstance(size, torch.SymInt) for size in sizes):
+            raise RuntimeError("a dynamic graph")
+    return gm.forward
+
+
+def test_a_frame_whose_compile_fails_holding_the_profile_compiles_again_without_it(
+    loaded_profile: None,
+) -> None:
+    """Whatever fails in a frame's compile while the loaded profile made it dynamic, a
+    machine without the profile compiles it static: compiled once more without the entry."""
+    code_id = pgo.CodeId.make(scaled.__code__, None)
+    learned = pgo.get_code_state()[code_id]
+    for state in (pgo._CODE_STATE, pgo._INIT_CODE_STATE):
+        state[pgo.CodeId.make(doubled.__code__, None)] = copy.deepcopy(learned)
+    before = pgo_strict.counters["failed_compiles_retried_static"]
+    x = torch.arange(8.0)
+    assert torch.equal(torch.compile(doubled, backend=static_only)(x), doubled(x))
+    assert pgo_strict.counters["failed_compiles_retried_static"] == before + 1
+
+
+def test_a_compile_that_fails_without_a_loaded_entry_raises_its_own_error(
+    loaded_profile: None,
+) -> None:
+    """No loaded entry for the frame: the error is torch's, raised once, never retried."""
+
+    def failing(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        calls.append(gm)
+        raise RuntimeError("the compiler's own error")
+
+    calls: list[torch.fx.GraphModule] = []
+    before = pgo_strict.counters["failed_compiles_retried_static"]
+    with pytest.raises(Exception, match="the compiler's own error"):
+        torch.compile(doubled, backend=failing)(torch.arange(8.0))
+    assert len(calls) == 1
+    assert pgo_strict.counters["failed_compiles_retried_static"] == before
