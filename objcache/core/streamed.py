@@ -157,6 +157,16 @@ class Landing:
         else:
             step.add_done_callback(lambda _: self._drop())
 
+    async def close(self) -> None:
+        """:meth:`discard`, and the running step's end awaited: its file is gone when this
+        returns (a cancelled wait leaves it to :meth:`discard`'s callback)."""
+        self.discard()
+        step = self._step
+        if step is not None and not step.done():
+            with contextlib.suppress(Exception):  # the step's own error: the attempt's, told
+                await asyncio.shield(asyncio.wrap_future(step))
+        self._drop()
+
     def _drop(self) -> None:
         pending, self.pending = self.pending, None
         if pending is not None:
@@ -220,7 +230,7 @@ async def _land(
     async def attempt() -> Landing | None:
         nonlocal landing
         if landing is not None:  # a retried attempt starts over
-            landing.discard()
+            await landing.close()
         landing = Landing(store, cache.codec.stream_check(okey, cap), okey)
         found = False
         try:
@@ -229,16 +239,20 @@ async def _land(
             landing.error = exc  # the tier answered: not a failure of its own
         return landing if found or landing.error is not None else None
 
+    size: int | None = None
     try:
         got, reason = await tier.get_with(okey, attempt)
         if got is not None:
             size = await _settle(cache, tier, okey, got, lease)
-            if size is not None:
-                return size
             reason = REFUSED
-    finally:
+    except BaseException:  # cancelled: the file goes as its running step ends
         if landing is not None:
             landing.discard()
+        raise
+    if landing is not None:  # nothing of the attempt left once it is answered
+        await landing.close()
+    if size is not None:
+        return size
     if lease is not None:
         then = after_race(False, [reason], [], local=True, leased=True, read_only=cache.read_only)
         if then.release is not None:

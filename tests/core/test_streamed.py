@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from objcache.backends import fs_store
-from objcache.backends.base import Sink
+from objcache.backends.base import PendingWrite, Sink, WritesInPieces
 from objcache.core import manifest, streamed
 from objcache.core.fetch_once.nodelease import NodeLeases
 from objcache.core.manifest import Manifest
@@ -137,6 +137,29 @@ async def test_an_entry_over_its_kind_s_cap_stops_at_its_header(tmp_path: Path) 
     assert store.handed <= 2, "refused as the header arrived, not after the whole"
     assert on_disk(tmp_path, okey) is None and temp_files(tmp_path) == []
     assert cache.remotes[0].stats.misses["too_large"] == 1
+
+
+async def test_a_refused_entry_leaves_nothing_once_its_fetch_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal comes while the local file's opening still runs in its thread: the fetch
+    answers only once that step has ended and its file is gone."""
+    cache, store = streaming_cache(tmp_path)
+    cache.caps = type(cache.caps)(default=1 << 20, per_kind={"fx-graph": 1 << 20})
+    okey, entry = entry_in(store, "big", os.urandom(4 << 20))
+    store.data[okey] = entry[: 1 << 20]
+    local = cache.local_store
+    assert isinstance(local, WritesInPieces)
+    real_open = local.open_write
+
+    def slow_open(key: str) -> PendingWrite:
+        pending = real_open(key)  # the temp file is there
+        time.sleep(0.2)  # a window for the loop to answer before the step ends
+        return pending
+
+    monkeypatch.setattr(local, "open_write", slow_open)
+    assert await streamed.fetch(cache, okey) == (None, "")
+    assert temp_files(tmp_path) == [] and on_disk(tmp_path, okey) is None
 
 
 async def test_a_reset_mid_body_is_retried_from_the_start(tmp_path: Path) -> None:

@@ -153,9 +153,10 @@ def _restart_static(tx: Any, error: BaseException) -> BaseException | None:
 
 def _size_arithmetic(output: Any) -> bool:
     """Whether a trace computed with symbolic sizes what a static compile computes in
-    Python: a float of a size (a graph value, a tensor size or a guard whose expression holds
-    a ``ToFloat`` or an integer true division, or a symbolic float value), or an integer of
-    sizes past 64 bits at this call's sizes (a kernel computes it in 64; Python exactly)."""
+    Python: a float of a size (a value of the graph or of a subgraph's body, a tensor size or
+    a guard whose expression holds a ``ToFloat`` or an integer true division, or a symbolic
+    float value), or an integer of sizes past 64 bits at this call's sizes (a kernel
+    computes it in 64; Python exactly)."""
     import torch
 
     functions = sys.modules["torch.utils._sympy.functions"]
@@ -173,7 +174,12 @@ def _size_arithmetic(output: Any) -> bool:
             return bool(value.node.expr.has(*kinds))
         return False
 
-    for node in output.graph.nodes:
+    # the frame's graph and every body Dynamo installed beside it (a checkpoint's, a
+    # ``nested_compile_region``'s, an ``autograd.Function``'s forward, nested ones too: each
+    # is a GraphModule among the output's modules), whose sizes never reach the outer graph
+    bodies = [m.graph for m in output.nn_modules.values() if isinstance(m, torch.fx.GraphModule)]
+    nodes = [node for graph in (output.graph, *bodies) for node in graph.nodes]
+    for node in nodes:
         value = node.meta.get("example_value")
         if isinstance(value, torch.Tensor):
             if any(floaty(d) for d in (*value.shape, *value.stride())):

@@ -12,6 +12,7 @@ import torch
 import torch._dynamo.convert_frame
 import torch._dynamo.pgo as pgo
 import torch._dynamo.symbolic_convert
+import torch.utils.checkpoint
 
 from objcache.integrations.torch.remote import pgo_strict
 
@@ -171,8 +172,19 @@ def power(x: torch.Tensor) -> torch.Tensor:
     return x + n * n * n * n * n  # exact in Python; 64 bits in a kernel, past them at 7000
 
 
+def _scaled_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0, keepdim=True) * int(x.shape[0] * 0.9 * 0.7)  # Python: 62; sympy: 63 at 100
+
+
+def checkpointed(x: torch.Tensor) -> torch.Tensor:
+    """The size arithmetic in a subgraph's body: only a (1,) tensor reaches the frame's graph."""
+    return torch.utils.checkpoint.checkpoint(_scaled_rows, x, use_reentrant=False) * 2
+
+
 @pytest.mark.parametrize(
-    ("frame", "size"), [(share, 10), (power, 7000)], ids=["a float of a size", "past 64 bits"]
+    ("frame", "size"),
+    [(share, 10), (power, 7000), (checkpointed, 100)],
+    ids=["a float of a size", "past 64 bits", "in a subgraph's body"],
 )
 def test_a_frame_whose_size_arithmetic_python_does_is_traced_again_without_the_profile(
     loaded_profile: None, frame: object, size: int
