@@ -275,7 +275,8 @@ async def test_write_to_nearest_plus_home(
     caches: list[TieredCache],
 ) -> None:
     redis_proxy = fault_proxy("127.0.0.1", redis_server.port)
-    region = f"redis://127.0.0.1:{redis_proxy.port}/0?prefix=fleet-{uid()}/"
+    # connecting through the proxy on a loaded machine can take seconds (the default is 2)
+    region = f"redis://127.0.0.1:{redis_proxy.port}/0?prefix=fleet-{uid()}/&connect_timeout=10"
     near_bucket, home_bucket = make_bucket(seaweed_s3), make_bucket(moto_s3)
     near = s3_url(seaweed_s3, "c", bucket=near_bucket)
     home = s3_url(moto_s3, "c", bucket=home_bucket, home=1)
