@@ -24,6 +24,7 @@ record carries them too).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -127,6 +128,7 @@ def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], 
     whose kernel the program replaced and the program's entries in Inductor's
     decomposition and lowering tables (:func:`torch_overrides`)."""
     ops = tuple((name, op_identity(name)) for name in sorted(set(_ops_of(gm))))
+    ops += _traced_ops(gm)
     callables = _program_callables(gm)
     ops += tuple(
         (name, traced_code.value_identity(target, 0)) for name, target in sorted(callables.items())
@@ -137,6 +139,99 @@ def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], 
         for cls in sorted(subclasses, key=lambda c: f"{c.__module__}.{c.__qualname__}")
     )
     return ops + torch_overrides()
+
+
+#: The dispatch keys whose kernels AOTAutograd runs while it traces (their code decides the
+#: graph it compiles, whatever they read).
+_TRACED_KEYS = ("CompositeImplicitAutograd", "Autograd")
+
+
+def _traced_ops(gm: Any) -> tuple[tuple[str, str], ...]:
+    """``(("traced:ns::name", digest), ...)`` for each op outside torch's namespaces that
+    ``gm`` (a Dynamo graph: its nodes hold their example values) calls and whose kernel
+    AOTAutograd runs while it traces (a ``CompositeImplicitAutograd`` or ``Autograd``
+    kernel): what that kernel traces to here, at each call's inputs. The kernel may be C++
+    reading state no key names (its environment variable, a global a setter changed, a
+    shared library it links at another version); tracing it is what a compile on this
+    machine would put in the graph. Raises where the trace cannot be read (the key is then
+    unreadable: shared with no other process)."""
+    found: dict[str, list[str]] = {}
+    for module in _graphs(gm):
+        for node in getattr(getattr(module, "graph", None), "nodes", ()):
+            if getattr(node, "op", None) != "call_function":
+                continue
+            name = _qualified_name(node.target)
+            if name is None or name.split("::", 1)[0] in TORCH_NAMESPACES:
+                continue
+            if "example_value" not in node.meta or not _runs_while_tracing(node.target):
+                continue
+            found.setdefault(name, []).append(_trace_digest(node))
+    return tuple((f"traced:{name}", "|".join(sorted(found[name]))) for name in sorted(found))
+
+
+def _runs_while_tracing(target: Any) -> bool:
+    """Whether the op ``target`` (an overload, or a packet: its default) has a kernel
+    AOTAutograd runs while it traces."""
+    import torch
+
+    op = _overload(target)
+    return any(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), k) for k in _TRACED_KEYS)
+
+
+def _overload(target: Any) -> Any:
+    import torch
+
+    return target if isinstance(target, torch._ops.OpOverload) else target.default
+
+
+def _trace_digest(node: Any) -> str:
+    """The digest of what the op ``node`` calls traces to, at its example inputs, under
+    their own fake mode (with its backward where an input requires grad): the traced code
+    (constants inline) and its tensor constants' bytes."""
+    import hashlib
+
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    op = _overload(node.target)  # a packet: the overload Dynamo's graph calls by it
+    args = torch.fx.node.map_arg(node.args, lambda n: n.meta["example_value"])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: n.meta["example_value"])
+    flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if hasattr(a, "fake_mode")]
+    if not flat:
+        raise ValueError(f"{op}: no fake input to trace with")
+    with flat[0].fake_mode:
+        traced = make_fx(functools.partial(_joint, op))(*args, **kwargs)
+    digest = hashlib.sha256(traced.code.encode())
+    for constant in traced.graph.find_nodes(op="get_attr"):
+        value = getattr(traced, str(constant.target))
+        value = getattr(value, "constant", None) if hasattr(value, "fake_mode") else value
+        if not isinstance(value, torch.Tensor) or hasattr(value, "fake_mode"):
+            raise ValueError(f"{op}: a constant whose bytes are not known")
+        digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _joint(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op``'s outputs and, where an input requires grad, their gradients: the forward and
+    the backward AOTAutograd traces for the call (an ``Autograd`` kernel's own formula)."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    def fresh(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().requires_grad_(value.requires_grad)
+        return value
+
+    args, kwargs = tree_map(fresh, (args, kwargs))
+    out = op(*args, **kwargs)
+    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    ins = [
+        i for i in tree_leaves((args, kwargs)) if isinstance(i, torch.Tensor) and i.requires_grad
+    ]
+    if not outs or not ins:
+        return out
+    ones = [torch.ones_like(o) for o in outs]
+    return out, torch.autograd.grad(outs, ins, ones, allow_unused=True)
 
 
 def _values_of(gm: Any, example_inputs: Any) -> list[Any]:

@@ -889,3 +889,43 @@ def test_where_a_cpu_gemm_template_can_be_chosen_the_cache_sizes_and_threads_are
         assert field() == (("cpu_gemm", geometry),)
     with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"):
         assert field() is None
+
+
+def test_what_a_kernel_aotautograd_runs_traces_to_is_in_its_identity() -> None:
+    """An op whose ``CompositeImplicitAutograd`` kernel AOTAutograd runs while it traces:
+    what that kernel traces to here is in the graph's identity, whatever it read (a C++
+    kernel's environment variable, a global its setter changed, a library it links at
+    another version: state no key names); an op AOTAutograd calls as it is, whatever its
+    kernel, is not traced."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    setting = {"scale": 2.0}  # stands for state only the kernel's own code reads
+    lib = torch.library.Library("objcache_traced_test", "DEF")
+    try:
+        lib.define("scaled(Tensor x) -> Tensor")
+        lib.impl("scaled", lambda x: torch.sin(x) * setting["scale"], "CompositeImplicitAutograd")
+        lib.define("opaque(Tensor x) -> Tensor")
+        lib.impl("opaque", lambda x: x * setting["scale"], "CPU")
+        lib.impl("opaque", lambda x: torch.empty_like(x), "Meta")
+        graphs: list[torch.fx.GraphModule] = []
+
+        def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
+            graphs.append(gm)
+            return gm.forward
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            scaled = torch.ops.objcache_traced_test.scaled(x)
+            return torch.ops.objcache_traced_test.opaque(scaled) + 1
+
+        torch._dynamo.reset()
+        torch.compile(fn, backend=capture)(torch.ones(3))
+        (gm,) = graphs
+        traced = custom_ops._traced_ops(gm)
+        assert [name for name, _ in traced] == ["traced:objcache_traced_test::scaled"]
+        setting["scale"] = 3.0
+        assert custom_ops._traced_ops(gm) != traced
+        setting["scale"] = 2.0
+        assert custom_ops._traced_ops(gm) == traced
+    finally:
+        torch._dynamo.reset()
+        lib._destroy()
