@@ -199,9 +199,21 @@ def _trace_digest(node: Any) -> str:
     flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if hasattr(a, "fake_mode")]
     if not flat:
         raise ValueError(f"{op}: no fake input to trace with")
-    with flat[0].fake_mode:
-        traced = make_fx(functools.partial(_joint, op))(*args, **kwargs)
-    digest = hashlib.sha256(traced.code.encode())
+    mode = flat[0].fake_mode
+    env = mode.shape_env
+    pending = None if env is None else list(env.pending_fresh_unbacked_symbols)
+    kind = "joint"
+    with mode:
+        try:
+            traced = make_fx(functools.partial(_joint, op, True))(*args, **kwargs)
+        except Exception:  # no backward to trace (a custom op without one): the forward
+            kind = "forward"
+            traced = make_fx(functools.partial(_joint, op, False))(*args, **kwargs)
+    if env is not None and list(env.pending_fresh_unbacked_symbols) != pending:
+        # a data-dependent size made alone, bound to no node of the graph being compiled
+        env.pending_fresh_unbacked_symbols[:] = pending or []
+        raise ValueError(f"{op}: traces to a data-dependent size")
+    digest = hashlib.sha256(f"{kind}\0{traced.code}".encode())
     for constant in traced.graph.find_nodes(op="get_attr"):
         value = getattr(traced, str(constant.target))
         value = getattr(value, "constant", None) if hasattr(value, "fake_mode") else value
@@ -211,9 +223,10 @@ def _trace_digest(node: Any) -> str:
     return digest.hexdigest()[:32]
 
 
-def _joint(op: Any, *args: Any, **kwargs: Any) -> Any:
-    """``op``'s outputs and, where an input requires grad, their gradients: the forward and
-    the backward AOTAutograd traces for the call (an ``Autograd`` kernel's own formula)."""
+def _joint(op: Any, grads: bool, *args: Any, **kwargs: Any) -> Any:
+    """``op``'s outputs and, where an input requires grad (and ``grads``), their gradients:
+    the forward and the backward AOTAutograd traces for the call (an ``Autograd`` kernel's
+    own formula)."""
     import torch
     from torch.utils._pytree import tree_leaves, tree_map
 
@@ -228,7 +241,7 @@ def _joint(op: Any, *args: Any, **kwargs: Any) -> Any:
     ins = [
         i for i in tree_leaves((args, kwargs)) if isinstance(i, torch.Tensor) and i.requires_grad
     ]
-    if not outs or not ins:
+    if not grads or not outs or not ins:
         return out
     ones = [torch.ones_like(o) for o in outs]
     return out, torch.autograd.grad(outs, ins, ones, allow_unused=True)

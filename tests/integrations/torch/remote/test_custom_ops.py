@@ -929,3 +929,35 @@ def test_what_a_kernel_aotautograd_runs_traces_to_is_in_its_identity() -> None:
     finally:
         torch._dynamo.reset()
         lib._destroy()
+
+
+def test_a_custom_op_without_a_backward_is_traced_by_its_forward() -> None:
+    """``torch.library.custom_op`` registers an ``Autograd`` kernel that fails only when a
+    gradient is asked: a call whose input requires grad is keyed by its forward's trace, the
+    same in every process, never an unreadable key."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    @torch.library.custom_op("objcache_traced_test::no_backward", mutates_args=())
+    def no_backward(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @no_backward.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        x = torch.ones(3, requires_grad=True)
+        torch.compile(lambda x: no_backward(x).sum(), backend=capture)(x)
+        (gm,) = graphs
+        traced = custom_ops._traced_ops(gm)
+        assert [name for name, _ in traced] == ["traced:objcache_traced_test::no_backward"]
+        assert custom_ops._traced_ops(gm) == traced
+    finally:
+        torch._dynamo.reset()
