@@ -181,6 +181,7 @@ def run_compile(
     assert job.ok, f"compile subprocess failed: {job.result.get('error')}\n{detail}"
     result = dict(job.result)
     result["wall_s"] = job.wall_s
+    result["stderr_tail"] = job.stderr_tail[-20:]  # objcache's warnings, for a failing test
     return result
 
 
