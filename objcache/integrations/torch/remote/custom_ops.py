@@ -155,7 +155,8 @@ def _traced_ops(gm: Any) -> tuple[tuple[str, str], ...]:
     shared library it links at another version); tracing it is what a compile on this
     machine would put in the graph. Raises where the trace cannot be read (the key is then
     unreadable: shared with no other process)."""
-    found: dict[str, list[str]] = {}
+    found: dict[str, set[str]] = {}
+    traced: dict[tuple[str, str], str] = {}  # calls alike trace alike: each traced once
     for module in _graphs(gm):
         for node in getattr(getattr(module, "graph", None), "nodes", ()):
             if getattr(node, "op", None) != "call_function":
@@ -165,8 +166,36 @@ def _traced_ops(gm: Any) -> tuple[tuple[str, str], ...]:
                 continue
             if "example_value" not in node.meta or not _runs_while_tracing(node.target):
                 continue
-            found.setdefault(name, []).append(_trace_digest(node))
+            call = (str(_overload(node.target)), _call_signature(node))
+            if call not in traced:
+                traced[call] = _trace_digest(node)
+            found.setdefault(name, set()).add(traced[call])
     return tuple((f"traced:{name}", "|".join(sorted(found[name]))) for name in sorted(found))
+
+
+def _call_signature(node: Any) -> str:
+    """What a trace of ``node``'s call depends on besides the kernel: each input's sizes,
+    strides, dtype, device and whether it requires grad (which inputs are the same tensor
+    too), and the other arguments' values."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            same = seen.setdefault(id(value), len(seen))
+            return (
+                same,
+                tuple(str(d) for d in value.shape),
+                tuple(str(d) for d in value.stride()),
+                str(value.dtype),
+                str(value.device),
+                value.requires_grad,
+            )
+        return repr(value)
+
+    values = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
+    return repr(torch.utils._pytree.tree_map(one, values))
 
 
 def _runs_while_tracing(target: Any) -> bool:

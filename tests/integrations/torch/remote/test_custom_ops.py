@@ -961,3 +961,42 @@ def test_a_custom_op_without_a_backward_is_traced_by_its_forward() -> None:
         assert custom_ops._traced_ops(gm) == traced
     finally:
         torch._dynamo.reset()
+
+
+def test_calls_alike_are_traced_once_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph calling a traced op in every layer traces it once for each kind of call
+    (sizes, strides, dtype, grad), not once a layer: the key costs what its calls differ by."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    lib = torch.library.Library("objcache_traced_test_n", "DEF")
+    try:
+        lib.define("scaled(Tensor x) -> Tensor")
+        lib.impl("scaled", lambda x: torch.sin(x) * 2.0, "CompositeImplicitAutograd")
+        graphs: list[torch.fx.GraphModule] = []
+
+        def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
+            graphs.append(gm)
+            return gm.forward
+
+        def layers(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            for _ in range(4):
+                x = torch.ops.objcache_traced_test_n.scaled(x)
+            return x.sum() + torch.ops.objcache_traced_test_n.scaled(y).sum()
+
+        torch._dynamo.reset()
+        torch.compile(layers, backend=capture)(torch.ones(3), torch.ones(2, 5))
+        (gm,) = graphs
+        traces: list[object] = []
+        real = custom_ops._trace_digest
+
+        def counted(node: object) -> str:
+            traces.append(node)
+            return real(node)
+
+        monkeypatch.setattr(custom_ops, "_trace_digest", counted)
+        (item,) = custom_ops._traced_ops(gm)
+        assert len(traces) == 2  # (3,) four times, (2, 5) once
+        assert len(item[1].split("|")) == 1  # one code at both sizes: one digest
+    finally:
+        torch._dynamo.reset()
+        lib._destroy()
