@@ -214,34 +214,25 @@ def _overload(target: Any) -> Any:
 
 
 def _trace_digest(node: Any) -> str:
-    """The digest of what the op ``node`` calls traces to, at its example inputs, under
-    their own fake mode (with its backward where an input requires grad): the traced code
-    (constants inline) and its tensor constants' bytes."""
+    """The digest of what the op ``node`` calls traces to, at inputs like its example
+    inputs (with its backward where an input requires grad): the traced code (constants
+    inline) and its tensor constants' bytes. Traced in a fake mode and shape environment of
+    its own (:func:`_alike`): what the trace assumes of the sizes (a kernel's size test, a
+    backward's fast path) never reaches the compile's own guards."""
     import hashlib
 
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
     op = _overload(node.target)  # a packet: the overload Dynamo's graph calls by it
-    args = torch.fx.node.map_arg(node.args, lambda n: n.meta["example_value"])
-    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: n.meta["example_value"])
-    flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if hasattr(a, "fake_mode")]
-    if not flat:
-        raise ValueError(f"{op}: no fake input to trace with")
-    mode = flat[0].fake_mode
-    env = mode.shape_env
-    pending = None if env is None else list(env.pending_fresh_unbacked_symbols)
+    mode, args, kwargs = _alike(node)
     kind = "joint"
-    with mode:
+    with torch._guards.tracing(None), mode:
         try:
             traced = make_fx(functools.partial(_joint, op, True))(*args, **kwargs)
         except Exception:  # no backward to trace (a custom op without one): the forward
             kind = "forward"
             traced = make_fx(functools.partial(_joint, op, False))(*args, **kwargs)
-    if env is not None and list(env.pending_fresh_unbacked_symbols) != pending:
-        # a data-dependent size made alone, bound to no node of the graph being compiled
-        env.pending_fresh_unbacked_symbols[:] = pending or []
-        raise ValueError(f"{op}: traces to a data-dependent size")
     digest = hashlib.sha256(f"{kind}\0{traced.code}".encode())
     for constant in traced.graph.find_nodes(op="get_attr"):
         value = getattr(traced, str(constant.target))
@@ -250,6 +241,66 @@ def _trace_digest(node: Any) -> str:
             raise ValueError(f"{op}: a constant whose bytes are not known")
         digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+def _alike(node: Any) -> tuple[Any, Any, Any]:
+    """``(mode, args, kwargs)``: ``node``'s call's inputs made again in a fake mode with a
+    shape environment of its own, each symbolic size (or int) a fresh symbol at the same
+    hint, each tensor laid out as its example value (contiguous, channels-last, or its
+    strides at their hints) with its dtype, device and grad."""
+    import torch
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv(duck_shape=False)
+    mode = FakeTensorMode(shape_env=env)
+    made = [0]
+
+    def size(value: Any) -> Any:
+        if not isinstance(value, torch.SymInt):
+            return value
+        if not value.node.expr.free_symbols:
+            return int(value)
+        hint = value.node.hint
+        if not isinstance(hint, int):  # a data-dependent size: nothing to trace at
+            raise ValueError("an input whose size has no hint")
+        made[0] += 1
+        source = ConstantSource(f"objcache_traced_{made[0]}")
+        symbol = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
+        return env.create_symintnode(symbol, hint=hint, source=source)
+
+    def one(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return size(value)
+        if not isinstance(value, FakeTensor) or value.layout != torch.strided:
+            raise ValueError(f"an input of layout {value.layout}, type {type(value).__name__}")
+        sizes = [size(d) for d in value.shape]
+        dtype, device = value.dtype, value.device
+        with mode:
+            if value.is_contiguous():
+                fresh = torch.empty(sizes, dtype=dtype, device=device)
+            elif value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last):
+                layout = torch.channels_last
+                fresh = torch.empty(sizes, dtype=dtype, device=device, memory_format=layout)
+            else:
+                strides = [_hint(d) for d in value.stride()]
+                fresh = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+        return fresh.requires_grad_(value.requires_grad)
+
+    args, kwargs = torch.utils._pytree.tree_map(
+        one, torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
+    )
+    return mode, args, kwargs
+
+
+def _hint(value: Any) -> int:
+    """A size's value at this call (its hint where symbolic)."""
+    node = getattr(value, "node", None)
+    hint = value if node is None else node.hint
+    if not isinstance(hint, int):
+        raise ValueError("a stride without a hint")
+    return hint
 
 
 def _joint(op: Any, grads: bool, *args: Any, **kwargs: Any) -> Any:

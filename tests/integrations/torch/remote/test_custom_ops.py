@@ -1000,3 +1000,41 @@ def test_calls_alike_are_traced_once_a_key(monkeypatch: pytest.MonkeyPatch) -> N
     finally:
         torch._dynamo.reset()
         lib._destroy()
+
+
+def test_a_traced_kernel_s_size_tests_never_reach_the_compile_s_guards() -> None:
+    """The op is traced in a shape environment of its own: a backward's fast path on a size
+    (``if g.shape[0] == 8``), run by the key's trace where the graph never differentiates
+    the call, guards nothing of the compile (a dim the program marked dynamic stays so)."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    @torch.library.custom_op("objcache_traced_test::fast_path", mutates_args=())
+    def fast_path(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @fast_path.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        return g * 2 if g.shape[0] == 8 else g + g
+
+    fast_path.register_autograd(backward)
+    keyed: list[tuple[tuple[str, str], ...]] = []
+
+    def keying(gm: torch.fx.GraphModule, inputs: object) -> object:
+        keyed.append(custom_ops._traced_ops(gm))  # as the AOTAutograd key is read: mid-compile
+        return gm.forward
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return fast_path(x) + 1
+
+    torch._dynamo.reset()
+    try:
+        x = torch.ones(8, requires_grad=True)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(torch.compile(fn, backend=keying)(x), fn(x))
+        assert [name for name, _ in keyed[0]] == ["traced:objcache_traced_test::fast_path"]
+    finally:
+        torch._dynamo.reset()
