@@ -891,6 +891,34 @@ def test_where_a_cpu_gemm_template_can_be_chosen_the_cache_sizes_and_threads_are
         assert field() is None
 
 
+def _dynamo_graph(fn: Any, *inputs: torch.Tensor) -> torch.fx.GraphModule:
+    """The graph Dynamo makes of ``fn`` (its nodes hold their example values)."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, example: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture)(*inputs)
+    (gm,) = graphs
+    return gm
+
+
+def _doubling_op(name: str) -> Any:
+    """A ``torch.library.custom_op`` computing ``x * 2``, with its fake kernel."""
+
+    @torch.library.custom_op(name, mutates_args=())
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @doubled.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return doubled
+
+
 def test_what_a_kernel_aotautograd_runs_traces_to_is_in_its_identity() -> None:
     """An op whose ``CompositeImplicitAutograd`` kernel AOTAutograd runs while it traces:
     what that kernel traces to here is in the graph's identity, whatever it read (a C++
@@ -907,19 +935,12 @@ def test_what_a_kernel_aotautograd_runs_traces_to_is_in_its_identity() -> None:
         lib.define("opaque(Tensor x) -> Tensor")
         lib.impl("opaque", lambda x: x * setting["scale"], "CPU")
         lib.impl("opaque", lambda x: torch.empty_like(x), "Meta")
-        graphs: list[torch.fx.GraphModule] = []
-
-        def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
-            graphs.append(gm)
-            return gm.forward
 
         def fn(x: torch.Tensor) -> torch.Tensor:
             scaled = torch.ops.objcache_traced_test.scaled(x)
             return torch.ops.objcache_traced_test.opaque(scaled) + 1
 
-        torch._dynamo.reset()
-        torch.compile(fn, backend=capture)(torch.ones(3))
-        (gm,) = graphs
+        gm = _dynamo_graph(fn, torch.ones(3))
         traced = custom_ops._traced_ops(gm)
         assert [name for name, _ in traced] == ["traced:objcache_traced_test::scaled"]
         setting["scale"] = 3.0
@@ -937,25 +958,10 @@ def test_a_custom_op_without_a_backward_is_traced_by_its_forward() -> None:
     same in every process, never an unreadable key."""
     from objcache.integrations.torch.remote import custom_ops
 
-    @torch.library.custom_op("objcache_traced_test::no_backward", mutates_args=())
-    def no_backward(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    @no_backward.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)
-
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
+    no_backward = _doubling_op("objcache_traced_test::no_backward")
     try:
         x = torch.ones(3, requires_grad=True)
-        torch.compile(lambda x: no_backward(x).sum(), backend=capture)(x)
-        (gm,) = graphs
+        gm = _dynamo_graph(lambda x: no_backward(x).sum(), x)
         traced = custom_ops._traced_ops(gm)
         assert [name for name, _ in traced] == ["traced:objcache_traced_test::no_backward"]
         assert custom_ops._traced_ops(gm) == traced
@@ -972,20 +978,13 @@ def test_calls_alike_are_traced_once_a_key(monkeypatch: pytest.MonkeyPatch) -> N
     try:
         lib.define("scaled(Tensor x) -> Tensor")
         lib.impl("scaled", lambda x: torch.sin(x) * 2.0, "CompositeImplicitAutograd")
-        graphs: list[torch.fx.GraphModule] = []
-
-        def capture(gm: torch.fx.GraphModule, inputs: object) -> object:
-            graphs.append(gm)
-            return gm.forward
 
         def layers(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             for _ in range(4):
                 x = torch.ops.objcache_traced_test_n.scaled(x)
             return x.sum() + torch.ops.objcache_traced_test_n.scaled(y).sum()
 
-        torch._dynamo.reset()
-        torch.compile(layers, backend=capture)(torch.ones(3), torch.ones(2, 5))
-        (gm,) = graphs
+        gm = _dynamo_graph(layers, torch.ones(3), torch.ones(2, 5))
         traces: list[object] = []
         real = custom_ops._trace_digest
 
@@ -1008,13 +1007,7 @@ def test_a_traced_kernel_s_size_tests_never_reach_the_compile_s_guards() -> None
     the call, guards nothing of the compile (a dim the program marked dynamic stays so)."""
     from objcache.integrations.torch.remote import custom_ops
 
-    @torch.library.custom_op("objcache_traced_test::fast_path", mutates_args=())
-    def fast_path(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    @fast_path.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)
+    fast_path = _doubling_op("objcache_traced_test::fast_path")
 
     def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
         return g * 2 if g.shape[0] == 8 else g + g
