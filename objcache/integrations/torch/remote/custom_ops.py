@@ -24,6 +24,7 @@ record carries them too).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -227,7 +228,7 @@ def _trace_digest(node: Any) -> str:
     op = _overload(node.target)  # a packet: the overload Dynamo's graph calls by it
     mode, args, kwargs = _alike(node)
     kind = "joint"
-    with torch._guards.tracing(None), mode:
+    with _random_state_kept(), torch._guards.tracing(None), mode:
         try:
             traced = make_fx(functools.partial(_joint, op, True))(*args, **kwargs)
         except Exception:  # no backward to trace (a custom op without one): the forward
@@ -241,6 +242,26 @@ def _trace_digest(node: Any) -> str:
             raise ValueError(f"{op}: a constant whose bytes are not known")
         digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's CPU random states as they were: a kernel that draws
+    while it traces (AOTAutograd runs it once, on a miss) draws nothing more for the key."""
+    import random
+
+    import torch
+
+    python, cpu = random.getstate(), torch.get_rng_state()
+    numpy = sys.modules.get("numpy")
+    legacy = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        torch.set_rng_state(cpu)
+        if numpy is not None:
+            numpy.random.set_state(legacy)
 
 
 def _alike(node: Any) -> tuple[Any, Any, Any]:

@@ -1031,3 +1031,27 @@ def test_a_traced_kernel_s_size_tests_never_reach_the_compile_s_guards() -> None
         assert [name for name, _ in keyed[0]] == ["traced:objcache_traced_test::fast_path"]
     finally:
         torch._dynamo.reset()
+
+
+def test_a_kernel_that_draws_while_it_traces_draws_nothing_more_for_the_key() -> None:
+    """A kernel drawing from Python's random numbers as it traces: the key's trace leaves the
+    program's next draws as they would be without it."""
+    import random
+
+    from objcache.integrations.torch.remote import custom_ops
+
+    lib = torch.library.Library("objcache_traced_test_r", "DEF")
+    try:
+        lib.define("jitter(Tensor x) -> Tensor")
+        lib.impl("jitter", lambda x: x * (1.0 + 0.0 * random.random()), "CompositeImplicitAutograd")
+        gm = _dynamo_graph(lambda x: torch.ops.objcache_traced_test_r.jitter(x), torch.ones(3))
+        random.seed(7)
+        expected = random.random()
+        random.seed(7)
+        assert [name for name, _ in custom_ops._traced_ops(gm)] == [
+            "traced:objcache_traced_test_r::jitter"
+        ]
+        assert random.random() == expected
+    finally:
+        torch._dynamo.reset()
+        lib._destroy()
