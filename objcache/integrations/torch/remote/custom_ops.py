@@ -175,18 +175,14 @@ def _traced_ops(gm: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _call_signature(node: Any) -> str:
-    """What a trace of ``node``'s call depends on besides the kernel: each input's sizes,
-    strides, dtype, device and whether it requires grad (which inputs are the same tensor
-    too), and the other arguments' values."""
+    """What a trace of ``node``'s call depends on besides the kernel (what :func:`_alike`
+    makes its inputs from): each input's sizes, strides, dtype, device and whether it
+    requires grad, and the other arguments' values."""
     import torch
-
-    seen: dict[int, int] = {}
 
     def one(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            same = seen.setdefault(id(value), len(seen))
             return (
-                same,
                 tuple(str(d) for d in value.shape),
                 tuple(str(d) for d in value.stride()),
                 str(value.dtype),
@@ -283,9 +279,7 @@ def _alike(node: Any) -> tuple[Any, Any, Any]:
             return value
         if not value.node.expr.free_symbols:
             return int(value)
-        hint = value.node.hint
-        if not isinstance(hint, int):  # a data-dependent size: nothing to trace at
-            raise ValueError("an input whose size has no hint")
+        hint = _hint(value)  # a data-dependent size has none: nothing to trace at
         made[0] += 1
         source = ConstantSource(f"objcache_traced_{made[0]}")
         symbol = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC)
@@ -320,7 +314,7 @@ def _hint(value: Any) -> int:
     node = getattr(value, "node", None)
     hint = value if node is None else node.hint
     if not isinstance(hint, int):
-        raise ValueError("a stride without a hint")
+        raise ValueError("a size without a hint (data-dependent)")
     return hint
 
 
@@ -329,15 +323,9 @@ def _joint(op: Any, grads: bool, *args: Any, **kwargs: Any) -> Any:
     the forward and the backward AOTAutograd traces for the call (an ``Autograd`` kernel's
     own formula)."""
     import torch
-    from torch.utils._pytree import tree_leaves, tree_map
+    from torch.utils._pytree import tree_leaves
 
-    def fresh(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.detach().requires_grad_(value.requires_grad)
-        return value
-
-    args, kwargs = tree_map(fresh, (args, kwargs))
-    out = op(*args, **kwargs)
+    out = op(*args, **kwargs)  # the inputs are :func:`_alike`'s leaves
     outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
     ins = [
         i for i in tree_leaves((args, kwargs)) if isinstance(i, torch.Tensor) and i.requires_grad
