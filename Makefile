@@ -31,10 +31,11 @@ lint: venv
 
 # Three workers on the two cores (a third of the suite waits on deadlines, servers and
 # subprocesses), each test file whole on one of them (its module-scoped compiles shared):
-# docs/testing.md, "Time". TEST_WORKERS=0 runs the suite in this process.
+# docs/testing.md, "Time". TEST_WORKERS=0 runs the suite in this process. The 25 slowest
+# tests are listed at the end, so every CI log says where the time went.
 TEST_WORKERS ?= 3
 test: venv system-deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The timing- and concurrency-sensitive test files, STRESS_RUNS times, with a busy loop holding
 # one core (docs/testing.md, "Flakes"); not part of `test`. STRESS_FILES="tests/x.py ..."

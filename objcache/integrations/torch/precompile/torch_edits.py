@@ -502,6 +502,48 @@ def _identity(value: Any) -> str:
             except ValueError:  # an empty cell
                 held.append("empty")
         return f"torch:{getattr(code, 'co_qualname', code.co_name)}:{held}"
+    if _holds_release_classes(value):
+        return _release_rendering(value)
+    return traced_code.value_identity(value, 0)
+
+
+def _release_class(value: Any) -> bool:
+    """A class of torch's or of a package its release depends on (sympy's relations)."""
+    top = str(getattr(value, "__module__", "")).split(".", 1)[0]
+    return isinstance(value, type) and (
+        top == "torch" or top in inductor_namespace.TORCH_DEPENDENCIES
+    )
+
+
+def _holds_release_classes(value: Any, depth: int = 0) -> bool:
+    if _release_class(value):
+        return True
+    if type(value) not in _CONTAINERS or depth >= MAX_DEPTH:
+        return False
+    items = list(value.items()) if type(value) is dict else [(v, None) for v in value]
+    return any(
+        _holds_release_classes(k, depth + 1) or _holds_release_classes(v, depth + 1)
+        for k, v in items
+    )
+
+
+def _release_rendering(value: Any, depth: int = 0) -> str:
+    """Copied data holding classes of torch's or its dependencies', those classes by name: a
+    dependency's class read as the program's is named by code that reads process-local state
+    (sympy's caches, in hash order), so a rendering by identity differs between two fresh
+    processes, and a process that copied Inductor's data as found never matched the release's
+    rendering (2.15.0's ``sizevars._RANGE_BOUND_OPS``, a tuple of sympy's relations)."""
+    if _release_class(value):
+        return f"class:{value.__module__}.{value.__qualname__}"
+    if type(value) in _CONTAINERS and depth < MAX_DEPTH:
+        if type(value) is dict:
+            items = [(_release_rendering(k, depth + 1), _release_rendering(v, depth + 1))
+                     for k, v in value.items()]  # fmt: skip
+            return f"dict:{items!r}"
+        rendered = [_release_rendering(v, depth + 1) for v in value]
+        if type(value) in (set, frozenset):
+            rendered.sort()
+        return f"{type(value).__name__}:{rendered!r}"
     return traced_code.value_identity(value, 0)
 
 
@@ -538,7 +580,7 @@ def reset() -> None:
 
 _release_lock = threading.Lock()
 #: Bump when what the child prints changes.
-FORMAT = "2"
+FORMAT = "3"
 #: The child imports torch and Inductor's tables (4.5 s of one core here); past this the
 #: compile waiting for it goes on with the tables as found (named by digest: a miss).
 TIMEOUT_S = 60.0

@@ -159,6 +159,31 @@ def test_data_of_inductor_s_modules_edited_in_place_is_named() -> None:
     assert torch_edits.changes() == ()
 
 
+def test_data_holding_classes_of_torch_s_dependencies_reads_alike_in_every_process() -> None:
+    """Inductor's data holding sympy's classes (2.15.0's ``sizevars._RANGE_BOUND_OPS``) is
+    rendered the same in every fresh process: a process that copied Inductor's data as found
+    compares it with the release's rendering, made in another interpreter. Read as the
+    program's code, a sympy class was named through sympy's process-local caches: no late
+    ``install()`` ever matched the release, so such processes shared no entry."""
+    program = (
+        "import sympy\n"
+        "from objcache.integrations.torch.precompile import torch_edits\n"
+        "data = (sympy.core.relational.StrictLessThan, sympy.LessThan)\n"
+        "print(torch_edits._identity(data))\n"
+        "print(torch_edits._identity({torch_edits.inductor_namespace.__name__: [sympy.Add]}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env["PYTHONPATH"] = str(torch_runs.ROOT)
+    first, second = (
+        torch_runs.python_c(program, {**env, "PYTHONHASHSEED": seed}) for seed in ("1", "2")
+    )
+    assert first == second
+    assert (
+        "class:sympy.core.relational.StrictLessThan" in first
+        and "class:sympy.core.add.Add" in first
+    )
+
+
 def test_the_zero_code_path_copies_as_import_torch_returns(tmp_path: Path) -> None:
     """Copied as ``import torch`` returns, so an edit on the program's next line is a
     change (an explicit ``install()`` copies when it runs)."""
