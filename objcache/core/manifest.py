@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import os
-import random
 import secrets
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from objcache.backends.shared import RANDOM
 from objcache.core.read_decision import LEASED_ELSEWHERE
 from objcache.core.streamed import fetch as stream_fetch
 from objcache.core.tier import Failed
@@ -137,12 +137,12 @@ class Need:
     def arrange(self, keys: list[str], window: int) -> list[str]:
         """``keys`` in order of need, the unranked last; shuffled within each ``window``
         (fetched at once anyway), so ranks of a node still fetch in different orders."""
-        random.shuffle(keys)
+        RANDOM.shuffle(keys)
         ranked = sorted(keys, key=lambda k: self.rank.get(k, len(self.rank)))
         out: list[str] = []
         for i in range(0, len(ranked), max(1, window)):
             chunk = ranked[i : i + max(1, window)]
-            random.shuffle(chunk)
+            RANDOM.shuffle(chunk)
             out.extend(chunk)
         return out
 

@@ -10,13 +10,13 @@ re-opens the breaker.
 from __future__ import annotations
 
 import asyncio
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from objcache.backends.shared import RANDOM
 from objcache.errors import PartialOutage, TransientBackendError
 
 T = TypeVar("T")
@@ -122,20 +122,24 @@ async def call_with_policy(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) 
         except Exception as exc:
             if not retried(exc):
                 raise
-        await asyncio.sleep(random.uniform(0, min(policy.backoff_max_s, policy.backoff_initial_s)))
+        await asyncio.sleep(RANDOM.uniform(0, min(policy.backoff_max_s, policy.backoff_initial_s)))
         # imported at the first retry: a compile process that never retries never pays it
         from tenacity import (
             AsyncRetrying,
             retry_if_exception,
             stop_after_attempt,
-            wait_random_exponential,
+            wait_exponential,
+        )
+
+        # wait_random_exponential's waits, drawn from objcache's own numbers (tenacity's draw
+        # from Python's shared ``random``)
+        ceiling = wait_exponential(
+            multiplier=2 * policy.backoff_initial_s, max=policy.backoff_max_s
         )
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(policy.retries),
-            wait=wait_random_exponential(
-                multiplier=2 * policy.backoff_initial_s, max=policy.backoff_max_s
-            ),
+            wait=lambda state: RANDOM.uniform(0, ceiling(state)),
             retry=retry_if_exception(retried),
             reraise=True,
         )

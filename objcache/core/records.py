@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
-import random
 import time
 from collections.abc import Callable
 
 from objcache.backends.records_contract import RECORD_DEADLINE, RECORD_MAX_BYTES, RecordBackend
-from objcache.backends.shared import to_daemon_thread
+from objcache.backends.shared import RANDOM, to_daemon_thread
 
 #: ``change(current)``: the new value for the current one (None: absent or unreadable), or
 #: None when there is nothing to write. Must be pure: it may run once per attempt.
@@ -132,5 +131,5 @@ async def _loop(
         if outcome is not None:
             return outcome, conflicts
         conflicts += 1
-        pause = random.uniform(0, CONFLICT_BACKOFF_S * 2 ** min(conflicts, 6))
+        pause = RANDOM.uniform(0, CONFLICT_BACKOFF_S * 2 ** min(conflicts, 6))
         await asyncio.sleep(min(pause, max(0.0, end - loop.time())))

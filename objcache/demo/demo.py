@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -177,7 +176,7 @@ def _demo(model: str, keep: bool, timeout: float) -> int:
     if not config.tiers:
         console.print("(the embedded default: set OBJCACHE_TIERS to use yours)", highlight=False)
     root = tempfile.mkdtemp(prefix="objcache-demo-")
-    run_id = f"{random.randrange(1 << 30):08x}"
+    run_id = os.urandom(4).hex()
     salt = 1.0 + int(run_id, 16) * 1e-12
     cold_env = machine_env(os.path.join(root, "machine-a"))
     new_env = machine_env(os.path.join(root, "machine-b"))

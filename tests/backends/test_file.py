@@ -961,7 +961,7 @@ async def test_a_folder_pruned_under_a_writer_is_retried_twice(
 async def test_a_put_sweeps_its_folder_at_most_hourly_and_never_fails_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_fs.random, "randrange", lambda n: 0)  # this put is the one in 32
+    monkeypatch.setattr(_fs.RANDOM, "randrange", lambda n: 0)  # this put is the one in 32
     backend = make("file", tmp_path)
     await backend.put("d/k", b"v")
     hour_ago = time.time() - _fs.STALE_AFTER_S - 60

@@ -32,7 +32,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import random
 import secrets
 import stat
 import time
@@ -42,6 +41,7 @@ from objcache.backends.base import ObjectInfo, PutMode, check_size
 from objcache.backends.fs_folders import LEASE_PREFIX, RESERVED, FsFolders
 from objcache.backends.fs_openat2 import OpenAt2
 from objcache.backends.records_contract import Versioned
+from objcache.backends.shared import RANDOM
 from objcache.config.files import CREATE_FLAGS, DIR_FLAGS, O_CLOEXEC, O_NOFOLLOW
 from objcache.config.files import write_all as _write_all  # tests replace it
 from objcache.errors import InvalidKey, PermanentBackendError
@@ -602,7 +602,7 @@ class FsStore(FsFolders):
             pass
 
     def _maybe_sweep(self, rel: str, directory: int) -> None:
-        if random.randrange(SWEEP_ONE_IN):
+        if RANDOM.randrange(SWEEP_ONE_IN):
             return
         now = time.monotonic()
         if now - self._swept.get(rel, -STALE_AFTER_S) < STALE_AFTER_S:

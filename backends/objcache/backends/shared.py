@@ -18,10 +18,20 @@ import contextvars
 import functools
 import os
 import queue
+import random
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, ParamSpec, TypeVar
+
+#: objcache's own random numbers (a sweep's one in N, a retry's jitter, a prefetch's order),
+#: never Python's shared ``random`` stream: a program that seeded ``random`` expects its next
+#: numbers to be its own (an adversarial review saw a seeded program's data change under
+#: objcache: the local store's sweep drew from it). Reseeded in a forked child, as ``random``
+#: reseeds its own, so forked processes do not repeat each other's orders.
+RANDOM = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=RANDOM.seed)
 
 K = TypeVar("K", bound=Hashable)
 C = TypeVar("C")
