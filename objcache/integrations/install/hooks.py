@@ -374,10 +374,23 @@ def _apply_op_kernels(module: Any) -> None:
 
 def _apply_torch_edits(module: Any) -> None:
     torch_edits.remember(module.__name__)  # before the program's first line after the import
+    # Dynamo's context around each frame compile and lazy backward compile: a compile window
+    # (Inductor's scalars changed inside one are torch's, outside every one the program's)
+    handler = getattr(sys.modules.get("torch._dynamo.callback"), "CompilationCallbackHandler", None)
+    context = getattr(handler, "install_callbacks", None)
+    if handler is not None and callable(context) and not is_marked(context):
+        own = handler.__dict__.get("install_callbacks")
+        patching.save("torch._dynamo.callback", "CompilationCallbackHandler.install_callbacks", own)
+        setattr(handler, "install_callbacks", torch_edits.wrap_window_context(context))  # noqa: B010
 
 
 def _apply_inductor_code(module: Any) -> None:
     torch_edits.remember_module(module)
+    if getattr(module, "__name__", "") == "torch._inductor.compile_fx":
+        graph_compile = getattr(module, "_compile_fx_inner", None)  # each graph's compile
+        if callable(graph_compile) and not is_marked(graph_compile):
+            patching.save(module.__name__, "_compile_fx_inner", graph_compile)
+            setattr(module, "_compile_fx_inner", torch_edits.wrap_window(graph_compile))  # noqa: B010
 
 
 #: Each part of the install -> the function applying it to its torch module.

@@ -42,6 +42,7 @@ WATCHED: dict[str, Part] = {
     # (docs/torch.md, "Custom ops in the keys"); the lowering module is the first compile's
     "torch": "torch_edits",
     "torch._inductor.lowering": "torch_edits",
+    "torch._dynamo.callback": "torch_edits",
     "torch._inductor.config": "flags",
     "torch._functorch.config": "flags",
     "torch._dynamo.config": "flags",

@@ -14,6 +14,11 @@ loaded tables as torch and Inductor's lowering module finish importing, and
 objcache could copy it (an explicit ``install()`` after ``torch.compile``) is compared with
 the release's entries, read in a fresh interpreter (the last section).
 
+Inductor's scalars (a module's or a class's ``int``, ``float``, ``str``... of any name) are
+the program's only when they changed between compiles: each frame compile, lazy backward
+compile and graph compile is a window (:func:`compile_started`, :func:`compile_ended`), and
+what changes inside one is torch's own state (counters, flags set lazily), never keyed.
+
 Entries replaced in or removed from a table count, and entries added to any table but the
 lowering table: Inductor adds fallbacks there as it compiles (for an op without a lowering),
 so what that table gained depends on what the process compiled before. Measured on torch
@@ -26,15 +31,19 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import hashlib
 import json
+import operator
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
     inductor_namespace,
     program_registrations,
@@ -102,6 +111,41 @@ _entry_identities: dict[int, tuple[Any, str]] = {}
 _loaded_at: list[int] = []
 #: (the frame compile, the identities read then, the changes named then)
 _memo: list[tuple[Any, int, tuple[tuple[str, str], ...]]] = []
+
+
+class _Scalars:
+    """Inductor's scalars of one namespace (a module's globals, a class's attributes, of any
+    name: ``ALIGN_BYTES``, a pass's ``cpu_max_other_dimension_decomposition``), read in one
+    C-level call."""
+
+    __slots__ = ("_get", "imported", "labels", "namespace")
+
+    def __init__(self, where: str, namespace: dict[str, Any], attrs: list[str]) -> None:
+        self.namespace = namespace
+        self.labels = tuple(f"{where}.{attr}" for attr in attrs)
+        self._get = operator.itemgetter(*attrs)
+        self.imported = self.values()
+
+    def values(self) -> tuple[Any, ...]:
+        try:
+            found = self._get(self.namespace)
+        except KeyError:  # one was deleted
+            return tuple(
+                self.namespace.get(label.rsplit(".", 1)[1], _MISSING) for label in self.labels
+            )
+        return found if len(self.labels) > 1 else (found,)
+
+
+_scalars: list[_Scalars] = []
+#: each group's values at the last edge of a compile window (or as imported)
+_scalar_last: list[tuple[Any, ...]] = []
+#: each group's values as the compile window under way began
+_scalar_start: list[tuple[Any, ...]] = []
+#: scalars changed outside every compile window (the program's), and inside one (torch's)
+_set_outside: set[str] = set()
+_set_inside: set[str] = set()
+#: compile windows under way (nested: a frame compile's graph compiles)
+_windows: list[int] = [0]
 
 _MISSING = object()
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
@@ -179,13 +223,20 @@ def _remember_inductor_data(name: str, module: Any, leaves: tuple[type, ...]) ->
         if type(value) is type and value.__module__ == name:
             spaces.append((f"{name}.{value.__qualname__}", value.__dict__))
     for where, namespace in spaces:
+        scalars = []
         for attr, value in list(namespace.items()):
-            if type(value) in _CONTAINERS and value and not attr.startswith("__"):
+            if type(value) in _SCALARS and not as_found and not attr.startswith("__"):
+                scalars.append(attr)
+            elif type(value) in _CONTAINERS and value and not attr.startswith("__"):
                 copied = _copy(value, leaves, 0)
                 if copied is not _MISSING:
                     _data[f"{where}.{attr}"] = (namespace, attr, copied)
                     if as_found:
                         _data_as_found.add(f"{where}.{attr}")
+        if scalars:
+            group = _Scalars(where, namespace, scalars)
+            _scalars.append(group)
+            _scalar_last.append(group.imported)
 
 
 def _remember_tables(finished: str = "") -> None:
@@ -327,9 +378,11 @@ def _same(now: Any, then: Any) -> bool:
 
 def _read_token() -> int:
     """The identities of everything :func:`changes` compares, in one C-level hash."""
-    ids: list[int] = [len(_data)]
+    ids: list[int] = [len(_data), len(_scalars)]
     for namespace, attr, _ in _data.values():
         _ids(namespace.get(attr, _MISSING), ids, 0)
+    for group in _scalars:
+        ids.extend(map(id, group.values()))
     for _, table in program_registrations.tables():  # Inductor's cached merge among them
         ids.append(len(table))
         ids.extend(map(id, list(table.values())))
@@ -380,13 +433,25 @@ def changes() -> tuple[tuple[str, str], ...]:
             _remember("")
         _loaded_at[:] = [len(sys.modules)]
     with _lock:
+        if not _windows[0]:
+            _note_changes_outside()  # a served entry's check: no compile under way
         token = _read_token()
         if _memo and _memo[0][1] == token:
             _memo[:] = [(compile_id, token, _memo[0][2])]
             return _memo[0][2]
         data = list(_data.items())
         tables = list(_tables.values())
+        program_s = _set_outside - _set_inside
+        scalars = [
+            (label, now, then)
+            for group in _scalars
+            for label, now, then in zip(group.labels, group.values(), group.imported, strict=True)
+            if label in program_s
+        ]
     found: list[tuple[str, str]] = []
+    for label, now, then in scalars:
+        if not _same(now, then):
+            found.append((f"torch_data:{label}", "removed" if now is _MISSING else _identity(now)))
     for label, (namespace, attr, then) in data:
         now = namespace.get(attr, _MISSING)
         if label in _data_as_found:
@@ -547,6 +612,81 @@ def _release_rendering(value: Any, depth: int = 0) -> str:
     return traced_code.value_identity(value, 0)
 
 
+def _read_scalars() -> list[tuple[Any, ...]]:
+    return [group.values() for group in _scalars]
+
+
+def _changed(now: list[tuple[Any, ...]], then: list[tuple[Any, ...]], into: set[str]) -> None:
+    """Add to ``into`` each scalar whose value differs (a group new since ``then``: from its
+    value as imported)."""
+    for index, values in enumerate(now):
+        group = _scalars[index]
+        before = then[index] if index < len(then) else group.imported
+        if values != before:  # one C-level comparison a group (identity first: NaN is NaN)
+            for label, value, was in zip(group.labels, values, before, strict=True):
+                if not _same(value, was):
+                    into.add(label)
+
+
+def _note_changes_outside() -> list[tuple[Any, ...]]:
+    """Mark the scalars changed since the last window's edge as the program's (under
+    ``_lock``); returns their values now."""
+    now = _read_scalars()
+    _changed(now, _scalar_last, _set_outside)
+    _scalar_last[:] = now
+    return now
+
+
+def compile_started() -> None:
+    """A compile window opens (a frame compile, a lazy backward compile, a graph compile):
+    what changed Inductor's scalars since the last one closed was the program (never raises)."""
+    with contextlib.suppress(Exception), _lock:
+        if not _windows[0]:
+            _scalar_start[:] = _note_changes_outside()
+        _windows[0] += 1
+
+
+def compile_ended() -> None:
+    """A compile window closes: what changed Inductor's scalars while it was open was torch
+    (its counters, its lazily set flags), never keyed (never raises)."""
+    with contextlib.suppress(Exception), _lock:
+        _windows[0] = max(0, _windows[0] - 1)
+        if _windows[0]:
+            return
+        now = _read_scalars()
+        _changed(now, _scalar_start, _set_inside)
+        _scalar_last[:] = now
+
+
+def wrap_window(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A function of torch's that compiles (Inductor's ``_compile_fx_inner``) as a window."""
+
+    def compiling(*args: Any, **kwargs: Any) -> Any:
+        compile_started()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            compile_ended()
+
+    return marked(functools.wraps(original)(compiling), original)
+
+
+def wrap_window_context(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo's ``CompilationCallbackHandler.install_callbacks`` (the context around each frame
+    compile and each lazy backward compile) as a window."""
+
+    @contextlib.contextmanager
+    def install_callbacks(self: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
+        compile_started()
+        try:
+            with original(self, *args, **kwargs):
+                yield
+        finally:
+            compile_ended()
+
+    return marked(install_callbacks, original)
+
+
 def reset() -> None:
     """Forget every copy (tests)."""
     with _lock:
@@ -561,6 +701,12 @@ def reset() -> None:
         _preloaded_modules.clear()
         _data_as_found.clear()
         _entry_identities.clear()
+        _scalars.clear()
+        _scalar_last.clear()
+        _scalar_start.clear()
+        _set_outside.clear()
+        _set_inside.clear()
+        _windows[0] = 0
     with _release_lock:
         _started.clear()
         _answer.clear()

@@ -159,6 +159,70 @@ def test_data_of_inductor_s_modules_edited_in_place_is_named() -> None:
     assert torch_edits.changes() == ()
 
 
+def test_a_scalar_of_inductor_s_the_program_rebinds_is_named_and_torch_s_own_are_not() -> None:
+    """A setting in a module of Inductor's that no config names (``utils.ALIGN_BYTES``, a
+    pass's ``cpu_max_other_dimension_decomposition``: the pass reads the lower-case copy) is
+    named once the program rebinds it, outside any compile; what torch changes inside a compile
+    window (its counters, flags it sets lazily) is never named, whatever it holds later."""
+    from torch._inductor import utils
+    from torch._inductor.fx_passes import decompose_mem_bound_mm as mm
+
+    torch_edits.remember_module(mm)  # as the import watcher copies a module at its import
+    align, limit = utils.ALIGN_BYTES, mm.cpu_max_other_dimension_decomposition
+    utils.ALIGN_BYTES = align * 2
+    mm.cpu_max_other_dimension_decomposition = limit * 2
+    try:
+        found = dict(torch_edits.changes())
+        prefix = "torch_data:torch._inductor."
+        assert sorted(found) == [
+            prefix + "fx_passes.decompose_mem_bound_mm.cpu_max_other_dimension_decomposition",
+            prefix + "utils.ALIGN_BYTES",
+        ]
+        assert found[prefix + "utils.ALIGN_BYTES"] == str(align * 2)
+    finally:
+        utils.ALIGN_BYTES, mm.cpu_max_other_dimension_decomposition = align, limit
+    assert torch_edits.changes() == ()  # put back: nothing
+    # changed while a compile is under way (nested windows, as a frame's graph compiles): torch's
+    torch_edits.compile_started()
+    torch_edits.compile_started()
+    utils.ALIGN_BYTES = align * 4
+    torch_edits.compile_ended()
+    assert torch_edits._windows[0] == 1  # the frame's window is still open
+    torch_edits.compile_ended()
+    try:
+        assert torch_edits.changes() == ()
+        # put back between compiles (as ``torch._dynamo.reset()`` zeroes Inductor's counters),
+        # then changed by the next compile again: still torch's
+        utils.ALIGN_BYTES = align
+        assert torch_edits.changes() == ()
+        torch_edits.compile_started()
+        utils.ALIGN_BYTES = align * 4
+        torch_edits.compile_ended()
+        assert torch_edits.changes() == ()
+    finally:
+        utils.ALIGN_BYTES = align
+
+
+def test_compile_windows_are_dynamo_s_and_inductor_s_own() -> None:
+    """The install makes a window of Dynamo's context around each frame compile and lazy
+    backward compile, and of each Inductor graph compile (one a program starts itself)."""
+    import torch._dynamo.callback as callback
+    from torch._inductor import compile_fx
+
+    from objcache.integrations.install import hooks
+    from objcache.integrations.patching import is_marked
+
+    hooks._apply_torch_edits(callback)
+    hooks._apply_inductor_code(compile_fx)
+    assert is_marked(callback.CompilationCallbackHandler.install_callbacks)
+    assert is_marked(compile_fx._compile_fx_inner)
+    seen: list[int] = []
+    handler = callback.CompilationCallbackHandler()
+    with handler.install_callbacks(callback.CallbackTrigger.DYNAMO, "0/0"):
+        seen.append(torch_edits._windows[0])
+    assert seen == [1] and torch_edits._windows[0] == 0
+
+
 def test_data_holding_classes_of_torch_s_dependencies_reads_alike_in_every_process() -> None:
     """Inductor's data holding sympy's classes (2.15.0's ``sizevars._RANGE_BOUND_OPS``) is
     rendered the same in every fresh process: a process that copied Inductor's data as found
