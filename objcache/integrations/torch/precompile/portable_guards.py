@@ -287,7 +287,10 @@ def _identity(value: Any, depth: int, within: tuple[int, ...], budget: list[int]
         return None
     if isinstance(value, enum.Enum):  # an IntEnum member is an int too: its class first
         owner = _named(type(value))
-        return None if owner is None else f"enum:{owner}.{value.name}"
+        # and its value: Dynamo folds it into the graph (``x * Lvl.N``), and a class body can
+        # compute it at start-up (``N = int(os.environ["N"])``: the thirty-fourth review)
+        held = _identity(value.value, depth + 1, within, budget)
+        return None if owner is None or held is None else f"enum:{owner}.{value.name}={held}"
     if isinstance(value, _CONSTANTS):
         return f"const:{type(value).__name__}:{value!r}"
     if isinstance(value, types.ModuleType):
@@ -755,11 +758,15 @@ def global_hook_records() -> tuple[Portable, ...]:
 
 def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...]:
     """Records of the functions Dynamo inlined into a frame (all but the frame's own code,
-    the first), each as ``<module>.<qualname>.__code__`` holding that very code. torch
-    never guards them (one process never changes a class's method), so a patched
-    ``nn.Linear.forward`` on the reader would run the writer's inlined code. A local
-    function or lambda is left out: its code is a constant of the code that made it, or a
-    dropped guard's record names it. A function no name reaches raises :class:`Unportable`."""
+    the first), each as ``<module>.<qualname>`` holding that very function: its code, its
+    defaults and what its closure holds (:func:`identity`). torch never guards them (one
+    process never changes a class's method), so a patched ``nn.Linear.forward`` on the
+    reader would run the writer's inlined code, and a constructor's default computed at
+    start-up (``def __init__(self, k=float(os.environ["K"]))``, a dataclass field's default,
+    a decorator's closure) would be the writer's, baked into the graph (the thirty-fourth
+    review). A local function or lambda is left out: its code is a constant of the code that
+    made it, or a dropped guard's record names it. A function no name reaches, or whose
+    defaults or closure have no portable name, raises :class:`Unportable`."""
     out: list[Portable] = []
     for code in list(dict.fromkeys(codes))[1:]:
         qualname = str(getattr(code, "co_qualname", code.co_name))
@@ -768,7 +775,15 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
         source = _code_source(code, qualname)
         if source is None:
             raise Unportable(INLINED_KIND, qualname, "no module name reaches its function")
-        out.append(Portable(source, INLINED_KIND, f"code:{code_digest(code)}"))
+        function_source = source.removesuffix(".__code__")
+        path = parse_source(function_source)
+        function = resolve(*path, {}, {}) if path is not None else _MISSING
+        named = identity(function) if getattr(function, "__code__", None) is code else None
+        if named is None:
+            raise Unportable(
+                INLINED_KIND, qualname, "its defaults or closure have no portable name"
+            )
+        out.append(Portable(function_source, INLINED_KIND, named))
     return tuple(out)
 
 

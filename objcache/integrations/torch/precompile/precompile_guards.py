@@ -331,7 +331,7 @@ def wrap_load_guard_manager(original: Callable[..., Any], counters: Counter[str]
             compile_settings.settings_digest,
             guard_failed,
             hooks_unguarded=_hook_guards_skipped(),
-            compiler=backend_matcher(backend),
+            compiler=backend_matcher(backend, _used_variants(target_code)),
         )
         parts = portable_guards.describe(portable)
         # last: after torch's own guards of this code (its shapes, dtypes, values), so that
@@ -430,26 +430,70 @@ def backend_of(context: Any) -> Any:
     return _innermost(callback)
 
 
-def backend_matcher(backend: Any) -> Callable[[], bool]:
-    """Whether the current call runs under ``backend`` (the very object, or an equal one of
-    its type, as torch's own match); run-only mode (``False``, ``torch._dynamo.run``, the
-    ``eager_on_recompile`` stance) runs any backend's code, as torch does. The last callback
-    that matched is held (its id is never reused) and matches again by identity: one
-    thread-local read and one comparison per call."""
+#: id(code) -> how many of its served variants ran (a code lives as long as its function)
+_used_by_code: dict[int, list[int]] = {}
+#: Stances under which torch runs only code it already compiled (``torch.compiler.set_stance``).
+_RUN_ONLY_STANCES = frozenset({"eager_on_recompile", "fail_on_recompile"})
+
+
+def _used_variants(code: Any) -> list[int]:
+    with _lock:
+        return _used_by_code.setdefault(id(code), [0])
+
+
+def _stance() -> str:
+    held = getattr(sys.modules.get("torch._dynamo.eval_frame"), "_stance", None)
+    return str(getattr(held, "stance", "default"))
+
+
+def _recompile_limit() -> int:
+    config = sys.modules.get("torch._dynamo.config")
+    limit: Any = getattr(config, "recompile_limit", None)
+    if limit is None:
+        limit = getattr(config, "cache_size_limit", 8)
+    return int(limit)
+
+
+def backend_matcher(backend: Any, used_of_code: list[int] | None = None) -> Callable[[], bool]:
+    """Whether one served variant may run at the current call: its backend is the call's (the
+    very object, or an equal one of its type, as torch's own match), and torch alone would
+    have compiled it by now. In the default stance a variant runs as compiled code would, up
+    to the recompile limit (``used_of_code``: the variants of its code that ran; one more
+    than the limit allows is refused, and torch, at its limit, runs the frame eagerly as it
+    would). Where torch runs only what it compiled before (``torch._dynamo.run``, the
+    ``eager_on_recompile`` and ``fail_on_recompile`` stances) only a variant that already ran
+    may; under ``eager_then_compile`` or ``force_eager`` none does (torch alone on a new
+    machine ran those calls eagerly: the thirty-fourth review saw served code where it
+    computed eagerly). The last callback that matched is held (its id is never reused) and
+    matches again by identity: one thread-local read and a few comparisons per call."""
     matched: list[Any] = [None]
+    ran = [False]
+    used = used_of_code if used_of_code is not None else [0]
+
+    def ran_now() -> bool:
+        if not ran[0]:
+            with _lock:
+                if used[0] >= _recompile_limit():
+                    return False
+                used[0] += 1
+            ran[0] = True
+        return True
 
     def matches() -> bool:
+        stance = _stance()
         callback = getattr(_state, "callback", None)
+        if callback is False or stance in _RUN_ONLY_STANCES:
+            return ran[0]
+        if stance != "default":
+            return False
         if callback is matched[0] and callback is not None:
-            return True
-        if callback is False:
-            return True
+            return ran_now()
         if callback is None:
             return False  # not known: fail, Dynamo compiles the frame
         found = _innermost(callback)
         if found is backend or (type(found) is type(backend) and bool(found == backend)):
             matched[0] = callback
-            return True
+            return ran_now()
         return False
 
     return matches

@@ -29,6 +29,7 @@ from objcache.integrations.torch.precompile import (
     portable_guards,
     precompile_entry,
     superseded_codes,
+    torch_edits,
 )
 from objcache.integrations.torch.precompile.precompile_entry import counters, failed, lock, stored
 
@@ -132,6 +133,11 @@ _save_lock = threading.Lock()
 
 
 def _save(final: bool) -> int:
+    with torch_edits.torch_at_work():
+        return _save_now(final)
+
+
+def _save_now(final: bool) -> int:
     with _save_lock:
         return _save_locked(final)
 

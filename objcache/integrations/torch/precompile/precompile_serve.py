@@ -32,6 +32,7 @@ from objcache.integrations.torch.precompile import (
     compile_settings,
     portable_guards,
     precompile_guards,
+    torch_edits,
 )
 from objcache.integrations.torch.precompile.precompile_entry import (
     FORMAT,
@@ -72,6 +73,11 @@ def _no_code() -> None:
 
 def load(fn: Any) -> Any | None:
     """``DynamoCache.load``: the verified entry of ``fn`` from objcache, or None (a miss)."""
+    with torch_edits.torch_at_work():
+        return _load(fn)
+
+
+def _load(fn: Any) -> Any | None:
     if _code_of(fn) is None:
         counters["skipped:no_code"] += 1
         return None
@@ -258,7 +264,8 @@ def wrap_initialize(original: Callable[..., None]) -> Callable[..., None]:
             original(self, fn, dynamo, ignore_inlined_sources)
             return
         try:
-            original(self, fn, dynamo, ignore_inlined_sources)
+            with torch_edits.torch_at_work():
+                original(self, fn, dynamo, ignore_inlined_sources)
             self.__dict__["_objcache_served"] = fn
         except Exception as exc:
             _reset(self, fn, original, "initialize", exc)
@@ -283,7 +290,8 @@ def wrap_install(original: Callable[..., None], initialize: Callable[..., None])
         scopes = _install_scopes(self)
         token = precompile_guards.installing_served.set(True)
         try:
-            original(self, backends)
+            with torch_edits.torch_at_work():
+                original(self, backends)
             counters["installed"] += 1
         except Exception as exc:
             _undo_install(self, scopes)

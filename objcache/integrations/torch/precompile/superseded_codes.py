@@ -8,15 +8,20 @@ modules before the first call. A warm machine never has the static one (its PGO 
 makes the size dynamic at the first compile), so a new machine served both pays a load a
 warm one does not (two of four modules for a training step).
 
-At save, a static variant is left out of the carried entry where a later variant of the
-same code *covers* it: the same inputs by source (a tensor's dtype, device type and
-``requires_grad`` too), each of the same rank, every size the
+At save, the *later* variant is left out of the carried entry where it *covers* an earlier
+static variant of the same code (the thirty-fourth adversarial review: the other way round, a
+new machine whose first call was at the static size ran the dynamic variant's kernels, which
+reduce in another order than the static kernels a compile of that first call makes:
+``layer_norm``'s output differed bitwise from torch alone's). Covering means: the same
+inputs by source (a tensor's dtype, device type and ``requires_grad`` too), each of the same
+rank, every size the
 later variant keeps static equal, every size it made symbolic at least 2 in the static
 one (Dynamo specializes 0 and 1, so those get no such cover). The shape view is taken from
-Dynamo's tracked fakes when the guards are serialized. Dropping a variant never changes a
-result: an input the later variant's guards refuse is traced and compiled as usual (a
-counted recompile), and an input they accept is computed as a warm machine computes it.
-The writer's own process keeps every variant.
+Dynamo's tracked fakes when the guards are serialized. Leaving the dynamic variant out never
+changes a result: a new machine's first call at the static size runs what a compile of it
+makes, and a call at another size fails the static variant's guards and is traced and
+compiled as usual (a counted recompile, which Dynamo makes dynamic as it would have). The
+writer's own process keeps every variant.
 """
 
 from __future__ import annotations
@@ -105,8 +110,8 @@ def covers(later: Shapes, static: Shapes) -> bool:
 
 
 def without_superseded(code_entry: Any) -> tuple[Any, int]:
-    """A copy of one code's ``_DynamoCodeCacheEntry`` without the static variants a later
-    variant covers, nor the backends only they call; and how many variants it left out."""
+    """A copy of one code's ``_DynamoCodeCacheEntry`` without the dynamic variants that cover
+    an earlier static one, nor the backends only they call; and how many it left out."""
     guarded = list(code_entry.guarded_codes)
     with _lock:
         views = [_shapes.get(hashlib.sha256(g.guards_state).digest()) for g in guarded]
@@ -114,7 +119,7 @@ def without_superseded(code_entry: Any) -> tuple[Any, int]:
         i
         for i, view in enumerate(views)
         if view is not None
-        and any(later is not None and covers(later, view) for later in views[i + 1 :])
+        and any(earlier is not None and covers(view, earlier) for earlier in views[:i])
     }
     if not superseded:
         return dataclasses.replace(code_entry), 0

@@ -658,6 +658,17 @@ def compile_ended() -> None:
         _scalar_last[:] = now
 
 
+@contextlib.contextmanager
+def torch_at_work() -> Iterator[None]:
+    """torch's own work outside a compile (a served precompile entry's load and install, an
+    entry's save: they load compiled modules and set Inductor's lazy flags) as a window."""
+    compile_started()
+    try:
+        yield
+    finally:
+        compile_ended()
+
+
 def wrap_window(original: Callable[..., Any]) -> Callable[..., Any]:
     """A function of torch's that compiles (Inductor's ``_compile_fx_inner``) as a window."""
 

@@ -3,8 +3,12 @@ docs/torch.md, "What the entry was compiled with")."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import types
 from typing import Any
+
+import pytest
 
 from objcache.integrations.torch.precompile import precompile_guards as bm
 
@@ -50,8 +54,9 @@ def test_a_call_matches_the_backend_it_was_served_for_or_an_equal_one() -> None:
     assert not matches()
     set_eval_frame(None)  # no callback known: fails
     assert not matches()
-    set_eval_frame(False)  # run-only mode runs any backend's code, as torch does
+    set_eval_frame(False)  # run-only mode runs the code that ran before, as torch does
     assert matches()
+    assert not bm.backend_matcher(served)()  # a variant that never ran: torch never compiled it
     seen: list[bool] = []
     thread = threading.Thread(target=lambda: seen.append(matches()))
     thread.start()
@@ -87,3 +92,37 @@ def test_the_callback_torch_restores_after_its_own_window_is_kept() -> None:
     torch.callback = window
     assert not matches()  # unknown, never run-only
     set_eval_frame(prior)
+
+
+def test_a_variant_runs_only_where_torch_alone_would_have_compiled_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``eager_then_compile`` or ``force_eager`` a served variant never runs (torch alone
+    on a new machine ran those calls eagerly); under ``eager_on_recompile`` only one that ran
+    before; and no more of a code's variants run than its recompile limit allows (torch alone,
+    at its limit, runs the frame eagerly)."""
+
+    torch = _Torch()
+    set_eval_frame = bm.wrap_set_eval_frame(torch.set)
+    served = _Backend("inductor")
+    stance = types.SimpleNamespace(stance="eager_then_compile")
+    frames = types.SimpleNamespace(_stance=stance)
+    config = types.SimpleNamespace(recompile_limit=1)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.eval_frame", frames)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.config", config)
+    used: list[int] = [0]
+    first, second = bm.backend_matcher(served, used), bm.backend_matcher(served, used)
+    set_eval_frame(_callback(served))
+    assert not first()
+    stance.stance = "force_eager"
+    assert not first()
+    stance.stance = "eager_on_recompile"
+    assert not first()  # never ran
+    stance.stance = "default"
+    assert first() and used == [1]
+    assert not second()  # one more than the recompile limit allows
+    stance.stance = "eager_on_recompile"
+    assert first() and not second()
+    config.recompile_limit = 8
+    stance.stance = "default"
+    assert second() and used == [2]

@@ -470,7 +470,19 @@ def test_torch_value_types_and_enum_members_have_identities() -> None:
     assert pg.identity(enum.Flag.__members__.get("X")) == "const:NoneType:None"
     import signal
 
-    assert pg.identity(signal.Signals.SIGINT) == "enum:signal.Signals.SIGINT"
+    assert pg.identity(signal.Signals.SIGINT) == "enum:signal.Signals.SIGINT=const:int:2"
+    # the member's value, which Dynamo folds into the graph and a class body may compute at
+    # start-up (``N = int(os.environ["N"])``: a new machine was served the writer's value)
+    level = enum.IntEnum("Level", {"N": 3}, module=__name__)
+    globals()["Level"] = level
+    try:
+        named = pg.identity(level.N)
+        assert named is not None and named.endswith("Level.N=const:int:3")
+        other = enum.IntEnum("Level", {"N": 7}, module=__name__)
+        globals()["Level"] = other
+        assert pg.identity(other.N) != named
+    finally:
+        del globals()["Level"]
 
 
 def test_a_type_match_under_a_reference_on_an_unnamed_value_checks_its_class() -> None:
@@ -605,13 +617,39 @@ def test_an_inlined_method_of_a_frozen_module_is_named_by_a_path_that_reaches_it
 
     code = collections.abc.Mapping.get.__code__
     [record] = pg.inlined_code_records([_square.__code__, code])
-    assert record.kind == pg.INLINED_KIND and record.identity == f"code:{pg.code_digest(code)}"
+    assert record.kind == pg.INLINED_KIND
+    assert record.identity == pg.identity(collections.abc.Mapping.get)
+    assert f":{pg.code_digest(code)}:" in record.identity
     original = collections.abc.Mapping.get
     try:
         collections.abc.Mapping.get = lambda self, key, default=None: default  # type: ignore[method-assign]
         assert not pg.check_for((record,), {})({})  # a reader with another method
     finally:
         collections.abc.Mapping.get = original  # type: ignore[method-assign]
+    assert pg.check_for((record,), {})({})
+
+
+def _scaled(x: Any, k: float = 2.0, *, shift: float = 0.0) -> Any:
+    return x * k + shift
+
+
+def test_an_inlined_function_s_defaults_and_closure_are_part_of_its_record() -> None:
+    """Dynamo bakes an inlined function's default arguments into the graph (a constructor's
+    ``k=float(os.environ["K"])``, a dataclass field's default) and guards none of them: the
+    record names the function with its defaults and closure, so a reader whose defaults
+    differ fails it (the thirty-fourth review: served the writer's K)."""
+    [record] = pg.inlined_code_records([_square.__code__, _scaled.__code__])
+    check = pg.check_for((record,), {})
+    assert check({})
+    defaults, kwdefaults = _scaled.__defaults__, _scaled.__kwdefaults__
+    try:
+        _scaled.__defaults__ = (5.0,)
+        assert not pg.check_for((record,), {})({})
+        _scaled.__defaults__ = defaults
+        _scaled.__kwdefaults__ = {"shift": 1.0}
+        assert not pg.check_for((record,), {})({})
+    finally:
+        _scaled.__defaults__, _scaled.__kwdefaults__ = defaults, kwdefaults
     assert pg.check_for((record,), {})({})
 
 
@@ -765,11 +803,11 @@ def test_a_method_a_closure_wraps_is_named_through_the_closure() -> None:
         init = torch.nn.Module.__init__
         original = next(c.cell_contents for c in init.__closure__ if callable(c.cell_contents))
     (record,) = pg.inlined_code_records([_square.__code__, original.__code__])
-    assert ".__closure__[" in record.source and record.source.endswith(".cell_contents.__code__")
+    assert ".__closure__[" in record.source and record.source.endswith(".cell_contents")
     check = pg.check_for([record], {})
     assert check({})
     root, steps = pg.parse_source(record.source) or ("", ())
-    assert pg.resolve(root, steps, {}, {}) is original.__code__
+    assert pg.resolve(root, steps, {}, {}) is original
 
 
 def test_records_that_passed_as_the_same_objects_are_compared_at_once_the_rest_one_by_one() -> None:
