@@ -771,6 +771,8 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
     for code in list(dict.fromkeys(codes))[1:]:
         qualname = str(getattr(code, "co_qualname", code.co_name))
         if "<" in qualname:
+            if code.co_filename == "<string>":  # made by ``exec``: a dataclass's ``__init__``
+                out.extend(_exec_made_records(code, qualname))
             continue
         source = _code_source(code, qualname)
         if source is None:
@@ -785,6 +787,30 @@ def inlined_code_records(codes: Sequence[types.CodeType]) -> tuple[Portable, ...
             )
         out.append(Portable(function_source, INLINED_KIND, named))
     return tuple(out)
+
+
+def _exec_made_records(code: types.CodeType, qualname: str) -> list[Portable]:
+    """Records of the functions made by ``exec`` that hold ``code`` (a dataclass's
+    ``__init__``, whose code is ``__create_fn__.<locals>.__init__`` and whose defaults are the
+    fields' defaults, bound when the class was made: the thirty-fourth review was served a
+    writer's field default computed at start-up), each by the name its function carries
+    (``DC.__init__``); one no name reaches raises :class:`Unportable`. Rare (few codes come
+    from ``exec``), so the functions are found among the referrers of the code."""
+    import gc
+
+    found = []
+    for holder in gc.get_referrers(code):
+        if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
+            continue
+        module = sys.modules.get(str(holder.__module__))
+        source = _path_in(module, code, holder.__qualname__)
+        named = identity(holder) if source is not None else None
+        if source is None or named is None:
+            raise Unportable(INLINED_KIND, qualname, "a function made by exec has no portable name")
+        found.append(Portable(source.removesuffix(".__code__"), INLINED_KIND, named))
+    if not found:
+        raise Unportable(INLINED_KIND, qualname, "no function holds this code made by exec")
+    return found
 
 
 #: Tensor facts Dynamo reads while it traces and never guards (one process keeps passing the

@@ -446,7 +446,7 @@ def _stance() -> str:
     return str(getattr(held, "stance", "default"))
 
 
-def _recompile_limit() -> int:
+def recompile_limit() -> int:
     config = sys.modules.get("torch._dynamo.config")
     limit: Any = getattr(config, "recompile_limit", None)
     if limit is None:
@@ -473,7 +473,7 @@ def backend_matcher(backend: Any, used_of_code: list[int] | None = None) -> Call
     def ran_now() -> bool:
         if not ran[0]:
             with _lock:
-                if used[0] >= _recompile_limit():
+                if used[0] >= recompile_limit():
                     return False
                 used[0] += 1
             ran[0] = True

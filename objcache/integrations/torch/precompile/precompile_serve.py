@@ -111,11 +111,23 @@ def _load(fn: Any) -> Any | None:
         counters["rejected:unreadable"] += 1
         failed("read", exc)
         return None
+    if _over_the_recompile_limit(entry):
+        # torch counts no served variant toward its limit: past it, the reader would compile
+        # where torch alone runs eagerly (the thirty-fourth review, ``recompile_limit=1``)
+        counters["skipped:recompile_limit"] += 1
+        return None
     with lock:
         _served[id(entry.dynamo)] = entry.dynamo
         stored[key] = hashlib.sha256(payload).hexdigest()
     counters["hits"] += 1
     return entry
+
+
+def _over_the_recompile_limit(entry: Any) -> bool:
+    """Whether a code of ``entry`` holds more variants than this process's recompile limit."""
+    limit = precompile_guards.recompile_limit()
+    codes = getattr(getattr(entry, "dynamo", None), "codes", None) or ()
+    return any(len(getattr(code, "guarded_codes", ())) > limit for code in codes)
 
 
 class _Mismatch(Exception):

@@ -126,3 +126,24 @@ def test_a_variant_runs_only_where_torch_alone_would_have_compiled_it(
     config.recompile_limit = 8
     stance.stance = "default"
     assert second() and used == [2]
+
+
+def test_an_entry_with_more_variants_of_a_code_than_the_recompile_limit_is_not_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch counts no served variant toward its recompile limit: an entry holding more of a
+    code's variants than this process allows is a miss (torch alone would run the extra
+    inputs eagerly)."""
+    from objcache.integrations.torch.precompile import precompile_serve
+
+    entry = types.SimpleNamespace(
+        dynamo=types.SimpleNamespace(codes=[types.SimpleNamespace(guarded_codes=[1, 2])])
+    )
+    monkeypatch.setitem(
+        sys.modules, "torch._dynamo.config", types.SimpleNamespace(recompile_limit=1)
+    )
+    assert precompile_serve._over_the_recompile_limit(entry)
+    monkeypatch.setitem(
+        sys.modules, "torch._dynamo.config", types.SimpleNamespace(recompile_limit=2)
+    )
+    assert not precompile_serve._over_the_recompile_limit(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -651,6 +652,29 @@ def test_an_inlined_function_s_defaults_and_closure_are_part_of_its_record() -> 
     finally:
         _scaled.__defaults__, _scaled.__kwdefaults__ = defaults, kwdefaults
     assert pg.check_for((record,), {})({})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    k: float = 2.0
+
+
+def test_a_dataclass_s_init_made_by_exec_is_named_with_its_fields_defaults() -> None:
+    """A dataclass's ``__init__`` is made by ``exec`` (its code is
+    ``__create_fn__.<locals>.__init__``), with the fields' defaults as its defaults: it is
+    found by the function that holds the code and named as ``_Field.__init__``, defaults
+    included (the thirty-fourth review: a field default computed at start-up was served)."""
+    code = _Field.__init__.__code__
+    assert "<" in code.co_qualname
+    [record] = pg.inlined_code_records([_square.__code__, code])
+    assert record.source.endswith("._Field.__init__")
+    assert pg.check_for((record,), {})({})
+    defaults = _Field.__init__.__defaults__
+    try:
+        _Field.__init__.__defaults__ = (5.0,)
+        assert not pg.check_for((record,), {})({})
+    finally:
+        _Field.__init__.__defaults__ = defaults
 
 
 def test_what_torch_checks_only_when_it_compiles_is_checked_until_the_guard_first_holds() -> None:
