@@ -795,22 +795,41 @@ def _exec_made_records(code: types.CodeType, qualname: str) -> list[Portable]:
     fields' defaults, bound when the class was made: the thirty-fourth review was served a
     writer's field default computed at start-up), each by the name its function carries
     (``DC.__init__``); one no name reaches raises :class:`Unportable`. Rare (few codes come
-    from ``exec``), so the functions are found among the referrers of the code."""
-    import gc
+    from ``exec``), so the functions are found among the referrers of the code, once per code
+    (their names; what each holds is read at every save)."""
+    held = _exec_made.get(id(code))
+    if held is None or held[0] is not code:
+        import gc
 
+        sources = []
+        for holder in gc.get_referrers(code):
+            if isinstance(holder, types.FunctionType) and holder.__code__ is code:
+                module = sys.modules.get(str(holder.__module__))
+                source = _path_in(module, code, holder.__qualname__)
+                if source is None:
+                    raise Unportable(
+                        INLINED_KIND, qualname, "a function made by exec has no portable name"
+                    )
+                sources.append(source.removesuffix(".__code__"))
+        if len(_exec_made) > 4096:
+            _exec_made.clear()
+        held = _exec_made[id(code)] = (code, sources)
     found = []
-    for holder in gc.get_referrers(code):
-        if not isinstance(holder, types.FunctionType) or holder.__code__ is not code:
-            continue
-        module = sys.modules.get(str(holder.__module__))
-        source = _path_in(module, code, holder.__qualname__)
-        named = identity(holder) if source is not None else None
-        if source is None or named is None:
+    for source in held[1]:
+        path = parse_source(source)
+        function = resolve(*path, {}, {}) if path is not None else _MISSING
+        named = identity(function) if getattr(function, "__code__", None) is code else None
+        if named is None:
             raise Unportable(INLINED_KIND, qualname, "a function made by exec has no portable name")
-        found.append(Portable(source.removesuffix(".__code__"), INLINED_KIND, named))
+        found.append(Portable(source, INLINED_KIND, named))
     if not found:
         raise Unportable(INLINED_KIND, qualname, "no function holds this code made by exec")
     return found
+
+
+#: id(code) -> (the code, held so its id stays its own; the sources of the functions holding
+#: it): a dataclass's ``__init__`` is inlined into every frame that builds one (model outputs)
+_exec_made: dict[int, tuple[types.CodeType, list[str]]] = {}
 
 
 #: Tensor facts Dynamo reads while it traces and never guards (one process keeps passing the
