@@ -1,12 +1,11 @@
-"""Which of a precompile entry's compiled variants a later dynamic-shape variant replaces
-(docs/torch.md, "Precompile entries", "Variants a dynamic one replaces").
+"""Which of a precompile entry's compiled variants is a later dynamic-shape variant covering
+an earlier static one (docs/torch.md, "Precompile entries", "A dynamic variant that covers a
+static one").
 
 A function first called at one input size and then at another is compiled twice by a cold
 process: a static variant, then, after Dynamo's automatic-dynamic recompile, a variant with
-symbolic sizes. torch's package keeps both, and its install loads every variant's compiled
-modules before the first call. A warm machine never has the static one (its PGO profile
-makes the size dynamic at the first compile), so a new machine served both pays a load a
-warm one does not (two of four modules for a training step).
+symbolic sizes. torch's package keeps both, and torch checks the newer first: served both, a
+new machine's first call at the static size would run the dynamic variant's kernels.
 
 At save, the *later* variant is left out of the carried entry where it *covers* an earlier
 static variant of the same code (the thirty-fourth adversarial review: the other way round, a
