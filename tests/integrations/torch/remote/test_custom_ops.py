@@ -9,6 +9,7 @@ import functools
 import operator
 import shutil
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,22 +138,30 @@ def test_another_implementation_of_what_a_graph_calls_is_a_miss_not_the_writers_
     program are served."""
     writer = run(tmp_path, "writer", "2.0")
     assert writer["same"] and writer["custom_ops"].get("keyed_graphs", 0) >= 1, writer
-    same = run(tmp_path, "same", "2.0")  # the same library: served as before
-    assert same["same"] and same["aot_hits"] >= 1, same
-    other = run(tmp_path, "other", "3.0")  # the library at another version
-    assert other["same"], other
-    assert other["aot_hits"] == 0 and other["fx_hits"] == 0, other
-    patched = run(tmp_path, "patched", "2.0", OVERRIDE)  # its own kernel of torch's linear
-    assert patched["same"], patched
-    assert patched["aot_hits"] == 0 and patched["fx_hits"] == 0, patched
-    # its own Python for a function of torch's namespace that torch's own code calls
-    replaced = run(tmp_path, "replaced", "2.0", TORCH_FUNCTION)
-    assert replaced["same"], replaced
-    assert replaced["aot_hits"] == 0 and replaced["fx_hits"] == 0, replaced
-    # one of Inductor's lowerings replaced with torch's own fallback after the install
-    fallback = run(tmp_path, "fallback", "2.0", FALLBACK)
-    assert fallback["same"], fallback
-    assert fallback["aot_hits"] == 0 and fallback["fx_hits"] == 0, fallback
+    readers = {
+        "same": "",  # the same library: served as before
+        "other": "",  # the library at another version
+        "patched": OVERRIDE,  # its own kernel of torch's linear
+        # its own Python for a function of torch's namespace that torch's own code calls
+        "replaced": TORCH_FUNCTION,
+        # one of Inductor's lowerings replaced with torch's own fallback after the install
+        "fallback": FALLBACK,
+    }
+    # The readers share nothing but the store the writer filled (each misses under a key of
+    # its own or hits the writer's), so they run side by side.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {
+            machine: pool.submit(
+                run, tmp_path, machine, "3.0" if machine == "other" else "2.0", override
+            )
+            for machine, override in readers.items()
+        }
+        results = {machine: future.result() for machine, future in futures.items()}
+    assert results["same"]["same"] and results["same"]["aot_hits"] >= 1, results["same"]
+    for machine in ("other", "patched", "replaced", "fallback"):
+        result = results[machine]
+        assert result["same"], (machine, result)
+        assert result["aot_hits"] == 0 and result["fx_hits"] == 0, (machine, result)
 
 
 @pytest.mark.parametrize("written", ["plainly", "with functools.wraps"])
