@@ -225,6 +225,9 @@ def main() -> int:
         action="store_true",
         help="the new machine also gets precompile entries (OBJCACHE_PRECOMPILE=1)",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each case's temp dirs (printed) to read after"
+    )
     opts = parser.parse_args()
     compile_bytecode()  # as an installed objcache runs (bench/_installed.py)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -237,7 +240,10 @@ def main() -> int:
                 run_case(case, opts, root, started)
             finally:
                 stop_servers()
-                shutil.rmtree(root, ignore_errors=True)
+                if opts.keep:
+                    print(f"{case.name}: kept {root}", flush=True)
+                else:
+                    shutil.rmtree(root, ignore_errors=True)
     except KeyboardInterrupt:
         return 130
     argv = sys.argv[1:]
