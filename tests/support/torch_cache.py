@@ -14,9 +14,11 @@ import pytest
 def new_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
     """Forget everything local: a fresh objcache local dir and Inductor dir, same store."""
     from objcache.client import get_client, reset_client
+    from objcache.integrations.torch.kernels import kernel_headers
 
     get_client().flush()
     reset_client()
+    kernel_headers.forget()  # what the compiler's search found here is another process's
     monkeypatch.setenv("OBJCACHE_LOCAL_DIR", str(tmp_path / f"local-{name}"))
     inductor = tmp_path / f"inductor-{name}"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))

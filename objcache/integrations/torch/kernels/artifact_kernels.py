@@ -39,7 +39,8 @@ log = logging.getLogger("objcache.torch")
 
 @dataclass
 class KernelScan:
-    """What a replay of the graphs found: ``(content key, binary)`` pairs and what is missing."""
+    """What a replay of the graphs found: ``(content key, entry)`` pairs (binaries as stored,
+    and the records of the headers they were built with) and what is missing."""
 
     items: list[tuple[str, bytes]] = field(default_factory=list)
     #: Targets torch would load but that no longer exist (their builds will run on load).
@@ -190,7 +191,15 @@ def derive(artifacts: Mapping[str, Sequence[Any]]) -> KernelScan:
                     scan.missing.append(plan.target)
                 continue
             with open(plan.target, "rb") as f:
-                scan.items.append((plan.key, f.read()))
+                stored = kernels.stored_form(plan, f.read())
+            if stored is None:
+                scan.failed.append("kernel: its headers could not be read")
+                continue
+            data, (record_key, record) = stored
+            if record_key not in seen:
+                seen.add(record_key)
+                scan.items.append((record_key, record))
+            scan.items.append((plan.key, data))
         except Exception as exc:
             scan.failed.append(f"kernel: {exc.__class__.__name__}")
     return scan

@@ -46,7 +46,7 @@ from typing import Any
 from objcache.config.files import publish_file
 from objcache.entry.layout import parse_object_key
 from objcache.integrations import cache_client
-from objcache.integrations.torch.kernels import kernels
+from objcache.integrations.torch.kernels import kernel_headers, kernels
 
 log = logging.getLogger("objcache.torch")
 
@@ -193,6 +193,13 @@ class Placer:
                 return
             key, record, binary, tries = item
             try:
+                if key.startswith(kernel_headers.RECORD_KEY_PREFIX):
+                    # the record of the headers kernels were built with: checked here, beside
+                    # the compile, not on the load path of the first kernel that names it
+                    payload = binary if binary is not None else self._local(kernels.KIND, key)
+                    if payload is not None:
+                        kernel_headers.holds(key, payload, kernels.denormalize)
+                    continue
                 if self.place(key, record, binary) is None and tries < RETRIES:
                     # a prefetched entry still on its way to the local tier: once more later
                     time.sleep(RETRY_S)
@@ -231,6 +238,14 @@ class Placer:
             if binary is None:
                 self.done.discard(key)  # its binary has not arrived yet
                 return None
+        record_key = kernel_headers.record_key_of(binary)
+        headers = self._local(kernels.KIND, record_key) if record_key is not None else None
+        if record_key is not None and headers is None:
+            self.done.discard(key)  # the record of its headers has not arrived yet
+            return None
+        binary = kernels.binary_of(binary, lambda k: headers if k == record_key else None)
+        if binary is None:
+            return False  # counted: built with other headers than this machine's
         try:
             publish_file(self.root, rel.split("/"), binary, mode=0o755, create_root=True,
                          replace=False)  # fmt: skip

@@ -63,6 +63,7 @@ from typing import Any
 from objcache.config.files import publish_file
 from objcache.integrations import cache_client
 from objcache.integrations.patching import is_marked, marked
+from objcache.integrations.torch.kernels import kernel_headers
 from objcache.observe.metrics import log_once
 
 log = logging.getLogger("objcache.torch")
@@ -71,7 +72,9 @@ KIND = "kernel"
 #: The kind of a probe binary's dlopen verdict: its own, so that ``kernel`` lookups count
 #: kernels (a store holding only a Mega-Cache bundle has the binaries but no verdicts).
 VERDICT_KIND = "isa-probe"
-KEY_VERSION = "k1"
+#: k2: the compiler's search context in the key, a binary stored with its headers' record
+#: (:mod:`.kernel_headers`); a k1 entry is never read.
+KEY_VERSION = "k2"
 #: How many builders are remembered for Mega-Cache bundles.
 MAX_RECORDED = 20_000
 
@@ -125,14 +128,11 @@ class Plan:
     key: str
     target: str
     precompiled_header: bool
+    #: The build's command line (what the headers' record is made from where it is built).
+    command: tuple[str, ...] = ()
 
 
-def _digest(*parts: str | bytes) -> str:
-    h = hashlib.blake2b(digest_size=20)
-    for part in parts:
-        h.update(part if isinstance(part, bytes) else part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+_digest = kernel_headers.digest
 
 
 def _file_digest(path: str) -> str:
@@ -224,6 +224,21 @@ def _normalize(token: str, roots: list[tuple[str, str]]) -> str:
     return token
 
 
+def normalize(path: str) -> str:
+    """``path`` with this machine's folders as placeholders (``<torch>/include/...``)."""
+    return _normalize(path, _roots())
+
+
+def denormalize(shown: str) -> str | None:
+    """The path here of a ``normalize``'d one; None for a placeholder this machine lacks."""
+    if not shown.startswith("<"):
+        return shown
+    for path, tag in _roots():
+        if shown == tag or shown.startswith(tag + "/"):
+            return path + shown[len(tag) :]
+    return None
+
+
 #: What shlex (POSIX mode, no comments) splits on, and what makes it do more than split.
 _BLANKS = re.compile(r"[ \t\r\n]+")
 _QUOTING = re.compile(r"[\"'\\]")
@@ -263,12 +278,18 @@ def plan(builder: Any) -> Plan | None:
             parts.append(_normalize(tok, roots))
     if native:
         parts.append(f"native:{native_id(compiler)}")
+    search = kernel_headers.search_id(compiler, normalize)
+    if search is None:
+        count("search_unreadable")
+        return None  # what the compiler searches is unknown: not cached
+    parts.append(f"search:{search}")
     ext = os.path.splitext(target)[1]
     parts.append(ext)
     return Plan(
         key=f"{KEY_VERSION}-{_digest(*parts)}{ext}",
         target=target,
         precompiled_header=bool(getattr(builder, "_precompiling", False)),
+        command=tuple(tokens),
     )
 
 
@@ -304,14 +325,40 @@ def _keep_out_of_prefetch(client: Any, p: Plan) -> None:
         client.leave_out_of_manifest(KIND, p.key)
 
 
+def binary_of(payload: bytes, get: Callable[[str], bytes | None]) -> bytes | None:
+    """The binary of a stored kernel entry where the headers it was built with are the
+    ones here (:mod:`.kernel_headers`), else None (counted ``misses_<why>``); ``get`` reads
+    a record of kind :data:`KIND`."""
+    binary, why = kernel_headers.unpack(payload, get, denormalize)
+    if binary is None:
+        count(f"misses_{why}")
+    return binary
+
+
+def stored_form(p: Plan, binary: bytes) -> tuple[bytes, tuple[str, bytes]] | None:
+    """``(entry, (record key, record))`` of a binary built here from ``p``'s command: the
+    entry names the record of the headers its build read; None where they cannot be read
+    (counted; the binary is then not stored)."""
+    made = kernel_headers.record(
+        p.command, p.target, kernel_headers.source_files(p.command), normalize
+    )
+    if made is None:
+        count("headers_unreadable")
+        return None
+    return kernel_headers.pack(made[0], binary), made
+
+
 def fetch(p: Plan) -> bool:
     """Write the cached output of ``p`` where torch expects it; False on a miss."""
     try:
         client = cache_client.get_client()
-        data = client.get(KIND, p.key)
+        payload = client.get(KIND, p.key)
         _keep_out_of_prefetch(client, p)
-        if data is None:
+        if payload is None:
             count("misses")
+            return False
+        data = binary_of(payload, lambda key: client.get(KIND, key))
+        if data is None:
             return False
         _atomic_write(p.target, data)
     except Exception as exc:
@@ -325,8 +372,14 @@ def fetch(p: Plan) -> bool:
 def _put_now(p: Plan) -> None:
     try:
         with open(p.target, "rb") as f:
-            data = f.read()
+            binary = f.read()
+        stored = stored_form(p, binary)
+        if stored is None:
+            return
+        data, (record_key, record) = stored
         client = cache_client.get_client()
+        if client.get_local(KIND, record_key) is None:  # a process's kernels share one
+            client.put(KIND, record_key, record)
         client.put(KIND, p.key, data)
         _keep_out_of_prefetch(client, p)
         count("stored")
@@ -595,10 +648,16 @@ def used_artifacts(include_headers: bool = False) -> Iterator[tuple[str, bytes]]
             if p is None or (p.precompiled_header and not include_headers):
                 continue
             with open(target, "rb") as f:
-                data = f.read()
+                stored = stored_form(p, f.read())
+            if stored is None:
+                continue
         except Exception as exc:
             _warn_once("bundle", exc)
             continue
+        data, (record_key, record) = stored
+        if record_key not in seen:
+            seen.add(record_key)
+            yield record_key, record
         yield p.key, data
 
 

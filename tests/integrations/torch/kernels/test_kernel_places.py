@@ -39,7 +39,7 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     never over a file already there (docs/architecture.md, "Kernels placed before the
     compile")."""
     from objcache.client import get_client
-    from objcache.integrations.torch.kernels import kernel_places, kernels
+    from objcache.integrations.torch.kernels import kernel_headers, kernel_places, kernels
 
     p = _kernel_built(installed_file_store / "inductor" / "ab" / "cabxyz.cpp", 42)
     assert Path(p.target).name == "cabxyz.so"
@@ -48,11 +48,16 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
 
     inductor = new_machine(installed_file_store, monkeypatch, "b")
     client = get_client()
-    # the prefetch brings the entries into the local tier (here: read through once)
-    assert client.get(kernels.KIND, p.key) is not None
+    # the prefetch brings the entries into the local tier (here: read through once): the
+    # binary, the record of the headers it was built with, its place
+    stored = client.get(kernels.KIND, p.key)
+    assert stored is not None
+    headers = kernel_headers.record_key_of(stored)
+    assert headers is not None and client.get(kernels.KIND, headers) is not None
     assert client.get(kernel_places.KIND, record) is not None
     # the local write-through of a remote hit is behind
     wait_until(lambda: client.get_local(kernels.KIND, p.key) is not None, what="kernel local")
+    wait_until(lambda: client.get_local(kernels.KIND, headers) is not None, what="headers")
     wait_until(lambda: client.get_local(kernel_places.KIND, record) is not None, what="record")
     placer = kernel_places.Placer(client, str(inductor))
     before = kernels.counters()

@@ -126,6 +126,72 @@ def test_kernels_are_fetched_instead_of_built_and_headers_wait_until_needed(
     assert after_warm.get("fetched", 0) == after_cold.get("fetched", 0) + 1
 
 
+def test_a_kernel_is_served_only_where_the_compiler_s_search_finds_the_same_headers(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same source and command line read other headers on a machine whose header differs,
+    whose search finds a file of that name earlier, or whose compiler environment adds a
+    folder (``CPATH``): each builds its own kernel and computes its own answer; a machine
+    with the same headers is served (docs/architecture.md, "The headers a kernel was built
+    with")."""
+    import ctypes
+
+    from objcache.integrations.torch.kernels import kernels
+
+    # the session's g++ cache keys a build by its command, not by the headers it reads
+    # (tests/support/gxx_cache.py): these builds read headers this test writes
+    wrapper = os.environ.get("TESTS_GXX_CACHE")
+    if wrapper and wrapper != "off":
+        folders = os.environ["PATH"].split(os.pathsep)
+        monkeypatch.setenv(
+            "PATH", os.pathsep.join(f for f in folders if f != os.path.join(wrapper, "bin"))
+        )
+    base = installed_file_store
+    first, second = base / "include-a", base / "include-b"
+    first.mkdir()
+    second.mkdir()
+    (second / "answer.h").write_text("#define ANSWER 1\n")
+    src = base / "src" / "k.cpp"
+    src.parent.mkdir()
+    src.write_text('#include <answer.h>\nextern "C" int answer() { return ANSWER; }\n')
+    flags = (f"-I{first}", f"-I{second}")
+
+    def built(name: str) -> tuple[int, dict[str, int]]:
+        """A machine's answer from the kernel it builds or is served, and its counters."""
+        if name != "writer":
+            new_machine(base, monkeypatch, name)
+        before = kernels.counters()
+        builder = _builder(src, base / f"out-{name}", extra_flags=flags)
+        builder.build()
+        kernels.wait_stored(60)
+        after = kernels.counters()
+        answer = ctypes.CDLL(str(builder.get_target_file_path())).answer()
+        return int(answer), {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+    answer, counted = built("writer")
+    assert answer == 1 and counted.get("builds") == 1 and counted.get("stored") == 1, counted
+    answer, counted = built("same")  # the same headers: served
+    assert answer == 1 and counted.get("fetched") == 1 and not counted.get("builds"), counted
+    (second / "answer.h").write_text("#define ANSWER 2\n")  # another image's header
+    answer, counted = built("other-header")
+    assert answer == 2 and counted.get("misses_headers_differ") == 1, counted
+    assert counted.get("builds") == 1 and not counted.get("fetched"), counted
+    (second / "answer.h").write_text("#define ANSWER 1\n")
+    (first / "answer.h").write_text("#define ANSWER 3\n")  # found earlier in the search
+    answer, counted = built("shadowed")
+    assert answer == 3 and counted.get("builds") == 1 and not counted.get("fetched"), counted
+    (first / "answer.h").unlink()
+    shadow = base / "on-cpath"
+    shadow.mkdir()
+    (shadow / "unused.h").write_text("\n")
+    monkeypatch.setenv("CPATH", str(shadow))  # another search: another key altogether
+    answer, counted = built("cpath")
+    assert answer == 1 and counted.get("misses") == 1 and counted.get("builds") == 1, counted
+    monkeypatch.delenv("CPATH")
+    answer, counted = built("same-again")
+    assert answer == 1 and counted.get("fetched") == 1 and not counted.get("builds"), counted
+
+
 def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_where_built(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
