@@ -149,6 +149,32 @@ def wrap_hasattr(original: Callable[..., Any]) -> Any:
     return call_obj_hasattr
 
 
+def wrap_function_getattr_fallback(original: Callable[..., Any]) -> Any:
+    """``BaseUserFunctionVariable.call_getattr_fallback``: an attribute a Python function
+    does not have (``inspect.signature`` tries ``fn.__signature__`` and
+    ``fn._partialmethod`` and catches the ``AttributeError``). Where the function is
+    reached by its module and qualified name (the very function) the name is collected
+    there, a record the reader checks like a ``hasattr`` found absent, and the error the
+    trace then catches does not make the frame unsaveable; elsewhere as before."""
+
+    def call_getattr_fallback(self: Any, tx: Any, name: Any) -> Any:
+        text = None
+        with contextlib.suppress(Exception):
+            text = class_source(self.get_function())
+        if not isinstance(text, str) or not isinstance(name, str):
+            return original(self, tx, name)
+        _collect(tx, text, name)
+        depth = getattr(_inside_hasattr, "depth", 0)
+        _inside_hasattr.depth = depth + 1
+        try:
+            return original(self, tx, name)
+        finally:
+            _inside_hasattr.depth = depth
+
+    marked(call_getattr_fallback, original)
+    return call_getattr_fallback
+
+
 def wrap_observed_attribute_error(original: Callable[..., None]) -> Any:
     """``ObservedAttributeError.__init__``: an attribute the trace did not find outside a
     ``hasattr`` (which :func:`wrap_hasattr` answers for): the frame is not saved."""

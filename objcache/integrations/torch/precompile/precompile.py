@@ -279,6 +279,16 @@ def _patch_absent_names(translator: Any) -> None:
         _patch(cls, "call_obj_hasattr", absent_names.wrap_hasattr(cls.__dict__["call_obj_hasattr"]))
     error = importlib.import_module("torch._dynamo.exc").ObservedAttributeError
     _patch(error, "__init__", absent_names.wrap_observed_attribute_error(error.__init__))
+    functions = importlib.import_module("torch._dynamo.variables.functions")
+    fallback = getattr(functions, "BaseUserFunctionVariable", object).__dict__.get(
+        "call_getattr_fallback"
+    )
+    if callable(fallback):  # where torch has none, a caught error stays unsaveable
+        _patch(
+            functions.BaseUserFunctionVariable,
+            "call_getattr_fallback",
+            absent_names.wrap_function_getattr_fallback(fallback),
+        )
 
 
 def _wrap_assumed_constant(original: Callable[..., Any]) -> Any:

@@ -171,22 +171,36 @@ def _caller_may_alias(output_graph: Any) -> bool:
         if not mutation.has_mutation:
             return False
         mutated = set(mutation.mutated_input_indices)
+        # Dynamo's OutputGraph.cleanup() deletes each placeholder's "grapharg" once the trace
+        # is done, before the guards are built: the sources are read from the tracked fakes
+        # (never pruned), by the fake tensor that is the placeholder's example value
+        tracked: dict[int, list[Any]] = {}
+        for fake in getattr(output_graph, "tracked_fakes", ()):
+            tracked.setdefault(id(fake.fake), []).append(fake.source)
         tensors, passed_and_mutated = 0, False
         for index, node in enumerate(output_graph.graph.nodes):
             if node.op != "placeholder":
                 break
-            if not isinstance(node.meta.get("example_value"), torch.Tensor):
+            example = node.meta.get("example_value")
+            if not isinstance(example, torch.Tensor):
                 continue
             tensors += 1
             source = getattr(node.meta.get("grapharg"), "source", None)
-            name = getattr(source, "name", None)
-            name = name() if callable(name) else name
-            path = portable_guards.parse_source(name) if isinstance(name, str) else None
-            passed = path is None or (path[0] == "L" and all(how != "attr" for how, _ in path[1]))
+            sources = [source] if source is not None else tracked.get(id(example), [None])
+            passed = any(_passed_by_caller(s) for s in sources)
             passed_and_mutated = passed_and_mutated or (passed and index in mutated)
         return tensors >= 2 and passed_and_mutated
     except Exception:
         return True
+
+
+def _passed_by_caller(source: Any) -> bool:
+    """Whether ``source`` is a local or an item of one reached through no attribute (True
+    where it cannot be read: fails closed)."""
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    path = portable_guards.parse_source(name) if isinstance(name, str) else None
+    return path is None or (path[0] == "L" and all(how != "attr" for how, _ in path[1]))
 
 
 def _traced_code(output_graph: Any) -> list[Any]:
