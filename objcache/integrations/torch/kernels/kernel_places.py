@@ -79,11 +79,16 @@ def machine() -> str:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         roots = [f"{tag}={path}" for path, tag in kernels.machine_roots() if tag not in _MOVABLE]
+        compiler = get_cpp_compiler()
+        # what the compiler searches decides the binary as the content key says (a machine
+        # whose compiler cannot say it matches no record: nothing is placed)
+        search = kernel_headers.search_id(compiler, kernels.normalize)
         _machine = kernels.digest(
             PLACE_VERSION,
             str(torch.__version__),
             *sorted(roots),
-            kernels.compiler_id(get_cpp_compiler()),
+            kernels.compiler_id(compiler),
+            f"search:{search or os.urandom(16).hex()}",
             kernels.cpuinfo(),
             # the vector ISA torch picks for kernel flags follows ATen's capability
             f"isa:{os.environ.get('ATEN_CPU_CAPABILITY', '')}:{_capability()}",

@@ -121,3 +121,21 @@ def test_kernels_are_placed_beside_the_prefetch_of_a_client_built_by_a_first_loo
     assert after.get("place_started", 0) >= before.get("place_started", 0) + 1
     assert kernel_places.start(client) is not None  # the same placer: started once
     assert kernels.counters().get("place_started", 0) == after.get("place_started", 0)
+
+
+def test_a_machine_whose_compiler_searches_elsewhere_takes_no_record_of_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records name the machine by what decides its binaries; the compiler's search
+    (``CPATH``: another header found first) is part of it, as it is of the content key, so a
+    binary built under another search is never placed where torch would load it."""
+    from objcache.integrations.torch.kernels import kernel_places
+
+    monkeypatch.setattr(kernel_places, "_machine", None)
+    here = kernel_places.machine()
+    monkeypatch.setenv("CPATH", str(tmp_path))
+    monkeypatch.setattr(kernel_places, "_machine", None)
+    assert kernel_places.machine() != here
+    monkeypatch.delenv("CPATH")
+    monkeypatch.setattr(kernel_places, "_machine", None)
+    assert kernel_places.machine() == here
