@@ -16,8 +16,9 @@ next machine puts the binaries there while its prefetch runs, before the compile
   target's path relative to ``TORCHINDUCTOR_CACHE_DIR``. ``<machine>`` is a digest of what
   decides both torch's file name (a hash of the kernel's source and of its command line, whose
   paths are this machine's: torch's and Python's folders) and objcache's content key (the
-  compiler's identity, the CPU): the torch release, those folders, ``g++ -v``, the CPU's flags
-  and ATen's CPU capability (which decides the vector ISA in the kernels' flags).
+  compiler's identity, the CPU): the torch release, those folders, ``g++ -v``, the compiler's
+  search context (:mod:`.kernel_headers`), the CPU's flags and ATen's CPU capability (which
+  decides the vector ISA in the kernels' flags).
   The cache dir and the temp dir are not in it: torch's names do not depend on them.
 * **Placement** happens only for a record of this machine's own digest, a path of the form
   torch gives a kernel (``<k[1:3]>/<k><.suffixes>.so|.o``, one folder below the cache dir,
