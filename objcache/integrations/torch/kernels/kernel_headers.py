@@ -205,7 +205,10 @@ def _memo_key(tokens: Sequence[str], target: str, files: Sequence[str]) -> str:
 
 
 def _scan(tokens: Sequence[str], target: str) -> tuple[list[str], list[str]] | None:
-    """(search folders, headers read) of the command's translation units, by the compiler."""
+    """(search folders, headers read) of the command's translation units, by the compiler;
+    a command that compiles nothing (a link of object files) reads no header."""
+    if not any(t.endswith(_SOURCE_SUFFIXES) and os.path.isfile(t) for t in tokens[1:]):
+        return [], []
     args = list(tokens)
     if target in args:
         i = args.index(target)

@@ -191,6 +191,17 @@ def test_a_kernel_is_served_only_where_the_compiler_s_search_finds_the_same_head
     answer, counted = built("same-again")
     assert answer == 1 and counted.get("fetched") == 1 and not counted.get("builds"), counted
 
+    # a link of object files compiles nothing and reads no header: stored all the same
+    obj = _builder(src, base / "out-object", extra_flags=flags, compile_only=True)
+    obj.build()
+    kernels.wait_stored(60)
+    linked = _builder(Path(obj.get_target_file_path()), base / "out-linked")
+    before = kernels.counters()
+    linked.build()
+    kernels.wait_stored(60)
+    after = kernels.counters()
+    assert after.get("stored", 0) == before.get("stored", 0) + 1, (before, after)
+
 
 def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_where_built(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
