@@ -66,6 +66,8 @@ _DIRECTIVE = re.compile(
     rb"(include|include_next|import|define|undef|if|ifdef|ifndef|elif|else|endif)\b.*$",
     re.MULTILINE,
 )
+#: An include by a quoted relative name: searched first in the including file's folder.
+_QUOTED_BESIDE = re.compile(rb'#[ \t]*include(?:_next)?[ \t]*"[^/"]')
 _SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".hxx")
 
 _lock = threading.Lock()
@@ -198,7 +200,10 @@ def _memo_key(tokens: Sequence[str], target: str, files: Sequence[str]) -> str:
             parts.append("<out>")
         elif token in files and token.endswith(_SOURCE_SUFFIXES):
             with open(token, "rb") as f:
-                parts.append(b"\n".join(m.group(0) for m in _DIRECTIVE.finditer(f.read())))
+                lines = b"\n".join(m.group(0) for m in _DIRECTIVE.finditer(f.read()))
+            parts.append(lines)
+            if _QUOTED_BESIDE.search(lines):  # found first beside the source: its folder too
+                parts.append(os.path.dirname(token))
         else:
             parts.append(token)
     return digest(*_env_values(), *parts)

@@ -250,3 +250,28 @@ def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_whe
     assert isa.check_build(refused)  # fetched, but its probe never passed: the child runs
     assert len(children) == 3
     assert kernels.counters().get("builds", 0) == before.get("builds", 0)
+
+
+def test_headers_found_beside_a_source_are_its_own(tmp_path: Path) -> None:
+    """Two kernels of one kind share a record of their headers, but not where a quoted
+    include is found beside each source: each names its own folder's header."""
+    import shutil
+
+    from objcache.integrations.torch.kernels import kernel_headers, kernels
+
+    compiler = shutil.which("g++")
+    assert compiler is not None
+    records = []
+    for name, value in (("a", 1), ("b", 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "local.h").write_text(f"#define VALUE {value}\n")
+        src = folder / "k.cpp"
+        src.write_text('#include "local.h"\nint value() { return VALUE; }\n')
+        target = str(folder / "k.so")
+        tokens = [compiler, str(src), "-shared", "-fPIC", "-o", target]
+        made = kernel_headers.record(tokens, target, [str(src)], kernels.normalize)
+        assert made is not None
+        records.append(made)
+    assert records[0][0] != records[1][0]
+    assert b"/a/local.h" in records[0][1] and b"/b/local.h" in records[1][1]
