@@ -95,6 +95,9 @@ DEADLINE_MS = 1500
 #: which is what a missing deadline costs, does not fit. Measured: 1.6-2.7 deadlines per
 #: command on an idle machine.
 HUNG_BOUND_S = 3 * DEADLINE_MS / 1000 + 5.0
+#: The most a command's healthy run (its start-up and work under the machine's load at the
+#: time) adds to :data:`HUNG_BOUND_S` (9.5 + 8 = 17.5 s, below the SDKs' 20 s).
+LOAD_ALLOWANCE_S = 8.0
 
 
 @pytest.fixture(params=["s3", "gcs"])
@@ -177,7 +180,12 @@ def test_commands_on_a_hung_tier_end_within_the_deadline(
     print(f"{args}: exit {done.returncode}, {elapsed:.1f} s on a black-holed tier")
     assert done.returncode == code, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
-    assert elapsed < HUNG_BOUND_S, (elapsed, done.stderr)
+    # what the same command took on a healthy tier, measured under the same load, is what
+    # this machine's load adds to it (a fresh-clone run beside a compile stretched a
+    # black-holed `pull --job` from 2.7 s to 9.8 s); the rest is the deadlines'. At most
+    # LOAD_ALLOWANCE_S of it: the bound stays below the SDKs' 20 s read timeout.
+    bound = HUNG_BOUND_S + min(healthy.elapsed, LOAD_ALLOWANCE_S)
+    assert elapsed < bound, (elapsed, healthy.elapsed, done.stderr)
     if args[0] == "pull":
         assert "warning" in done.stderr, done.stderr  # best-effort: said, not fatal
 
