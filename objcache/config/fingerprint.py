@@ -35,8 +35,9 @@ FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "machine
 #: The fields that come from torch (and so from an ``import torch``).
 TORCH_FIELDS = ("torch", "cuda", "hip", "gpu", "cpu_isa")
 #: How :data:`TORCH_FIELDS` are rendered, in the cache key: a cache written by an objcache that
-#: rendered them otherwise (``cpu_isa`` without Inductor's extensions) is never read.
-FIELDS_FORMAT = b"torch-fields-2"
+#: rendered them otherwise (``cpu_isa`` without Inductor's extensions, or without AMX tiles
+#: refused by the kernel) is never read.
+FIELDS_FORMAT = b"torch-fields-3"
 #: Environment variables torch reads when it reports the device and the vector ISA.
 TORCH_ENV = (
     "ATEN_CPU_CAPABILITY",
@@ -114,13 +115,29 @@ def _vector_extensions(torch: Any, capability: str) -> list[str]:
     except Exception:  # named, so no environment is shared on a guess
         return ["extensions=unreadable"]
     picked = []
+    refused = any(found.get(name) is True for name in names if name.startswith("amx")) and (
+        not _amx_permitted(torch)
+    )
     for name in names:
         value = found.get(name)
-        if value is True:
+        if value is True and refused and name.startswith("amx"):
+            picked.append(f"{name}=unpermitted")  # the CPU has it, the kernel refuses its use
+        elif value is True:
             picked.append(name)
         elif value not in (None, False, 0):
             picked.append(f"{name}={value}")
     return picked
+
+
+def _amx_permitted(torch: Any) -> bool:
+    """Whether this process may use AMX tiles: Linux grants them per process on request
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, refused by kernels before 5.16 and by some
+    sandboxes); Inductor asks the same way (``torch.cpu._init_amx()``) and writes AMX kernels
+    only where granted, so two machines with one CPU and another kernel compile other code."""
+    try:
+        return bool(torch.cpu._init_amx())
+    except Exception:
+        return False
 
 
 def _triton_version() -> str:
@@ -249,6 +266,18 @@ def fingerprint() -> dict[str, str]:
         "machine": platform.machine(),
     }
     return {k: fields[k] for k in FIELDS}
+
+
+def vector_isa_asked_since() -> str | None:
+    """``ATEN_CPU_CAPABILITY`` as it is now where it asks for another level than the
+    fingerprint's ``cpu_isa`` names (ATen's, fixed as torch started), else None: Inductor
+    reads the variable at each compile, so a program that sets it after ``import torch``
+    gets other C++ kernels than the environment's namespace says."""
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked is None:
+        return None
+    level = (fingerprint().get("cpu_isa", "").split() or [""])[0]
+    return None if asked.strip().lower() == level else asked
 
 
 def env_id(fields: dict[str, str] | None = None) -> str:

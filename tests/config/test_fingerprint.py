@@ -123,7 +123,8 @@ def test_the_cpu_isa_names_the_extensions_inductor_picks_its_kernels_by(
 ) -> None:
     """ATen's level is "avx512" on every AVX-512 CPU; Inductor picks finer vector classes on it
     (VNNI, AMX: its CPU GEMM templates write AMX tile intrinsics for bf16 that no other CPU
-    builds): two such machines are two environments. Below AVX-512 nothing is added."""
+    builds, and only where the OS grants the process AMX tiles): two such machines are two
+    environments. Below AVX-512 nothing is added."""
     import platform
     from types import SimpleNamespace
 
@@ -131,16 +132,22 @@ def test_the_cpu_isa_names_the_extensions_inductor_picks_its_kernels_by(
 
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
 
-    def fake(level: str, **caps: object) -> object:
+    def fake(level: str, permitted: bool = True, **caps: object) -> object:
         return SimpleNamespace(
             backends=SimpleNamespace(cpu=SimpleNamespace(get_cpu_capability=lambda: level)),
-            cpu=SimpleNamespace(get_capabilities=lambda: {"avx512_vnni": False, **caps}),
+            cpu=SimpleNamespace(
+                get_capabilities=lambda: {"avx512_vnni": False, **caps},
+                _init_amx=lambda: permitted,
+            ),
         )
 
     plain = fp._cpu_isa(fake("AVX512"))
     amx = fp._cpu_isa(fake("AVX512", avx512_vnni=True, amx_tile=True, amx_bf16=True))
     assert plain == "avx512"
     assert amx == "avx512 avx512_vnni amx_tile amx_bf16"
+    # the same CPU where the kernel refuses AMX tiles (Inductor then writes no AMX kernel)
+    refused = fp._cpu_isa(fake("AVX512", False, avx512_vnni=True, amx_tile=True, amx_bf16=True))
+    assert refused == "avx512 avx512_vnni amx_tile=unpermitted amx_bf16=unpermitted"
     assert fp._cpu_isa(fake("AVX2", avx512_vnni=True, amx_tile=True)) == "avx2"
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     assert (

@@ -390,7 +390,14 @@ def _apply_inductor_code(module: Any) -> None:
         graph_compile = getattr(module, "_compile_fx_inner", None)  # each graph's compile
         if callable(graph_compile) and not is_marked(graph_compile):
             patching.save(module.__name__, "_compile_fx_inner", graph_compile)
-            setattr(module, "_compile_fx_inner", torch_edits.wrap_window(graph_compile))  # noqa: B010
+            wrapped = torch_edits.wrap_window(process_keys.wrap_graph_compile(graph_compile))
+            setattr(module, "_compile_fx_inner", wrapped)  # noqa: B010
+        # Inductor as a backend, whoever calls it (``aot_compile`` calls it outside Dynamo's
+        # context, vLLM directly): its passes before each graph's compile set torch's state
+        backend = getattr(module, "compile_fx", None)
+        if callable(backend) and not is_marked(backend):
+            patching.save(module.__name__, "compile_fx", backend)
+            setattr(module, "compile_fx", torch_edits.wrap_window(backend))  # noqa: B010
 
 
 #: Each part of the install -> the function applying it to its torch module.

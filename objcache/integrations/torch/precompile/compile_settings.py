@@ -35,8 +35,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import importlib
+import os
 from typing import Any
 
+from objcache.config import fingerprint
 from objcache.integrations.torch.precompile import op_overrides, portable_guards
 
 #: Config modules whose settings a served frame must have been compiled with.
@@ -295,7 +297,10 @@ def process_facts() -> str:
     its contractions (:func:`opt_einsum_state`), the autocast dtypes
     (``torch.get_autocast_dtype`` is folded; with autocast off torch's global-state guard
     does not compare them), and the CUDA devices' names and capabilities once CUDA is
-    initialized (``torch.cuda.get_device_properties`` is folded too). Never raises."""
+    initialized (``torch.cuda.get_device_properties`` is folded too), the CPU count (C++
+    kernels' OpenMP regions are dynamic where the thread count equals it) and
+    ``ATEN_CPU_CAPABILITY`` where it asks for another level than ATen's (Inductor's vector
+    ISA, read at each compile). Never raises."""
     import sys
 
     from objcache.integrations.torch.precompile import hash_order
@@ -313,6 +318,10 @@ def process_facts() -> str:
             parts.append(f"einsum={opt_einsum_state()}")
             # the C++ GEMM templates' blocking, whatever mode is in effect where facts are read
             parts.append(f"cpu_gemm={_cpu_blocking(torch)}")
+            # Inductor's OpenMP regions: dynamic where its thread count is the CPU count
+            parts.append(f"cpu_count={os.cpu_count()}")
+            # the vector ISA Inductor picks at each compile (ATen's level was fixed at start)
+            parts.append(f"aten_cpu_capability={fingerprint.vector_isa_asked_since()}")
             parts.extend(
                 f"autocast_{device}={torch.get_autocast_dtype(device)}"
                 for device in ("cpu", "cuda")

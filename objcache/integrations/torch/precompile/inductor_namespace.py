@@ -31,6 +31,7 @@ from objcache.integrations.torch.precompile.traced_code import (
     is_torchs_name,
     value_identity,
 )
+from objcache.integrations.torch.timing import compile_windows
 
 #: The package whose classes and registries decide the code a graph compiles to.
 PACKAGE = "torch._inductor"
@@ -98,7 +99,7 @@ MAX_ITEMS = 4096
 _lock = threading.Lock()
 #: (modules loaded, class dicts, registries), found again only when a module was imported
 _layout: list[tuple[int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = []
-#: (compile id, (token, the program's values)): one frame compile's keys share one reading
+#: (compile window, (token, the program's values)): one window's keys share one reading
 _read_memo: list[tuple[Any, tuple[int, list[tuple[str, Any]]]]] = []
 #: id of a class dict or registry -> (it, the hash of what it held, the program's values in it)
 _scanned: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
@@ -230,7 +231,7 @@ def _stable_hash(read: Callable[[], Any]) -> int:
 def _read() -> tuple[int, list[tuple[str, Any]]]:
     """(the token, the program's values with where they are): each class dict and registry
     by the identities it holds, scanned again only where those changed."""
-    compile_id = current_compile_id()
+    compile_id = compile_windows.reading_id()
     with _lock:
         if compile_id is not None and _read_memo and _read_memo[0][0] == compile_id:
             return _read_memo[0][1]

@@ -26,6 +26,7 @@ from objcache.integrations.torch.precompile import (
     torch_edits,
     traced_code,
 )
+from objcache.integrations.torch.timing import compile_windows
 
 #: torch's own operator namespaces: their kernels are torch's, whose release is in every key.
 TORCH_NAMESPACES = program_registrations.TORCH_NAMESPACES
@@ -43,6 +44,8 @@ _python_kernels: dict[str, list[Any]] = {}
 _generation = [0]
 #: (the :func:`token` they were found at, the overrides then)
 _overrides_memo: list[tuple[Any, tuple[str, ...]]] = []
+#: (the compile window, what :func:`torch_overrides` named in it): one window's keys share it
+_named_memo: list[tuple[Any, tuple[tuple[str, str], ...]]] = []
 
 
 def record_kernel(name: str, fn: Any) -> None:
@@ -258,7 +261,20 @@ def torch_overrides() -> tuple[tuple[str, str], ...]:
     AOTAutograd traces that kernel where a graph names ``torch.nn.functional.linear``, which
     no graph's ops show, so such an override keys every graph of the process. Registrations
     torch makes itself (from its own sources, or of shape-only kernels) are left out: they
-    are part of the release in every key. Found again only when :func:`token` changes."""
+    are part of the release in every key. Found again only when :func:`token` changes, and
+    named once per compile window (:mod:`objcache.integrations.torch.timing.compile_windows`:
+    the program does not run there)."""
+    window = compile_windows.reading_id()
+    with _lock:
+        if window is not None and _named_memo and _named_memo[0][0] == window:
+            return _named_memo[0][1]
+    named = _torch_overrides()
+    with _lock:
+        _named_memo[:] = [(window, named)] if window is not None else []
+    return named
+
+
+def _torch_overrides() -> tuple[tuple[str, str], ...]:
     import torch.library
 
     impls = getattr(torch.library, "_impls", None)

@@ -16,12 +16,16 @@ the release's entries, read in a fresh interpreter (the last section).
 
 Inductor's scalars (a module's or a class's ``int``, ``float``, ``str``... of any name) are
 the program's only when they changed between compiles: each frame compile, lazy backward
-compile and graph compile is a window (:func:`compile_started`, :func:`compile_ended`), and
+compile, call of Inductor as a backend (``aot_compile`` makes one outside Dynamo's context)
+and graph compile is a window (:func:`compile_started`, :func:`compile_ended`), and
 what changes inside one is torch's own state (counters, flags set lazily), never keyed.
 
-Entries replaced in or removed from a table count, and entries added to any table but the
-lowering table: Inductor adds fallbacks there as it compiles (for an op without a lowering),
-so what that table gained depends on what the process compiled before. Measured on torch
+Entries replaced in or removed from a table count, and entries added to any table; to the
+lowering table only outside every compile window: Inductor adds fallbacks there as it compiles
+(for an op without a lowering), so what that table gains inside a window depends on what the
+process compiled before, while a lowering the program registers between compiles (an op torch
+falls back on) changes the code. No module of Inductor's imported after the lowering module
+adds to it (2.13.0: every module of ``torch._inductor`` imported in turn). Measured on torch
 2.13.0, 2.14.1 and 2.15.0: compiling forward, backward, dynamic shapes, einsum, FFT,
 normalizations, float64, a convolution and an optimizer step changed none of the data read
 here, and replaced or removed no table entry.
@@ -49,6 +53,7 @@ from objcache.integrations.torch.precompile import (
     program_registrations,
     traced_code,
 )
+from objcache.integrations.torch.timing import compile_windows
 
 #: How deep a module's container is copied and compared (a dict of tuples of dtypes).
 MAX_DEPTH = 2
@@ -144,8 +149,12 @@ _scalar_start: list[tuple[Any, ...]] = []
 #: scalars changed outside every compile window (the program's), and inside one (torch's)
 _set_outside: set[str] = set()
 _set_inside: set[str] = set()
-#: compile windows under way (nested: a frame compile's graph compiles)
-_windows: list[int] = [0]
+#: id(table) -> {op: entry} of what a table torch grows holds beyond its copy, as last seen at
+#: a window's edge
+_grown_seen: dict[int, dict[Any, Any]] = {}
+#: id(table) -> the ops added to (or re-pointed in) it outside every compile window: the
+#: program's
+_grown_by_program: dict[int, set[Any]] = {}
 
 _MISSING = object()
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
@@ -422,10 +431,10 @@ def changes() -> tuple[tuple[str, str], ...]:
     release's (``torch_data:<module>.<name>``) and each entry of Inductor's tables the
     program replaced, removed (``replaced:<table>:<op>``) or added where torch adds none
     (``added:<table>:<op>``): empty where nothing was."""
-    compile_id = inductor_namespace.current_compile_id()
+    compile_id = compile_windows.reading_id()
     with _lock:
         if compile_id is not None and _memo and _memo[0][0] == compile_id:
-            return _memo[0][2]  # one frame compile's keys share one reading
+            return _memo[0][2]  # one compile window's keys share one reading
     if _loaded_at[:1] != [len(sys.modules)]:
         # data and tables of a module imported since (torch's random decompositions, on first
         # use); namespaces' code only where imported or installed (never a copy made mid-edit)
@@ -433,7 +442,7 @@ def changes() -> tuple[tuple[str, str], ...]:
             _remember("")
         _loaded_at[:] = [len(sys.modules)]
     with _lock:
-        if not _windows[0]:
+        if not compile_windows.open_now():
             _note_changes_outside()  # a served entry's check: no compile under way
         token = _read_token()
         if _memo and _memo[0][1] == token:
@@ -441,6 +450,7 @@ def changes() -> tuple[tuple[str, str], ...]:
             return _memo[0][2]
         data = list(_data.items())
         tables = list(_tables.values())
+        grown = {key: set(ops) for key, ops in _grown_by_program.items()}
         program_s = _set_outside - _set_inside
         scalars = [
             (label, now, then)
@@ -464,6 +474,11 @@ def changes() -> tuple[tuple[str, str], ...]:
             found.extend(_table_changes(label, table, then))
         else:
             found.extend(_changes_from_release(label, table, then, where))
+        found.extend(  # added between compiles where torch grows the table as it compiles
+            (f"added:{label}:{op}", _identity(table[op]))
+            for op in grown.get(id(table), ())
+            if op in table and op not in then
+        )
     merged = _merged_release(tables)
     for label, table in program_registrations.tables():
         if merged is not None and all(table is not known for _, known, _ in tables):
@@ -629,33 +644,50 @@ def _changed(now: list[tuple[Any, ...]], then: list[tuple[Any, ...]], into: set[
 
 
 def _note_changes_outside() -> list[tuple[Any, ...]]:
-    """Mark the scalars changed since the last window's edge as the program's (under
-    ``_lock``); returns their values now."""
+    """Mark the scalars changed and the lowerings added since the last window's edge as the
+    program's (under ``_lock``); returns the scalars' values now."""
     now = _read_scalars()
     _changed(now, _scalar_last, _set_outside)
     _scalar_last[:] = now
+    _note_grown(by_program=True)
     return now
+
+
+def _note_grown(by_program: bool) -> None:
+    """What each table torch grows holds beyond its copy now (a C-level key difference: a
+    few entries), remembered; with ``by_program``, what is new or re-pointed since the last
+    edge is the program's (under ``_lock``)."""
+    for key, (label, table, then) in list(_tables.items()):
+        if label not in _GROWN_BY_TORCH:
+            continue
+        beyond = {op: table.get(op, _MISSING) for op in table.keys() - then.keys()}
+        program_s = _grown_by_program.get(key, set()) & beyond.keys()  # gone since: forgotten
+        if by_program:
+            seen = _grown_seen.get(key, {})
+            program_s |= {op for op, entry in beyond.items() if seen.get(op, _MISSING) is not entry}
+        if program_s or key in _grown_by_program:
+            _grown_by_program[key] = program_s
+        _grown_seen[key] = beyond
 
 
 def compile_started() -> None:
     """A compile window opens (a frame compile, a lazy backward compile, a graph compile):
     what changed Inductor's scalars since the last one closed was the program (never raises)."""
     with contextlib.suppress(Exception), _lock:
-        if not _windows[0]:
+        if compile_windows.opened():
             _scalar_start[:] = _note_changes_outside()
-        _windows[0] += 1
 
 
 def compile_ended() -> None:
     """A compile window closes: what changed Inductor's scalars while it was open was torch
     (its counters, its lazily set flags), never keyed (never raises)."""
     with contextlib.suppress(Exception), _lock:
-        _windows[0] = max(0, _windows[0] - 1)
-        if _windows[0]:
+        if not compile_windows.closed():
             return
         now = _read_scalars()
         _changed(now, _scalar_start, _set_inside)
         _scalar_last[:] = now
+        _note_grown(by_program=False)  # the fallbacks Inductor added while it compiled
 
 
 @contextlib.contextmanager
@@ -717,7 +749,9 @@ def reset() -> None:
         _scalar_start.clear()
         _set_outside.clear()
         _set_inside.clear()
-        _windows[0] = 0
+        _grown_seen.clear()
+        _grown_by_program.clear()
+    compile_windows.reset()
     with _release_lock:
         _started.clear()
         _answer.clear()

@@ -468,12 +468,39 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
         if gemm:
             ops += (("cpu_gemm", gemm),)
         ops += facts
+        ops += _fixed_threading(self) + _vector_isa_asked()
         if ops:
             self.__dict__[FIELD] = ops
             counters["keyed_graphs"] += 1
 
     marked(__init__, original)
     return __init__
+
+
+def _fixed_threading(details: Any) -> tuple[tuple[str, str], ...]:
+    """``(("cpp_threads", "fixed"),)`` where the graph's C++ kernels get a fixed OpenMP thread
+    count: Inductor writes ``#pragma omp parallel`` where the thread count it generates for
+    (which torch's key names, ``cpp_runtime_thread_count``) equals ``os.cpu_count()``, and
+    ``num_threads(N)`` where it does not; the CPU count is in no key. A machine with
+    hyperthreads (torch's threads: its cores) and one without (its vCPUs) shared keys, and a
+    backward run at another thread count than compiled for summed in another order. Nothing
+    where the region is dynamic, so those keys stay torch's."""
+    threads = details.__dict__.get("cpp_runtime_thread_count")
+    if threads is None or threads == os.cpu_count():
+        return ()
+    return (("cpp_threads", "fixed"),)
+
+
+def _vector_isa_asked() -> tuple[tuple[str, str], ...]:
+    """``(("aten_cpu_capability", value),)`` where the variable asks for another level than
+    the environment's namespace names: Inductor picks the vector ISA of its C++ kernels from
+    ``ATEN_CPU_CAPABILITY`` as it is at each compile, the namespace names ATen's level, fixed
+    as torch started; a program that set it after ``import torch`` published AVX2 kernels
+    among AVX-512 ones."""
+    from objcache.config.fingerprint import vector_isa_asked_since
+
+    asked = vector_isa_asked_since()
+    return () if asked is None else (("aten_cpu_capability", asked),)
 
 
 #: The items of :func:`graph_identity` that hold for the whole process, which a precompile

@@ -39,7 +39,7 @@ from typing import Any
 
 from objcache.integrations import cache_client
 from objcache.integrations.patching import is_marked, marked
-from objcache.integrations.torch.remote import serde, writethrough
+from objcache.integrations.torch.remote import process_keys, serde, writethrough
 from objcache.observe.metrics import FailureLog
 
 log = logging.getLogger("objcache.torch")
@@ -89,6 +89,7 @@ def _make_iterate(kind: str, original: Callable[..., Any]) -> Callable[..., Any]
     def iterate_over_candidates(
         cls: Any, local: bool, remote_cache: Any, key: str
     ) -> Generator[tuple[Any, bytes, bool], None, None]:
+        process_keys.looked_up(kind, key)  # the state an entry saved later must match
         if not _serves(kind, remote_cache):
             yield from original(cls, local, remote_cache, key)
             return

@@ -110,6 +110,7 @@ def make_cache_class(original: type, kind: str, backend_cls: type, json_serde: t
                 return super()._get(key, sample)
             counters[f"gets:{kind}"] += 1
             try:
+                process_keys.looked_up(kind, key)
                 if kind in pgo_join.RECORD_KINDS:
                     payload = cache_client.get_client().get_record(kind, self._get_key(key))
                 else:
@@ -138,6 +139,9 @@ def make_cache_class(original: type, kind: str, backend_cls: type, json_serde: t
                 elif process_keys.is_nonce_key(kind, key):
                     client.put_local(kind, self._get_key(key), payload)
                     process_keys.counters["local_only:nonce_key"] += 1
+                elif process_keys.changed_since_lookup(kind, key):
+                    client.put_local(kind, self._get_key(key), payload)
+                    process_keys.counters["local_only:changed_since_key"] += 1
                 elif kind in candidates.GUARDED_KINDS and client.config.guarded_candidates:
                     client.put_candidate(kind, self._get_key(key), payload)
                 else:

@@ -130,6 +130,13 @@ def test_the_settings_digest_covers_what_dynamo_folds_without_a_guard(
     assert cs.settings_digest() not in (None, before, seeded)
     monkeypatch.undo()
     assert cs.settings_digest() == before
+    monkeypatch.setattr(os, "cpu_count", lambda: 4096)  # C++ kernels' OpenMP regions fixed
+    assert cs.settings_digest() not in (None, before)
+    monkeypatch.undo()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "zvector")  # set after torch started: another ISA
+    assert cs.settings_digest() not in (None, before)
+    monkeypatch.undo()
+    assert cs.settings_digest() == before
     tf32 = torch._C._get_cublas_allow_tf32()
     torch._C._set_cublas_allow_tf32(not tf32)
     try:

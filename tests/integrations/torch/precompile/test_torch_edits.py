@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from objcache.integrations.torch.precompile import op_overrides, torch_edits
+from objcache.integrations.torch.timing import compile_windows
 from tests.support import torch_runs
 
 torch = pytest.importorskip("torch")
@@ -104,14 +105,16 @@ def test_a_lowering_replaced_with_torch_s_own_fallback_is_named() -> None:
     assert torch_edits.changes() == ()
 
 
-def test_an_entry_removed_is_named_and_an_entry_added_is_not() -> None:
+def test_an_entry_removed_is_named_and_a_fallback_added_while_compiling_is_not() -> None:
     """Inductor adds a fallback for an op without a lowering as it compiles (what a table
     gained depends on what the process compiled before); a removed entry is the program's."""
     from torch._inductor import decomposition, lowering
 
     added = torch.ops.aten._nested_tensor_from_mask.default
     assert added not in lowering.lowerings
+    torch_edits.compile_started()
     lowering.make_fallback(added, warn=False)  # what Inductor does as it meets the op
+    torch_edits.compile_ended()
     removed = next(iter(decomposition.decompositions))
     entry = decomposition.decompositions.pop(removed)
     try:
@@ -120,6 +123,44 @@ def test_an_entry_removed_is_named_and_an_entry_added_is_not() -> None:
         decomposition.decompositions[removed] = entry
         lowering.lowerings.pop(added, None)
     assert torch_edits.changes() == ()
+
+
+def test_a_lowering_the_program_adds_between_compiles_is_named() -> None:
+    """``register_lowering`` for an op Inductor would fall back on, between compiles: the
+    graph's code changes where no key names the program's code (the lowering table is the one
+    torch grows as it compiles, so only what is added outside every compile counts); named by
+    the function's code, whatever compiles come after, and nothing once it is gone."""
+    from torch._inductor import lowering
+
+    op = torch.ops.aten._nested_tensor_from_mask.default
+    assert op not in lowering.lowerings
+
+    def program_s_lowering(*args: object) -> object:
+        raise NotImplementedError
+
+    lowering.lowerings[op] = program_s_lowering
+    try:
+        (label, named), *rest = torch_edits.changes()
+        assert label == f"added:lowering:{op}" and not rest
+        assert named == torch_edits._identity(program_s_lowering)  # by its code, not torch's
+        torch_edits.compile_started()  # a compile after it: still the program's
+        torch_edits.compile_ended()
+        assert [label for label, _ in torch_edits.changes()] == [f"added:lowering:{op}"]
+        # one of torch's own lowerings put there (no code of the program's to find): by it
+        lowering.lowerings[op] = lowering.lowerings[torch.ops.aten.exp.default]
+        ((label, named),) = torch_edits.changes()
+        assert label == f"added:lowering:{op}" and named.startswith("torch:")
+    finally:
+        del lowering.lowerings[op]
+    assert torch_edits.changes() == ()
+    # gone, then torch's own fallback for the op made while compiling: torch's, not the program's
+    torch_edits.compile_started()
+    lowering.make_fallback(op, warn=False)
+    torch_edits.compile_ended()
+    try:
+        assert torch_edits.changes() == ()
+    finally:
+        lowering.lowerings.pop(op, None)
 
 
 def test_an_entry_added_to_a_decomposition_table_is_named() -> None:
@@ -187,7 +228,7 @@ def test_a_scalar_of_inductor_s_the_program_rebinds_is_named_and_torch_s_own_are
     torch_edits.compile_started()
     utils.ALIGN_BYTES = align * 4
     torch_edits.compile_ended()
-    assert torch_edits._windows[0] == 1  # the frame's window is still open
+    assert compile_windows._depth[0] == 1  # the frame's window is still open
     torch_edits.compile_ended()
     try:
         assert torch_edits.changes() == ()
@@ -205,7 +246,8 @@ def test_a_scalar_of_inductor_s_the_program_rebinds_is_named_and_torch_s_own_are
 
 def test_compile_windows_are_dynamo_s_and_inductor_s_own() -> None:
     """The install makes a window of Dynamo's context around each frame compile and lazy
-    backward compile, and of each Inductor graph compile (one a program starts itself)."""
+    backward compile, of each Inductor graph compile (one a program starts itself) and of
+    each call of Inductor as a backend (``aot_compile`` and vLLM call it outside Dynamo's)."""
     import torch._dynamo.callback as callback
     from torch._inductor import compile_fx
 
@@ -215,12 +257,12 @@ def test_compile_windows_are_dynamo_s_and_inductor_s_own() -> None:
     hooks._apply_torch_edits(callback)
     hooks._apply_inductor_code(compile_fx)
     assert is_marked(callback.CompilationCallbackHandler.install_callbacks)
-    assert is_marked(compile_fx._compile_fx_inner)
+    assert is_marked(compile_fx._compile_fx_inner) and is_marked(compile_fx.compile_fx)
     seen: list[int] = []
     handler = callback.CompilationCallbackHandler()
     with handler.install_callbacks(callback.CallbackTrigger.DYNAMO, "0/0"):
-        seen.append(torch_edits._windows[0])
-    assert seen == [1] and torch_edits._windows[0] == 0
+        seen.append(compile_windows._depth[0])
+    assert seen == [1] and compile_windows._depth[0] == 0
 
 
 def test_data_holding_classes_of_torch_s_dependencies_reads_alike_in_every_process() -> None:

@@ -186,3 +186,45 @@ def test_a_frozen_tensor_subclass_makes_the_key_unreadable_not_a_crash() -> None
     ):
         field = _field(gm, [])
     assert field is not None and field[0][0] == "<unreadable>"
+
+
+def test_a_fixed_openmp_thread_count_is_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor writes ``#pragma omp parallel`` where the thread count it generates C++
+    kernels for equals ``os.cpu_count()`` and ``num_threads(N)`` where it does not: torch's
+    own key details (their real class) name the count, objcache which of the two regions."""
+    import os
+
+    from torch._inductor.codecache import FxGraphHashDetails
+
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2).sin().sum())
+    inputs = [torch.randn(64)]
+
+    def field() -> dict[str, str]:
+        init = custom_ops._wrap_details_init(FxGraphHashDetails.__init__)
+        made = FxGraphHashDetails.__new__(FxGraphHashDetails)
+        init(made, gm, inputs, {}, [])
+        assert made.__dict__.get("cpp_runtime_thread_count") == torch.get_num_threads()
+        return dict(made.__dict__.get(custom_ops.FIELD) or ())
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, "cpu_count", lambda: threads)  # a machine without hyperthreads
+    assert "cpp_threads" not in field()
+    monkeypatch.setattr(os, "cpu_count", lambda: threads * 2)  # one with: its cores' threads
+    assert field()["cpp_threads"] == "fixed"
+
+
+def test_the_vector_isa_the_program_asked_for_is_in_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inductor reads ``ATEN_CPU_CAPABILITY`` at each compile; the environment's namespace
+    names ATen's level, fixed as torch started: a program that sets the variable after
+    ``import torch`` gets AVX2 or scalar kernels, and their keys say so; the level torch
+    started at adds nothing."""
+    gm = torch.fx.symbolic_trace(lambda x: (x * 1.5).sin().sum())
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert "aten_cpu_capability" not in dict(_field(gm, [torch.randn(8)]) or ())
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "zvector")  # no x86 ATen runs at that level
+    assert dict(_field(gm, [torch.randn(8)]) or ())["aten_cpu_capability"] == "zvector"
+    level = torch.backends.cpu.get_cpu_capability().lower()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", level)  # what the environment already names
+    assert "aten_cpu_capability" not in dict(_field(gm, [torch.randn(8)]) or ())
