@@ -64,6 +64,18 @@ class CircuitBreaker:
             return True
         return False
 
+    @property
+    def probing(self) -> bool:
+        """Whether a half-open probe is in flight (right after :meth:`allow` returned True:
+        whether that call claimed the probe slot)."""
+        return self._probing
+
+    def release(self) -> None:
+        """End a half-open probe without a verdict (a partial outage, a cancelled call): the
+        breaker stays as it is and the next call probes again. A probe slot left claimed
+        would refuse every later call for good."""
+        self._probing = False
+
     def success(self) -> None:
         self._failures = 0
         self._opened_at = None

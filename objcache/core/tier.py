@@ -148,6 +148,7 @@ class Tier:
         against the breaker where the tier is at fault, logged once) on any failure."""
         if not self.breaker.allow():
             raise Failed("breaker")
+        probe = self.breaker.probing
         try:
             result = await call_with_policy(fn, self.policy)
         except (asyncio.TimeoutError, TimeoutError):
@@ -173,7 +174,8 @@ class Tier:
             raise Failed("clock_skew") from None
         except PartialOutage as exc:
             # One node of a sharded store, not the tier: its keys miss, the others are
-            # served, so it neither counts against the breaker nor ends a half-open probe.
+            # served, so it neither counts against the breaker nor closes or re-opens it; a
+            # probe's slot is given back (the next call probes, perhaps a healthy node's key).
             log_once.warn(self.name, f"{op}-partial", f"{self.name}: {op} failed: {exc}")
             raise Failed("error") from None
         except PermanentBackendError as exc:
@@ -181,6 +183,12 @@ class Tier:
             raise self._failed(op, "error", f"{op} failed: {exc}") from None
         except (BackendError, OSError) as exc:
             raise self._failed(op, "error", f"{self.name}: {op} failed: {exc}") from None
+        finally:
+            # a probe that ended without a verdict (a partial outage, a call its caller
+            # cancelled, an error of no kind above) gives its slot back: one left claimed
+            # would refuse every later call of the process
+            if probe and self.breaker.probing:
+                self.breaker.release()
         self.breaker.success()
         return result
 

@@ -304,6 +304,33 @@ async def test_each_time_the_breaker_opens_is_counted() -> None:
     assert tier.stats.breaker_opened == 3
 
 
+async def test_a_probe_without_a_verdict_lets_the_next_call_probe() -> None:
+    """A half-open probe that ends in one node's outage, or that its caller cancels, neither
+    closes nor re-opens the breaker, and gives its slot back: a cluster whose probe hit the
+    dead primary's key served again once the replica took over (a slot left claimed refused
+    every later call of the process)."""
+    backend = MemoryBackend()
+    tier = Tier(backend, RetryPolicy(timeout_s=2.0, retries=0), CircuitBreaker(1, 0.0))
+    backend.fault = "transient"
+    assert await tier.get("k") == (None, "error")  # opened; half-open at once (no cooldown)
+    backend.fault = "partial"
+    assert await tier.get("k") == (None, "error")  # the probe: one node's outage
+    assert tier.breaker.state == "half-open" and not tier.breaker.probing
+    backend.fault = "hang"
+    asked = backend.calls["get"]
+    probe = asyncio.ensure_future(tier.get("k"))
+    while backend.calls["get"] == asked:  # the probe reached the backend
+        await asyncio.sleep(0)
+    assert tier.breaker.probing and await tier.get("k") == (None, "breaker")
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    assert not tier.breaker.probing
+    backend.fault = ""
+    assert await tier.get("k") == (None, "absent")  # the next probe closes it
+    assert tier.breaker.state == "closed"
+
+
 async def test_an_open_breaker_is_a_breaker_miss_without_a_call() -> None:
     backend = MemoryBackend()
     backend.fault = "permanent"
