@@ -538,20 +538,51 @@ def _changes_from_release(
             digest.update(f"{name}\0{identity}\0".encode())
         return [(f"as_found:{label}:{where}", digest.hexdigest())]
     found: list[tuple[str, str]] = []
-    now = {op_name(op): entry for op, entry in list(table.items())}
+    now = {op_name(op): (op, entry) for op, entry in list(table.items())}
     for name, identity in known.items():
-        entry = now.get(name, _MISSING)
+        _, entry = now.get(name, (None, _MISSING))
         if entry is _MISSING:
             found.append((f"replaced:{label}:{name}", "removed"))
         elif _entry_identity(entry) != identity:
             found.append((f"replaced:{label}:{name}", _entry_identity(entry)))
-    if label not in _GROWN_BY_TORCH:
-        found.extend(
-            (f"added:{label}:{name}", _entry_identity(entry))
-            for name, entry in now.items()
-            if name not in known
-        )
+    found.extend(
+        (f"added:{label}:{name}", _entry_identity(entry))
+        for name, (op, entry) in now.items()
+        if name not in known and (label not in _GROWN_BY_TORCH or not _torch_s_fallback(op, entry))
+    )
     return found
+
+
+def _torch_s_fallback(op: Any, entry: Any) -> bool:
+    """Whether a lowering-table entry is the fallback Inductor itself makes for ``op`` while
+    compiling (``make_fallback(op)``: ``register_lowering``'s wrapper of
+    ``fallback_handler``'s handler calling ``op`` itself): what a copy taken after compiles
+    holds beyond the release without the program's doing. Anything else there (one of torch's
+    lowerings put at an op torch falls back on, a shape this release does not make) is
+    named: a needless miss at worst."""
+    handler: Any = getattr(entry, "__wrapped__", None)
+    outer, inner = getattr(entry, "__code__", None), getattr(handler, "__code__", None)
+    if outer is None or inner is None:
+        return False
+    if not all(program_registrations.in_torch(c.co_filename) for c in (outer, inner)):
+        return False
+    if (outer.co_qualname, inner.co_qualname) != (
+        "_register_lowering.<locals>.wrapped",
+        "fallback_handler.<locals>.handler",
+    ):
+        return False
+    try:
+        cells = dict(
+            zip(outer.co_freevars, (c.cell_contents for c in entry.__closure__), strict=True)
+        )
+        kernel = dict(
+            zip(inner.co_freevars, (c.cell_contents for c in handler.__closure__), strict=True)
+        )
+    except (TypeError, ValueError):  # no closure, an empty cell
+        return False
+    return cells.get("decomp_fn") is handler and (
+        kernel.get("kernel") is op or kernel.get("kernel") is getattr(op, "overloadpacket", op)
+    )
 
 
 def _merged_release(

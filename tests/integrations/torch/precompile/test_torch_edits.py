@@ -323,6 +323,9 @@ def _late_install(tmp_path: Path, cache: Path, *, edit: bool, child: bool = True
             "decomposition.decompositions.pop(aten.gelu.default)",
             "lowering.make_fallback(aten.gelu.default, warn=False)",
             "cpp.VECTORIZABLE_DTYPES.remove(torch.float64)",
+            # torch's own lowering put at an op torch falls back on: no code of the program's
+            "lowering.lowerings[aten._nested_tensor_from_mask.default] = "
+            "lowering.lowerings[aten.exp.default]",
         ]
     if not child:
         program.append("torch_edits._ask_child = lambda: None")
@@ -341,14 +344,17 @@ def test_an_install_after_the_program_imported_inductor_checks_the_release_s_tab
     tmp_path: Path,
 ) -> None:
     """``install()`` after ``torch.compile`` (Inductor imported, its tables completed) and
-    after the program removed a decomposition, made a fallback with torch's own function and
-    edited a container of Inductor's: the copies taken then hold the edits, so the release's
-    tables and data are read in a fresh interpreter and each edit is named as a process that
-    installed first names it; without an edit nothing is (such a process shares entries with
-    the others); where the release cannot be read, the copies as found are named by what
-    they hold (a miss elsewhere)."""
+    after the program removed a decomposition, made a fallback with torch's own function,
+    put torch's own lowering at an op torch falls back on and edited a container of
+    Inductor's: the copies taken then hold the edits, so the release's tables and data are
+    read in a fresh interpreter and each edit is named as a process that installed first
+    names it, except a lowering that is the fallback Inductor itself makes for its op (after
+    compiles the copy holds those: not told from the program's, the same code); without an
+    edit nothing is (such a process shares entries with the others); where the release
+    cannot be read, the copies as found are named by what they hold (a miss elsewhere)."""
     cache = tmp_path / "cache"
     assert _late_install(tmp_path, cache, edit=True) == [
+        "added:lowering:aten._nested_tensor_from_mask.default",
         "replaced:decomposition:aten.gelu.default",
         "torch_data:torch._inductor.codegen.cpp.VECTORIZABLE_DTYPES",
     ]
