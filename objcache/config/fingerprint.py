@@ -31,7 +31,7 @@ from typing import Any
 from objcache.config.files import publish_file
 
 #: Fields in the order they are shown to users.
-FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "machine")
+FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "sympy", "machine")
 #: The fields that come from torch (and so from an ``import torch``).
 TORCH_FIELDS = ("torch", "cuda", "hip", "gpu", "cpu_isa")
 #: How :data:`TORCH_FIELDS` are rendered, in the cache key: a cache written by an objcache that
@@ -140,11 +140,12 @@ def _amx_permitted(torch: Any) -> bool:
         return False
 
 
-def _triton_version() -> str:
+def _installed_version(name: str) -> str:
+    """The installed distribution's version (its metadata: nothing is imported), or "none"."""
     try:
         from importlib.metadata import version
 
-        return version("triton")
+        return version(name)
     except Exception:
         return "none"
 
@@ -261,8 +262,12 @@ def fingerprint() -> dict[str, str]:
     """The fingerprint of this process (cached: it cannot change within a process)."""
     fields = {
         **_torch_fields_cached(),
-        "triton": _triton_version(),
+        "triton": _installed_version("triton"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        # Inductor writes every index expression, size and guard of its code through sympy
+        # (simplified, printed, pickled into its entries); torch's keys never name sympy's
+        # release, which one process never changes, but a fleet's machines may differ in it
+        "sympy": _installed_version("sympy"),
         "machine": platform.machine(),
     }
     return {k: fields[k] for k in FIELDS}

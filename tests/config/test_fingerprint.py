@@ -153,3 +153,24 @@ def test_the_cpu_isa_names_the_extensions_inductor_picks_its_kernels_by(
     assert (
         fp._cpu_isa(fake("SVE256", sve=True, sve_max_length=256)) == "sve256 sve sve_max_length=256"
     )
+
+
+def test_sympy_s_release_is_an_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor writes its code's index expressions through sympy, which no torch key names:
+    a machine with another sympy release is another environment (read from the installed
+    metadata, without importing sympy)."""
+    from importlib.metadata import version
+
+    fp.fingerprint.cache_clear()
+    here = fp.fingerprint()
+    assert here["sympy"] == version("sympy")
+    monkeypatch.setattr(
+        fp, "_installed_version", lambda name: "1.13.3" if name == "sympy" else version(name)
+    )
+    fp.fingerprint.cache_clear()
+    try:
+        other = fp.fingerprint()
+    finally:
+        fp.fingerprint.cache_clear()
+    assert other["sympy"] == "1.13.3" and fp.env_id(other) != fp.env_id(here)
+    assert fp.differences(here, other) == [f"sympy: 1.13.3 (stored) != {here['sympy']} (here)"]
