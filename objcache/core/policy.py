@@ -45,6 +45,7 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
+        self._claims = 0  # probe slots claimed so far: which probe holds the slot
 
     @property
     def state(self) -> str:
@@ -61,20 +62,22 @@ class CircuitBreaker:
             return True
         if state == "half-open" and not self._probing:
             self._probing = True
+            self._claims += 1
             return True
         return False
 
     @property
-    def probing(self) -> bool:
-        """Whether a half-open probe is in flight (right after :meth:`allow` returned True:
-        whether that call claimed the probe slot)."""
-        return self._probing
+    def probe(self) -> int | None:
+        """The probe in flight, if any (read right after :meth:`allow` returned True: the
+        call's own, where it claimed the slot)."""
+        return self._claims if self._probing else None
 
-    def release(self) -> None:
-        """End a half-open probe without a verdict (a partial outage, a cancelled call): the
-        breaker stays as it is and the next call probes again. A probe slot left claimed
-        would refuse every later call for good."""
-        self._probing = False
+    def release(self, probe: int) -> None:
+        """End ``probe`` without a verdict (a partial outage, a cancelled call) where it still
+        holds the slot: the breaker stays as it is and the next call probes again. A slot left
+        claimed would refuse every later call for good."""
+        if self._probing and self._claims == probe:
+            self._probing = False
 
     def success(self) -> None:
         self._failures = 0

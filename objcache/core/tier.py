@@ -148,7 +148,7 @@ class Tier:
         against the breaker where the tier is at fault, logged once) on any failure."""
         if not self.breaker.allow():
             raise Failed("breaker")
-        probe = self.breaker.probing
+        probe = self.breaker.probe
         try:
             result = await call_with_policy(fn, self.policy)
         except (asyncio.TimeoutError, TimeoutError):
@@ -187,8 +187,8 @@ class Tier:
             # a probe that ended without a verdict (a partial outage, a call its caller
             # cancelled, an error of no kind above) gives its slot back: one left claimed
             # would refuse every later call of the process
-            if probe and self.breaker.probing:
-                self.breaker.release()
+            if probe is not None:
+                self.breaker.release(probe)
         self.breaker.success()
         return result
 

@@ -35,6 +35,29 @@ def test_breaker_opens_after_n_failures_and_probes_after_cooldown() -> None:
     assert b.state == "closed" and b.allow()
 
 
+def test_a_probe_released_without_a_verdict_frees_only_its_own_slot() -> None:
+    """A probe that ended with no verdict gives its slot back; a late release of an older
+    probe leaves a newer probe's slot alone (one probe at a time)."""
+    clock = Clock()
+    b = CircuitBreaker(failures=1, cooldown_s=10, clock=clock)
+    b.failure()
+    clock.now = 10
+    assert b.allow()
+    first = b.probe
+    assert first is not None
+    b.release(first)
+    assert b.state == "half-open" and b.probe is None
+    assert b.allow()  # the next call probes
+    second = b.probe
+    b.failure()  # that probe failed: open again
+    clock.now = 20
+    assert b.allow()
+    third = b.probe
+    assert second is not None and third not in (None, second)
+    b.release(second)  # an older probe's late release
+    assert b.probe == third and not b.allow()
+
+
 def test_success_resets_the_consecutive_count() -> None:
     b = CircuitBreaker(failures=2, cooldown_s=1, clock=Clock())
     b.failure()

@@ -315,17 +315,17 @@ async def test_a_probe_without_a_verdict_lets_the_next_call_probe() -> None:
     assert await tier.get("k") == (None, "error")  # opened; half-open at once (no cooldown)
     backend.fault = "partial"
     assert await tier.get("k") == (None, "error")  # the probe: one node's outage
-    assert tier.breaker.state == "half-open" and not tier.breaker.probing
+    assert tier.breaker.state == "half-open" and tier.breaker.probe is None
     backend.fault = "hang"
     asked = backend.calls["get"]
     probe = asyncio.ensure_future(tier.get("k"))
     while backend.calls["get"] == asked:  # the probe reached the backend
         await asyncio.sleep(0)
-    assert tier.breaker.probing and await tier.get("k") == (None, "breaker")
+    assert tier.breaker.probe is not None and await tier.get("k") == (None, "breaker")
     probe.cancel()
     with pytest.raises(asyncio.CancelledError):
         await probe
-    assert not tier.breaker.probing
+    assert tier.breaker.probe is None
     backend.fault = ""
     assert await tier.get("k") == (None, "absent")  # the next probe closes it
     assert tier.breaker.state == "closed"
