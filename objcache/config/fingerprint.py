@@ -31,7 +31,18 @@ from typing import Any
 from objcache.config.files import publish_file
 
 #: Fields in the order they are shown to users.
-FIELDS = ("torch", "triton", "cuda", "hip", "gpu", "cpu_isa", "python", "sympy", "machine")
+FIELDS = (
+    "torch",
+    "triton",
+    "cuda",
+    "hip",
+    "gpu",
+    "cpu_isa",
+    "python",
+    "sympy",
+    "networkx",
+    "machine",
+)
 #: The fields that come from torch (and so from an ``import torch``).
 TORCH_FIELDS = ("torch", "cuda", "hip", "gpu", "cpu_isa")
 #: How :data:`TORCH_FIELDS` are rendered, in the cache key: a cache written by an objcache that
@@ -268,6 +279,9 @@ def fingerprint() -> dict[str, str]:
         # (simplified, printed, pickled into its entries); torch's keys never name sympy's
         # release, which one process never changes, but a fleet's machines may differ in it
         "sympy": _installed_version("sympy"),
+        # AOTAutograd's partitioner picks what a training graph's forward saves for its
+        # backward with networkx's minimum cut (torch requires only networkx>=2.5.1)
+        "networkx": _installed_version("networkx"),
         "machine": platform.machine(),
     }
     return {k: fields[k] for k in FIELDS}

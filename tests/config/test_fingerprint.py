@@ -155,22 +155,28 @@ def test_the_cpu_isa_names_the_extensions_inductor_picks_its_kernels_by(
     )
 
 
-def test_sympy_s_release_is_an_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inductor writes its code's index expressions through sympy, which no torch key names:
-    a machine with another sympy release is another environment (read from the installed
-    metadata, without importing sympy)."""
+@pytest.mark.parametrize(("package", "other_release"), [("sympy", "1.13.3"), ("networkx", "2.5.1")])
+def test_a_release_torch_s_code_generation_depends_on_is_an_environment(
+    monkeypatch: pytest.MonkeyPatch, package: str, other_release: str
+) -> None:
+    """Inductor writes its code's index expressions through sympy, and AOTAutograd's
+    partitioner cuts a training graph with networkx; no torch key names either release: a
+    machine with another one is another environment (read from the installed metadata,
+    without importing the package)."""
     from importlib.metadata import version
 
     fp.fingerprint.cache_clear()
     here = fp.fingerprint()
-    assert here["sympy"] == version("sympy")
+    assert here[package] == version(package)
     monkeypatch.setattr(
-        fp, "_installed_version", lambda name: "1.13.3" if name == "sympy" else version(name)
+        fp, "_installed_version", lambda name: other_release if name == package else version(name)
     )
     fp.fingerprint.cache_clear()
     try:
         other = fp.fingerprint()
     finally:
         fp.fingerprint.cache_clear()
-    assert other["sympy"] == "1.13.3" and fp.env_id(other) != fp.env_id(here)
-    assert fp.differences(here, other) == [f"sympy: 1.13.3 (stored) != {here['sympy']} (here)"]
+    assert fp.env_id(other) != fp.env_id(here)
+    assert fp.differences(here, other) == [
+        f"{package}: {other_release} (stored) != {here[package]} (here)"
+    ]
