@@ -20,7 +20,9 @@ import contextlib
 import contextvars
 import hashlib
 import inspect
+import itertools
 import pickle
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -212,6 +214,36 @@ def _name_taken(package: Any) -> str | None:
     return None
 
 
+#: A name Dynamo made with ``unique_id`` (``__resume_at_54_3``, ``__compiled_fn_7``): its
+#: number, before the uuid some of them carry.
+_NUMBERED = re.compile(r"__\w*?_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?")
+
+
+def _past_served_names(package: Any) -> None:
+    """Move Dynamo's name counter past every number the served entry's bound names carry.
+
+    Dynamo names a resume function by its offset and the next number of a process-wide
+    counter (``unique_id``); the writer's names are bound into the module as the entry is
+    installed, and a reader that compiles the function again (a guard the served code fails)
+    counted as far and made the same name for its own function: torch's ``install_global``
+    raised ``AssertionError: Name '__resume_at_54_3' already exists in scope`` out of the
+    program's call (the thirty-ninth review). The counter only moves forward (never raises)."""
+    with contextlib.suppress(Exception):
+        from torch._dynamo import bytecode_transformation as names
+
+        highest = -1
+        for bound in list(getattr(package, "_installed_globals", {}).values()):
+            for name in bound:
+                match = _NUMBERED.fullmatch(name)
+                if match:
+                    highest = max(highest, int(match.group(1)))
+        if highest < 0:
+            return
+        counter = names._unique_id_counter
+        now = next(counter)  # spends one number: names need only be unique
+        names._unique_id_counter = itertools.count(max(now + 1, highest + 1))
+
+
 def _runs(held: Any, code: types.CodeType) -> bool:
     """Whether a bound resume function (or the factory Dynamo binds for one with free
     variables) runs ``code``, by what the code does."""
@@ -305,6 +337,7 @@ def wrap_install(original: Callable[..., None], initialize: Callable[..., None])
             with torch_edits.torch_at_work():
                 original(self, backends)
             counters["installed"] += 1
+            _past_served_names(self)
         except Exception as exc:
             _undo_install(self, scopes)
             _reset(self, fn, initialize, "install", exc)

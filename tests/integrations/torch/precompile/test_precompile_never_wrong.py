@@ -37,6 +37,7 @@ One function per class of fact a served entry depends on:
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,22 @@ def check(name, fn, *args):
     out = torch.compile(fn)(*args)
     graphs[name] = unique_graphs() - before
     results[name] = bool(torch.allclose(out, ref))
+
+
+LOCAL_SCALE = float(os.environ["SCALE"])  # a global of the frame's own module: guarded as
+# the served code runs, after its entry bound the writer's resume function
+
+
+def break_then_scale(x):  # the process's first compile: its resume function's number is the
+    y = x.sin() * LOCAL_SCALE  # writer's
+    torch._dynamo.graph_break()
+    return y * 2
+
+
+check("resume_after_a_guard_miss", break_then_scale, x)
+first_names = sorted(  # what the served entry and this process's compiles bound
+    k for k in globals() if k.startswith(("__resume_at_", "__compiled_fn_", "__builtins_dict_"))
+)
 
 
 def reference_values(x):
@@ -355,9 +372,17 @@ ref = mutates_first(*pair_of_inputs())
 out = torch.compile(mutates_first)(*pair_of_inputs())
 results["input_aliasing"] = bool(torch.allclose(out, ref))
 print("RESULT " + json.dumps(
-    {"results": results, "graphs": graphs, "precompile": dict(precompile_entry.counters)}
+    {"results": results, "graphs": graphs, "precompile": dict(precompile_entry.counters),
+     "first_names": first_names}
 ))
 """
+
+
+def _numbered(name: str) -> int:
+    """The number Dynamo's ``unique_id`` gave a bound name, before the uuid some carry."""
+    found = re.search(r"_(\d+)(?:_[0-9a-f]{8}(?:_[0-9a-f]{4}){3}_[0-9a-f]{12})?$", name)
+    assert found, name
+    return int(found.group(1))
 
 
 def run(store_root: Path, machine: str, **env: str) -> dict[str, Any]:
@@ -472,7 +497,9 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     """Another value through a module and a class (and in the wrapper's own globals), a
     patched library method, a hook on a submodule and another base class: each served
     guarded code fails a portable guard and Dynamo compiles the frame, so every result is
-    eager's."""
+    eager's; a frame with a graph break compiled again names its resume function past the
+    served entry's (the thirty-ninth review: Dynamo's process-wide count made the writer's
+    name again, and torch raised ``Name '__resume_at_54_3' already exists in scope``)."""
     reader = run(
         store_root,
         "other",
@@ -486,6 +513,13 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
         SIGNED="1",
     )
     assert all(reader["results"].values()), reader
+    # the first frame's served names, then its own past every one of them (Dynamo numbers a
+    # name by a process-wide count: a reader at the writer's count made the writer's name)
+    named = set(reader["first_names"])
+    served = set(first_machine["first_names"]) & named
+    own = named - served
+    assert served and own, (first_machine["first_names"], reader["first_names"])
+    assert min(map(_numbered, own)) > max(map(_numbered, served)), (served, own)
     counts = reader["precompile"]
     assert counts.get("hits", 0) >= 2, counts
     failed = {k.split(":", 1)[1] for k in counts if k.startswith("guard_failed:")}
