@@ -130,10 +130,15 @@ def run_case(case: Case, opts: argparse.Namespace, root: Path, started: float) -
     bench = Bench(
         root, case.model, remotes, opts.rtt_ms, case.sizes, inference=case.step == "infer"
     )
+    if not opts.gc_as_found:
+        # every row starts its timed step after a full collection: where the collector's
+        # next full pass lands otherwise depends on how many objects each row's imports
+        # left (docs/benchmarks.md, "Where a full collection lands")
+        bench.worker_flags.append("--collect-first")
     if opts.precompile:
         # an entry loads inside torch.compile(): count from after the compiler's own import,
         # which every start pays alike (docs/benchmarks.md, "Precompile entries")
-        bench.worker_flags = ["--compiler-imported"]
+        bench.worker_flags.append("--compiler-imported")
     labels = {BASELINE}
     label = precompile_label if opts.precompile else new_machine_label
     for name in remotes:
@@ -155,6 +160,13 @@ def _targets(opts: argparse.Namespace) -> tuple[float, float]:
     return (TARGET_WORST_FAR if far else TARGET_WORST), TARGET_MEDIAN
 
 
+def _gc(rows: Scenario) -> str:
+    """The collector's median time in the timed step, with its full collections if any."""
+    seconds = statistics.median(float(j.result.get("gc_s", 0.0)) for j in rows.jobs)
+    full = statistics.median(int(j.result.get("gc_full", 0)) for j in rows.jobs)
+    return f"{seconds:.2f}" + (f" ({full:g} full)" if full else "")
+
+
 def render(cases: list[Case], opts: argparse.Namespace, command: str) -> tuple[str, list[float]]:
     import torch
 
@@ -172,14 +184,19 @@ def render(cases: list[Case], opts: argparse.Namespace, command: str) -> tuple[s
             if opts.precompile
             else ""
         )
+        + (
+            "; each timed step starts after a full garbage collection"
+            if not opts.gc_as_found
+            else "; the collector as each process found it"
+        )
         + "; outputs equal eager's in every run. *ratio* is the paired median; *process* the "
         "ratio of the medians of the whole process (interpreter start to exit). *phases* are "
         "torch's own figures (`dynamo_timed`), medians, new machine / warm-local, the biggest "
         "differences.",
         "",
         "| case | warm-local (s) | new machine (s) | ratio | process | graphs "
-        "| phases that differ most |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| collector in the step (s) | phases that differ most |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     ratios = []
     for case in cases:
@@ -191,7 +208,7 @@ def render(cases: list[Case], opts: argparse.Namespace, command: str) -> tuple[s
         lines.append(
             f"| {case.name} | {base.median('first_step_s'):.2f} | {new.median('first_step_s'):.2f} "
             f"| {ratio:.2f}x | {new.median_wall() / base.median_wall():.2f}x "
-            f"| {new.median_graphs()} | {phases} |"
+            f"| {new.median_graphs()} | {_gc(new)}/{_gc(base)} | {phases} |"
         )
     worst = max(range(len(cases)), key=lambda i: ratios[i])
     far = opts.rtt_ms > 0 and any(n != "file" for n in (opts.remote or ["file"]))
@@ -227,6 +244,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep each case's temp dirs (printed) to read after"
+    )
+    parser.add_argument(
+        "--gc-as-found",
+        action="store_true",
+        help="no full collection before the timed step (where the next one lands is left to "
+        "each row's imports)",
     )
     opts = parser.parse_args()
     compile_bytecode()  # as an installed objcache runs (bench/_installed.py)

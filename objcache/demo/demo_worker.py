@@ -10,6 +10,7 @@ JSON line tagged :data:`RESULT_TAG`; the stage it is in goes to stderr tagged
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -197,6 +198,29 @@ def _infer(model: Any, x: Any) -> tuple[Any, list[Any]]:
         return model(x).detach(), []
 
 
+class _GcTime:
+    """The time the cyclic collector took while inside, and how many full collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info.get("generation") == 2
+
+    def __enter__(self) -> _GcTime:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """Compile and run one step; everything the parent reports, as a dict."""
     started = time.perf_counter()
@@ -245,15 +269,23 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     refs = [step(copy.deepcopy(model), xi) for xi in inputs]
     triton_compiles = _count_triton_compiles() if args.device != "cpu" else None
     _stage("compile")
+    if args.collect_first:
+        # a full collection's place is decided by how many objects everything imported
+        # left: one more module and it lands in the timed step of one start and not the
+        # other's (docs/benchmarks.md, "Where a full collection lands")
+        gc.collect()
+    collections = _GcTime()
     # "first step": torch.compile() (where a precompile entry is loaded, docs/torch.md) and
     # the first step at each batch size, where every compile happens; --eager: the same
     # first step without torch.compile (what compiling has to beat)
     t0 = time.perf_counter()
-    compiled = model if args.eager else torch.compile(model, **_compile_options(args.mode))
-    steps = [step(compiled, xi) for xi in inputs]
-    if args.device != "cpu":
-        torch.cuda.synchronize()
+    with collections:
+        compiled = model if args.eager else torch.compile(model, **_compile_options(args.mode))
+        steps = [step(compiled, xi) for xi in inputs]
+        if args.device != "cpu":
+            torch.cuda.synchronize()
     result["first_step_s"] = time.perf_counter() - t0
+    result["gc_s"], result["gc_full"] = collections.seconds, collections.full
     if triton_compiles is not None:
         result["triton_compiles"] = triton_compiles[0]
     _stage("check")
@@ -376,6 +408,11 @@ def worker_parser() -> argparse.ArgumentParser:
         "--compiler-imported",
         action="store_true",
         help="import Inductor's compiler (torch._inductor.compile_fx) before the first step",
+    )
+    p.add_argument(
+        "--collect-first",
+        action="store_true",
+        help="a full garbage collection before the timed step (both rows of a bench alike)",
     )
     p.add_argument("--mega-save", default="")
     p.add_argument("--mega-load", default="")

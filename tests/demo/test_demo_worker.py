@@ -48,3 +48,20 @@ def test_torch_stock_models_compile_and_infer_like_eager(tmp_path: Path) -> None
         assert out.shape[0] == 3 and grads == [] and not out.requires_grad
     args = demo_worker.worker_parser().parse_args(["--worker", "--inference"])
     assert isinstance(args, argparse.Namespace) and args.inference
+
+
+def test_the_collector_s_time_in_the_timed_step_is_counted_and_only_there() -> None:
+    import gc
+
+    from objcache.demo import demo_worker
+
+    before = len(gc.callbacks)
+    with demo_worker._GcTime() as collector:
+        gc.collect(0)
+        gc.collect()
+    assert collector.full == 1 and collector.seconds > 0
+    assert len(gc.callbacks) == before
+    gc.collect()
+    assert collector.full == 1
+    args = demo_worker.worker_parser().parse_args(["--worker", "--collect-first"])
+    assert args.collect_first
