@@ -56,7 +56,9 @@ def test_the_table_gives_each_ratio_the_median_and_the_worst_with_its_phases() -
         case("a:y infer 2", [2.0, 2.0, 2.0], [1.8, 1.8, 1.8], "compile_file"),
         case("b:z train 2,4", [2.0, 2.0, 2.0], [2.4, 2.4, 2.4], "async_compile.wait"),
     ]
-    opts = argparse.Namespace(runs=3, section="s", rtt_ms=0, remote=None, precompile=False, gc_as_found=False)
+    opts = argparse.Namespace(
+        runs=3, section="s", rtt_ms=0, remote=None, precompile=False, gc_as_found=False
+    )
     table, ratios = matrix.render(cases, opts, "python bench/warm_start_matrix.py")
     assert ratios == pytest.approx([1.0, 0.9, 1.2])
     assert "Median 1.00x" in table and "worst 1.20x (b:z train 2,4; target ≤ 1.05x)" in table
@@ -69,11 +71,15 @@ def test_the_table_gives_each_ratio_the_median_and_the_worst_with_its_phases() -
 
 def test_with_precompile_entries_every_case_has_the_precompile_target() -> None:
     cases = [case("a:x train 2", [2.0], [1.0], "compile_file")]
-    near = argparse.Namespace(runs=1, section="s", rtt_ms=0, remote=None, precompile=True, gc_as_found=False)
+    near = argparse.Namespace(
+        runs=1, section="s", rtt_ms=0, remote=None, precompile=True, gc_as_found=False
+    )
     table = matrix.render(cases, near, "c")[0]
     assert "worst 0.50x (a:x train 2; target ≤ 0.60x)" in table
     assert "counted after the import of Inductor's compiler" in table
-    far = argparse.Namespace(runs=1, section="s", rtt_ms=50, remote=["s3"], precompile=True, gc_as_found=False)
+    far = argparse.Namespace(
+        runs=1, section="s", rtt_ms=50, remote=["s3"], precompile=True, gc_as_found=False
+    )
     assert "target ≤ 0.70x)" in matrix.render(cases, far, "c")[0]
 
 

@@ -656,11 +656,13 @@ SELF_CONTAINED = frozenset(
 
 def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
     """Whether ``guard``'s source passes through an object torch saves by reference
-    (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``): torch keeps the
-    guard, but on the reader it compares the reader's value with itself. A source whose
-    chain cannot be read counts as such (fail closed)."""
-    source = getattr(guard, "originating_source", None)
-    base = getattr(source, "base", None)
+    (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``), or through an
+    attribute an instance finds on its class rather than in its own state
+    (``L['d'].__dataclass_fields__``: the instance is pickled by value, the class by
+    reference): torch keeps the guard, but on the reader it compares the reader's value with
+    itself. A source whose chain cannot be read counts as such (fail closed)."""
+    node = getattr(guard, "originating_source", None)
+    base = getattr(node, "base", None)
     while base is not None:
         try:
             value = value_of(base)
@@ -668,8 +670,32 @@ def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
             return True
         if isinstance(value, BY_REFERENCE):
             return True
-        base = getattr(base, "base", None)
+        member = getattr(node, "member", None)
+        if isinstance(member, str) and _found_on_its_class(value, member):
+            return True
+        node, base = base, getattr(base, "base", None)
     return False
+
+
+#: What a class holds for each instance's own state (``__slots__``' members, C-level
+#: attributes such as ``__dict__``): read from the instance, pickled with it.
+_PER_INSTANCE = (types.MemberDescriptorType, types.GetSetDescriptorType)
+
+
+def _found_on_its_class(obj: Any, member: str) -> bool:
+    """Whether ``obj.<member>`` comes from ``obj``'s class (a class attribute, a property,
+    a method) rather than from ``obj``'s own state; undecidable counts as the class's."""
+    try:
+        own = getattr(obj, "__dict__", None)
+        if isinstance(own, dict) and member in own:
+            return False
+        for cls in type(obj).__mro__:
+            held = vars(cls).get(member, _MISSING)
+            if held is not _MISSING:
+                return not isinstance(held, _PER_INSTANCE)
+    except Exception:
+        return True
+    return False  # reached through ``__getattr__`` (a module's submodules): its own state
 
 
 def _record(kind: str, source: str, guard: Any, value_of: Callable[[Any], Any]) -> Portable:

@@ -440,6 +440,70 @@ def test_a_guard_under_an_instance_saved_by_value_gets_no_record() -> None:
     assert kept == [guard] and records == ()
 
 
+class _Slotted:
+    __slots__ = ("scale",)
+
+    def __init__(self) -> None:
+        self.scale = 2.0
+
+
+class _Forwarding:  # a module's submodules: found through ``__getattr__`` in its own state
+    def __init__(self) -> None:
+        self._held = {"inner": SimpleNamespace(scale=2.0)}
+
+    def __getattr__(self, name: str) -> Any:
+        held = self.__dict__["_held"]
+        if name not in held:
+            raise AttributeError(name)
+        return held[name]
+
+
+class _Computed:
+    @property
+    def scale(self) -> float:
+        return 2.0
+
+
+@dataclasses.dataclass
+class _Fields:
+    a: float = dataclasses.field(default=1.0, metadata={"scale": 2.0})
+
+
+@pytest.mark.parametrize(
+    ("obj", "member", "from_its_class"),
+    [
+        # dataclasses.fields(d): Dynamo's source is L['d'].__dataclass_fields__, which the
+        # instance finds on its class (the fortieth review: served the writer's metadata)
+        (_Fields(), "__dataclass_fields__", True),
+        (_Computed(), "scale", True),  # a property: the class's code
+        (SimpleNamespace(scale=2.0), "scale", False),  # the instance's own
+        (_Slotted(), "scale", False),  # a slot: the instance's own, pickled with it
+        (_Forwarding(), "inner", False),
+    ],
+)
+def test_an_attribute_an_instance_finds_on_its_class_is_under_a_reference(
+    obj: Any, member: str, from_its_class: bool
+) -> None:
+    """An instance is pickled by value, its class by reference: a guard below an attribute
+    the instance reads from its class is rebuilt on the reader from the reader's class, so
+    it carries the writer's value; one below the instance's own state needs nothing."""
+    inner = SimpleNamespace(base=None, value=None)
+    holder = SimpleNamespace(base=inner, member=member, value=None)
+    leaf = SimpleNamespace(base=holder, index="scale", value=None)
+    guard = SimpleNamespace(
+        create_fn_name=lambda: "EQUALS_MATCH",
+        name=f"L['d'].{member}['scale']",
+        guard_types=(),
+        originating_source=leaf,
+    )
+    values = {id(inner): obj, id(holder): {"scale": 2.0}}
+    kept, records = pg.split([guard], lambda g: values.get(id(g), 2.0))
+    assert kept == [guard]
+    assert bool(records) is from_its_class, records
+    if from_its_class:
+        assert records == (pg.Portable(guard.name, "EQUALS_MATCH", pg.identity(2.0) or ""),)
+
+
 def test_a_value_under_a_reference_without_a_portable_rendering_makes_the_frame_unsaveable() -> (
     None
 ):

@@ -8,7 +8,8 @@ One function per class of fact a served entry depends on:
 
 * **reference values**: a value read through another module or a class (torch keeps the
   guard but saves its root by reference, so the reader's guard compared the reader's value
-  with itself);
+  with itself), also through an instance that finds it on its class (a dataclass's fields'
+  metadata: the instance is saved by value, its class by reference);
 * **inlined methods**: a library class's method Dynamo inlined, patched on the reader (torch
   never guards it: one process never changes it);
 * **class layouts**: a module's class whose base was chosen at start-up (Dynamo finds the
@@ -160,6 +161,22 @@ if os.environ.get("HOOK") == "1":
     net.act.register_forward_hook(lambda module, args, out: out * 3.0)
 check("reference_values", reference_values, x)
 check("inlined_methods_and_module_hooks", net, x)
+import dataclasses
+
+
+@dataclasses.dataclass
+class Weighted:  # a config whose fields carry their weights
+    a: torch.Tensor = dataclasses.field(metadata={"weight": float(os.environ["SCALE"])})
+
+
+def class_values_through_an_instance(w):  # dataclasses.fields(w): the class's Field objects
+    out = 0
+    for field in dataclasses.fields(w):
+        out = out + getattr(w, field.name) * field.metadata["weight"]
+    return out
+
+
+check("class_values_through_an_instance", class_values_through_an_instance, Weighted(x))
 
 
 def wrapped(x):
