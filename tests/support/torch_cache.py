@@ -45,3 +45,18 @@ def kernel_builder(src: Path, out_dir: Path | None, **options: Any) -> Any:
     if out_dir is None:
         return CppBuilder(str(src), str(src), opts)
     return CppBuilder(src.stem, [str(src)], opts, str(out_dir))
+
+
+def header_record(src: Path, code: str) -> tuple[str, bytes] | None:
+    """``(key, record)`` of the headers g++ reads building ``code`` written at ``src`` into a
+    shared object beside it (:func:`objcache.integrations.torch.kernels.kernel_headers.record`)."""
+    import shutil
+
+    from objcache.integrations.torch.kernels import kernel_headers, kernels
+
+    compiler = shutil.which("g++")
+    assert compiler is not None
+    src.write_text(code)
+    target = str(src.with_suffix(".so"))
+    tokens = [compiler, str(src), "-shared", "-fPIC", "-o", target]
+    return kernel_headers.record(tokens, target, [str(src)], kernels.normalize)

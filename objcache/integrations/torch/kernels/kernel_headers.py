@@ -31,10 +31,12 @@ the search. Only regular files are read, each and all together bounded.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
@@ -305,6 +307,11 @@ def _holds(key: str, data: bytes, denormalize: Callable[[str], str | None]) -> b
         return False
 
 
+#: A header as a record names it: (its path here, how many search folders precede it in the
+#: record, its path as shown, the record's line)
+Wanted = tuple[str, int, str, str]
+
+
 def _read_holds(key: str, data: bytes, denormalize: Callable[[str], str | None]) -> bool:
     if len(data) > MAX_RECORD_BYTES or not data.startswith(RECORD_HEAD):
         return False
@@ -315,6 +322,7 @@ def _read_holds(key: str, data: bytes, denormalize: Callable[[str], str | None])
     except UnicodeDecodeError:
         return False
     folders: list[str] = []
+    wanted: list[Wanted] = []
     total = 0
     for count, line in enumerate(lines):
         if count > MAX_HEADERS + 1_000:
@@ -332,13 +340,92 @@ def _read_holds(key: str, data: bytes, denormalize: Callable[[str], str | None])
         path = denormalize(fields[3])
         if path is None or not os.path.isabs(path) or os.path.normpath(path) != path:
             return False
-        here = _header_line(path, folders, fields[3])
-        if here is None or here.decode() != line + "\n":
+        try:
+            total += int(fields[2].split(":", 1)[0])
+        except ValueError:
             return False
-        total += int(fields[2].split(":", 1)[0])
         if total > MAX_TOTAL_BYTES:
             return False
+        wanted.append((path, len(folders), fields[3], line + "\n"))
+    if len(wanted) >= ELSEWHERE_FROM:
+        held = _hold_elsewhere(wanted, folders)
+        if held is not None:
+            return held
+    return _lines_hold(wanted, folders)
+
+
+def _lines_hold(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool:
+    """Whether each header reads here as its record's line says (the first that does not
+    ends the reading: what is read stays bounded by the record's sizes)."""
+    for path, searched, shown, line in wanted:
+        here = _header_line(path, folders[:searched], shown)
+        if here is None or here.decode() != line:
+            return False
     return True
+
+
+#: A record of this many headers or more is read by a child interpreter: the reading is a
+#: few thousand system calls (about 75 ms alone), each of which lets go of this process's
+#: interpreter lock and waits to take it back from the thread compiling beside it; in this
+#: process the check took 1.2 s beside a compile and slowed the compile's tracing
+#: (docs/architecture.md, "The headers a kernel was built with").
+ELSEWHERE_FROM = 64
+ELSEWHERE_TIMEOUT_S = 60.0
+#: Most bytes the child may answer with (a verdict, then a digest per header it read).
+_MAX_ANSWER = 16 << 20
+
+
+def _hold_elsewhere(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool | None:
+    """:func:`_lines_hold` in a child interpreter running this file alone (the standard
+    library only: no import of objcache or torch); the digests it read join this process's.
+    None where the child cannot say (not started, failed, timed out, answered out of form):
+    the caller reads here."""
+    if not sys.executable or not os.path.isfile(__file__):
+        return None
+    paths = {w[0] for w in wanted}
+    with _lock:  # what this process read already is not read again
+        known = {path: _file_digests[path] for path in paths if path in _file_digests}
+    request = json.dumps(
+        {"folders": list(folders), "wanted": [list(w) for w in wanted], "digests": known}
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", __file__],
+            input=request.encode(),
+            capture_output=True,
+            timeout=ELSEWHERE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0 or len(done.stdout) > _MAX_ANSWER:
+        return None
+    try:
+        answer = json.loads(done.stdout)
+        held, digests = answer["holds"], answer["digests"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(held, bool) or not isinstance(digests, dict):
+        return None
+    read = {
+        path: value
+        for path, value in digests.items()
+        if path in paths and (value is None or isinstance(value, str))
+    }
+    with _lock:
+        for path, value in read.items():
+            _file_digests.setdefault(path, value)
+    return held
+
+
+def _child_main() -> None:
+    """The child's side of :func:`_hold_elsewhere`: the request on standard input, the
+    verdict and the digests it read on standard output."""
+    request = json.loads(sys.stdin.buffer.read(MAX_RECORD_BYTES * 4))
+    wanted = [(str(p), int(n), str(s), str(line)) for p, n, s, line in request["wanted"]]
+    _file_digests.update(request["digests"])
+    held = _lines_hold(wanted, [str(f) for f in request["folders"]])
+    sys.stdout.write(json.dumps({"holds": held, "digests": _file_digests}))
 
 
 def pack(record_key: str, binary: bytes) -> bytes:
@@ -391,3 +478,7 @@ def forget() -> None:
 def source_files(tokens: Sequence[str]) -> list[str]:
     """The files on a command line (absolute paths that exist)."""
     return [t for t in tokens if os.path.isabs(t) and os.path.isfile(t)]
+
+
+if __name__ == "__main__":  # the child interpreter of :func:`_hold_elsewhere`
+    _child_main()

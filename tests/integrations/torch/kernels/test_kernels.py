@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.torch_cache import header_record, new_machine
 from tests.support.torch_cache import kernel_builder as _builder
-from tests.support.torch_cache import new_machine
 
 torch = pytest.importorskip("torch")
 
@@ -255,22 +255,14 @@ def test_a_fetched_isa_probe_skips_the_dlopen_child_only_if_its_probe_passed_whe
 def test_headers_found_beside_a_source_are_its_own(tmp_path: Path) -> None:
     """Two kernels of one kind share a record of their headers, but not where a quoted
     include is found beside each source: each names its own folder's header."""
-    import shutil
-
-    from objcache.integrations.torch.kernels import kernel_headers, kernels
-
-    compiler = shutil.which("g++")
-    assert compiler is not None
     records = []
     for name, value in (("a", 1), ("b", 2)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "local.h").write_text(f"#define VALUE {value}\n")
-        src = folder / "k.cpp"
-        src.write_text('#include "local.h"\nint value() { return VALUE; }\n')
-        target = str(folder / "k.so")
-        tokens = [compiler, str(src), "-shared", "-fPIC", "-o", target]
-        made = kernel_headers.record(tokens, target, [str(src)], kernels.normalize)
+        made = header_record(
+            folder / "k.cpp", '#include "local.h"\nint value() { return VALUE; }\n'
+        )
         assert made is not None
         records.append(made)
     assert records[0][0] != records[1][0]
