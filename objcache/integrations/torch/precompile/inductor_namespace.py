@@ -101,8 +101,13 @@ _lock = threading.Lock()
 _layout: list[tuple[int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = []
 #: (compile window, (token, the program's values)): one window's keys share one reading
 _read_memo: list[tuple[Any, tuple[int, list[tuple[str, Any]]]]] = []
-#: id of a class dict or registry -> (it, the hash of what it held, the program's values in it)
-_scanned: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
+#: id of a class dict or registry -> it, -> the hash of what it held, -> the program's values
+#: in it where there are any (flat dicts: no container kept an entry for the collector to walk,
+#: see :data:`.program_registrations._entry_seen`)
+_scanned_held: dict[int, Any] = {}
+_scanned_hash: dict[int, int] = {}
+_scanned_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
+_UNSEEN = object()
 
 
 def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
@@ -244,26 +249,35 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
             _read_memo[:] = [(compile_id, last)]
         return last  # nothing put, replaced or removed since the last reading
     found: list[tuple[str, Any]] = []
-    seen: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
+    seen_held: dict[int, Any] = {}
+    seen_hash: dict[int, int] = {}
+    seen_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
     for where, held, scan in [
         *((where, held, _scan_namespace) for where, held in classes),
         *((where, held, _scan_registry) for where, held in registries),
     ]:
         # a mapping by its values in order (a key added, removed or re-pointed moves them)
         now = _ids(held.values()) if isinstance(held, _MAPPINGS) else _ids(held)
-        known = _scanned.get(id(held))
-        if known is not None and known[0] is held and known[1] == now:
-            programs = known[2]
+        key = id(held)
+        if _scanned_held.get(key, _UNSEEN) is held and _scanned_hash.get(key) == now:
+            programs = _scanned_programs.get(key, ())
         else:
-            programs = scan(where, held)
+            scanned = scan(where, held)
             if scan is _scan_namespace:
-                programs += _repointed(where, held, {label for label, _ in programs})
-        seen[id(held)] = (held, now, programs)
+                scanned += _repointed(where, held, {label for label, _ in scanned})
+            programs = tuple(scanned)
+        seen_held[key], seen_hash[key] = held, now
+        if programs:
+            seen_programs[key] = programs
         found.extend(programs)
     result = (overall, found)
     with _lock:
-        _scanned.clear()
-        _scanned.update(seen)
+        _scanned_held.clear()
+        _scanned_held.update(seen_held)
+        _scanned_hash.clear()
+        _scanned_hash.update(seen_hash)
+        _scanned_programs.clear()
+        _scanned_programs.update(seen_programs)
         _read_memo[:] = [(compile_id, result)]
     return result
 

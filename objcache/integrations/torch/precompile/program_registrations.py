@@ -341,22 +341,33 @@ def _pattern_passes() -> list[tuple[str, Any]]:
     return found
 
 
-#: id -> (the entry, its program functions): a table's entries are found again whenever
-#: Inductor registers a fallback while it compiles, and thousands of them are torch's own.
-_entry_memo: dict[int, tuple[Any, list[Any]]] = {}
+#: id -> the entry, and id -> its program functions where it has any: a table's entries are
+#: found again whenever Inductor registers a fallback while it compiles, and thousands of them
+#: are torch's own. Two flat dicts, not a pair and a list an entry: every container kept
+#: alive is one more object the cyclic collector walks, and enough of them made the program's
+#: next full collection (0.4 s) fall inside its first compile (docs/benchmarks.md, "Where a
+#: full collection lands").
+_entry_seen: dict[int, Any] = {}
+_entry_found: dict[int, tuple[Any, ...]] = {}
+_UNSEEN = object()
 
 
-def entry_functions(value: Any) -> list[Any]:
+def entry_functions(value: Any) -> tuple[Any, ...]:
     """:func:`program_functions` of a table entry, remembered by the entry (held, so its id
     is never another's)."""
-    known = _entry_memo.get(id(value))
-    if known is not None and known[0] is value:
-        return known[1]
-    found = program_functions(value)
+    key = id(value)
+    if _entry_seen.get(key, _UNSEEN) is value:
+        return _entry_found.get(key, ())
+    found = tuple(program_functions(value))
     with _lock:
-        if len(_entry_memo) > 65_536:
-            _entry_memo.clear()
-        _entry_memo[id(value)] = (value, found)
+        if len(_entry_seen) > 65_536:
+            _entry_seen.clear()
+            _entry_found.clear()
+        _entry_seen[key] = value
+        if found:
+            _entry_found[key] = found
+        else:
+            _entry_found.pop(key, None)
     return found
 
 
@@ -552,17 +563,17 @@ def _program_entries() -> list[tuple[str, list[Any]]]:
     found: dict[str, list[Any]] = {}
     for label, table in tables():
         for op, fn in list(table.items()):
-            fns = entry_functions(fn)  # as a pattern's: by file, scope and closure
-            if fns:
-                found.setdefault(f"{label}:{op}", []).extend(fns)
+            named = entry_functions(fn)  # as a pattern's: by file, scope and closure
+            if named:
+                found.setdefault(f"{label}:{op}", []).extend(named)
     for name, matcher in _pattern_passes():
         for (op, target), entries in list(matcher.patterns.items()):
             for entry in list(entries):
-                fns = []
-                for field in ("extra_check", "normalize_args", "handler"):
-                    fns.extend(entry_functions(getattr(entry, field, None)))
-                if fns:
-                    found.setdefault(f"pattern:{name}:{op}:{_target_name(target)}", []).extend(fns)
+                fields = ("extra_check", "normalize_args", "handler")
+                named = tuple(f for n in fields for f in entry_functions(getattr(entry, n, None)))
+                if named:
+                    label = f"pattern:{name}:{op}:{_target_name(target)}"
+                    found.setdefault(label, []).extend(named)
     with _lock:
         py_impls = list(_py_impls)
     for label, fn in py_impls:
