@@ -170,9 +170,26 @@ def _file_digest(path: str) -> str | None:
     return digest
 
 
-def _placement(path: str, folders: Sequence[str]) -> tuple[int, str] | None:
+Placed = tuple[int, str] | None
+#: (a header's path, the search folders) -> :func:`_placement`'s answer, read once a process
+#: as each header's digest is (:data:`_file_digests`)
+_placements: dict[tuple[str, tuple[str, ...]], Placed] = {}
+
+
+def _placement(path: str, folders: Sequence[str]) -> Placed:
     """Which search folder ``path`` lies under (the first in the search order) and which
     earlier folders hold a file of the same name there; None when under none."""
+    key = (path, tuple(folders))
+    with _lock:
+        if key in _placements:
+            return _placements[key]
+    placed = _find_placement(path, folders)
+    with _lock:
+        _placements[key] = placed
+    return placed
+
+
+def _find_placement(path: str, folders: Sequence[str]) -> Placed:
     for index, folder in enumerate(folders):
         prefix = folder.rstrip(os.sep) + os.sep
         if path.startswith(prefix):
@@ -347,11 +364,21 @@ def _read_holds(key: str, data: bytes, denormalize: Callable[[str], str | None])
         if total > MAX_TOTAL_BYTES:
             return False
         wanted.append((path, len(folders), fields[3], line + "\n"))
-    if len(wanted) >= ELSEWHERE_FROM:
+    if _unread(wanted, folders) >= ELSEWHERE_FROM:
         held = _hold_elsewhere(wanted, folders)
         if held is not None:
             return held
     return _lines_hold(wanted, folders)
+
+
+def _unread(wanted: Sequence[Wanted], folders: Sequence[str]) -> int:
+    """How many of the headers this process has not read yet (content or placement): what a
+    check here would cost in system calls."""
+    with _lock:
+        return sum(
+            path not in _file_digests or (path, tuple(folders[:searched])) not in _placements
+            for path, searched, _, _ in wanted
+        )
 
 
 def _lines_hold(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool:
@@ -388,6 +415,7 @@ def _hold_elsewhere(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool | 
     request = json.dumps(
         {"folders": list(folders), "wanted": [list(w) for w in wanted], "digests": known}
     )
+    searched = {w[0]: w[1] for w in wanted}
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", __file__],
@@ -402,7 +430,7 @@ def _hold_elsewhere(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool | 
         return None
     try:
         answer = json.loads(done.stdout)
-        held, digests = answer["holds"], answer["digests"]
+        held, digests, placements = answer["holds"], answer["digests"], answer["placements"]
     except (ValueError, KeyError, TypeError):
         return None
     if not isinstance(held, bool) or not isinstance(digests, dict):
@@ -412,10 +440,31 @@ def _hold_elsewhere(wanted: Sequence[Wanted], folders: Sequence[str]) -> bool | 
         for path, value in digests.items()
         if path in paths and (value is None or isinstance(value, str))
     }
+    placed: dict[tuple[str, tuple[str, ...]], Placed] = {}
+    for item in placements if isinstance(placements, list) else ():
+        if (
+            isinstance(item, list)
+            and len(item) == 3
+            and searched.get(item[0]) == item[1]
+            and (item[2] is None or _is_placed(item[2]))
+        ):
+            where = (item[2][0], item[2][1]) if item[2] is not None else None
+            placed[(item[0], tuple(folders[: item[1]]))] = where
     with _lock:
         for path, value in read.items():
             _file_digests.setdefault(path, value)
+        for key, where in placed.items():
+            _placements.setdefault(key, where)
     return held
+
+
+def _is_placed(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and isinstance(value[1], str)
+    )
 
 
 def _child_main() -> None:
@@ -424,8 +473,16 @@ def _child_main() -> None:
     request = json.loads(sys.stdin.buffer.read(MAX_RECORD_BYTES * 4))
     wanted = [(str(p), int(n), str(s), str(line)) for p, n, s, line in request["wanted"]]
     _file_digests.update(request["digests"])
-    held = _lines_hold(wanted, [str(f) for f in request["folders"]])
-    sys.stdout.write(json.dumps({"holds": held, "digests": _file_digests}))
+    folders = [str(f) for f in request["folders"]]
+    held = _lines_hold(wanted, folders)
+    placements = [
+        [path, len(searched), _placements[(path, searched)]]
+        for path, searched in _placements
+        if tuple(folders[: len(searched)]) == searched
+    ]
+    sys.stdout.write(
+        json.dumps({"holds": held, "digests": _file_digests, "placements": placements})
+    )
 
 
 def pack(record_key: str, binary: bytes) -> bytes:
@@ -473,6 +530,7 @@ def forget() -> None:
         _made.clear()
         _checked.clear()
         _file_digests.clear()
+        _placements.clear()
 
 
 def source_files(tokens: Sequence[str]) -> list[str]:

@@ -64,7 +64,8 @@ def test_a_record_of_many_headers_is_read_by_a_child_that_says_what_this_process
 ) -> None:
     """Reading hundreds of headers in the process that compiles lets go of its interpreter
     lock at every system call: a child reads them, and its verdict is this process's own,
-    both ways; the digests it read spare this process a second reading."""
+    both ways; what it read (each header's digest and place in the search) spares this
+    process a second reading."""
     from objcache.integrations.torch.kernels import kernel_headers, kernels
 
     key, data = made
@@ -72,7 +73,12 @@ def test_a_record_of_many_headers_is_read_by_a_child_that_says_what_this_process
     assert kernel_headers.holds(key, data, kernels.denormalize) is True
     assert len(started) == 1 and started[0][1:] == ["-I", "-S", kernel_headers.__file__]
     assert len(kernel_headers._file_digests) >= kernel_headers.ELSEWHERE_FROM
+    assert len(kernel_headers._placements) >= kernel_headers.ELSEWHERE_FROM
+    # another record of the same headers: nothing left to read, checked here at once
     bad_key, bad = _tampered(data)
+    assert kernel_headers.holds(bad_key, bad, kernels.denormalize) is False
+    assert len(started) == 1
+    kernel_headers.forget()  # read by a child again: the same verdict
     assert kernel_headers.holds(bad_key, bad, kernels.denormalize) is False
     assert len(started) == 2
     # the same verdicts read in this process
@@ -97,7 +103,8 @@ def test_where_no_child_can_say_this_process_reads_the_record(
         def run(args: list[str], **kwargs: Any) -> Any:
             if failure == "cannot start":
                 raise OSError("no fork")
-            return subprocess.CompletedProcess(args, 0, b'{"holds": "yes"}', b"")
+            answer = b'{"holds": "yes", "digests": {}, "placements": []}'
+            return subprocess.CompletedProcess(args, 0, answer, b"")
 
         monkeypatch.setattr(kernel_headers.subprocess, "run", run)
     assert kernel_headers.holds(key, data, kernels.denormalize) is True
