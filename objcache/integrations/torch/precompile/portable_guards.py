@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copyreg
 import dataclasses
 import enum
 import hashlib
@@ -656,11 +657,13 @@ SELF_CONTAINED = frozenset(
 
 def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
     """Whether ``guard``'s source passes through an object torch saves by reference
-    (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``), or through an
+    (``G['cfg'].SCALE``, ``G['Knobs'].bias``, ``type(L['self']).forward``), through an
     attribute an instance finds on its class rather than in its own state
     (``L['d'].__dataclass_fields__``: the instance is pickled by value, the class by
-    reference): torch keeps the guard, but on the reader it compares the reader's value with
-    itself. A source whose chain cannot be read counts as such (fail closed)."""
+    reference), or through an object that pickles by code of its own
+    (:func:`pickled_by_its_own_code`): torch keeps the guard, but on the reader it compares
+    the reader's value with itself. A source whose chain cannot be read counts as such (fail
+    closed)."""
     node = getattr(guard, "originating_source", None)
     base = getattr(node, "base", None)
     while base is not None:
@@ -668,12 +671,51 @@ def under_a_reference(guard: Any, value_of: Callable[[Any], Any]) -> bool:
             value = value_of(base)
         except Exception:
             return True
-        if isinstance(value, BY_REFERENCE):
+        if isinstance(value, BY_REFERENCE) or pickled_by_its_own_code(value):
             return True
         member = getattr(node, "member", None)
         if isinstance(member, str) and _found_on_its_class(value, member):
             return True
         node, base = base, getattr(base, "base", None)
+    return False
+
+
+#: The methods by which a class decides how its instances pickle.
+_PICKLE_HOOKS = (
+    "__reduce_ex__",
+    "__reduce__",
+    "__getstate__",
+    "__setstate__",
+    "__getnewargs_ex__",
+    "__getnewargs__",
+)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def pickled_by_its_own_code(value: Any) -> bool:
+    """Whether ``value`` pickles by a method of the program's own (a ``__reduce__`` that
+    rebuilds it from defaults or the environment, a ``__getstate__`` that drops an attribute
+    its ``__setstate__`` computes again, a copyreg entry, a name): torch's guards state
+    holds what that code writes, and the reader rebuilds the guard from what it reads back
+    there, so the value the guard read may not travel (the forty-first review: a config whose
+    ``__reduce__`` re-reads a module constant was served the writer's branch). Python's own
+    C types and torch's classes pickle their state as it is; undecidable counts as the
+    program's."""
+    try:
+        cls = type(value)
+        if cls in copyreg.dispatch_table:
+            return cls.__module__ != "torch" and not cls.__module__.startswith("torch.")
+        for klass in cls.__mro__:
+            if klass is object or not klass.__flags__ & _HEAPTYPE:
+                continue  # Python's own C types: their state as it is
+            module = str(getattr(klass, "__module__", ""))
+            if module == "torch" or module.startswith("torch."):
+                continue
+            held = vars(klass)
+            if any(hook in held for hook in _PICKLE_HOOKS):
+                return True
+    except Exception:
+        return True
     return False
 
 

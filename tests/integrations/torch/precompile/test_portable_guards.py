@@ -504,6 +504,76 @@ def test_an_attribute_an_instance_finds_on_its_class_is_under_a_reference(
         assert records == (pg.Portable(guard.name, "EQUALS_MATCH", pg.identity(2.0) or ""),)
 
 
+class _Rebuilt:  # "a config re-reads its settings when unpickled"
+    def __init__(self) -> None:
+        self.mode = "a"
+
+    def __reduce__(self) -> Any:
+        return (_Rebuilt, ())
+
+
+class _DropsState:
+    def __init__(self) -> None:
+        self.mode = "a"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.mode = "recomputed"
+
+
+class _Registered:
+    def __init__(self) -> None:
+        self.mode = "a"
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.mode = "a"
+
+
+def _module() -> Any:  # torch's own __getstate__/__setstate__: its state as it is
+    return pytest.importorskip("torch").nn.Linear(2, 2)
+
+
+def _tensor() -> Any:
+    return pytest.importorskip("torch").zeros(2)
+
+
+@pytest.mark.parametrize(
+    ("make", "own_code"),
+    [
+        (_Rebuilt, True),
+        (_DropsState, True),
+        (_Registered, True),
+        (_Plain, False),
+        (_module, False),
+        (_tensor, False),
+        (lambda: {"mode": "a"}, False),
+    ],
+)
+def test_an_object_that_pickles_by_its_own_code_is_under_a_reference(
+    make: Any, own_code: bool
+) -> None:
+    """torch pickles the frame's scope with the program's own pickling methods: what a
+    ``__reduce__``, a ``__getstate__`` or a copyreg entry writes, not the value the guard
+    read, is what the reader rebuilds the guard from, so a guard below such an object carries
+    the writer's value (the forty-first review: served the writer's branch); an object whose
+    state pickles as it is needs nothing."""
+    import copyreg
+
+    obj = make()
+    copyreg.pickle(_Registered, lambda o: (_Registered, ()))
+    try:
+        assert pg.pickled_by_its_own_code(obj) is own_code
+        guard = _sourced("EQUALS_MATCH", "L['cfg'].mode", (obj,))
+        kept, records = pg.split([guard], lambda g: g.value if hasattr(g, "base") else "a")
+        assert kept == [guard] and bool(records) is own_code, records
+    finally:
+        del copyreg.dispatch_table[_Registered]
+
+
 def test_a_value_under_a_reference_without_a_portable_rendering_makes_the_frame_unsaveable() -> (
     None
 ):

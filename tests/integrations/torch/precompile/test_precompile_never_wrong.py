@@ -9,7 +9,8 @@ One function per class of fact a served entry depends on:
 * **reference values**: a value read through another module or a class (torch keeps the
   guard but saves its root by reference, so the reader's guard compared the reader's value
   with itself), also through an instance that finds it on its class (a dataclass's fields'
-  metadata: the instance is saved by value, its class by reference);
+  metadata: the instance is saved by value, its class by reference), and through an object
+  that pickles by code of its own (a ``__reduce__`` that reads the settings again);
 * **inlined methods**: a library class's method Dynamo inlined, patched on the reader (torch
   never guards it: one process never changes it);
 * **class layouts**: a module's class whose base was chosen at start-up (Dynamo finds the
@@ -177,6 +178,21 @@ def class_values_through_an_instance(w):  # dataclasses.fields(w): the class's F
 
 
 check("class_values_through_an_instance", class_values_through_an_instance, Weighted(x))
+
+
+class Settings:  # a config that reads its settings again when it is unpickled
+    def __init__(self):
+        self.scale = float(os.environ["SCALE"])
+
+    def __reduce__(self):
+        return (Settings, ())
+
+
+def pickled_by_its_own_code(settings, x):
+    return x * settings.scale
+
+
+check("values_an_object_pickles_by_its_own_code", pickled_by_its_own_code, Settings(), x)
 
 
 def wrapped(x):
