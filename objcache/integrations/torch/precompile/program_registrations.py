@@ -344,9 +344,8 @@ def _pattern_passes() -> list[tuple[str, Any]]:
 #: id -> the entry, and id -> its program functions where it has any: a table's entries are
 #: found again whenever Inductor registers a fallback while it compiles, and thousands of them
 #: are torch's own. Two flat dicts, not a pair and a list an entry: every container kept
-#: alive is one more object the cyclic collector walks, and enough of them made the program's
-#: next full collection (0.4 s) fall inside its first compile (docs/benchmarks.md, "Where a
-#: full collection lands").
+#: alive is one more object each of the program's full collections walks (docs/benchmarks.md,
+#: "Where a full collection lands").
 _entry_seen: dict[int, Any] = {}
 _entry_found: dict[int, tuple[Any, ...]] = {}
 _UNSEEN = object()
