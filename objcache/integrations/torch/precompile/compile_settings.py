@@ -303,7 +303,7 @@ def process_facts() -> str:
     ISA, read at each compile). Never raises."""
     import sys
 
-    from objcache.integrations.torch.precompile import hash_order
+    from objcache.integrations.torch.precompile.unguarded import hash_order
 
     parts = [f"hashseed={hash_order.fixed_seed() or 'per-process'}"]
     torch = sys.modules.get("torch")

@@ -51,6 +51,8 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from objcache.integrations.torch.precompile.unguarded import object_aliasing
+
 log = logging.getLogger("objcache.torch")
 
 #: Guard kinds torch drops under caching precompile (``CheckFunctionManager.__init__``) or
@@ -1126,7 +1128,48 @@ def split(
             continue  # nothing there to hold a hook
         records.extend(_hook_records(source, value))
         records.extend(_set_order_records(source, value))
+    records.extend(_aliasing_records(guards, value_of))
     return kept, tuple(dict.fromkeys(records))
+
+
+def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> list[Portable]:
+    """Which objects the kept ``TYPE_MATCH`` guards reach are one object
+    (:mod:`.object_aliasing`); raises :class:`Unportable` where one cannot be named again
+    on a reader, or there are too many to compare at every call."""
+    candidates: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(source: str, read: Any, any_kind: bool) -> None:
+        if source in seen:
+            return
+        seen.add(source)
+        try:
+            value = value_of(read)
+        except Exception as exc:
+            raise Unportable(object_aliasing.KIND, source, "its object cannot be read") from exc
+        if not any_kind and not object_aliasing.is_object(value):
+            return
+        if parse_source(source) is None:
+            raise Unportable(object_aliasing.KIND, source, "no portable source")
+        candidates.append((source, value))
+
+    for guard in guards:
+        kind = str(guard.create_fn_name())
+        if kind == "TYPE_MATCH":
+            add(str(guard.name), guard, False)
+        elif kind == "DUPLICATE_INPUT":  # two sources Dynamo found holding one object: both
+            # (torch's own guard on it did not hold on a reader: the forty-second review)
+            other = getattr(getattr(guard, "create_fn", None), "keywords", {}).get("source_b")
+            if other is None:
+                raise Unportable(object_aliasing.KIND, str(guard.name), "no second source")
+            name = other.name() if callable(other.name) else other.name
+            add(str(guard.name), guard, True)
+            add(str(name), other, True)
+    if len(candidates) > object_aliasing.MAX_OBJECTS:
+        raise Unportable(object_aliasing.KIND, "<frame>", f"{len(candidates)} objects")
+    return [
+        Portable(s, object_aliasing.KIND, same) for s, same in object_aliasing.partition(candidates)
+    ]
 
 
 def _set_order_records(source: str, value: Any) -> list[Portable]:
@@ -1199,6 +1242,10 @@ def check_for(
     each kind (``backend``, ``settings`` or the failing record's guard kind)."""
     expected_settings = [r.identity for r in records if r.source == SETTINGS]
     reported: set[str] = set()
+    aliasing = _aliasing_check(
+        [(r.source, r.identity) for r in records if r.kind == object_aliasing.KIND], f_globals
+    )
+    records = [r for r in records if r.kind != object_aliasing.KIND]
 
     def fail(why: str, source: str = "", expected: str = "", found: str | None = None) -> bool:
         if why not in reported:
@@ -1342,6 +1389,8 @@ def check_for(
             if compiler is not None and not compiler():
                 return fail("backend")
             ok = bool(holds(f_locals))
+            if ok and aliasing is not None and not aliasing(f_locals):
+                return fail(object_aliasing.KIND)
         except Exception:
             return fail("error")
         if ok and holds is first:
@@ -1350,6 +1399,29 @@ def check_for(
 
     first = current[0]
     return check
+
+
+def _aliasing_check(records: Sequence[tuple[str, str]], f_globals: Any) -> Any:
+    """The check of the ``ALIASES`` records (:mod:`.object_aliasing`), or None."""
+    if not records:
+        return None
+    paths: list[tuple[str, tuple[Step, ...]]] = []
+    for source, _ in records:
+        path = parse_source(source)
+        if path is None:
+            raise ValueError(f"unparseable portable guard source {source!r}")
+        paths.append(path)
+    fast = fast_resolver(paths)
+
+    def read_all(f_locals: Any) -> tuple[Any, ...]:
+        if fast is not None:
+            try:
+                return fast(f_locals, f_globals)
+            except Exception:  # one is absent: read one by one (absent reads as one marker)
+                pass
+        return tuple(resolve(root, steps, f_locals, f_globals) for root, steps in paths)
+
+    return object_aliasing.checker(records, read_all)
 
 
 #: A record as :func:`check_for` reads it: root, steps, identity, kind, source.

@@ -51,8 +51,6 @@ from typing import Any
 
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
-    absent_names,
-    hash_order,
     precompile_guards,
     precompile_save,
     precompile_serve,
@@ -66,6 +64,7 @@ from objcache.integrations.torch.precompile.precompile_entry import (
     log,
     unsaveable,
 )
+from objcache.integrations.torch.precompile.unguarded import absent_names, hash_order
 
 #: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
 PACKAGE = "torch._dynamo.package"
@@ -476,6 +475,13 @@ def apply(package_module: Any) -> None:
             builtin = importlib.import_module("torch._dynamo.variables.builtin")
             if "generic_hash" in builtin.__dict__:  # bound at import on 2.14 and later
                 _patch(builtin, "generic_hash", hashing)
+            variable = builtin.BuiltinVariable
+            # read by name when Dynamo first builds a handler for id() (``call_{fn.__name__}``)
+            _patch(variable, "call_id", hash_order.wrap_call_id(variable.call_id))
+            handlers = getattr(variable, "call_function_handler_cache", None)
+            if isinstance(handlers, dict):  # a handler built before the patch holds torch's
+                for key in [k for k in list(handlers) if isinstance(k, tuple) and k[:1] == (id,)]:
+                    handlers.pop(key, None)
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)
             if hook_cls is not None:

@@ -30,11 +30,14 @@ from typing import Any
 
 from objcache.integrations.patching import marked
 from objcache.integrations.torch.precompile import (
-    absent_names,
     compile_settings,
-    hash_order,
     portable_guards,
     superseded_codes,
+)
+from objcache.integrations.torch.precompile.unguarded import (
+    absent_names,
+    guards_unpickling,
+    hash_order,
 )
 from objcache.observe.metrics import FailureLog
 
@@ -129,7 +132,9 @@ def wrap_serialize_guards(
             )
         except portable_guards.Unportable as exc:
             return _not_saved(output_graph, f"dropped_guard:{exc.kind}", exc)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the program's code it read (an __eq__) may raise anything
             return _not_saved(output_graph, "guards_unsaveable", repr(exc))
         try:
             settings = compile_settings.settings_digest()
@@ -140,8 +145,22 @@ def wrap_serialize_guards(
             return _not_saved(output_graph, "unportable_settings", "a compiler setting")
         try:
             state = original(self, builder, kept, *args, **kwargs)
-        except Exception as exc:  # torch's own refusal (a class defined in a function)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # torch's own refusal (a class defined in a function),
+            # or what the program's pickling code raised (a __reduce__ that exits)
             return _not_saved(output_graph, "guards_unsaveable", repr(exc))
+        found = (
+            guards_unpickling.program_code(state)
+            if isinstance(state, bytes)
+            else "a guards state that is not bytes"
+        )
+        if found:
+            return _not_saved(
+                output_graph,
+                guards_unpickling.UNSAVED,
+                f"rebuilding its guards on a reader would run the program's code: {found}",
+            )
         _carry_module_globals(output_graph, counters, failed)
         state = portable_guards.attach(state, (*records, portable_guards.settings_record(settings)))
         superseded_codes.record(state, superseded_codes.shapes_of(output_graph))
@@ -280,6 +299,13 @@ def _in_a_scratch_trace(load: Callable[[bytes], Any], data: bytes) -> Any:
         return load(data)
 
 
+class ProgramUnpickling(RuntimeError):
+    """A served entry whose guards state would run the program's code when rebuilt
+    (counted ``rejected:program_unpickling``)."""
+
+    objcache_why = guards_unpickling.UNSAVED
+
+
 def wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
     def load_guards_state(guards_state: bytes) -> Any:
         if not installing_served.get():
@@ -288,7 +314,15 @@ def wrap_load_guards_state(original: Callable[[bytes], Any]) -> Any:
         if detached is None:  # never served by us: checked in _unpack, refused here too
             raise RuntimeError("objcache: a served guarded code carries no portable guards")
         torch_state, records = detached
-        state = _in_a_scratch_trace(original, torch_state)
+        found = guards_unpickling.program_code(torch_state)
+        if found:  # an entry saved without this check: never rebuilt here
+            raise ProgramUnpickling(f"rebuilding its guards would run the program's code: {found}")
+        try:
+            state = _in_a_scratch_trace(original, torch_state)
+        except (KeyboardInterrupt, Exception):
+            raise
+        except BaseException as exc:  # never out of the program's call: a refused entry
+            raise RuntimeError(f"objcache: rebuilding served guards raised {exc!r}") from exc
         with _lock:
             _state_records[id(state)] = records
         return state

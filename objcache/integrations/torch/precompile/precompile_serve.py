@@ -340,7 +340,7 @@ def wrap_install(original: Callable[..., None], initialize: Callable[..., None])
             _past_served_names(self)
         except Exception as exc:
             _undo_install(self, scopes)
-            _reset(self, fn, initialize, "install", exc)
+            _reset(self, fn, initialize, getattr(exc, "objcache_why", "install"), exc)
             self.__dict__.pop("_objcache_fresh", None)
         finally:
             precompile_guards.installing_served.reset(token)

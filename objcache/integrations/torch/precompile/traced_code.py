@@ -138,6 +138,11 @@ def is_torchs(value: Any) -> bool:
     return True
 
 
+def in_torch_or_python(filename: str) -> bool:
+    """Whether ``filename`` is a file of torch's package or of Python's own library."""
+    return _in_torch_or_python(filename)
+
+
 def _in_torch_or_python(filename: str) -> bool:
     known = _file_is_torchs.get(filename)
     if known is None:

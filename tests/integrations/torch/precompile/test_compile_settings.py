@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from objcache.integrations.torch.precompile import compile_settings as cs  # noqa: E402
-from objcache.integrations.torch.precompile import hash_order  # noqa: E402
+from objcache.integrations.torch.precompile.unguarded import hash_order  # noqa: E402
 
 
 def _identity(fn: Any, **kwargs: Any) -> str | None:

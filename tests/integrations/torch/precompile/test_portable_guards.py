@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os.path
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -868,6 +869,48 @@ def test_a_sets_order_is_a_record_checked_at_every_call() -> None:
         pg.split([guard], lambda g: {object(), object()})
     assert refused.value.kind == pg.SET_ORDER_KIND
     assert pg.identity(frozenset({"a", "b"})) == pg.identity(frozenset({"b", "a"}))
+
+
+class Tally:
+    """A running count two names of a program may share."""
+
+
+def test_which_guarded_objects_are_one_object_is_a_record_checked_at_every_call() -> None:
+    """torch guards each object's type and values, never which guarded objects are one
+    object (``B = A``): a trace that sets ``A.n`` and reads ``B.n`` computes another result
+    either way (the forty-second review: off by 7 both ways). The writer's sharing is a
+    record; a reader sharing otherwise, either way, fails it."""
+
+    def guards(*names: str) -> list[Any]:
+        return [
+            SimpleNamespace(
+                create_fn_name=lambda: "TYPE_MATCH",
+                name=name,
+                guard_types=(),
+                originating_source=None,
+            )
+            for name in names
+        ]
+
+    def aliases(records: Sequence[pg.Portable]) -> list[tuple[str, str]]:
+        return [(r.source, r.identity) for r in records if r.kind == "ALIASES"]
+
+    first, second = Tally(), Tally()
+    two = {"FIRST": first, "SECOND": second}
+    _kept, records = pg.split(guards("G['FIRST']", "G['SECOND']"), lambda g: two[g.name[3:-2]])
+    assert aliases(records) == [("G['FIRST']", ""), ("G['SECOND']", "")]
+    assert pg.check_for(records, two)({})
+    assert not pg.check_for(records, {"FIRST": first, "SECOND": first})({})
+    one = {"FIRST": first, "SECOND": first}
+    _kept, records = pg.split(guards("G['FIRST']", "G['SECOND']"), lambda g: one[g.name[3:-2]])
+    assert aliases(records) == [("G['FIRST']", ""), ("G['SECOND']", "G['FIRST']")]
+    check = pg.check_for(records, one)
+    assert check({}) and check({})
+    one["SECOND"] = second
+    assert not check({})
+    # a single object, and values that are not objects of a program's, carry no record
+    _kept, records = pg.split(guards("G['FIRST']"), lambda g: first)
+    assert aliases(records) == []
 
 
 def _set_iterating(order: list[str]) -> set[str]:

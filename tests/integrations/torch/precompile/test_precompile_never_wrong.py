@@ -32,6 +32,12 @@ One function per class of fact a served entry depends on:
 * **inputs sharing storage**: a graph that mutates a tensor its caller passes, beside another
   tensor (the reader passes two views of one buffer); a module's buffer updated in place is
   not one (saved and served);
+* **objects rebuilt by the program's code**: a singleton's ``__new__``, a ``__reduce__``'s
+  function (rebuilding the guards would set the writer's values on the reader's objects), a
+  ``__reduce__`` raising ``SystemExit`` while the writer saves, ``id()`` of an object: not
+  saved;
+* **shared objects**: two names holding one object on the reader, two on the writer (torch
+  guards neither);
 * **unnamed code**: a frame whose code torch's package cannot name (a module-level lambda and
   an ``exec``'d function, each with a graph break): torch raises ``PackageError`` out of the
   user's call; here the package is unsaveable, counted, and the program runs.
@@ -193,6 +199,100 @@ def pickled_by_its_own_code(settings, x):
 
 
 check("values_an_object_pickles_by_its_own_code", pickled_by_its_own_code, Settings(), x)
+
+
+class Singleton:  # one settings object a process: its __new__ hands back the one there is
+    made = None
+
+    def __new__(cls):
+        if cls.made is None:
+            cls.made = super().__new__(cls)
+        return cls.made
+
+
+ONE = Singleton()
+ONE.scale = float(os.environ["SCALE"])
+
+
+def settings_of_a_singleton(x):
+    return x * ONE.scale
+
+
+def current_settings():
+    return SETTINGS
+
+
+class Shared:  # pickled as "the settings this process has", with the writer's values
+    def __reduce__(self):
+        return (current_settings, (), dict(self.__dict__))
+
+
+SETTINGS = Shared()
+SETTINGS.scale = float(os.environ["SCALE"])
+
+
+def settings_rebuilt_by_a_function(x):
+    return x * SETTINGS.scale
+
+
+check("values_rebuilt_by_the_programs_code", settings_of_a_singleton, x)
+check("values_rebuilt_by_a_function_of_the_programs", settings_rebuilt_by_a_function, x)
+# rebuilding a served entry's guards never set the writer's values on this process's objects
+results["own_values_kept"] = ONE.scale == SETTINGS.scale == float(os.environ["SCALE"])
+
+
+class Tally:  # a running count that two names may share
+    pass
+
+
+FIRST = Tally()
+SECOND = FIRST if os.environ.get("SHARED") == "1" else Tally()
+
+
+def objects_two_names_share(x):  # one object: 2.0; two: 1.0
+    FIRST.n = 1.0
+    SECOND.n = 1.0
+    FIRST.n = FIRST.n + 1.0
+    return x * SECOND.n
+
+
+check("objects_two_names_share", objects_two_names_share, x)
+THIRD = Tally()
+FOURTH = THIRD if os.environ.get("SHARED") != "1" else Tally()  # one object on the writer
+
+
+def objects_the_writer_shared(x):
+    THIRD.n = 1.0
+    FOURTH.n = 1.0
+    THIRD.n = THIRD.n + 1.0
+    return x * FOURTH.n
+
+
+check("objects_the_writer_shared", objects_the_writer_shared, x)
+
+
+def object_address(x):  # id(): an address in this process, folded into the trace
+    return x + id(library.Gain) % 1009
+
+
+check("object_address", object_address, x)
+
+
+class Leaves:  # pickling it leaves the program
+    scale = 2.0
+
+    def __reduce__(self):
+        raise SystemExit("pickled")
+
+
+LEAVES = Leaves()
+
+
+def pickling_raises_system_exit(x):
+    return x * LEAVES.scale
+
+
+check("pickling_raises_system_exit", pickling_raises_system_exit, x)
 
 
 def wrapped(x):
@@ -499,6 +599,22 @@ def test_a_graph_that_mutates_a_tensor_its_caller_passes_is_not_saved(
     assert first_machine["precompile"].get("unsaved:input_aliasing", 0) >= 1, first_machine
 
 
+def test_a_frame_whose_guards_would_run_the_programs_code_when_rebuilt_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """Rebuilding a frame's guards state on a reader runs the code that pickled objects name:
+    a singleton's ``__new__`` hands back the reader's own settings object, a ``__reduce__``'s
+    function the reader's, and the writer's values are then set on them (the forty-second
+    review: served, off by 7, and the reader's own eager code computed the writer's value
+    afterwards). Such frames are not saved; a ``__reduce__`` that raises ``SystemExit``
+    while the guards are saved leaves the frame unsaved, not the program; ``id()`` of an
+    object, an address in the writer's process, makes its frame unsaveable too."""
+    counts = first_machine["precompile"]
+    assert counts.get("unsaved:program_unpickling", 0) >= 3, counts
+    assert counts.get("unsaved:object_id", 0) >= 1, counts
+    assert counts.get("unsaved:guards_unsaveable", 0) >= 1, counts
+
+
 def test_a_reader_like_the_writer_is_served(
     store_root: Path, first_machine: dict[str, Any]
 ) -> None:
@@ -544,6 +660,7 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
         SHADOW="1",
         FAST="1",
         SIGNED="1",
+        SHARED="1",
     )
     assert all(reader["results"].values()), reader
     # the first frame's served names, then its own past every one of them (Dynamo numbers a
@@ -562,3 +679,5 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     assert "CLASS_LAYOUT" in failed, counts
     # a builtin the reader's module shadows, an optional function the reader has
     assert "ABSENT_NAMES" in failed, counts
+    # two names holding one object where the writer had two
+    assert "ALIASES" in failed, counts

@@ -6,7 +6,8 @@ from __future__ import annotations
 import _collections_abc
 import collections
 
-from objcache.integrations.torch.precompile import absent_names, portable_guards
+from objcache.integrations.torch.precompile import portable_guards
+from objcache.integrations.torch.precompile.unguarded import absent_names
 
 
 def test_a_codes_module_is_found_by_its_globals_even_where_it_names_itself_otherwise() -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from objcache.integrations.torch.precompile import hash_order
+from objcache.integrations.torch.precompile.unguarded import hash_order
 
 
 def _fixed_seed_in_a_process(seed: str | None, later: str = "") -> str:
@@ -19,7 +19,7 @@ def _fixed_seed_in_a_process(seed: str | None, later: str = "") -> str:
     code = (
         "import os\n"
         f"{later}\n"
-        "from objcache.integrations.torch.precompile import hash_order\n"
+        "from objcache.integrations.torch.precompile.unguarded import hash_order\n"
         "print(hash_order.fixed_seed())"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -1,5 +1,5 @@
-"""What a trace takes from this process's hash order (docs/torch.md, "What a served entry
-depends on").
+"""What a trace takes from this process's hash order and object addresses (docs/torch.md,
+"What a served entry depends on").
 
 Unless ``PYTHONHASHSEED`` fixes it when the interpreter starts, Python salts the hash of
 ``str`` and ``bytes`` per process: a set of names iterates in another order in every
@@ -13,6 +13,10 @@ served entry would replay the writer's order on a reader that iterates its own. 
   compiles to one; an ``in`` test does not iterate) makes the frame unsaveable in a process
   whose hash order is its own (:func:`iterated_constant_sets`);
 * ``hash()`` of anything but a number while tracing does the same (:func:`wrap_generic_hash`).
+
+``id()`` of an object while tracing is its address in this process, folded in as a constant;
+torch guards the object's identity (``ID_MATCH``), which a portable record names by what it
+is, never by where it lies: such a frame is not saved either (:func:`wrap_call_id`).
 
 A fixed seed is part of the compiler settings a served frame is checked against
 (:mod:`.compile_settings`), so there both are the same in every process that shares it.
@@ -34,6 +38,8 @@ from objcache.integrations.patching import marked
 _NUMBERS = (type(None), bool, int, float, complex)
 #: The ``counters`` reason of a frame whose trace read the hash order.
 UNSAVED = "hash_order"
+#: The ``counters`` reason of a frame whose trace folded an object's address.
+OBJECT_ID_UNSAVED = "object_id"
 
 
 @functools.cache
@@ -84,11 +90,11 @@ def iterated_constant_sets(codes: Iterable[types.CodeType]) -> bool:
     return False
 
 
-def _mark(tx: Any) -> None:
+def _mark(tx: Any, why: str = UNSAVED) -> None:
     output = getattr(tx, "output", None)
     package = getattr(output, "package", None)
     if package is not None:
-        package.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
+        package.__dict__.setdefault("_objcache_unsaveable", why)
 
 
 def wrap_generic_hash(original: Callable[..., Any]) -> Any:
@@ -107,3 +113,15 @@ def wrap_generic_hash(original: Callable[..., Any]) -> Any:
 
     marked(generic_hash, original)
     return generic_hash
+
+
+def wrap_call_id(original: Callable[..., Any]) -> Any:
+    """Dynamo's ``id()`` of a traced value (``BuiltinVariable.call_id``): the frame's package
+    is unsaveable, whatever the value (an address is this process's own)."""
+
+    def call_id(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        _mark(tx, OBJECT_ID_UNSAVED)
+        return original(self, tx, *args, **kwargs)
+
+    marked(call_id, original)
+    return call_id
