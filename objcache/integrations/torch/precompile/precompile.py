@@ -478,9 +478,15 @@ def apply(package_module: Any) -> None:
             variable = builtin.BuiltinVariable
             # read by name when Dynamo first builds a handler for id() (``call_{fn.__name__}``)
             _patch(variable, "call_id", hash_order.wrap_call_id(variable.call_id))
+            for name, of_value in (("call_isinstance", True), ("call_issubclass", False)):
+                method = variable.__dict__[name]
+                _patch(variable, name, hash_order.wrap_membership(method, of_value))
             handlers = getattr(variable, "call_function_handler_cache", None)
             if isinstance(handlers, dict):  # a handler built before the patch holds torch's
-                for key in [k for k in list(handlers) if isinstance(k, tuple) and k[:1] == (id,)]:
+                patched = (id, isinstance, issubclass)
+                for key in [
+                    k for k in list(handlers) if isinstance(k, tuple) and k[:1] and k[0] in patched
+                ]:
                     handlers.pop(key, None)
             utils = importlib.import_module("torch._dynamo.utils")
             hook_cls = getattr(utils, "CleanupHook", None)

@@ -115,6 +115,12 @@ def wrap_serialize_guards(
                     portable_guards.UNGUARDED_TENSOR_UNSAVED,
                     f"the trace read tensor.{fact}, which torch does not guard",
                 )
+            if any(n.startswith(_REPLAYED_PREFIXES) for n in _installed_names(output_graph)):
+                return _not_saved(
+                    output_graph,
+                    REPLAYED_UNSAVED,
+                    "the code calls a function Dynamo bound in this process only",
+                )
             if _caller_may_alias(output_graph):
                 return _not_saved(
                     output_graph,
@@ -168,6 +174,18 @@ def wrap_serialize_guards(
 
     marked(serialize_guards, original)
     return serialize_guards
+
+
+#: Globals Dynamo binds while tracing that a saved entry does not carry: the replay of a
+#: ``random.Random`` object's calls (``__gen_rand_values_<n>``, numbered in this process: a
+#: reader raised ``NameError``, or ran another function's replay bound under the same name).
+_REPLAYED_PREFIXES = ("__gen_rand_values",)
+REPLAYED_UNSAVED = "unnamed_global"
+
+
+def _installed_names(output_graph: Any) -> list[str]:
+    names = getattr(output_graph, "installed_globals", ())
+    return [n for n in names if isinstance(n, str)]
 
 
 #: Why a frame is not saved where another caller could pass tensors sharing storage.

@@ -144,10 +144,15 @@ def _resolve(where: tuple[str, str]) -> Any:
         raise LookupError(f"{where[0]} is not loaded")
     value: Any = module
     for part in where[1].split("."):
-        namespace = getattr(value, "__dict__", None)
-        if not isinstance(namespace, (dict, types.MappingProxyType)) or part not in namespace:
+        # a class's attribute may come from a base (torch's pickler inherits rebuilders)
+        owners = value.__mro__ if isinstance(value, type) else (value,)
+        for owner in owners:
+            namespace = getattr(owner, "__dict__", None)
+            if isinstance(namespace, (dict, types.MappingProxyType)) and part in namespace:
+                value = namespace[part]
+                break
+        else:
             raise LookupError(f"{where[0]}:{where[1]}")
-        value = namespace[part]
     return value
 
 
@@ -240,7 +245,7 @@ def _attribute_call(label: str, owner: Any) -> str | None:
     if inner is not None:  # a global: the object it names here
         owner = _resolve(inner)
     cls = owner if isinstance(owner, type) else type(owner)
-    if _programs_class(cls) or _programs_class(type(cls)):
+    if programs_class(cls) or programs_class(type(cls)):
         return f"{label} of {cls.__module__}.{cls.__qualname__}"
     return None
 
@@ -259,7 +264,7 @@ def _instantiation(where: tuple[str, str], args: tuple[Any, ...]) -> str | None:
     return _class_runs(cls, ("__new__",)) if isinstance(cls, type) else None
 
 
-def _programs_class(cls: Any) -> bool:
+def programs_class(cls: Any) -> bool:
     """Whether ``cls`` is defined outside torch, Python's own modules and C."""
     module = getattr(cls, "__module__", None)
     if not isinstance(module, str):

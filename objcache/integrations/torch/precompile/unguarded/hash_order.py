@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from objcache.integrations.patching import marked
+from objcache.integrations.torch.precompile.unguarded.guards_unpickling import programs_class
 
 #: Values whose hash is the same in every process, whatever the seed.
 _NUMBERS = (type(None), bool, int, float, complex)
@@ -115,13 +116,73 @@ def wrap_generic_hash(original: Callable[..., Any]) -> Any:
     return generic_hash
 
 
+def _programs_call(tx: Any) -> bool:
+    """Whether the code ``tx`` traces is outside torch and Python's own library (where
+    unreadable: True). Python's and torch's own code use ``id()`` for memos and cycle checks
+    (``inspect.unwrap``), never to compute a value."""
+    from objcache.integrations.torch.precompile.traced_code import in_torch_or_python
+
+    filename = getattr(getattr(tx, "f_code", None), "co_filename", None)
+    return not (isinstance(filename, str) and in_torch_or_python(filename))
+
+
 def wrap_call_id(original: Callable[..., Any]) -> Any:
-    """Dynamo's ``id()`` of a traced value (``BuiltinVariable.call_id``): the frame's package
-    is unsaveable, whatever the value (an address is this process's own)."""
+    """Dynamo's ``id()`` of a traced value (``BuiltinVariable.call_id``) in the program's
+    code: the frame's package is unsaveable, whatever the value (an address is this
+    process's own)."""
 
     def call_id(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
-        _mark(tx, OBJECT_ID_UNSAVED)
+        try:
+            if _programs_call(tx):
+                _mark(tx, OBJECT_ID_UNSAVED)
+        except Exception:
+            _mark(tx, OBJECT_ID_UNSAVED)
         return original(self, tx, *args, **kwargs)
 
     marked(call_id, original)
     return call_id
+
+
+#: The ``counters`` reason of a frame whose trace asked an abstract class for a member.
+ABC_UNSAVED = "abc_check"
+
+
+def _abstract(cls: Any) -> bool:
+    import abc
+
+    return isinstance(cls, abc.ABCMeta)
+
+
+def _classes(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _membership_may_differ(member: Any, classes: Any) -> bool:
+    """Whether ``isinstance``/``issubclass`` of ``member`` (a class) against ``classes``
+    asks an abstract class whose answer a process can change without Dynamo seeing it:
+    ``register()``, ``__subclasshook__``, a runtime-checkable protocol reading the class.
+    A library's or the program's abstract class always; Python's own (``numbers``,
+    ``collections.abc``) where the class asked about is the program's."""
+    for cls in _classes(classes):
+        if _abstract(cls) and (programs_class(cls) or programs_class(member)):
+            return True
+    return False
+
+
+def wrap_membership(original: Callable[..., Any], of_value: bool) -> Any:
+    """Dynamo's ``isinstance`` (``of_value``) or ``issubclass``: where the answer comes from
+    an abstract class's machinery (:func:`_membership_may_differ`), which Dynamo does not
+    trace and torch never guards, the frame's package is unsaveable."""
+
+    def membership(self: Any, tx: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            classes = right.as_python_constant()
+            member = left.python_type() if of_value else left.as_python_constant()
+            if _membership_may_differ(member, classes):
+                _mark(tx, ABC_UNSAVED)
+        except Exception:  # a class Dynamo cannot name as a constant: torch's own path
+            pass
+        return original(self, tx, left, right, *args, **kwargs)
+
+    marked(membership, original)
+    return membership

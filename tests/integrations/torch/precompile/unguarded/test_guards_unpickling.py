@@ -146,6 +146,16 @@ def test_judging_runs_nothing_and_imports_nothing() -> None:
     assert "no_such_mod_" not in sys.modules
 
 
+class Base:
+    @classmethod
+    def rebuild(cls) -> Any:
+        return SHARED
+
+
+class Derived(Base):
+    pass
+
+
 class _Evaluates:
     def __reduce__(self) -> Any:
         return (eval, ("1 + 1",))
@@ -162,6 +172,13 @@ class _Persistent(pickle.Pickler):
         (b"not a pickle", "unreadable"),
         (pickle.dumps(eval), None),  # a builtin by reference: never called
         (pickle.dumps(_Evaluates()), "builtins:eval"),
+        # an attribute a class inherits (torch 2.15's pickler inherits its rebuilders)
+        (b"\x80\x04cbuiltins\ngetattr\nctorch.nn\nLinear\n\x8c\x05train\x86R)R.", None),
+        (  # of the program's class: its descriptors would run
+            b"\x80\x04cbuiltins\ngetattr\nctests.integrations.torch.precompile.unguarded."
+            b"test_guards_unpickling\nDerived\n\x8c\x07rebuild\x86R)R.",
+            "getattr of",
+        ),
         (b"\x80\x04cbuiltins\ngetattr\n)R)R.", "state made"),
         # torch's pickler names its own rebuilders as attributes of its class
         (
