@@ -19,6 +19,7 @@ NOT_STORED = {
     "INLINED_CODE",
     "SET_ORDER",
     "UNGUARDED_VALUE",
+    "ALIASES",
 }
 
 

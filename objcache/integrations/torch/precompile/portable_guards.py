@@ -781,6 +781,8 @@ LAYOUT_KIND = "CLASS_LAYOUT"
 #: may be there on the reader.
 ABSENT_KIND = "ABSENT_NAMES"
 CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND})
+#: Which guarded objects are one object (:mod:`.unguarded.object_aliasing`).
+ALIASES_KIND = object_aliasing.RECORD_KIND
 #: The identity of a module with no hooks of its own.
 _NO_HOOKS = identity(({}, {}, {}, {}))
 
@@ -1146,11 +1148,11 @@ def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> 
         try:
             value = value_of(read)
         except Exception as exc:
-            raise Unportable(object_aliasing.KIND, source, "its object cannot be read") from exc
+            raise Unportable(ALIASES_KIND, source, "its object cannot be read") from exc
         if not any_kind and not object_aliasing.is_object(value):
             return
         if parse_source(source) is None:
-            raise Unportable(object_aliasing.KIND, source, "no portable source")
+            raise Unportable(ALIASES_KIND, source, "no portable source")
         candidates.append((source, value))
 
     for guard in guards:
@@ -1161,15 +1163,13 @@ def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> 
             # (torch's own guard on it did not hold on a reader: the forty-second review)
             other = getattr(getattr(guard, "create_fn", None), "keywords", {}).get("source_b")
             if other is None:
-                raise Unportable(object_aliasing.KIND, str(guard.name), "no second source")
+                raise Unportable(ALIASES_KIND, str(guard.name), "no second source")
             name = other.name() if callable(other.name) else other.name
             add(str(guard.name), guard, True)
             add(str(name), other, True)
     if len(candidates) > object_aliasing.MAX_OBJECTS:
-        raise Unportable(object_aliasing.KIND, "<frame>", f"{len(candidates)} objects")
-    return [
-        Portable(s, object_aliasing.KIND, same) for s, same in object_aliasing.partition(candidates)
-    ]
+        raise Unportable(ALIASES_KIND, "<frame>", f"{len(candidates)} objects")
+    return [Portable(s, ALIASES_KIND, same) for s, same in object_aliasing.partition(candidates)]
 
 
 def _set_order_records(source: str, value: Any) -> list[Portable]:
@@ -1243,9 +1243,9 @@ def check_for(
     expected_settings = [r.identity for r in records if r.source == SETTINGS]
     reported: set[str] = set()
     aliasing = _aliasing_check(
-        [(r.source, r.identity) for r in records if r.kind == object_aliasing.KIND], f_globals
+        [(r.source, r.identity) for r in records if r.kind == ALIASES_KIND], f_globals
     )
-    records = [r for r in records if r.kind != object_aliasing.KIND]
+    records = [r for r in records if r.kind != ALIASES_KIND]
 
     def fail(why: str, source: str = "", expected: str = "", found: str | None = None) -> bool:
         if why not in reported:
@@ -1390,7 +1390,7 @@ def check_for(
                 return fail("backend")
             ok = bool(holds(f_locals))
             if ok and aliasing is not None and not aliasing(f_locals):
-                return fail(object_aliasing.KIND)
+                return fail(ALIASES_KIND)
         except Exception:
             return fail("error")
         if ok and holds is first:

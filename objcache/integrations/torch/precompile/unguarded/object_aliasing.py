@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 #: The record kind (:class:`.portable_guards.Portable`).
-KIND = "ALIASES"
+RECORD_KIND = "ALIASES"
 #: At most this many objects are compared a call; a frame guarding more is not saved
 #: (:class:`.portable_guards.Unportable`, raised by the caller).
 MAX_OBJECTS = 64
