@@ -159,14 +159,33 @@ def _classes(value: Any) -> tuple[Any, ...]:
 
 def _membership_may_differ(member: Any, classes: Any) -> bool:
     """Whether ``isinstance``/``issubclass`` of ``member`` (a class) against ``classes``
-    asks an abstract class whose answer a process can change without Dynamo seeing it:
-    ``register()``, ``__subclasshook__``, a runtime-checkable protocol reading the class.
-    A library's or the program's abstract class always; Python's own (``numbers``,
-    ``collections.abc``) where the class asked about is the program's."""
+    asks an abstract class whose answer a process can change without Dynamo seeing it: a
+    ``register()`` (the answer False, or True by a registration), or a ``__subclasshook__``
+    of a library's or the program's (a runtime-checkable protocol's included). A subclass
+    through its own bases, with no such hook, is one in every process; Python's own
+    abstract classes about Python's and torch's types are answered alike everywhere."""
     for cls in _classes(classes):
-        if _abstract(cls) and (programs_class(cls) or programs_class(member)):
+        if not _abstract(cls) or not (programs_class(cls) or programs_class(member)):
+            continue
+        if _programs_hook(cls) or not _by_its_bases(member, cls):
             return True
     return False
+
+
+def _programs_hook(cls: Any) -> bool:
+    return any("__subclasshook__" in vars(k) and programs_class(k) for k in cls.__mro__)
+
+
+def _by_its_bases(member: Any, cls: Any) -> bool:
+    """Whether ``member`` is a subclass of ``cls`` through its own bases: ``cls`` itself, or
+    a class of Python's or torch's that is one (a transformers output is an ``OrderedDict``,
+    a ``Mapping`` in every process)."""
+    try:
+        mro = member.__mro__
+        ours = [base for base in mro if base is not object and not programs_class(base)]
+        return cls in mro or (not programs_class(cls) and any(issubclass(b, cls) for b in ours))
+    except Exception:
+        return False
 
 
 def wrap_membership(original: Callable[..., Any], of_value: bool) -> Any:

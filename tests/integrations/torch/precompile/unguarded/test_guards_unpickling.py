@@ -200,12 +200,14 @@ def test_bad_states_fail_closed(data: bytes, why: str | None) -> None:
     assert (found is None) if why is None else (found is not None and why in found), found
 
 
-def test_a_persistent_id_and_an_unbounded_state_are_not_judged(
+def test_a_persistent_name_is_fine_and_an_unbounded_state_is_not_judged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """torch 2.15 names the values it prunes by a persistent id (its own unpickler makes a
+    marker of each): no code runs for them."""
     buffer = io.BytesIO()
     _Persistent(buffer).dump([Plain()])
-    assert "persistent" in str(guards_unpickling.program_code(buffer.getvalue()))
+    assert guards_unpickling.program_code(buffer.getvalue()) is None
     monkeypatch.setattr(guards_unpickling, "MAX_OPERATIONS", 10)
     many = pickle.dumps([collections.OrderedDict(a=i) for i in range(20)])
     assert "unjudged" in str(guards_unpickling.program_code(many))

@@ -87,6 +87,28 @@ def test_membership_of_an_abstract_class_is_read_where_a_process_can_change_it()
     assert may_differ(_Mine, numbers.Number) and may_differ(_Mine, collections.abc.Mapping)
     assert not may_differ(int, numbers.Number) and not may_differ(dict, collections.abc.Mapping)
     assert not may_differ(_Mine, _Mine) and not may_differ(_Mine, (int, str))
+    # a class of the program's that is a Mapping through its own bases: the same everywhere
+    assert not may_differ(_Ordered, collections.abc.Mapping)
+    assert may_differ(_Ordered, numbers.Number)  # False here: a registration could change it
+    # a library's abstract class asked about its own subclass (transformers' cache layers),
+    # unless it has a hook of its own
+    assert not may_differ(_Layer, _Kind) and may_differ(_Mine, _Kind)
+    assert may_differ(_Hooked, _Hooked)
+
+
+class _Layer(_Kind):
+    def kind(self) -> str:
+        return "layer"
+
+
+class _Hooked(abc.ABC):  # noqa: B024
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        return True
+
+
+class _Ordered(collections.OrderedDict[str, int]):
+    pass
 
 
 def test_id_is_the_programs_only_in_its_own_code() -> None:
