@@ -47,7 +47,8 @@ _RUNS_TEXT = frozenset(
 
 
 class _Refused(Exception):
-    """A state this module does not judge (too many operations, a persistent id)."""
+    """A state this module does not judge (too many operations, a persistent id that is not
+    a name)."""
 
 
 class _Log:

@@ -16,7 +16,10 @@ served entry would replay the writer's order on a reader that iterates its own. 
 
 ``id()`` of an object while tracing is its address in this process, folded in as a constant;
 torch guards the object's identity (``ID_MATCH``), which a portable record names by what it
-is, never by where it lies: such a frame is not saved either (:func:`wrap_call_id`).
+is, never by where it lies: such a frame is not saved either (:func:`wrap_call_id`), where the
+program's code asked (Python's and torch's own use ``id()`` for memos). So is a frame whose
+``isinstance``/``issubclass`` an abstract class answered in a way a registration or a hook of
+another process could change (:func:`wrap_membership`).
 
 A fixed seed is part of the compiler settings a served frame is checked against
 (:mod:`.compile_settings`), so there both are the same in every process that shares it.
