@@ -20,6 +20,7 @@ NOT_STORED = {
     "SET_ORDER",
     "UNGUARDED_VALUE",
     "ALIASES",
+    "ABC_MEMBERSHIP",
 }
 
 

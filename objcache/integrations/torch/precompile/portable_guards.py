@@ -34,6 +34,7 @@ This module replaces each such guard by a portable one, or refuses the frame:
 
 from __future__ import annotations
 
+import abc
 import ast
 import builtins
 import copyreg
@@ -780,7 +781,10 @@ LAYOUT_KIND = "CLASS_LAYOUT"
 #: Names the trace looked up in an object and did not find (:mod:`.absent_names`): none
 #: may be there on the reader.
 ABSENT_KIND = "ABSENT_NAMES"
-CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND})
+#: What the trace asked an abstract class (:mod:`.unguarded.abc_membership`): each member's
+#: answer, asked again on the reader.
+MEMBERSHIP_KIND = "ABC_MEMBERSHIP"
+CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND, MEMBERSHIP_KIND})
 #: Which guarded objects are one object (:mod:`.unguarded.object_aliasing`).
 ALIASES_KIND = object_aliasing.RECORD_KIND
 #: The identity of a module with no hooks of its own.
@@ -1195,6 +1199,33 @@ def absent_records(absent: dict[str, set[str]]) -> tuple[Portable, ...]:
     return tuple(out)
 
 
+def membership_records(asked: dict[str, dict[str, bool]]) -> tuple[Portable, ...]:
+    """One record per abstract class a trace asked (:mod:`.unguarded.abc_membership`): its
+    source, and each member's source with the answer, as JSON."""
+    out = []
+    for source in sorted(asked):
+        answers = sorted(asked[source].items())
+        if parse_source(source) is None or any(parse_source(m) is None for m, _ in answers):
+            raise Unportable(MEMBERSHIP_KIND, source, "a class cannot be named on another machine")
+        out.append(Portable(source, MEMBERSHIP_KIND, json.dumps(answers)))
+    return tuple(out)
+
+
+def _membership_differs(cls: Any, expected: str) -> str | None:
+    """The first member an ``ABC_MEMBERSHIP`` record's abstract class answers otherwise here
+    (named), or None where every answer is the recorded one."""
+    if not isinstance(cls, abc.ABCMeta):
+        return "not an abstract class"
+    for source, answer in json.loads(expected):
+        path = parse_source(str(source))
+        member = resolve(*path, {}, {}) if path is not None else _MISSING
+        if not isinstance(member, type):
+            return f"{source} absent"
+        if issubclass(member, cls) is not (answer is True):
+            return f"{source}: {answer is not True}"
+    return None
+
+
 def _present(value: Any, expected: str) -> str | None:
     """The first name of an ``ABSENT_NAMES`` record that ``value`` has, or None."""
     for name in json.loads(expected):
@@ -1316,6 +1347,11 @@ def check_for(
                         if present is not None:
                             return fail(kind, source, expected, f"{present!r} present")
                         passed[i] = value
+                    continue
+                if kind == MEMBERSHIP_KIND:  # asked again until the whole guard first holds
+                    differs = _membership_differs(value, expected)
+                    if differs is not None:
+                        return fail(kind, source, expected, differs)
                     continue
                 if kind == SET_ORDER_KIND:  # the order, at every call (a set changes inside)
                     if not isinstance(value, set | frozenset):

@@ -64,7 +64,11 @@ from objcache.integrations.torch.precompile.precompile_entry import (
     log,
     unsaveable,
 )
-from objcache.integrations.torch.precompile.unguarded import absent_names, hash_order
+from objcache.integrations.torch.precompile.unguarded import (
+    abc_membership,
+    absent_names,
+    hash_order,
+)
 
 #: torch modules this part patches (besides the flag in ``torch._dynamo.config``).
 PACKAGE = "torch._dynamo.package"
@@ -480,7 +484,7 @@ def apply(package_module: Any) -> None:
             _patch(variable, "call_id", hash_order.wrap_call_id(variable.call_id))
             for name, of_value in (("call_isinstance", True), ("call_issubclass", False)):
                 method = variable.__dict__[name]
-                _patch(variable, name, hash_order.wrap_membership(method, of_value))
+                _patch(variable, name, abc_membership.wrap_membership(method, of_value))
             handlers = getattr(variable, "call_function_handler_cache", None)
             if isinstance(handlers, dict):  # a handler built before the patch holds torch's
                 patched = (id, isinstance, issubclass)

@@ -35,6 +35,7 @@ from objcache.integrations.torch.precompile import (
     superseded_codes,
 )
 from objcache.integrations.torch.precompile.unguarded import (
+    abc_membership,
     absent_names,
     guards_unpickling,
     hash_order,
@@ -134,6 +135,7 @@ def wrap_serialize_guards(
                     *portable_guards.unguarded_value_records(traced, _frame_locals(builder)),
                     *portable_guards.global_hook_records(),
                     *portable_guards.absent_records(absent_names.collected(output_graph)),
+                    *portable_guards.membership_records(abc_membership.collected(output_graph)),
                 )
             )
         except portable_guards.Unportable as exc:

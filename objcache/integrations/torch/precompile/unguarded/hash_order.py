@@ -17,9 +17,7 @@ served entry would replay the writer's order on a reader that iterates its own. 
 ``id()`` of an object while tracing is its address in this process, folded in as a constant;
 torch guards the object's identity (``ID_MATCH``), which a portable record names by what it
 is, never by where it lies: such a frame is not saved either (:func:`wrap_call_id`), where the
-program's code asked (Python's and torch's own use ``id()`` for memos). So is a frame whose
-``isinstance``/``issubclass`` an abstract class answered in a way a registration or a hook of
-another process could change (:func:`wrap_membership`).
+program's code asked (Python's and torch's own use ``id()`` for memos).
 
 A fixed seed is part of the compiler settings a served frame is checked against
 (:mod:`.compile_settings`), so there both are the same in every process that shares it.
@@ -36,7 +34,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from objcache.integrations.patching import marked
-from objcache.integrations.torch.precompile.unguarded.guards_unpickling import programs_class
 
 #: Values whose hash is the same in every process, whatever the seed.
 _NUMBERS = (type(None), bool, int, float, complex)
@@ -144,67 +141,3 @@ def wrap_call_id(original: Callable[..., Any]) -> Any:
 
     marked(call_id, original)
     return call_id
-
-
-#: The ``counters`` reason of a frame whose trace asked an abstract class for a member.
-ABC_UNSAVED = "abc_check"
-
-
-def _abstract(cls: Any) -> bool:
-    import abc
-
-    return isinstance(cls, abc.ABCMeta)
-
-
-def _classes(value: Any) -> tuple[Any, ...]:
-    return value if isinstance(value, tuple) else (value,)
-
-
-def _membership_may_differ(member: Any, classes: Any) -> bool:
-    """Whether ``isinstance``/``issubclass`` of ``member`` (a class) against ``classes``
-    asks an abstract class whose answer a process can change without Dynamo seeing it: a
-    ``register()`` (the answer False, or True by a registration), or a ``__subclasshook__``
-    of a library's or the program's (a runtime-checkable protocol's included). A subclass
-    through its own bases, with no such hook, is one in every process; Python's own
-    abstract classes about Python's and torch's types are answered alike everywhere."""
-    for cls in _classes(classes):
-        if not _abstract(cls) or not (programs_class(cls) or programs_class(member)):
-            continue
-        if _programs_hook(cls) or not _by_its_bases(member, cls):
-            return True
-    return False
-
-
-def _programs_hook(cls: Any) -> bool:
-    return any("__subclasshook__" in vars(k) and programs_class(k) for k in cls.__mro__)
-
-
-def _by_its_bases(member: Any, cls: Any) -> bool:
-    """Whether ``member`` is a subclass of ``cls`` through its own bases: ``cls`` itself, or
-    a class of Python's or torch's that is one (a transformers output is an ``OrderedDict``,
-    a ``Mapping`` in every process)."""
-    try:
-        mro = member.__mro__
-        ours = [base for base in mro if base is not object and not programs_class(base)]
-        return cls in mro or (not programs_class(cls) and any(issubclass(b, cls) for b in ours))
-    except Exception:
-        return False
-
-
-def wrap_membership(original: Callable[..., Any], of_value: bool) -> Any:
-    """Dynamo's ``isinstance`` (``of_value``) or ``issubclass``: where the answer comes from
-    an abstract class's machinery (:func:`_membership_may_differ`), which Dynamo does not
-    trace and torch never guards, the frame's package is unsaveable."""
-
-    def membership(self: Any, tx: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            classes = right.as_python_constant()
-            member = left.python_type() if of_value else left.as_python_constant()
-            if _membership_may_differ(member, classes):
-                _mark(tx, ABC_UNSAVED)
-        except Exception:  # a class Dynamo cannot name as a constant: torch's own path
-            pass
-        return original(self, tx, left, right, *args, **kwargs)
-
-    marked(membership, original)
-    return membership

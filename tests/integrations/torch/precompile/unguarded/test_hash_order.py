@@ -3,9 +3,6 @@ codes iterate a set constant (docs/torch.md, "What a served entry depends on")."
 
 from __future__ import annotations
 
-import abc
-import collections.abc
-import numbers
 import os
 import subprocess
 import sys
@@ -66,49 +63,6 @@ def test_a_code_that_iterates_a_set_of_strings_is_found() -> None:
     assert not hash_order.iterated_constant_sets([_iterates_numbers.__code__])
     both = [_tests_membership.__code__, _iterates.__code__]
     assert hash_order.iterated_constant_sets(both)
-
-
-class _Kind(abc.ABC):
-    @abc.abstractmethod
-    def kind(self) -> str: ...
-
-
-class _Mine:
-    pass
-
-
-def test_membership_of_an_abstract_class_is_read_where_a_process_can_change_it() -> None:
-    """``isinstance``/``issubclass`` against a library's or the program's abstract class,
-    or against Python's own about a class of the program's: a registration or a hook can
-    answer otherwise in another process. Python's own abstract classes about builtin
-    types, and plain classes, are answered the same everywhere."""
-    may_differ = hash_order._membership_may_differ
-    assert may_differ(int, _Kind) and may_differ(int, (str, _Kind))
-    assert may_differ(_Mine, numbers.Number) and may_differ(_Mine, collections.abc.Mapping)
-    assert not may_differ(int, numbers.Number) and not may_differ(dict, collections.abc.Mapping)
-    assert not may_differ(_Mine, _Mine) and not may_differ(_Mine, (int, str))
-    # a class of the program's that is a Mapping through its own bases: the same everywhere
-    assert not may_differ(_Ordered, collections.abc.Mapping)
-    assert may_differ(_Ordered, numbers.Number)  # False here: a registration could change it
-    # a library's abstract class asked about its own subclass (transformers' cache layers),
-    # unless it has a hook of its own
-    assert not may_differ(_Layer, _Kind) and may_differ(_Mine, _Kind)
-    assert may_differ(_Hooked, _Hooked)
-
-
-class _Layer(_Kind):
-    def kind(self) -> str:
-        return "layer"
-
-
-class _Hooked(abc.ABC):  # noqa: B024
-    @classmethod
-    def __subclasshook__(cls, other: type) -> bool:
-        return True
-
-
-class _Ordered(collections.OrderedDict[str, int]):
-    pass
 
 
 def test_id_is_the_programs_only_in_its_own_code() -> None:
