@@ -43,8 +43,30 @@ def _abstract(cls: Any) -> bool:
     return isinstance(cls, abc.ABCMeta)
 
 
-def _classes(value: Any) -> tuple[Any, ...]:
-    return value if isinstance(value, tuple) else (value,)
+class Unflattenable(Exception):
+    """A second argument of ``isinstance``/``issubclass`` this module cannot list classes of."""
+
+
+def _classes(value: Any, depth: int = 0) -> list[Any]:
+    """The classes ``isinstance``/``issubclass`` asks, flattened as CPython and Dynamo do:
+    nested tuples, ``X | Y`` unions, ``typing.Union`` and ``typing`` aliases of a class
+    (``typing.Sequence`` asks ``collections.abc.Sequence``); raises :class:`Unflattenable`
+    for anything else."""
+    import types
+    import typing
+
+    if depth > 32:
+        raise Unflattenable(repr(value))
+    if isinstance(value, tuple):
+        return [c for v in value for c in _classes(v, depth + 1)]
+    if isinstance(value, type):
+        return [value]
+    if isinstance(value, types.UnionType) or typing.get_origin(value) is typing.Union:
+        return [c for v in typing.get_args(value) for c in _classes(v, depth + 1)]
+    origin = getattr(value, "__origin__", None)
+    if isinstance(origin, type) and not typing.get_args(value):
+        return [origin]  # a bare alias: ``typing.Sequence``
+    raise Unflattenable(repr(value))
 
 
 def asked(member: Any, classes: Any) -> list[Any]:

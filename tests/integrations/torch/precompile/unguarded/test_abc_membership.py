@@ -109,3 +109,24 @@ def test_a_question_that_cannot_be_asked_again_makes_the_frame_unsaveable() -> N
     outside = SimpleNamespace(output=SimpleNamespace(package=None))  # not a precompile frame
     abc_membership.record(outside, _Mine, _Kind)
     assert abc_membership.collected(outside.output) == {}
+
+
+def test_the_classes_are_flattened_as_isinstance_flattens_them() -> None:
+    """A nested tuple, an ``X | Y`` union, ``typing.Union`` and a ``typing`` alias of an
+    abstract class ask that class (the forty-fourth review: each was served the writer's
+    branch, off by 6); anything else makes the frame unsaveable."""
+    import typing
+
+    seq = typing.Sequence  # the alias itself is the case
+    for classes in ((int, (_Kind,)), _Kind | int, typing.Union[_Kind, int], (str, (int, _Kind))):  # noqa: UP007
+        assert abc_membership.asked(_Mine, classes) == [_Kind], classes
+    assert abc_membership.asked(_Mine, seq) == [collections.abc.Sequence]
+    tx = _frame()
+    abc_membership.record(tx, _Late, (int, (_Registry,)))
+    assert abc_membership.collected(tx.output), "a nested tuple's abstract class is recorded"
+    try:
+        abc_membership.asked(_Mine, object())
+    except abc_membership.Unflattenable:
+        pass
+    else:
+        raise AssertionError("an argument that is no class was listed")
