@@ -21,6 +21,8 @@ torch's types are answered alike everywhere: neither is recorded.
 from __future__ import annotations
 
 import abc
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -52,9 +54,6 @@ def _classes(value: Any, depth: int = 0) -> list[Any]:
     nested tuples, ``X | Y`` unions, ``typing.Union`` and ``typing`` aliases of a class
     (``typing.Sequence`` asks ``collections.abc.Sequence``); raises :class:`Unflattenable`
     for anything else."""
-    import types
-    import typing
-
     if depth > 32:
         raise Unflattenable(repr(value))
     if isinstance(value, tuple):
@@ -151,14 +150,13 @@ def wrap_membership(original: Callable[..., Any], of_value: bool) -> Any:
     def membership(self: Any, tx: Any, left: Any, right: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             classes = right.as_python_constant()
+        except Exception:  # classes Dynamo cannot name as a constant: torch's own path
+            return original(self, tx, left, right, *args, **kwargs)
+        try:
             member = left.python_type() if of_value else left.as_python_constant()
-        except Exception:  # a class Dynamo cannot name as a constant: torch's own path
-            member = None
-        if member is not None:
-            try:
-                record(tx, member, classes)
-            except Exception:  # an answer that cannot be read: fails closed
-                unsaveable(tx, UNSAVED)
+            record(tx, member, classes)
+        except Exception:  # a member or an answer that cannot be read: fails closed
+            unsaveable(tx, UNSAVED)
         return original(self, tx, left, right, *args, **kwargs)
 
     marked(membership, original)
