@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import shutil
+import ssl
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 from unittest import mock
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -467,4 +471,74 @@ async def test_an_answer_without_a_length_is_read_no_further_than_the_cap(call: 
         assert sink.pieces == [] and len(written) < 64
     finally:
         await direct.close()
+        await runner.cleanup()
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, made by openssl."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+async def test_tls_is_set_up_for_an_https_endpoint_only_with_the_configured_ca_bundle(
+    tmp_path: Path,
+) -> None:
+    """A plain-http endpoint makes no TLS context (loading a CA bundle is 15-35 ms of CPU a
+    process); an https endpoint's requests verify its certificate against the CA bundle
+    botocore names: served with it, refused without it."""
+    from aiohttp import web
+
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=b"entry bytes")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sites = [
+        web.TCPSite(runner, "127.0.0.1", 0),
+        web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls),
+    ]
+    for site in sites:
+        await site.start()
+    plain, tls = (s._server.sockets[0].getsockname()[1] for s in sites)  # type: ignore[union-attr]
+
+    def route(scheme: str, port: int) -> Route:
+        return Route(f"{scheme}://127.0.0.1:{port}/b", f"127.0.0.1:{port}", "/b", "us-east-1")
+
+    def direct(ca_bundle: str | None) -> _s3_direct.DirectS3:
+        return _s3_direct.DirectS3(
+            None, _Creds(), connect_timeout=5, read_timeout=30, max_connections=4,
+            ca_bundle=ca_bundle,
+        )  # fmt: skip
+
+    trusting, stranger = direct(str(cert)), direct(None)
+    try:
+        assert await trusting.request("GET", route("http", plain), "k", "GetObject") == (
+            b"entry bytes"
+        )
+        assert trusting._tls is None  # plain http: no context made
+        assert await trusting.request("GET", route("https", tls), "k", "GetObject") == (
+            b"entry bytes"
+        )
+        assert trusting._tls is not None
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await stranger.request("GET", route("https", tls), "k", "GetObject")
+    finally:
+        await trusting.close()
+        await stranger.close()
         await runner.cleanup()
