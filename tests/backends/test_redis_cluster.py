@@ -8,10 +8,12 @@ tests/backends/test_redis.py."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
+from redis import exceptions as rex
 
 from objcache.backends.redis import cluster
 from objcache.backends.redis.store import RedisBackend
@@ -149,3 +151,32 @@ async def test_a_cluster_silent_as_a_whole_opens_the_breaker(
         assert (await t.get("k-last"))[1] == "breaker"
     finally:
         await t.backend.close()
+
+
+async def test_a_start_cancelled_by_its_deadline_stays_cancelled_and_closes_the_client() -> None:
+    """The second start (the slot map, then the COMMAND table from the seed node) of a
+    client whose first start failed, cancelled by the call's deadline: the cancellation
+    reaches the deadline (it becomes the tier's ``timeout``), not the first start's
+    connection error, and the client's connections are closed."""
+    started, closed = asyncio.Event(), []
+
+    class Manager:
+        async def initialize(self) -> None:
+            started.set()
+            await asyncio.Event().wait()  # a silent node
+
+    class Client:
+        nodes_manager, commands_parser, _initialize = Manager(), object(), True
+
+        async def initialize(self) -> None:
+            raise rex.ConnectionError("the default node is down")
+
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    task = asyncio.ensure_future(cluster.initialize(Client(), "127.0.0.1", 7000))  # type: ignore[arg-type]
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed == [True]

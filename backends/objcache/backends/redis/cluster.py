@@ -178,8 +178,10 @@ async def initialize(client: RedisCluster, host: str, port: int) -> None:
         client.set_default_node(node)
         await parser.initialize(node)
         client._initialize = False
-    except BaseException:
+    except BaseException as exc:
         await client.aclose()
+        if not isinstance(exc, Exception):  # a cancelled call (its deadline) stays cancelled
+            raise
         raise failure from None
 
 
