@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -130,10 +130,12 @@ def _copy(
     read_only: bool = False,
     as_json: bool = False,
     processes: int = 1,
+    schemes: Sequence[str] = (),
 ) -> ops.CopyReport:
     """Copy this environment's entries (or all) and print the outcome; the caller decides
     what the outcome means for the exit code. ``processes``: the copy's shards, each in a
-    process of its own that opens the tiers itself (``objcache/cli/bulk_processes.py``)."""
+    process of its own that opens the tiers itself (``objcache/cli/bulk_processes.py``);
+    ``schemes``: those tiers' schemes, whose backends are imported before the fork."""
     from objcache.cli import bulk_processes
     from objcache.core.manifest import shard_of
 
@@ -186,7 +188,7 @@ def _copy(
             raise bulk_processes.Interrupted([_report_fields(report, len(keys))]) from None
         return _report_fields(report, len(keys))
 
-    count = bulk_processes.process_count(processes)
+    count = bulk_processes.process_count(processes, schemes)
     try:  # the bar's thread starts once the children are forked
         results, failures = bulk_processes.run(count, run_shard, counted, done, forked=bar.start)
     except bulk_processes.Interrupted as exc:
@@ -305,6 +307,7 @@ def push(
         read_only=config.read_only,
         as_json=as_json,
         processes=config.bulk_processes,
+        schemes=[s.scheme for s in specs],
     )
     raise typer.Exit(1 if report.failed or report.refused else 0)
 
@@ -343,6 +346,7 @@ def _pull(config: Config, tier: str | None, job: str | None, all_envs: bool, as_
         config,
         as_json=as_json,
         processes=config.bulk_processes,
+        schemes=[spec.scheme],
     )
     if report.failed or report.refused:
         common.warn(f"pull: {report.failed + report.refused} entries not warmed (listed above)")
@@ -382,7 +386,8 @@ def _pull_job(config: Config, tier: str | None, job: str, as_json: bool) -> None
 
         return common.run_async(run())
 
-    count = bulk_processes.process_count(config.bulk_processes)
+    schemes = [s.scheme for s in common.tier_specs(config, tier)]
+    count = bulk_processes.process_count(config.bulk_processes, schemes)
     try:  # the bar's thread starts once the children are forked
         results, failures = bulk_processes.run(count, run_shard, plan, done, forked=bar.start)
     finally:
