@@ -1139,9 +1139,9 @@ def split(
 
 
 def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> list[Portable]:
-    """Which objects the kept ``TYPE_MATCH`` guards reach are one object
-    (:mod:`.object_aliasing`); raises :class:`Unportable` where one cannot be named again
-    on a reader, or there are too many to compare at every call."""
+    """Which mutable objects the guards reach (:data:`.object_aliasing.GUARD_KINDS`) are one
+    object (:mod:`.object_aliasing`); raises :class:`Unportable` where one cannot be named
+    again on a reader, or there are too many to compare at every call."""
     candidates: list[tuple[str, Any]] = []
     seen: set[str] = set()
 
@@ -1161,7 +1161,7 @@ def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> 
 
     for guard in guards:
         kind = str(guard.create_fn_name())
-        if kind == "TYPE_MATCH":
+        if kind in object_aliasing.GUARD_KINDS:
             add(str(guard.name), guard, False)
         elif kind == "DUPLICATE_INPUT":  # two sources Dynamo found holding one object: both
             # (torch's own guard on it did not hold on a reader: the forty-second review)
@@ -1171,6 +1171,8 @@ def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> 
             name = other.name() if callable(other.name) else other.name
             add(str(guard.name), guard, True)
             add(str(name), other, True)
+    skipped = object_aliasing.bookkeeping([v for _, v in candidates])
+    candidates = [(s, v) for s, v in candidates if id(v) not in skipped]
     if len(candidates) > object_aliasing.MAX_OBJECTS:
         raise Unportable(ALIASES_KIND, "<frame>", f"{len(candidates)} objects")
     return [Portable(s, ALIASES_KIND, same) for s, same in object_aliasing.partition(candidates)]

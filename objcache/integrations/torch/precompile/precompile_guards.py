@@ -116,11 +116,12 @@ def wrap_serialize_guards(
                     portable_guards.UNGUARDED_TENSOR_UNSAVED,
                     f"the trace read tensor.{fact}, which torch does not guard",
                 )
-            if any(n.startswith(_REPLAYED_PREFIXES) for n in _installed_names(output_graph)):
+            uncarried = _uncarried_globals(output_graph)
+            if uncarried:
                 return _not_saved(
                     output_graph,
-                    REPLAYED_UNSAVED,
-                    "the code calls a function Dynamo bound in this process only",
+                    UNCARRIED_UNSAVED,
+                    f"the code reads a global Dynamo bound in this process only: {uncarried[0]}",
                 )
             if _caller_may_alias(output_graph):
                 return _not_saved(
@@ -178,16 +179,46 @@ def wrap_serialize_guards(
     return serialize_guards
 
 
-#: Globals Dynamo binds while tracing that a saved entry does not carry: the replay of a
-#: ``random.Random`` object's calls (``__gen_rand_values_<n>``, numbered in this process: a
-#: reader raised ``NameError``, or ran another function's replay bound under the same name).
-_REPLAYED_PREFIXES = ("__gen_rand_values",)
-REPLAYED_UNSAVED = "unnamed_global"
+#: Why a frame is not saved whose code reads a global Dynamo bound while tracing that the
+#: saved entry does not carry: the reader has no such global (``NameError`` out of the
+#: user's call), or one bound under the same name by another compile of its own.
+UNCARRIED_UNSAVED = "unnamed_global"
+#: The globals Dynamo binds that torch's package puts back on the reader (its install): the
+#: compiled graphs, the resume functions, the builtins dict (its counter re-read at load) and
+#: the import aliases; besides these, the modules :func:`_carry_module_globals` names.
+_CARRIED_PREFIXES = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_")
 
 
-def _installed_names(output_graph: Any) -> list[str]:
-    names = getattr(output_graph, "installed_globals", ())
-    return [n for n in names if isinstance(n, str)]
+def _uncarried_globals(output_graph: Any) -> list[str]:
+    """The globals Dynamo bound while tracing this frame that its entry would not carry (a
+    ``random.Random`` object's replay, ``__gen_rand_values_<n>``; a builtin class bound by
+    its address, ``___module_range_<id>_c<n>``, ``___module_deque_...``, where the code
+    builds a ``range``, ``bytearray``, ``deque``, ``zip`` or iterator it returns or stores;
+    anything Dynamo binds that is not a known carried kind). Fails closed: where torch's
+    bookkeeping cannot be read, a marker name."""
+    try:
+        names = getattr(output_graph, "installed_globals", ())
+        scope = getattr(output_graph, "global_scope", None)
+        uncarried = []
+        for name in sorted(names):
+            if not isinstance(name, str):
+                return ["<a global not named by a string>"]
+            if name.startswith(_CARRIED_PREFIXES):
+                continue
+            if _BY_ID.match(name) and isinstance(scope, dict) and _named_module(scope.get(name)):
+                continue
+            uncarried.append(name)
+        return uncarried
+    except Exception:
+        return ["<torch's installed globals unreadable>"]
+
+
+def _named_module(value: Any) -> str | None:
+    """The name a module its own name reaches (``sys.modules``) has, else None."""
+    name = getattr(value, "__name__", None)
+    if isinstance(value, types.ModuleType) and isinstance(name, str):
+        return name if sys.modules.get(name) is value else None
+    return None
 
 
 #: Why a frame is not saved where another caller could pass tensors sharing storage.
@@ -273,8 +304,8 @@ def _carry_module_globals(output_graph: Any, counters: Counter[str], failed: Fai
     its import sources back into the reader's globals; globals installed by id it does not,
     so every such guard failed on the reader (``guard_failed:CLASS_MATCH``) and the frame was
     traced again. Only a module its own name reaches (``sys.modules``) is named, the same
-    module in any process; anything else stays as torch saves it (the guard fails, the frame
-    compiles). Never raises."""
+    module in any process; a frame with any other such global is not saved
+    (:func:`_uncarried_globals`). Never raises."""
     try:
         package = getattr(output_graph, "package", None)
         scope = getattr(output_graph, "global_scope", None)
@@ -282,13 +313,8 @@ def _carry_module_globals(output_graph: Any, counters: Counter[str], failed: Fai
         if package is None or not isinstance(scope, dict):
             return
         for name in sorted(n for n in names if isinstance(n, str) and _BY_ID.match(n)):
-            value = scope.get(name)
-            module = getattr(value, "__name__", None)
-            if (
-                isinstance(value, types.ModuleType)
-                and isinstance(module, str)
-                and sys.modules.get(module) is value
-            ):
+            module = _named_module(scope.get(name))
+            if module is not None:
                 package.add_import_source(name, module)
                 counters["module_globals_carried"] += 1
     except Exception as exc:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
 import math
 import os.path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from objcache.integrations.torch.precompile import portable_guards as pg
 
@@ -911,6 +913,71 @@ def test_which_guarded_objects_are_one_object_is_a_record_checked_at_every_call(
     # a single object, and values that are not objects of a program's, carry no record
     _kept, records = pg.split(guards("G['FIRST']"), lambda g: first)
     assert aliases(records) == []
+
+
+class Slotted:
+    __slots__ = ("n",)
+
+
+@pytest.mark.parametrize(
+    ("kind", "make"),
+    [
+        ("TYPE_MATCH", dict),
+        ("SEQUENCE_LENGTH", list),
+        ("CONSTANT_MATCH", set),
+        ("TYPE_MATCH", Slotted),
+        ("TYPE_MATCH", torch.nn.Identity),
+        ("TYPE_MATCH", collections.deque),
+    ],
+)
+def test_containers_slotted_objects_and_modules_shared_otherwise_fail_the_aliases_record(
+    kind: str, make: Callable[[], Any]
+) -> None:
+    """A frame may change a ``dict``, ``list``, ``set``, ``deque``, ``__slots__`` instance
+    or submodule through one name and read it through another (the forty-fifth review:
+    guarded by a type, a length or a value, not only by ``TYPE_MATCH`` of an instance with a
+    ``__dict__``: served the writer's code, off by 1, both ways)."""
+
+    def guards(*names: str) -> list[Any]:
+        return [
+            SimpleNamespace(
+                create_fn_name=lambda: kind, name=name, guard_types=(), originating_source=None
+            )
+            for name in names
+        ]
+
+    first, second = make(), make()
+    for writer, reader in (((first, second), (first, first)), ((first, first), (first, second))):
+        scope = dict(zip(("A", "B"), writer, strict=True))
+        _kept, records = pg.split(
+            guards("G['A']", "G['B']"), lambda g, scope=scope: scope[g.name[3:-2]]
+        )
+        assert [r.kind for r in records].count("ALIASES") == 2, records
+        assert pg.check_for(records, scope)({})
+        assert not pg.check_for(records, dict(zip(("A", "B"), reader, strict=True)))({})
+
+
+def test_immutable_values_and_a_modules_own_bookkeeping_carry_no_aliases_record() -> None:
+    """One object or two, an immutable value reads the same; a module's own dicts
+    (``_modules``, ``_parameters``) are read with the module."""
+    module = torch.nn.Linear(2, 2)
+    values = {
+        "G['A']": 5,
+        "G['B']": 5,
+        "G['C']": ("x",),
+        "G['D']": ("x",),
+        "G['M']": module,
+        "G['M']._modules": module._modules,
+        "G['M']._parameters": module._parameters,
+    }
+    guards = [
+        SimpleNamespace(
+            create_fn_name=lambda: "TYPE_MATCH", name=n, guard_types=(), originating_source=None
+        )
+        for n in values
+    ]
+    _kept, records = pg.split(guards, lambda g: values[g.name])
+    assert [r.source for r in records if r.kind == "ALIASES"] == []  # one module: no pair
 
 
 def _set_iterating(order: list[str]) -> set[str]:

@@ -37,7 +37,7 @@ One function per class of fact a served entry depends on:
   ``__reduce__`` raising ``SystemExit`` while the writer saves, ``id()`` of an object: not
   saved;
 * **shared objects**: two names holding one object on the reader, two on the writer (torch
-  guards neither), and the other way;
+  guards neither), and the other way; also a ``dict`` and a submodule;
 * **abstract classes and replayed calls**: ``isinstance`` against an abstract class a reader
   registered a class with, directly and through a nested tuple and a union (saved with the
   writer's answer, asked again on the reader); a
@@ -273,9 +273,38 @@ def objects_the_writer_shared(x):
 
 
 check("objects_the_writer_shared", objects_the_writer_shared, x)
+SCALES = {"k": 1.0}
+OTHER_SCALES = SCALES if os.environ.get("SHARED") == "1" else {"k": 1.0}
+
+
+def containers_two_names_share(x):  # one dict: 3.0; two: 1.0 (a dict has no __dict__)
+    SCALES["k"] = 1.0
+    OTHER_SCALES["k"] = 1.0
+    SCALES["k"] = 3.0
+    return x * OTHER_SCALES["k"]
+
+
+check("containers_two_names_share", containers_two_names_share, x)
+
+
+class Twin(nn.Module):  # one submodule under two names on the reader
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Identity()
+        self.b = self.a if os.environ.get("SHARED") == "1" else nn.Identity()
+
+    def forward(self, x):
+        self.a.s = 1.0
+        self.b.s = 1.0
+        self.a.s = 3.0
+        return x * self.b.s
+
+
+check("submodules_two_names_share", Twin(), x)
 
 
 import abc
+import collections
 import random
 
 
@@ -316,6 +345,17 @@ def replayed_random(x):  # Dynamo replays the object's calls through a global of
 # the program runs on every machine (a served entry raised NameError, or replayed another
 # function); its value is not compared: plain torch 2.13's Inductor computes 5e34 here
 torch.compile(replayed_random)(x)
+WINDOW = collections.deque(maxlen=4)
+
+
+def bound_builtins(x):  # Dynamo rebuilds a deque and a range through builtin classes it
+    # binds by their address in this process (a reader raised NameError: the forty-fifth review)
+    WINDOW.appendleft(1.0)
+    return x * 2.0, range(len(WINDOW))
+
+
+out, steps = torch.compile(bound_builtins)(x)
+results["bound_builtins"] = bool(torch.allclose(out, x * 2.0)) and list(steps) == [0]
 
 
 def object_address(x):  # id(): an address in this process, folded into the trace
@@ -667,12 +707,14 @@ def test_a_frame_that_replays_random_calls_is_not_saved_one_that_asked_an_abstra
 ) -> None:
     """A ``random.Random`` object's calls are replayed through a global Dynamo binds in this
     process only (the forty-third review: ``NameError`` on a reader, or another function's
-    replay): not saved. ``isinstance`` against an abstract class is answered by its registry
+    replay), and a ``deque`` or ``range`` the code rebuilds through the builtin class bound by
+    its address (the forty-fifth review: ``NameError`` on a reader running the same program):
+    not saved. ``isinstance`` against an abstract class is answered by its registry
     and hooks, which Dynamo does not trace and torch never guards (the same review: a reader
     that registered the class was served the writer's branch, off by 7): saved with its
     answer, which a reader asks again (below)."""
     counts = first_machine["precompile"]
-    assert counts.get("unsaved:unnamed_global", 0) >= 1, counts
+    assert counts.get("unsaved:unnamed_global", 0) >= 2, counts  # and the bound builtins
     assert counts.get("unsaved:abc_check", 0) == 0, counts
 
 
@@ -748,5 +790,8 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     # two names holding one object where the writer had two, and the other way: traced again
     # (torch 2.13 drops its own identity guard: objcache's record fails; 2.14 and 2.15 keep it)
     assert reader["graphs"]["objects_the_writer_shared"] == 1, reader
+    # a dict and a submodule two names hold here, two objects on the writer: traced again
+    assert reader["graphs"]["containers_two_names_share"] == 1, reader
+    assert reader["graphs"]["submodules_two_names_share"] == 1, reader
     release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     assert "ALIASES" in failed or release >= (2, 14), counts
