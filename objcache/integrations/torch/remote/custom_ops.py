@@ -142,6 +142,40 @@ def graph_identity(gm: Any, example_inputs: Any = ()) -> tuple[tuple[str, str], 
     return ops + torch_overrides()
 
 
+def graph_trace(gm: Any) -> tuple[tuple[str, str], ...]:
+    """``(("traced:graph", digest),)`` where the program replaced anything of torch's
+    (:func:`torch_overrides`): what its code computes for this graph here
+    (:func:`_graph_trace_digest`); else nothing."""
+    return (("traced:graph", _graph_trace_digest(gm)),) if torch_overrides() else ()
+
+
+def _graph_trace_digest(gm: Any) -> str:
+    """The digest of the whole graph traced as AOTAutograd traces it for Inductor (with
+    Inductor's decompositions, and its backward where an input requires grad), at inputs
+    like its example inputs: where the program replaced a kernel, a table entry or a
+    function of torch's, what that code computes is known only by running it here (the
+    forty-fifth review: a ``linear`` kernel, a ``gelu`` decomposition and a replaced
+    ``torch.layer_norm`` that read the CPUs this process may use were served another
+    machine's code). Its source and the values it reads, which the other items name, do
+    not show what it gets from the machine. Raises where the trace cannot be made (the key
+    is then unreadable: shared with no other process)."""
+    import torch
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    mode, args, _ = _alike(types.SimpleNamespace(args=tuple(placeholders), kwargs={}))
+    table = select_decomp_table()
+    kind = "joint"
+    with _random_state_kept(), torch._guards.tracing(None), mode:
+        try:
+            traced = make_fx(functools.partial(_joint, gm, True), table)(*args)
+        except Exception:  # a graph without a backward to trace: its forward
+            kind = "forward"
+            traced = make_fx(functools.partial(_joint, gm, False), table)(*args)
+    return _digest_of(traced, kind, "the graph")
+
+
 #: The dispatch keys whose kernels AOTAutograd runs while it traces (their code decides the
 #: graph it compiles, whatever they read).
 _TRACED_KEYS = ("CompositeImplicitAutograd", "Autograd")
@@ -216,8 +250,6 @@ def _trace_digest(node: Any) -> str:
     inline) and its tensor constants' bytes. Traced in a fake mode and shape environment of
     its own (:func:`_alike`): what the trace assumes of the sizes (a kernel's size test, a
     backward's fast path) never reaches the compile's own guards."""
-    import hashlib
-
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -230,12 +262,31 @@ def _trace_digest(node: Any) -> str:
         except Exception:  # no backward to trace (a custom op without one): the forward
             kind = "forward"
             traced = make_fx(functools.partial(_joint, op, False))(*args, **kwargs)
+    return _digest_of(traced, kind, str(op))
+
+
+def _digest_of(traced: Any, kind: str, what: str) -> str:
+    """The digest of a ``make_fx`` trace: its code (constants inline), what each of its
+    values is (sizes, strides, dtype: a kernel whose output's size is computed from the
+    machine, a fake kernel padding to the core count, shows only there) and its tensor
+    constants' bytes."""
+    import hashlib
+
+    import torch
+
     digest = hashlib.sha256(f"{kind}\0{traced.code}".encode())
+    for node in traced.graph.nodes:
+        value = node.meta.get("val")
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                digest.update(f"{leaf.shape}|{leaf.stride()}|{leaf.dtype};".encode())
+            elif leaf is not None:
+                digest.update(f"{type(leaf).__name__}:{leaf};".encode())
     for constant in traced.graph.find_nodes(op="get_attr"):
         value = getattr(traced, str(constant.target))
         value = getattr(value, "constant", None) if hasattr(value, "fake_mode") else value
         if not isinstance(value, torch.Tensor) or hasattr(value, "fake_mode"):
-            raise ValueError(f"{op}: a constant whose bytes are not known")
+            raise ValueError(f"{what}: a constant whose bytes are not known")
         digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
 
@@ -447,6 +498,7 @@ def _wrap_details_init(original: Callable[..., None]) -> Any:
         register_external_matmuls()
         try:
             ops = graph_identity(gm, args[0] if args else kwargs.get("example_inputs", ()))
+            ops += graph_trace(gm)
             ops += compilers_identity(args[1] if len(args) > 1 else kwargs.get("aot_config"))
             if ops:  # the program's code runs while this graph traces: torch's switches too
                 ops += (("flags:torch", program_registrations.torch_flags()),)

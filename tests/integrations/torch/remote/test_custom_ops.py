@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 import shutil
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -1004,7 +1005,7 @@ def test_calls_alike_are_traced_once_a_key(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(custom_ops, "_trace_digest", counted)
         (item,) = custom_ops._traced_ops(gm)
         assert len(traces) == 2  # (3,) four times, (2, 5) once
-        assert len(item[1].split("|")) == 1  # one code at both sizes: one digest
+        assert len(item[1].split("|")) == 2  # one code, the sizes it makes at each
     finally:
         torch._dynamo.reset()
         lib._destroy()
@@ -1064,3 +1065,82 @@ def test_a_kernel_that_draws_while_it_traces_draws_nothing_more_for_the_key() ->
     finally:
         torch._dynamo.reset()
         lib._destroy()
+
+
+def _usable_cores() -> int:
+    """The CPUs this process may run on: a cpuset gives two containers the same
+    ``os.cpu_count()`` and another affinity."""
+    return len(os.sched_getaffinity(0))
+
+
+def _chunked_linear(x: torch.Tensor, w: torch.Tensor, b: Any = None) -> torch.Tensor:
+    """``aten::linear`` summed over as many chunks of the inner size as there are usable
+    CPUs, each rounded to a quarter (a kernel library's blocking chosen by the machine)."""
+    step = -(-w.shape[1] // _usable_cores())
+    parts = [
+        torch.round((x[..., i : i + step] @ w[:, i : i + step].t()) * 4) / 4
+        for i in range(0, w.shape[1], step)
+    ]
+    out = functools.reduce(torch.add, parts)
+    return out if b is None else out + b
+
+
+def test_what_the_program_s_replacement_of_a_torch_kernel_computes_here_keys_the_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel of torch's own op the program replaced (``aten::linear``) that asks the
+    machine how many CPUs it may use: its source and the values it reads are the same on
+    every machine, what it computes is not (the forty-fifth review: served another
+    machine's code, off by 0.25). Where the program replaced anything of torch's, the
+    graph's trace here (Inductor's decompositions, the program's code run) keys it."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    gm = _dynamo_graph(
+        lambda x, w: torch.nn.functional.linear(x, w), torch.ones(2, 8), torch.ones(3, 8)
+    )
+    assert custom_ops.graph_trace(gm) == ()  # nothing replaced
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("linear", _chunked_linear, "CompositeImplicitAutograd")
+        keys = []
+        for cores in ({0, 1}, {0}, {0, 1}):
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=cores: c)
+            keys.append(dict(custom_ops.graph_identity(gm) + custom_ops.graph_trace(gm)))
+        assert keys[0]["traced:graph"] != keys[1]["traced:graph"]
+        assert keys[0] == keys[2]  # the same machine: the same key
+        assert {k: v for k, v in keys[0].items() if k != "traced:graph"} == {
+            k: v for k, v in keys[1].items() if k != "traced:graph"
+        }  # what named it before: alike on both machines
+    finally:
+        lib._destroy()
+        torch._dynamo.reset()
+
+
+def test_what_a_fake_kernel_makes_of_the_sizes_keys_the_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A custom op whose kernels pad to a multiple of the usable CPUs: the traced code is the
+    same text on every machine, the sizes it makes are not (the forty-fifth review: the served
+    code failed its size check on another machine). The sizes of the trace's values key it."""
+    from objcache.integrations.torch.remote import custom_ops
+
+    @torch.library.custom_op("objcache_traced_test::padded", mutates_args=())
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        m = 4 * _usable_cores()
+        return torch.nn.functional.pad(x, (0, -(-x.shape[0] // m) * m - x.shape[0]))
+
+    @padded.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        m = 4 * _usable_cores()
+        return x.new_empty(-(-x.shape[0] // m) * m)
+
+    try:
+        gm = _dynamo_graph(lambda x: padded(x).cumsum(0), torch.arange(10.0))
+        traced = []
+        for cores in ({0, 1}, {0}):
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=cores: c)
+            traced.append(custom_ops._traced_ops(gm))
+        assert [n for n, _ in traced[0]] == ["traced:objcache_traced_test::padded"]
+        assert traced[0] != traced[1]
+    finally:
+        torch._dynamo.reset()
