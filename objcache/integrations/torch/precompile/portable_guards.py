@@ -1139,7 +1139,7 @@ def split(
 
 
 def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> list[Portable]:
-    """Which mutable objects the guards reach (:data:`.object_aliasing.GUARD_KINDS`) are one
+    """Which mutable objects the guards reach (:data:`.object_aliasing.OBJECT_GUARDS`) are one
     object (:mod:`.object_aliasing`); raises :class:`Unportable` where one cannot be named
     again on a reader, or there are too many to compare at every call."""
     candidates: list[tuple[str, Any]] = []
@@ -1161,7 +1161,7 @@ def _aliasing_records(guards: Sequence[Any], value_of: Callable[[Any], Any]) -> 
 
     for guard in guards:
         kind = str(guard.create_fn_name())
-        if kind in object_aliasing.GUARD_KINDS:
+        if kind in object_aliasing.OBJECT_GUARDS:
             add(str(guard.name), guard, False)
         elif kind == "DUPLICATE_INPUT":  # two sources Dynamo found holding one object: both
             # (torch's own guard on it did not hold on a reader: the forty-second review)

@@ -9,7 +9,7 @@ were two objects was served to a reader where they are one, and the other way ro
 forty-second adversarial review: off by 7 both ways; torch with one shared cache folder
 too).
 
-Each mutable object a guard reaches (:data:`GUARD_KINDS`: an instance with state of its own,
+Each mutable object a guard reaches (:data:`OBJECT_GUARDS`: an instance with state of its own,
 a ``__slots__`` instance, a container such as a ``dict``, ``list``, ``set`` or ``deque``, an
 ``nn.Module``; not a class, module, function, an immutable value or a tensor: the tensors a
 graph reads are its inputs, whose sharing torch's own duplicate-input guards and
@@ -38,7 +38,7 @@ MAX_OBJECTS = 1024
 #: The guards whose source names an object a frame may mutate through one name and read
 #: through another: a type check (an instance, a dict, a module), a length (a list), a
 #: value (a set Dynamo treats as a constant), a dict's keys.
-GUARD_KINDS = frozenset(
+OBJECT_GUARDS = frozenset(
     {
         "TYPE_MATCH",
         "SEQUENCE_LENGTH",
