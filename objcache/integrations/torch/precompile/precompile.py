@@ -280,8 +280,11 @@ def _patch_absent_names(translator: Any) -> None:
     base = importlib.import_module("torch._dynamo.variables.base").VariableTracker
     for cls in absent_names.hasattr_classes(base):
         _patch(cls, "call_obj_hasattr", absent_names.wrap_hasattr(cls.__dict__["call_obj_hasattr"]))
-    error = importlib.import_module("torch._dynamo.exc").ObservedAttributeError
+    exc = importlib.import_module("torch._dynamo.exc")
+    error = exc.ObservedAttributeError
     _patch(error, "__init__", absent_names.wrap_observed_attribute_error(error.__init__))
+    missing = exc.ObservedKeyError  # its own __init__ (inherited: put back by removing it)
+    _patch(missing, "__init__", absent_names.wrap_observed_key_error(missing.__init__))
     functions = importlib.import_module("torch._dynamo.variables.functions")
     fallback = getattr(functions, "BaseUserFunctionVariable", object).__dict__.get(
         "call_getattr_fallback"

@@ -919,6 +919,10 @@ class Slotted:
     __slots__ = ("n",)
 
 
+class Tagged(tuple[int, ...]):
+    """An immutable type's subclass whose instances carry state of their own."""
+
+
 @pytest.mark.parametrize(
     ("kind", "make"),
     [
@@ -928,6 +932,7 @@ class Slotted:
         ("TYPE_MATCH", Slotted),
         ("TYPE_MATCH", torch.nn.Identity),
         ("TYPE_MATCH", collections.deque),
+        ("TYPE_MATCH", Tagged),
     ],
 )
 def test_containers_slotted_objects_and_modules_shared_otherwise_fail_the_aliases_record(

@@ -27,8 +27,8 @@ One function per class of fact a served entry depends on:
   whose trace read one is not saved;
 * **names looked up in vain**: a builtin the reader's module shadows, an optional function
   ``hasattr`` found absent on the writer, an attribute ``getattr`` defaulted, the
-  ``__signature__`` ``inspect.signature`` asks a function for (the reader sets one): Dynamo
-  guards none of them across processes;
+  ``__signature__`` ``inspect.signature`` asks a function for (the reader sets one), a key a
+  dict lookup did not find: Dynamo guards none of them across processes;
 * **inputs sharing storage**: a graph that mutates a tensor its caller passes, beside another
   tensor (the reader passes two views of one buffer); a module's buffer updated in place is
   not one (saved and served);
@@ -285,6 +285,18 @@ def containers_two_names_share(x):  # one dict: 3.0; two: 1.0 (a dict has no __d
 
 
 check("containers_two_names_share", containers_two_names_share, x)
+OPTIONS = {"k": 5.0} if os.environ.get("FAST") == "1" else {}  # the key where installed
+
+
+def key_looked_up_in_vain(x):  # torch guards the dict's type, not that "k" is absent
+    try:
+        v = OPTIONS["k"]
+    except KeyError:
+        v = 2.0
+    return x * v
+
+
+check("key_looked_up_in_vain", key_looked_up_in_vain, x)
 
 
 class Twin(nn.Module):  # one submodule under two names on the reader
@@ -665,6 +677,14 @@ def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
     tensor: a frame that branched on ``x._base`` is not saved (the differing reader below
     passes a view, and its caller's tensor stays as eager leaves it)."""
     assert first_machine["precompile"].get("unsaved:unguarded_tensor_fact", 0) >= 1, first_machine
+
+
+def test_a_trace_that_caught_a_missing_key_is_not_saved(first_machine: dict[str, Any]) -> None:
+    """``try: OPTIONS["k"] except KeyError`` (and ``Mapping.get``, ``os.getenv``, which read
+    that way): torch keeps the dict's type, no guard that the key is absent (the forty-sixth
+    review: a reader with the key was served the writer's default), so the frame is not saved
+    (the differing reader below has the key)."""
+    assert first_machine["precompile"].get("unsaved:absent_key", 0) >= 1, first_machine
 
 
 def test_a_trace_that_caught_a_missing_attribute_is_not_saved(

@@ -178,17 +178,33 @@ def wrap_function_getattr_fallback(original: Callable[..., Any]) -> Any:
 def wrap_observed_attribute_error(original: Callable[..., None]) -> Any:
     """``ObservedAttributeError.__init__``: an attribute the trace did not find outside a
     ``hasattr`` (which :func:`wrap_hasattr` answers for): the frame is not saved."""
+    return _unsaveable_when_raised(original, UNSAVED, outside_hasattr=True)
 
+
+#: Why a frame is not saved whose trace raised ``KeyError`` (and went on: caught).
+KEY_UNSAVED = "absent_key"
+
+
+def wrap_observed_key_error(original: Callable[..., None]) -> Any:
+    """``ObservedKeyError.__init__``: a key the trace did not find (``try: D["k"] except
+    KeyError``, ``Mapping.get``, ``os.getenv``, which reads ``os.environ`` that way): torch
+    keeps only the dict's type, no guard that the key is absent (the forty-sixth review: a
+    reader that had the key, or another value of the environment variable, was served the
+    writer's default): the frame is not saved."""
+    return _unsaveable_when_raised(original, KEY_UNSAVED, outside_hasattr=False)
+
+
+def _unsaveable_when_raised(original: Callable[..., None], why: str, outside_hasattr: bool) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        if getattr(_inside_hasattr, "depth", 0):
+        if outside_hasattr and int(getattr(_inside_hasattr, "depth", 0)):
             return
         with contextlib.suppress(Exception):
             from torch._guards import TracingContext
 
             context = TracingContext.try_get()
             if context is not None:
-                context.__dict__.setdefault("_objcache_unsaveable", UNSAVED)
+                context.__dict__.setdefault("_objcache_unsaveable", why)
 
     marked(__init__, original)
     return __init__

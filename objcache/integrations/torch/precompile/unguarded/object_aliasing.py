@@ -59,7 +59,11 @@ _NOT_OBJECTS: tuple[type, ...] = (
     types.BuiltinFunctionType,
     types.MethodType,
     types.CodeType,
-    # immutable: one object or two, a trace reads the same
+    enum.Enum,  # a member is one object everywhere; its value is guarded
+)
+#: Immutable: one object or two, a trace reads the same; not a subclass's instance with a
+#: ``__dict__`` of its own (``class T(tuple)``, ``A.n = 3.0``: the forty-sixth review).
+_IMMUTABLE: tuple[type, ...] = (
     int,
     float,
     complex,
@@ -72,7 +76,6 @@ _NOT_OBJECTS: tuple[type, ...] = (
     slice,
     type(Ellipsis),
     type(NotImplemented),
-    enum.Enum,
 )
 
 
@@ -81,6 +84,8 @@ def is_object(value: Any) -> bool:
     changed in place (not a class, module, function or immutable value) and is not a tensor
     or one of torch's value types."""
     if isinstance(value, _NOT_OBJECTS):
+        return False
+    if isinstance(value, _IMMUTABLE) and not isinstance(getattr(value, "__dict__", None), dict):
         return False
     torch = _torch()
     # a tensor read by a graph is its input: torch guards its sharing
