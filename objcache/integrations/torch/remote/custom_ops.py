@@ -280,7 +280,9 @@ def _digest_of(traced: Any, kind: str, what: str) -> str:
         for leaf in torch.utils._pytree.tree_leaves(value):
             if isinstance(leaf, torch.Tensor):
                 digest.update(f"{leaf.shape}|{leaf.stride()}|{leaf.dtype};".encode())
-            elif leaf is not None:
+            elif isinstance(leaf, int | float | bool | torch.SymInt | torch.SymFloat):
+                # numbers only: another object's text may hold its address (a key no
+                # other process would share)
                 digest.update(f"{type(leaf).__name__}:{leaf};".encode())
     for constant in traced.graph.find_nodes(op="get_attr"):
         value = getattr(traced, str(constant.target))
