@@ -781,10 +781,15 @@ LAYOUT_KIND = "CLASS_LAYOUT"
 #: Names the trace looked up in an object and did not find (:mod:`.absent_names`): none
 #: may be there on the reader.
 ABSENT_KIND = "ABSENT_NAMES"
+#: Keys the trace looked up in a dict a guard's source reaches and did not find
+#: (:mod:`.absent_names`; torch guards no such absence): none may be there on the reader.
+ABSENT_KEYS_KIND = "ABSENT_KEYS"
 #: What the trace asked an abstract class (:mod:`.unguarded.abc_membership`): each member's
 #: answer, asked again on the reader.
 MEMBERSHIP_KIND = "ABC_MEMBERSHIP"
-CHECKED_ONCE = frozenset({INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND, MEMBERSHIP_KIND})
+CHECKED_ONCE = frozenset(
+    {INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND, ABSENT_KEYS_KIND, MEMBERSHIP_KIND}
+)
 #: Which guarded objects are one object (:mod:`.unguarded.object_aliasing`).
 ALIASES_KIND = object_aliasing.RECORD_KIND
 #: The identity of a module with no hooks of its own.
@@ -1189,15 +1194,19 @@ def _set_order_records(source: str, value: Any) -> list[Portable]:
     return [Portable(source, SET_ORDER_KIND, ident)]
 
 
-def absent_records(absent: dict[str, set[str]]) -> tuple[Portable, ...]:
-    """One record per source of the names a trace did not find there
-    (:mod:`.absent_names`); raises :class:`Unportable` where a source cannot be read on
-    another machine."""
+def absent_records(
+    absent: dict[str, set[str]], keys: dict[str, set[Any]] | None = None
+) -> tuple[Portable, ...]:
+    """One record per source of the names a trace did not find there and one per dict of
+    the keys it did not find there (:mod:`.absent_names`; a key is a ``str``, ``int``,
+    ``bool`` or None, which JSON carries as itself); raises :class:`Unportable` where a
+    source cannot be read on another machine."""
     out = []
-    for source in sorted(absent):
-        if parse_source(source) is None:
-            raise Unportable(ABSENT_KIND, source, "its source cannot be read on another machine")
-        out.append(Portable(source, ABSENT_KIND, json.dumps(sorted(absent[source]))))
+    for kind, found in ((ABSENT_KIND, absent), (ABSENT_KEYS_KIND, keys or {})):
+        for source in sorted(found):
+            if parse_source(source) is None:
+                raise Unportable(kind, source, "its source cannot be read on another machine")
+            out.append(Portable(source, kind, json.dumps(sorted(found[source], key=repr))))
     return tuple(out)
 
 
@@ -1228,11 +1237,14 @@ def _membership_differs(cls: Any, expected: str) -> str | None:
     return None
 
 
-def _present(value: Any, expected: str) -> str | None:
-    """The first name of an ``ABSENT_NAMES`` record that ``value`` has, or None."""
+def _present(value: Any, expected: str, keys: bool) -> str | None:
+    """The first name of an ``ABSENT_NAMES`` record that ``value`` has, or the first key of
+    an ``ABSENT_KEYS`` record that dict ``value`` holds (``keys``), else None."""
+    if keys and not isinstance(value, dict):
+        return f"a {type(value).__name__}, not a dict"
     for name in json.loads(expected):
-        if hasattr(value, name):
-            return str(name)
+        if dict.__contains__(value, name) if keys else hasattr(value, name):
+            return repr(name)
     return None
 
 
@@ -1343,11 +1355,11 @@ def check_for(
                         continue
                 if value is _MISSING:
                     return fail(kind, source, expected)
-                if kind == ABSENT_KIND:  # the object the trace looked in: none of the names
+                if kind in (ABSENT_KIND, ABSENT_KEYS_KIND):  # none of the names (or keys)
                     if value is not passed[i]:
-                        present = _present(value, expected)
+                        present = _present(value, expected, kind == ABSENT_KEYS_KIND)
                         if present is not None:
-                            return fail(kind, source, expected, f"{present!r} present")
+                            return fail(kind, source, expected, f"{present} present")
                         passed[i] = value
                     continue
                 if kind == MEMBERSHIP_KIND:  # asked again until the whole guard first holds

@@ -285,6 +285,9 @@ def _patch_absent_names(translator: Any) -> None:
     _patch(error, "__init__", absent_names.wrap_observed_attribute_error(error.__init__))
     missing = exc.ObservedKeyError  # its own __init__ (inherited: put back by removing it)
     _patch(missing, "__init__", absent_names.wrap_observed_key_error(missing.__init__))
+    dicts = importlib.import_module("torch._dynamo.variables.dicts").ConstDictVariable
+    lookup = "getitem_const_raise_exception_if_absent"  # D[k], on every release supported
+    _patch(dicts, lookup, absent_names.wrap_dict_getitem(dicts.__dict__[lookup]))
     functions = importlib.import_module("torch._dynamo.variables.functions")
     fallback = getattr(functions, "BaseUserFunctionVariable", object).__dict__.get(
         "call_getattr_fallback"

@@ -135,7 +135,10 @@ def wrap_serialize_guards(
                     *portable_guards.inlined_code_records(traced),
                     *portable_guards.unguarded_value_records(traced, _frame_locals(builder)),
                     *portable_guards.global_hook_records(),
-                    *portable_guards.absent_records(absent_names.collected(output_graph)),
+                    *portable_guards.absent_records(
+                        absent_names.collected(output_graph),
+                        absent_names.collected_keys(output_graph),
+                    ),
                     *portable_guards.membership_records(abc_membership.collected(output_graph)),
                 )
             )

@@ -1278,6 +1278,21 @@ def test_names_a_trace_looked_up_in_vain_must_be_absent_on_the_reader() -> None:
         pg.absent_records({"a name made in the frame": {"fast"}})
 
 
+def test_keys_a_trace_looked_up_in_vain_must_be_absent_from_the_readers_dict() -> None:
+    """A key a dict lacked on the writer (``G['OPTIONS']["k"]``, ``1``): the reader's check
+    fails where its dict holds one of them or the object is no dict; a key of another type
+    (``True`` equals ``1``, as the lookup would find it) is compared as the dict compares."""
+    records = pg.absent_records({}, {"G['OPTIONS']": {"k", 1}})
+    assert [r.kind for r in records] == [pg.ABSENT_KEYS_KIND]
+    assert pg.check_for(records, {"OPTIONS": {"j": 1.0}})({})
+    assert not pg.check_for(records, {"OPTIONS": {"k": 5.0}})({})
+    assert not pg.check_for(records, {"OPTIONS": {True: 5.0}})({})
+    assert not pg.check_for(records, {"OPTIONS": SimpleNamespace(j=1.0)})({})
+    assert not pg.check_for(records, {})({})
+    with pytest.raises(pg.Unportable):
+        pg.absent_records({}, {"a dict made in the frame": {"k"}})
+
+
 def _leafy(x: Any) -> Any:
     return x * 2 if x.is_leaf else x
 

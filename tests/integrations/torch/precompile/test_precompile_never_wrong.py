@@ -28,7 +28,8 @@ One function per class of fact a served entry depends on:
 * **names looked up in vain**: a builtin the reader's module shadows, an optional function
   ``hasattr`` found absent on the writer, an attribute ``getattr`` defaulted, the
   ``__signature__`` ``inspect.signature`` asks a function for (the reader sets one), a key a
-  dict lookup did not find: Dynamo guards none of them across processes;
+  dict lookup did not find (in a global dict, in a copy the frame made of another module's,
+  in ``os.environ`` through ``os.getenv``): Dynamo guards none of them across processes;
 * **inputs sharing storage**: a graph that mutates a tensor its caller passes, beside another
   tensor (the reader passes two views of one buffer); a module's buffer updated in place is
   not one (saved and served);
@@ -88,6 +89,9 @@ class Gain(nn.Module):
 if os.environ.get("FAST") == "1":  # an optional kernel, present where it is installed
     def fast(t):
         return t * t
+
+
+REGISTRY = {"k": 5.0} if os.environ.get("FAST") == "1" else {}  # a plugin's entry
 
 
 def feed_forward_chunk(t):  # a function a model asks its signature of
@@ -297,6 +301,25 @@ def key_looked_up_in_vain(x):  # torch guards the dict's type, not that "k" is a
 
 
 check("key_looked_up_in_vain", key_looked_up_in_vain, x)
+
+
+def key_missing_from_a_copy(x):  # a dict the frame made from another module's
+    options = dict(library.REGISTRY)
+    try:
+        v = options["k"]
+    except KeyError:
+        v = 2.0
+    return x * v
+
+
+check("key_missing_from_a_copy", key_missing_from_a_copy, x)
+
+
+def knob_from_the_environment(x):  # os.getenv: os.environ keeps its keys as bytes
+    return x * float(os.getenv("NEVER_WRONG_KNOB", "2.0"))
+
+
+check("knob_from_the_environment", knob_from_the_environment, x)
 
 
 class Twin(nn.Module):  # one submodule under two names on the reader
@@ -680,11 +703,14 @@ def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
 
 
 def test_a_trace_that_caught_a_missing_key_is_not_saved(first_machine: dict[str, Any]) -> None:
-    """``try: OPTIONS["k"] except KeyError`` (and ``Mapping.get``, ``os.getenv``, which read
-    that way): torch keeps the dict's type, no guard that the key is absent (the forty-sixth
-    review: a reader with the key was served the writer's default), so the frame is not saved
-    (the differing reader below has the key)."""
+    """``os.getenv`` (which reads ``os.environ``'s own dict by a ``bytes`` key, and catches
+    the ``KeyError``): torch keeps the mapping's type, no guard that the key is absent (the
+    forty-sixth review: a reader with another value of the variable was served the writer's
+    default), so the frame is not saved (the differing reader below sets it). A key missing
+    from a dict a guard's source names (``OPTIONS["k"]``, a registry's lookup) is saved with
+    an ``ABSENT_KEYS`` record instead, which that reader fails (below)."""
     assert first_machine["precompile"].get("unsaved:absent_key", 0) >= 1, first_machine
+    assert first_machine["results"]["key_looked_up_in_vain"], first_machine
 
 
 def test_a_trace_that_caught_a_missing_attribute_is_not_saved(
@@ -756,6 +782,7 @@ def test_a_reader_like_the_writer_is_served(
     assert reader["graphs"]["signature_read"] == (0 if named else 1), reader
     assert reader["graphs"]["buffer_update"] == 0, reader
     assert reader["graphs"]["abstract_membership"] == 0, reader  # answered alike here
+    assert reader["graphs"]["key_looked_up_in_vain"] == 0, reader  # absent here too
     assert reader["graphs"]["abstract_membership_nested"] == 0, reader
     counts = reader["precompile"]
     # the wrapper too: installed in the module whose globals it runs in
@@ -787,6 +814,7 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
         SIGNED="1",
         SHARED="1",
         REGISTER="1",
+        NEVER_WRONG_KNOB="4.0",
     )
     assert all(reader["results"].values()), reader
     # the first frame's served names, then its own past every one of them (Dynamo numbers a
@@ -803,8 +831,11 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     # the chosen base (the class's layout is checked first: a method found through it)
     assert failed & {"EQUALS_MATCH", "CONSTANT_MATCH", "TYPE_MATCH"}, counts
     assert "CLASS_LAYOUT" in failed, counts
-    # a builtin the reader's module shadows, an optional function the reader has
+    # a builtin the reader's module shadows, an optional function the reader has; a key its
+    # dict has here (the writer's was served without it, the reader's traced again)
     assert "ABSENT_NAMES" in failed, counts
+    assert "ABSENT_KEYS" in failed, counts
+    assert reader["graphs"]["key_looked_up_in_vain"] == 1, reader
     # a class the reader registered with the abstract class the trace asked
     assert "ABC_MEMBERSHIP" in failed, counts
     # two names holding one object where the writer had two, and the other way: traced again

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from objcache.integrations.patching import marked
@@ -42,6 +42,17 @@ _ATTR = "_objcache_absent"
 _inside_hasattr = threading.local()
 
 
+@contextlib.contextmanager
+def _set(local: threading.local, name: str, value: Any) -> Iterator[None]:
+    """``local.<name>`` is ``value`` inside, what it was (or None) after."""
+    outer = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, outer)
+
+
 def _collect(tx: Any, source: str, name: str) -> None:
     output = getattr(tx, "output", None)
     if getattr(output, "package", None) is None:
@@ -50,9 +61,9 @@ def _collect(tx: Any, source: str, name: str) -> None:
     found.setdefault(source, set()).add(name)
 
 
-def collected(output_graph: Any) -> dict[str, set[str]]:
+def collected(output_graph: Any, attr: str = _ATTR) -> dict[str, set[Any]]:
     """The names the frame's trace did not find, by the source of what it looked in."""
-    found = getattr(output_graph, "__dict__", {}).get(_ATTR, {})
+    found = getattr(output_graph, "__dict__", {}).get(attr, {})
     return found if isinstance(found, dict) else {}
 
 
@@ -126,12 +137,8 @@ def wrap_hasattr(original: Callable[..., Any]) -> Any:
     unsaveable."""
 
     def call_obj_hasattr(self: Any, tx: Any, name: Any) -> Any:
-        depth = getattr(_inside_hasattr, "depth", 0)
-        _inside_hasattr.depth = depth + 1
-        try:
+        with _set(_inside_hasattr, "depth", (getattr(_inside_hasattr, "depth", None) or 0) + 1):
             result = original(self, tx, name)
-        finally:
-            _inside_hasattr.depth = depth
         with contextlib.suppress(Exception):
             if result.is_python_constant() and result.as_python_constant() is False:
                 source = getattr(self, "source", None)
@@ -164,12 +171,8 @@ def wrap_function_getattr_fallback(original: Callable[..., Any]) -> Any:
         if not isinstance(text, str) or not isinstance(name, str):
             return original(self, tx, name)
         _collect(tx, text, name)
-        depth = getattr(_inside_hasattr, "depth", 0)
-        _inside_hasattr.depth = depth + 1
-        try:
+        with _set(_inside_hasattr, "depth", (getattr(_inside_hasattr, "depth", None) or 0) + 1):
             return original(self, tx, name)
-        finally:
-            _inside_hasattr.depth = depth
 
     marked(call_getattr_fallback, original)
     return call_getattr_fallback
@@ -183,22 +186,78 @@ def wrap_observed_attribute_error(original: Callable[..., None]) -> Any:
 
 #: Why a frame is not saved whose trace raised ``KeyError`` (and went on: caught).
 KEY_UNSAVED = "absent_key"
+#: Where the keys a dict lacked are collected: an attribute of the frame's ``OutputGraph``.
+_KEYS_ATTR = "_objcache_absent_keys"
+#: The keys a record can name: JSON carries each as itself.
+_PLAIN_KEYS = (str, int, bool, type(None))
+
+_dict_lookup = threading.local()
+
+
+def collected_keys(output_graph: Any) -> dict[str, set[Any]]:
+    """The keys the frame's trace did not find, by the source of the dict it looked in."""
+    return collected(output_graph, _KEYS_ATTR)
+
+
+def wrap_dict_getitem(original: Callable[..., Any]) -> Any:
+    """``ConstDictVariable.getitem_const_raise_exception_if_absent`` (``D[k]``): while it
+    runs, the ``KeyError`` it raises for an absent key is known to be that dict's, so
+    :func:`wrap_observed_key_error` can keep the absence as a record instead of leaving the
+    frame unsaved."""
+
+    def getitem_const_raise_exception_if_absent(self: Any, tx: Any, arg: Any) -> Any:
+        with _set(_dict_lookup, "current", (self, tx, arg)):
+            return original(self, tx, arg)
+
+    marked(getitem_const_raise_exception_if_absent, original)
+    return getitem_const_raise_exception_if_absent
+
+
+def _collect_absent_key() -> bool:
+    """Whether the ``KeyError`` being made is a dict lookup's whose absence a record can
+    carry: a constant key of a plain type, in a dict a guard's source names (collected at
+    that source), or in a dict the frame made (its keys come from what the trace read and
+    torch guarded: nothing to carry)."""
+    current = getattr(_dict_lookup, "current", None)
+    if current is None:
+        return False
+    variable, tx, arg = current
+    if not arg.is_python_constant():
+        return False
+    key = arg.as_python_constant()
+    if type(key) not in _PLAIN_KEYS:
+        return False
+    source = getattr(variable, "source", None)
+    if source is None:
+        return True
+    text = source.name() if callable(source.name) else source.name
+    output = getattr(tx, "output", None)
+    if not isinstance(text, str) or getattr(output, "package", None) is None:
+        return False
+    found: dict[str, set[Any]] = output.__dict__.setdefault(_KEYS_ATTR, {})
+    found.setdefault(text, set()).add(key)
+    return True
 
 
 def wrap_observed_key_error(original: Callable[..., None]) -> Any:
-    """``ObservedKeyError.__init__``: a key the trace did not find (``try: D["k"] except
-    KeyError``, ``Mapping.get``, ``os.getenv``, which reads ``os.environ`` that way): torch
-    keeps only the dict's type, no guard that the key is absent (the forty-sixth review: a
-    reader that had the key, or another value of the environment variable, was served the
-    writer's default): the frame is not saved."""
+    """``ObservedKeyError.__init__``: a key the trace did not find. In a dict a record can
+    name (:func:`wrap_dict_getitem`; transformers' attention registry is asked for
+    ``"eager"`` that way) the absence is collected for an ``ABSENT_KEYS`` record; elsewhere
+    (``os.getenv``, which reads ``os.environ``, a mapping of the program's own, a key with
+    no constant value) torch keeps only the container's type, no guard that the key is
+    absent (the forty-sixth review: a reader that had the key, or another value of the
+    environment variable, was served the writer's default): the frame is not saved."""
     return _unsaveable_when_raised(original, KEY_UNSAVED, outside_hasattr=False)
 
 
 def _unsaveable_when_raised(original: Callable[..., None], why: str, outside_hasattr: bool) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        if outside_hasattr and int(getattr(_inside_hasattr, "depth", 0)):
+        if outside_hasattr and getattr(_inside_hasattr, "depth", None):
             return
+        with contextlib.suppress(Exception):
+            if not outside_hasattr and _collect_absent_key():
+                return
         with contextlib.suppress(Exception):
             from torch._guards import TracingContext
 

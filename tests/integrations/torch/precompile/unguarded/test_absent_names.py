@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _collections_abc
 import collections
+import types
 
 from objcache.integrations.torch.precompile import portable_guards
 from objcache.integrations.torch.precompile.unguarded import absent_names
@@ -46,3 +47,69 @@ def test_an_object_the_frame_made_is_looked_up_through_its_class() -> None:
     finally:
         del _Made.fast  # type: ignore[attr-defined]
     assert absent_names.class_source(local()) is None
+
+
+class _Source:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def name(self) -> str:
+        return self.text
+
+
+class _Constant:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def is_python_constant(self) -> bool:
+        return True
+
+    def as_python_constant(self) -> object:
+        return self.value
+
+
+class _KeyError:
+    def __init__(self, *args: object) -> None:
+        self.args = args
+
+
+def _look_up(dict_source: _Source | None, key: object) -> tuple[dict[str, set[object]], object]:
+    """A dict lookup that raises Dynamo's ``KeyError`` the way torch's does, through the
+    wrappers: what the frame collected, and why the trace was marked unsaveable (or None)."""
+    import torch
+    from torch._guards import TracingContext, tracing
+
+    error_init = absent_names.wrap_observed_key_error(_KeyError.__init__)
+
+    def getitem(self: object, tx: object, arg: object) -> object:
+        error = _KeyError.__new__(_KeyError)
+        error_init(error, "raised exception KeyError")
+        return error
+
+    output = types.SimpleNamespace(package=object())
+    tx = types.SimpleNamespace(output=output)
+    context = TracingContext(torch._subclasses.FakeTensorMode())
+    with tracing(context):
+        absent_names.wrap_dict_getitem(getitem)(
+            types.SimpleNamespace(source=dict_source), tx, _Constant(key)
+        )
+    return absent_names.collected_keys(output), context.__dict__.get("_objcache_unsaveable")
+
+
+def test_a_key_a_named_dict_lacked_is_kept_for_a_record_and_others_make_the_frame_unsaved() -> None:
+    """A plain key missing from a dict a guard's source names: collected at that source (an
+    ``ABSENT_KEYS`` record), the frame saved; from a dict the frame made: nothing to carry;
+    a ``bytes`` key (``os.environ``'s) or a ``KeyError`` raised outside a dict lookup: the
+    frame is not saved."""
+    assert _look_up(_Source("G['OPTIONS']"), "k") == ({"G['OPTIONS']": {"k"}}, None)
+    assert _look_up(None, "k") == ({}, None)
+    assert _look_up(_Source("G['OPTIONS']"), b"k") == ({}, absent_names.KEY_UNSAVED)
+    import torch
+    from torch._guards import TracingContext, tracing
+
+    context = TracingContext(torch._subclasses.FakeTensorMode())
+    with tracing(context):
+        absent_names.wrap_observed_key_error(_KeyError.__init__)(
+            _KeyError.__new__(_KeyError), "raised exception KeyError"
+        )
+    assert context.__dict__.get("_objcache_unsaveable") == absent_names.KEY_UNSAVED
