@@ -784,11 +784,22 @@ ABSENT_KIND = "ABSENT_NAMES"
 #: Keys the trace looked up in a dict a guard's source reaches and did not find
 #: (:mod:`.absent_names`; torch guards no such absence): none may be there on the reader.
 ABSENT_KEYS_KIND = "ABSENT_KEYS"
+#: Keys an object's ``__dict__`` held when the trace asked whether it held them (torch
+#: guards no such answer): each must be there on the reader.
+PRESENT_KEYS_KIND = "PRESENT_KEYS"
 #: What the trace asked an abstract class (:mod:`.unguarded.abc_membership`): each member's
 #: answer, asked again on the reader.
 MEMBERSHIP_KIND = "ABC_MEMBERSHIP"
 CHECKED_ONCE = frozenset(
-    {INLINED_KIND, UNGUARDED_KIND, LAYOUT_KIND, ABSENT_KIND, ABSENT_KEYS_KIND, MEMBERSHIP_KIND}
+    {
+        INLINED_KIND,
+        UNGUARDED_KIND,
+        LAYOUT_KIND,
+        ABSENT_KIND,
+        ABSENT_KEYS_KIND,
+        PRESENT_KEYS_KIND,
+        MEMBERSHIP_KIND,
+    }
 )
 #: Which guarded objects are one object (:mod:`.unguarded.object_aliasing`).
 ALIASES_KIND = object_aliasing.RECORD_KIND
@@ -1195,14 +1206,18 @@ def _set_order_records(source: str, value: Any) -> list[Portable]:
 
 
 def absent_records(
-    absent: dict[str, set[str]], keys: dict[str, set[Any]] | None = None
+    absent: dict[str, set[str]],
+    keys: dict[str, set[Any]] | None = None,
+    present: dict[str, set[Any]] | None = None,
 ) -> tuple[Portable, ...]:
-    """One record per source of the names a trace did not find there and one per dict of
-    the keys it did not find there (:mod:`.absent_names`; a key is a ``str``, ``int``,
-    ``bool`` or None, which JSON carries as itself); raises :class:`Unportable` where a
-    source cannot be read on another machine."""
+    """One record per source of the names a trace did not find there, one per dict of the
+    keys it did not find there and one per dict of the keys it found there when it asked
+    (:mod:`.absent_names`; a key is a ``str``, ``int``, ``bool`` or None, which JSON carries
+    as itself); raises :class:`Unportable` where a source cannot be read on another
+    machine."""
     out = []
-    for kind, found in ((ABSENT_KIND, absent), (ABSENT_KEYS_KIND, keys or {})):
+    kinds = ((ABSENT_KIND, absent), (ABSENT_KEYS_KIND, keys), (PRESENT_KEYS_KIND, present))
+    for kind, found in ((kind, found or {}) for kind, found in kinds):
         for source in sorted(found):
             if parse_source(source) is None:
                 raise Unportable(kind, source, "its source cannot be read on another machine")
@@ -1237,14 +1252,19 @@ def _membership_differs(cls: Any, expected: str) -> str | None:
     return None
 
 
-def _present(value: Any, expected: str, keys: bool) -> str | None:
-    """The first name of an ``ABSENT_NAMES`` record that ``value`` has, or the first key of
-    an ``ABSENT_KEYS`` record that dict ``value`` holds (``keys``), else None."""
-    if keys and not isinstance(value, dict):
+def _present(value: Any, expected: str, kind: str) -> str | None:
+    """What breaks a record of names or keys at ``value``: the first name of an
+    ``ABSENT_NAMES`` record it has, the first key of an ``ABSENT_KEYS`` record dict ``value``
+    holds, the first key of a ``PRESENT_KEYS`` record it lacks; else None."""
+    if kind != ABSENT_KIND and not isinstance(value, dict):
         return f"a {type(value).__name__}, not a dict"
     for name in json.loads(expected):
-        if dict.__contains__(value, name) if keys else hasattr(value, name):
-            return repr(name)
+        if kind == ABSENT_KIND and hasattr(value, name):
+            return f"{name!r} present"
+        if kind == ABSENT_KEYS_KIND and dict.__contains__(value, name):
+            return f"{name!r} present"
+        if kind == PRESENT_KEYS_KIND and not dict.__contains__(value, name):
+            return f"{name!r} absent"
     return None
 
 
@@ -1355,11 +1375,11 @@ def check_for(
                         continue
                 if value is _MISSING:
                     return fail(kind, source, expected)
-                if kind in (ABSENT_KIND, ABSENT_KEYS_KIND):  # none of the names (or keys)
+                if kind in (ABSENT_KIND, ABSENT_KEYS_KIND, PRESENT_KEYS_KIND):
                     if value is not passed[i]:
-                        present = _present(value, expected, kind == ABSENT_KEYS_KIND)
-                        if present is not None:
-                            return fail(kind, source, expected, f"{present} present")
+                        differs = _present(value, expected, kind)
+                        if differs is not None:
+                            return fail(kind, source, expected, differs)
                         passed[i] = value
                     continue
                 if kind == MEMBERSHIP_KIND:  # asked again until the whole guard first holds

@@ -288,6 +288,12 @@ def _patch_absent_names(translator: Any) -> None:
     dicts = importlib.import_module("torch._dynamo.variables.dicts").ConstDictVariable
     lookup = "getitem_const_raise_exception_if_absent"  # D[k], on every release supported
     _patch(dicts, lookup, absent_names.wrap_dict_getitem(dicts.__dict__[lookup]))
+    instance = importlib.import_module("torch._dynamo.variables.dicts").DunderDictVariable
+    for name, wrap in (  # obj.__dict__: both are no-ops in torch
+        ("install_dict_contains_guard", absent_names.wrap_instance_dict_contains),
+        ("install_dict_keys_match_guard", absent_names.wrap_instance_dict_keys),
+    ):
+        _patch(instance, name, wrap(instance.__dict__[name]))
     functions = importlib.import_module("torch._dynamo.variables.functions")
     fallback = getattr(functions, "BaseUserFunctionVariable", object).__dict__.get(
         "call_getattr_fallback"
@@ -479,6 +485,10 @@ def apply(package_module: Any) -> None:
             if callable(create_resume):
                 _patch(base, "create_resume", _wrap_create_resume(create_resume))
             _patch_absent_names(base)
+            comparisons = dict(tracer.compare_op_handlers)  # IS_OP reads it at every a is b
+            for op in ("is", "is not"):
+                comparisons[op] = hash_order.wrap_is_op(comparisons[op])
+            _patch(tracer, "compare_op_handlers", comparisons)
             protocol = importlib.import_module("torch._dynamo.variables.object_protocol")
             hashing = hash_order.wrap_generic_hash(protocol.generic_hash)
             _patch(protocol, "generic_hash", hashing)

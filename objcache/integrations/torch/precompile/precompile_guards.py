@@ -138,6 +138,7 @@ def wrap_serialize_guards(
                     *portable_guards.absent_records(
                         absent_names.collected(output_graph),
                         absent_names.collected_keys(output_graph),
+                        absent_names.collected_present_keys(output_graph),
                     ),
                     *portable_guards.membership_records(abc_membership.collected(output_graph)),
                 )

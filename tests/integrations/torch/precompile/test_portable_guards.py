@@ -1293,6 +1293,15 @@ def test_keys_a_trace_looked_up_in_vain_must_be_absent_from_the_readers_dict() -
         pg.absent_records({}, {"a dict made in the frame": {"k"}})
 
 
+def test_keys_an_instance_dict_held_when_asked_must_be_there_on_the_reader() -> None:
+    """``"k" in obj.__dict__`` answered True on the writer: a reader whose object lacks the
+    attribute fails the record."""
+    records = pg.absent_records({}, None, {"G['CFG'].__dict__": {"k"}})
+    assert [r.kind for r in records] == [pg.PRESENT_KEYS_KIND]
+    assert pg.check_for(records, {"CFG": SimpleNamespace(k=5.0, j=1.0)})({})
+    assert not pg.check_for(records, {"CFG": SimpleNamespace(j=1.0)})({})
+
+
 def _leafy(x: Any) -> Any:
     return x * 2 if x.is_leaf else x
 

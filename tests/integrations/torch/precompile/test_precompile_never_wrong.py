@@ -22,14 +22,17 @@ One function per class of fact a served entry depends on:
   wrapper of a model's ``forward``), reading a global both modules define: torch names the
   wrapped function's module, the code runs in the wrapper's;
 * **hash order**: a set of names iterated (read from a global, or a set constant of the code)
-  and ``hash()`` of a string, in processes whose hash seed is their own (the default);
+  and ``hash()`` of a string, in processes whose hash seed is their own (the default); two
+  equal floats compared with ``is`` (one object on the writer, two on the reader);
 * **tensor facts torch does not guard**: whether an input is a view (``x._base``): a frame
   whose trace read one is not saved;
 * **names looked up in vain**: a builtin the reader's module shadows, an optional function
   ``hasattr`` found absent on the writer, an attribute ``getattr`` defaulted, the
   ``__signature__`` ``inspect.signature`` asks a function for (the reader sets one), a key a
   dict lookup did not find (in a global dict, in a copy the frame made of another module's,
-  in ``os.environ`` through ``os.getenv``): Dynamo guards none of them across processes;
+  in ``os.environ`` through ``os.getenv``), an attribute asked of an instance's ``__dict__``
+  (``vars(obj).get``) and the count of its attributes: Dynamo guards none of them across
+  processes;
 * **inputs sharing storage**: a graph that mutates a tensor its caller passes, beside another
   tensor (the reader passes two views of one buffer); a module's buffer updated in place is
   not one (saved and served);
@@ -92,6 +95,15 @@ if os.environ.get("FAST") == "1":  # an optional kernel, present where it is ins
 
 
 REGISTRY = {"k": 5.0} if os.environ.get("FAST") == "1" else {}  # a plugin's entry
+class Settings:
+    pass
+
+
+SETTINGS = Settings()
+if os.environ.get("FAST") == "1":
+    SETTINGS.scale = 5.0  # an attribute only the reader sets
+LOW = float(os.environ["SCALE"]) * 1.5  # two equal floats: one object, or two on SHARED=1
+HIGH = LOW if os.environ.get("SHARED") != "1" else float(os.environ["SCALE"]) * 1.5
 
 
 def feed_forward_chunk(t):  # a function a model asks its signature of
@@ -313,6 +325,27 @@ def key_missing_from_a_copy(x):  # a dict the frame made from another module's
 
 
 check("key_missing_from_a_copy", key_missing_from_a_copy, x)
+
+
+def attribute_asked_of_the_instance_dict(x):  # torch installs no guard for obj.__dict__
+    return x * vars(library.SETTINGS).get("scale", 2.0)
+
+
+check("attribute_asked_of_the_instance_dict", attribute_asked_of_the_instance_dict, x)
+
+
+def attributes_counted(x):  # a whole key set: no record carries it
+    return x * float(len(library.SETTINGS.__dict__) + 1)
+
+
+check("attributes_counted", attributes_counted, x)
+
+
+def floats_one_object(x):  # torch guards each value, not that the two are one object
+    return x * (2.0 if library.LOW is library.HIGH else 7.0)
+
+
+check("floats_one_object", floats_one_object, x)
 
 
 def knob_from_the_environment(x):  # os.getenv: os.environ keeps its keys as bytes
@@ -693,6 +726,23 @@ def test_a_trace_that_read_this_processs_hash_order_is_not_saved(
     assert first_machine["precompile"].get("unsaved:hash_order", 0) >= 2, first_machine
 
 
+def test_a_trace_that_counted_an_objects_attributes_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """``len(obj.__dict__)``: torch guards nothing of an instance dict's key set (it tracks
+    the frame's changes to it, not what it held), and no record carries a whole key set, so
+    the frame is not saved (the differing reader's object has one more attribute)."""
+    assert first_machine["precompile"].get("unsaved:instance_dict_keys", 0) >= 1, first_machine
+
+
+def test_a_trace_that_compared_two_values_by_identity_is_not_saved(
+    first_machine: dict[str, Any],
+) -> None:
+    """``LOW is HIGH`` between two equal floats: torch guards each value, not that both are
+    one object (the differing reader makes two), so the frame is not saved."""
+    assert first_machine["precompile"].get("unsaved:value_identity", 0) >= 1, first_machine
+
+
 def test_a_trace_that_read_whether_an_input_is_a_view_is_not_saved(
     first_machine: dict[str, Any],
 ) -> None:
@@ -783,6 +833,7 @@ def test_a_reader_like_the_writer_is_served(
     assert reader["graphs"]["buffer_update"] == 0, reader
     assert reader["graphs"]["abstract_membership"] == 0, reader  # answered alike here
     assert reader["graphs"]["key_looked_up_in_vain"] == 0, reader  # absent here too
+    assert reader["graphs"]["attribute_asked_of_the_instance_dict"] == 0, reader
     assert reader["graphs"]["abstract_membership_nested"] == 0, reader
     counts = reader["precompile"]
     # the wrapper too: installed in the module whose globals it runs in
@@ -836,6 +887,7 @@ def test_a_reader_that_differs_in_what_torch_does_not_guard_computes_eagers_resu
     assert "ABSENT_NAMES" in failed, counts
     assert "ABSENT_KEYS" in failed, counts
     assert reader["graphs"]["key_looked_up_in_vain"] == 1, reader
+    assert reader["graphs"]["attribute_asked_of_the_instance_dict"] == 1, reader
     # a class the reader registered with the abstract class the trace asked
     assert "ABC_MEMBERSHIP" in failed, counts
     # two names holding one object where the writer had two, and the other way: traced again

@@ -239,6 +239,75 @@ def _collect_absent_key() -> bool:
     return True
 
 
+#: Where the keys an object's ``__dict__`` held when the trace asked are collected.
+_PRESENT_ATTR = "_objcache_present_keys"
+#: Why a frame is not saved that read the whole key set of an object's ``__dict__``.
+INSTANCE_DICT_UNSAVED = "instance_dict_keys"
+
+
+def collected_present_keys(output_graph: Any) -> dict[str, set[Any]]:
+    """The keys an object's ``__dict__`` held when the trace asked, by its source."""
+    return collected(output_graph, _PRESENT_ATTR)
+
+
+def wrap_instance_dict_contains(original: Callable[..., Any]) -> Any:
+    """``DunderDictVariable.install_dict_contains_guard`` (``"k" in obj.__dict__``,
+    ``vars(obj).get("k", d)``): torch's installs nothing (it tracks the dict's mutations, not
+    its state when the frame starts), so the answer is collected at the dict's source, an
+    ``ABSENT_KEYS`` or a ``PRESENT_KEYS`` record; a key a record cannot carry makes the frame
+    unsaveable."""
+
+    def install_dict_contains_guard(self: Any, tx: Any, args: Any) -> Any:
+        try:
+            _collect_instance_key(self, tx, args[0])
+        except Exception:
+            unsaveable(tx, KEY_UNSAVED)
+        return original(self, tx, args)
+
+    marked(install_dict_contains_guard, original)
+    return install_dict_contains_guard
+
+
+def _collect_instance_key(variable: Any, tx: Any, arg: Any) -> None:
+    source = getattr(variable, "source", None)
+    if source is None:
+        return  # an object the frame made: what it holds the trace put there
+    key = arg.as_python_constant() if arg.is_python_constant() else arg
+    text = source.name() if callable(source.name) else source.name
+    output = getattr(tx, "output", None)
+    if type(key) not in _PLAIN_KEYS or not isinstance(text, str):
+        unsaveable(tx, KEY_UNSAVED)
+    elif getattr(output, "package", None) is not None:
+        where = _KEYS_ATTR if arg not in variable else _PRESENT_ATTR
+        found: dict[str, set[Any]] = output.__dict__.setdefault(where, {})
+        found.setdefault(text, set()).add(key)
+
+
+def wrap_instance_dict_keys(original: Callable[..., Any]) -> Any:
+    """``DunderDictVariable.install_dict_keys_match_guard`` (``len(obj.__dict__)``, its keys,
+    items, a copy): torch's installs nothing, and no record carries a whole key set: the
+    frame is not saved where the dict has a source."""
+
+    def install_dict_keys_match_guard(self: Any) -> Any:
+        if getattr(self, "source", None) is not None:
+            _mark_tracing(INSTANCE_DICT_UNSAVED)
+        return original(self)
+
+    marked(install_dict_keys_match_guard, original)
+    return install_dict_keys_match_guard
+
+
+def _mark_tracing(why: str) -> None:
+    """The frame being traced is not saved (``unsaved:<why>``), found by torch's tracing
+    context where no translator is at hand."""
+    with contextlib.suppress(Exception):
+        from torch._guards import TracingContext
+
+        context = TracingContext.try_get()
+        if context is not None:
+            context.__dict__.setdefault("_objcache_unsaveable", why)
+
+
 def wrap_observed_key_error(original: Callable[..., None]) -> Any:
     """``ObservedKeyError.__init__``: a key the trace did not find. In a dict a record can
     name (:func:`wrap_dict_getitem`; transformers' attention registry is asked for
@@ -258,12 +327,7 @@ def _unsaveable_when_raised(original: Callable[..., None], why: str, outside_has
         with contextlib.suppress(Exception):
             if not outside_hasattr and _collect_absent_key():
                 return
-        with contextlib.suppress(Exception):
-            from torch._guards import TracingContext
-
-            context = TracingContext.try_get()
-            if context is not None:
-                context.__dict__.setdefault("_objcache_unsaveable", why)
+        _mark_tracing(why)
 
     marked(__init__, original)
     return __init__

@@ -19,6 +19,12 @@ torch guards the object's identity (``ID_MATCH``), which a portable record names
 is, never by where it lies: such a frame is not saved either (:func:`wrap_call_id`), where the
 program's code asked (Python's and torch's own use ``id()`` for memos).
 
+``a is b`` between two values of a number, string or bytes type (or a tuple of them) folds the
+identity of two objects into the trace: torch guards each value, not that the two are one
+object, and two equal values are one object or two as the program's history made them (a
+float read twice from the environment, a string joined at run time): such a frame is not
+saved either (:func:`wrap_is_op`).
+
 A fixed seed is part of the compiler settings a served frame is checked against
 (:mod:`.compile_settings`), so there both are the same in every process that shares it.
 """
@@ -141,3 +147,58 @@ def wrap_call_id(original: Callable[..., Any]) -> Any:
 
     marked(call_id, original)
     return call_id
+
+
+#: The ``counters`` reason of a frame whose trace compared two values by identity.
+VALUE_IDENTITY_UNSAVED = "value_identity"
+#: Values CPython keeps one object of, whatever made them.
+_SINGLETONS = (type(None), bool, type(Ellipsis), type(NotImplemented))
+#: What a traced value is when it is none of Dynamo's constants.
+_NOT_A_VALUE = object()
+
+
+def identity_of_history(value: Any) -> bool:
+    """Whether ``value is other`` may answer otherwise in another process holding equal
+    values: numbers past CPython's small ints, non-empty strings, bytes, tuples and
+    frozensets (the empty ones and the singletons are one object in every process)."""
+    if isinstance(value, _SINGLETONS):
+        return False
+    if type(value) is int:
+        return not -5 <= value <= 256
+    if type(value) in (str, bytes, tuple, frozenset):
+        return len(value) > 0
+    return type(value) in (float, complex)
+
+
+def _traced_value(variable: Any) -> Any:
+    """The Python value a stack entry stands for where it is one of Dynamo's constants (or a
+    lazily built one, peeked without building it), else a marker."""
+    unwrap = getattr(variable, "unwrap", None)
+    if callable(unwrap):
+        variable = unwrap()
+    if callable(getattr(variable, "peek_value", None)) and not variable.is_realized():
+        return variable.peek_value()
+    if type(variable).__name__ == "ConstantVariable":
+        return variable.value
+    return _NOT_A_VALUE
+
+
+def wrap_is_op(original: Callable[..., Any]) -> Any:
+    """Dynamo's handler of ``a is b`` (or ``a is not b``: ``compare_op_handlers["is"]``,
+    which ``IS_OP`` calls with the two stack entries): where both sides are values whose
+    identity is their history's (:func:`identity_of_history`), the frame's package is
+    unsaveable."""
+
+    def compare(tx: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            values = [_traced_value(v) for v in args]
+            if len(values) == 2 and all(
+                v is not _NOT_A_VALUE and identity_of_history(v) for v in values
+            ):
+                _mark(tx, VALUE_IDENTITY_UNSAVED)
+        except Exception:
+            _mark(tx, VALUE_IDENTITY_UNSAVED)
+        return original(tx, args, kwargs)
+
+    marked(compare, original)
+    return compare

@@ -113,3 +113,41 @@ def test_a_key_a_named_dict_lacked_is_kept_for_a_record_and_others_make_the_fram
             _KeyError.__new__(_KeyError), "raised exception KeyError"
         )
     assert context.__dict__.get("_objcache_unsaveable") == absent_names.KEY_UNSAVED
+
+
+class _InstanceDict:
+    """What Dynamo's ``DunderDictVariable`` answers: whether it holds a key."""
+
+    def __init__(self, source: _Source | None, keys: set[object]) -> None:
+        self.source = source
+        self.keys = keys
+
+    def __contains__(self, arg: _Constant) -> bool:
+        return arg.value in self.keys
+
+
+def test_what_a_trace_asked_of_an_instance_dict_is_kept_and_its_key_set_is_not() -> None:
+    """``"k" in obj.__dict__`` (torch installs nothing): an absent key is an ``ABSENT_KEYS``
+    record, a present one a ``PRESENT_KEYS`` record, at the dict's source; an object the
+    frame made: nothing; ``len(obj.__dict__)``: the frame is not saved."""
+    import torch
+    from torch._guards import TracingContext, tracing
+
+    def contains(self: object, tx: object, args: object) -> None:
+        return None
+
+    output = types.SimpleNamespace(package=object())
+    tx = types.SimpleNamespace(output=output)
+    wrapped = absent_names.wrap_instance_dict_contains(contains)
+    source = _Source("G['CFG'].__dict__")
+    wrapped(_InstanceDict(source, {"k"}), tx, [_Constant("k")])
+    wrapped(_InstanceDict(source, {"k"}), tx, [_Constant("j")])
+    wrapped(_InstanceDict(None, set()), tx, [_Constant("m")])
+    assert absent_names.collected_present_keys(output) == {"G['CFG'].__dict__": {"k"}}
+    assert absent_names.collected_keys(output) == {"G['CFG'].__dict__": {"j"}}
+    context = TracingContext(torch._subclasses.FakeTensorMode())
+    with tracing(context):
+        absent_names.wrap_instance_dict_keys(lambda self: None)(_InstanceDict(None, set()))
+        assert "_objcache_unsaveable" not in context.__dict__
+        absent_names.wrap_instance_dict_keys(lambda self: None)(_InstanceDict(source, set()))
+    assert context.__dict__["_objcache_unsaveable"] == absent_names.INSTANCE_DICT_UNSAVED

@@ -76,3 +76,13 @@ def test_id_is_the_programs_only_in_its_own_code() -> None:
     assert not hash_order._programs_call(tx(inspect.unwrap.__code__))
     assert hash_order._programs_call(tx(test_id_is_the_programs_only_in_its_own_code.__code__))
     assert hash_order._programs_call(tx(None))
+
+
+def test_values_whose_identity_is_their_history_are_told_from_singletons() -> None:
+    """Two equal floats, long strings, big ints or tuples are one object or two as the
+    program made them; None, booleans, small ints and empty strings are one object in every
+    process."""
+    for value in (1.5, 10**6, "eager", b"k", (1,), frozenset({1}), 1j):
+        assert hash_order.identity_of_history(value), value
+    for value in (None, True, False, 0, 256, -5, "", (), ..., NotImplemented):
+        assert not hash_order.identity_of_history(value), value
