@@ -304,24 +304,22 @@ check("containers_two_names_share", containers_two_names_share, x)
 OPTIONS = {"k": 5.0} if os.environ.get("FAST") == "1" else {}  # the key where installed
 
 
-def key_looked_up_in_vain(x):  # torch guards the dict's type, not that "k" is absent
+def scale_or_default(options):  # inlined: the lookup raises in the caller's frame
     try:
-        v = OPTIONS["k"]
+        return options["k"]
     except KeyError:
-        v = 2.0
-    return x * v
+        return 2.0
+
+
+def key_looked_up_in_vain(x):  # torch guards the dict's type, not that "k" is absent
+    return x * scale_or_default(OPTIONS)
 
 
 check("key_looked_up_in_vain", key_looked_up_in_vain, x)
 
 
 def key_missing_from_a_copy(x):  # a dict the frame made from another module's
-    options = dict(library.REGISTRY)
-    try:
-        v = options["k"]
-    except KeyError:
-        v = 2.0
-    return x * v
+    return x * scale_or_default(dict(library.REGISTRY))
 
 
 check("key_missing_from_a_copy", key_missing_from_a_copy, x)

@@ -53,11 +53,12 @@ def _set(local: threading.local, name: str, value: Any) -> Iterator[None]:
         setattr(local, name, outer)
 
 
-def _collect(tx: Any, source: str, name: str) -> None:
+def _collect(tx: Any, source: str, name: Any, attr: str = _ATTR) -> None:
+    """``name`` looked up at ``source``, kept under ``attr`` of the frame's output graph."""
     output = getattr(tx, "output", None)
     if getattr(output, "package", None) is None:
         return  # not a frame of a precompile package
-    found: dict[str, set[str]] = output.__dict__.setdefault(_ATTR, {})
+    found: dict[str, set[Any]] = output.__dict__.setdefault(attr, {})
     found.setdefault(source, set()).add(name)
 
 
@@ -222,21 +223,21 @@ def _collect_absent_key() -> bool:
     if current is None:
         return False
     variable, tx, arg = current
-    if not arg.is_python_constant():
+    key, text = _key_and_source(variable, arg)
+    if type(key) not in _PLAIN_KEYS or (text is None and getattr(variable, "source", None)):
         return False
-    key = arg.as_python_constant()
-    if type(key) not in _PLAIN_KEYS:
-        return False
-    source = getattr(variable, "source", None)
-    if source is None:
-        return True
-    text = source.name() if callable(source.name) else source.name
-    output = getattr(tx, "output", None)
-    if not isinstance(text, str) or getattr(output, "package", None) is None:
-        return False
-    found: dict[str, set[Any]] = output.__dict__.setdefault(_KEYS_ATTR, {})
-    found.setdefault(text, set()).add(key)
+    if text is not None:
+        _collect(tx, text, key, _KEYS_ATTR)
     return True
+
+
+def _key_and_source(variable: Any, arg: Any) -> tuple[Any, str | None]:
+    """The constant ``arg`` stands for (else ``arg`` itself, no plain key) and the text of
+    the dict ``variable``'s source (None where it has none)."""
+    key = arg.as_python_constant() if arg.is_python_constant() else arg
+    source = getattr(variable, "source", None)
+    text = None if source is None else source.name() if callable(source.name) else source.name
+    return key, text if isinstance(text, str) else None
 
 
 #: Where the keys an object's ``__dict__`` held when the trace asked are collected.
@@ -269,18 +270,13 @@ def wrap_instance_dict_contains(original: Callable[..., Any]) -> Any:
 
 
 def _collect_instance_key(variable: Any, tx: Any, arg: Any) -> None:
-    source = getattr(variable, "source", None)
-    if source is None:
+    if getattr(variable, "source", None) is None:
         return  # an object the frame made: what it holds the trace put there
-    key = arg.as_python_constant() if arg.is_python_constant() else arg
-    text = source.name() if callable(source.name) else source.name
-    output = getattr(tx, "output", None)
-    if type(key) not in _PLAIN_KEYS or not isinstance(text, str):
+    key, text = _key_and_source(variable, arg)
+    if type(key) not in _PLAIN_KEYS or text is None:
         unsaveable(tx, KEY_UNSAVED)
-    elif getattr(output, "package", None) is not None:
-        where = _KEYS_ATTR if arg not in variable else _PRESENT_ATTR
-        found: dict[str, set[Any]] = output.__dict__.setdefault(where, {})
-        found.setdefault(text, set()).add(key)
+    else:
+        _collect(tx, text, key, _KEYS_ATTR if arg not in variable else _PRESENT_ATTR)
 
 
 def wrap_instance_dict_keys(original: Callable[..., Any]) -> Any:
