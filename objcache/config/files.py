@@ -93,6 +93,7 @@ def publish_file(
     dir_mode: int = 0o700,
     create_root: bool = False,
     replace: bool = True,
+    sync_folder: bool = True,
 ) -> None:
     """Atomically replace the file ``root/parts[0]/.../parts[-1]`` with ``data``.
 
@@ -105,11 +106,13 @@ def publish_file(
     in the last folder (``O_CREAT | O_EXCL | O_NOFOLLOW``, so no leftover of a killed start
     and no planted link is ever reused), given exactly ``mode``, fsynced, and renamed over
     the final name relative to the folder's fd (a rename replaces a link at the final name,
-    never follows it); the folder is then fsynced, best-effort. With ``replace`` false the
-    file is hard-linked to the final name instead, which raises :class:`FileExistsError`
-    where anything (a file, a link) already has that name: nothing is ever overwritten. On
-    any error the temporary file is removed and the final name keeps what it had. Raises
-    ``OSError``.
+    never follows it); the folder is then fsynced, best-effort, unless ``sync_folder`` is
+    false (a name whose loss after a power cut is only a cache miss: the file's own data is
+    still fsynced before it gets the name, so a name never shows a torn file). With
+    ``replace`` false the file is hard-linked to the final name instead, which raises
+    :class:`FileExistsError` where anything (a file, a link) already has that name: nothing
+    is ever overwritten. On any error the temporary file is removed and the final name keeps
+    what it had. Raises ``OSError``.
     """
     *folders, name = (_check_name(part) for part in parts)
     if create_root:
@@ -130,12 +133,19 @@ def publish_file(
             why = distrust(os.fstat(fd), euid)
             if why is not None:
                 raise UnsafeFolder(f"{walked} {why}; refusing to write there")
-        _replace_in(fd, name, data, mode, replace)
+        _replace_in(fd, name, data, mode, replace, sync_folder)
     finally:
         os.close(fd)
 
 
-def _replace_in(directory: int, name: str, data: bytes, mode: int, replace: bool = True) -> None:
+def _replace_in(
+    directory: int,
+    name: str,
+    data: bytes,
+    mode: int,
+    replace: bool = True,
+    sync_folder: bool = True,
+) -> None:
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}"
     fd = os.open(tmp, CREATE_FLAGS, 0o600, dir_fd=directory)
     try:
@@ -154,5 +164,6 @@ def _replace_in(directory: int, name: str, data: bytes, mode: int, replace: bool
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=directory)
         raise
-    with contextlib.suppress(OSError):
-        os.fsync(directory)
+    if sync_folder:
+        with contextlib.suppress(OSError):
+            os.fsync(directory)

@@ -279,12 +279,16 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     # the first step at each batch size, where every compile happens; --eager: the same
     # first step without torch.compile (what compiling has to beat)
     t0 = time.perf_counter()
+    cpu0, thread0 = time.process_time(), time.thread_time()
     with collections:
         compiled = model if args.eager else torch.compile(model, **_compile_options(args.mode))
         steps = [step(compiled, xi) for xi in inputs]
         if args.device != "cpu":
             torch.cuda.synchronize()
     result["first_step_s"] = time.perf_counter() - t0
+    # CPU in the step: the compiling thread's own, and the whole process's (every thread)
+    result["first_step_cpu_s"] = time.thread_time() - thread0
+    result["first_step_process_cpu_s"] = time.process_time() - cpu0
     result["gc_s"], result["gc_full"] = collections.seconds, collections.full
     if triton_compiles is not None:
         result["triton_compiles"] = triton_compiles[0]

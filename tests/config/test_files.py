@@ -42,6 +42,28 @@ def test_the_file_appears_with_its_content_and_exactly_its_mode(
     assert sorted(p.name for p in final.parent.iterdir()) == ["f"]
 
 
+@pytest.mark.parametrize("sync_folder", [True, False])
+def test_the_data_is_fsynced_before_it_is_named_and_the_folder_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_folder: bool
+) -> None:
+    """A name never shows a file whose data a power cut could tear: the file is fsynced
+    before it is linked or renamed to its name; the folder (the name's own durability) is
+    fsynced unless the caller says a lost name is only a miss."""
+    final = tmp_path / "a" / "f"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        kind = "folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        synced.append(f"{kind}:{'named' if final.exists() else 'unnamed'}")
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    publish_file(tmp_path, ["a", "f"], b"data", replace=False, sync_folder=sync_folder)
+    assert final.read_bytes() == b"data"
+    assert synced == ["file:unnamed", "folder:named"] if sync_folder else ["file:unnamed"]
+
+
 def test_a_link_at_an_intermediate_folder_is_never_followed(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

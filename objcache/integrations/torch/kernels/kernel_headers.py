@@ -306,6 +306,12 @@ def _make_record(
     return RECORD_KEY_PREFIX + digest(data), data
 
 
+def checked(key: str) -> bool | None:
+    """What :func:`holds` found for the record ``key`` in this process; None: not checked."""
+    with _lock:
+        return _checked.get(key)
+
+
 def holds(key: str, data: bytes, denormalize: Callable[[str], str | None]) -> bool:
     """Whether the record ``data`` (named ``key``) comes out the same read here."""
     with _lock:

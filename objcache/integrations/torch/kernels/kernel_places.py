@@ -245,16 +245,21 @@ class Placer:
                 self.done.discard(key)  # its binary has not arrived yet
                 return None
         record_key = kernel_headers.record_key_of(binary)
-        headers = self._local(kernels.KIND, record_key) if record_key is not None else None
-        if record_key is not None and headers is None:
-            self.done.discard(key)  # the record of its headers has not arrived yet
-            return None
+        headers = None
+        if record_key is not None and kernel_headers.checked(record_key) is None:
+            # read only until checked: every kernel of a build names the same record
+            headers = self._local(kernels.KIND, record_key)
+            if headers is None:
+                self.done.discard(key)  # the record of its headers has not arrived yet
+                return None
         binary = kernels.binary_of(binary, lambda k: headers if k == record_key else None)
         if binary is None:
             return False  # counted: built with other headers than this machine's
         try:
+            # created, never replaced; the folder is not fsynced: a name lost to a power cut
+            # is a kernel the load path fetches again (its data is fsynced before it is named)
             publish_file(self.root, rel.split("/"), binary, mode=0o755, create_root=True,
-                         replace=False)  # fmt: skip
+                         replace=False, sync_folder=False)  # fmt: skip
         except FileExistsError:
             kernels.count("place_present")
             return False

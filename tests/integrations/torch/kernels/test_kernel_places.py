@@ -65,10 +65,24 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     placed = inductor / "ab" / "cabxyz.so"
     assert placed.read_bytes() == Path(p.target).read_bytes() and os.access(placed, os.X_OK)
     assert placer.place(p.key) is False  # once
+    # the record of its headers is read until it is checked here, then never again (every
+    # kernel of a build names the same record)
+    second = kernel_places.Placer(client, str(inductor / "second"))
+    asked: list[str] = []
+    read_local = second._local
+
+    def counted(kind: str, key: str) -> bytes | None:
+        asked.append(key)
+        return read_local(kind, key)
+
+    monkeypatch.setattr(second, "_local", counted)
+    assert second.place(p.key)
+    assert p.key in asked and headers not in asked
+    second.stop()
     # torch's own loader now finds it: the build is skipped, nothing is fetched
     again = _builder(inductor / "ab" / "cabxyz.cpp", inductor / "ab")
     assert again.get_target_file_path() == str(placed)
-    assert kernels.counters().get("placed", 0) == before.get("placed", 0) + 1
+    assert kernels.counters().get("placed", 0) == before.get("placed", 0) + 2
 
     # refused: another machine's record, a path not torch's, a path with another suffix, a
     # file already there (left as it is)
