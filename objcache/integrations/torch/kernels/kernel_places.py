@@ -69,7 +69,7 @@ _written: set[str] = set()
 _lock = threading.Lock()
 _placer: Placer | None = None
 #: What :meth:`Placer.stop` queues.
-_STOP = ("", None, None, -1)
+_STOP = ("", "", None, -1)
 
 
 def machine() -> str:
@@ -165,26 +165,41 @@ class Placer:
     def __init__(self, client: Any, root: str) -> None:
         self.client = client
         self.root = root
-        self.prefix = f"{machine()}-"
-        self.queue: queue.SimpleQueue[tuple[str, bytes | None, bytes | None, int]] = (
-            queue.SimpleQueue()
-        )
+        self._prefix: str | None = None
+        #: ``(kind, name, payload, tries)``: a record or a binary as it arrived (kind
+        #: :data:`KIND` or ``kernels.KIND``), or ``("", content key, (record, binary),
+        #: tries)`` for a key tried again
+        self.queue: queue.SimpleQueue[tuple[str, str, Any, int]] = queue.SimpleQueue()
         self.done: set[str] = set()
         self.queued = 0
         self.thread = threading.Thread(target=self._run, name="objcache-kernel-place", daemon=True)
         self.thread.start()
+
+    @property
+    def prefix(self) -> str:
+        """``<machine>-``: computed on first use, on the placing thread (``g++ -v`` and the
+        compiler's search folders take a few hundred milliseconds: never on the thread that
+        built the client, which may be a compile's first lookup)."""
+        if self._prefix is None:
+            try:
+                self._prefix = f"{machine()}-"
+            except Exception as exc:  # no digest: no record is this machine's, none placed
+                kernels.warn_once("kernel placement", exc)
+                self._prefix = "\0"
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, value: str) -> None:
+        self._prefix = value
 
     def arrived(self, okey: str, payload: bytes | None) -> None:
         parsed = parse_object_key(okey)
         if parsed is None or self.queued >= MAX_PENDING:
             return
         _, kind, name = parsed
-        if kind == KIND and name.startswith(self.prefix):
+        if kind in (KIND, kernels.KIND):
             self.queued += 1
-            self.queue.put((name[len(self.prefix) :], payload, None, 0))
-        elif kind == kernels.KIND:
-            self.queued += 1
-            self.queue.put((name, None, payload, 0))
+            self.queue.put((kind, name, payload, 0))
 
     def stop(self) -> None:
         """No more placements: the listener is removed and the thread ends."""
@@ -197,8 +212,16 @@ class Placer:
             item = self.queue.get()
             if item is _STOP:
                 return
-            key, record, binary, tries = item
+            kind, name, payload, tries = item
             try:
+                if kind == KIND:  # a record: this machine's only
+                    if not name.startswith(self.prefix):
+                        continue
+                    key, record, binary = name[len(self.prefix) :], payload, None
+                elif kind:
+                    key, record, binary = name, None, payload
+                else:
+                    key, (record, binary) = name, payload
                 if key.startswith(kernel_headers.RECORD_KEY_PREFIX):
                     # the record of the headers kernels were built with: checked here, beside
                     # the compile, not on the load path of the first kernel that names it
@@ -209,7 +232,7 @@ class Placer:
                 if self.place(key, record, binary) is None and tries < RETRIES:
                     # a prefetched entry still on its way to the local tier: once more later
                     time.sleep(RETRY_S)
-                    self.queue.put((key, record, binary, tries + 1))
+                    self.queue.put(("", key, (record, binary), tries + 1))
             except Exception as exc:
                 kernels.warn_once("place", exc)
 

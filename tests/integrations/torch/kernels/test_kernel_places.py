@@ -153,3 +153,41 @@ def test_a_machine_whose_compiler_searches_elsewhere_takes_no_record_of_this_one
     monkeypatch.delenv("CPATH")
     monkeypatch.setattr(kernel_places, "_machine", None)
     assert kernel_places.machine() == here
+
+
+def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_builder(
+    installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digest runs ``g++ -v`` and reads the compiler's search folders (a few hundred
+    milliseconds): the thread that built the client (``install()``, or a compile's first
+    lookup on the zero-code path) never waits for it; a record of another machine is still
+    left alone, and a digest that cannot be made places nothing."""
+    import threading
+
+    from objcache.client import get_client
+    from objcache.integrations.torch.kernels import kernel_places
+
+    threads: list[str] = []
+
+    def digest() -> str:
+        threads.append(threading.current_thread().name)
+        return "m" * 20
+
+    monkeypatch.setattr(kernel_places, "machine", digest)
+    client = get_client()
+    placer = kernel_places.Placer(client, str(installed_file_store / "inductor"))
+    assert threads == []  # not on this thread
+    placer.arrived(client.object_key(kernel_places.KIND, "o" * 20 + "-cabxyz.so"), b"ab/cabxyz.so")
+    wait_until(lambda: threads, what="the digest")
+    assert threads == ["objcache-kernel-place"]
+    placer.stop()
+    placer.thread.join(10)
+    assert not (installed_file_store / "inductor" / "ab").exists()
+
+    def no_digest() -> str:
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(kernel_places, "machine", no_digest)
+    broken = kernel_places.Placer(client, str(installed_file_store / "inductor"))
+    assert broken.place("cabxyz.so") is None  # no record is this machine's
+    broken.stop()
