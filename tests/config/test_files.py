@@ -61,7 +61,7 @@ def test_the_data_is_fsynced_before_it_is_named_and_the_folder_only_when_asked(
     monkeypatch.setattr(files.os, "fsync", fsync)
     publish_file(tmp_path, ["a", "f"], b"data", replace=False, sync_folder=sync_folder)
     assert final.read_bytes() == b"data"
-    assert synced == ["file:unnamed", "folder:named"] if sync_folder else ["file:unnamed"]
+    assert synced == (["file:unnamed", "folder:named"] if sync_folder else ["file:unnamed"])
 
 
 def test_a_link_at_an_intermediate_folder_is_never_followed(tmp_path: Path) -> None:

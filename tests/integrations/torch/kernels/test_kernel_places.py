@@ -158,10 +158,11 @@ def test_a_machine_whose_compiler_searches_elsewhere_takes_no_record_of_this_one
 def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_builder(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The digest runs ``g++ -v`` and reads the compiler's search folders (a few hundred
-    milliseconds): the thread that built the client (``install()``, or a compile's first
-    lookup on the zero-code path) never waits for it; a record of another machine is still
-    left alone, and a digest that cannot be made places nothing."""
+    """The digest runs ``g++ -v`` and reads the compiler's search folders (about 20 ms
+    alone, a few hundred beside a busy prefetch): the thread that built the client
+    (``install()``, or a compile's first lookup on the zero-code path) never waits for it;
+    records are matched to it on the placing thread (another machine's never reaches a
+    placement), and a digest that cannot be made places nothing."""
     import threading
 
     from objcache.client import get_client
@@ -176,13 +177,22 @@ def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_bu
     monkeypatch.setattr(kernel_places, "machine", digest)
     client = get_client()
     placer = kernel_places.Placer(client, str(installed_file_store / "inductor"))
+    placed: list[tuple[str, bytes | None]] = []
+
+    def place(key: str, record: bytes | None = None, binary: bytes | None = None) -> bool:
+        placed.append((key, record))
+        return False
+
+    monkeypatch.setattr(placer, "place", place)
     assert threads == []  # not on this thread
-    placer.arrived(client.object_key(kernel_places.KIND, "o" * 20 + "-cabxyz.so"), b"ab/cabxyz.so")
-    wait_until(lambda: threads, what="the digest")
+    for machine, name in (("o", "cabxyz.so"), ("m", "cdefgh.so")):
+        okey = client.object_key(kernel_places.KIND, f"{machine * 20}-{name}")
+        placer.arrived(okey, f"{name[1:3]}/{name}".encode())
+    wait_until(lambda: placed, what="this machine's record placed")
     assert threads == ["objcache-kernel-place"]
     placer.stop()
     placer.thread.join(10)
-    assert not (installed_file_store / "inductor" / "ab").exists()
+    assert placed == [("cdefgh.so", b"de/cdefgh.so")]
 
     def no_digest() -> str:
         raise OSError("no compiler")
