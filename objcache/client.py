@@ -60,13 +60,16 @@ def sync_deadline_s(cache: TieredCache) -> float:
     return max((t.policy.timeout_s for t in cache.tiers), default=0.0) + _CALL_MARGIN_S
 
 
-def build_cache(config: Config, env_fields: dict[str, str] | None = None) -> TieredCache:
-    """A TieredCache for ``config`` (no I/O happens until the first call)."""
+def build_cache(
+    config: Config, env_fields: dict[str, str] | None = None, *, local_only: bool = False
+) -> TieredCache:
+    """A TieredCache for ``config`` (no I/O happens until the first call); ``local_only``:
+    its local tier alone (a child that only reads what its parent's prefetch brought)."""
     fields = fingerprint() if env_fields is None else env_fields
     local = stores.open_tier(stores.local_spec(config, evict=True), config)
     remotes = [
         stores.open_tier(spec, config, read_only=config.read_only)
-        for spec in config.effective_tiers()
+        for spec in ([] if local_only else config.effective_tiers())
     ]
     leases = None
     if config.node_single_flight:

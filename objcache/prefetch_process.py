@@ -44,7 +44,8 @@ import subprocess
 import sys
 import threading
 import types
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, NoReturn
 
 from objcache.bridge import Bridge
 from objcache.config.settings import Config
@@ -66,6 +67,34 @@ MAX_START = 1 << 20
 _LOCAL_SCHEMES = frozenset({"file", "disk"})
 
 
+#: How a child starts: its module run with the folder this objcache was imported from first
+#: on its path, in place of the working folder ``python -m`` would put there (a folder
+#: others may write, where an ``objcache`` planted would run instead).
+_BOOT = (
+    "import runpy, sys; sys.path[0] = sys.argv[1]; name = sys.argv[2]; del sys.argv[1:3]; "
+    "runpy.run_module(name, run_name='__main__', alter_sys=True)"
+)
+
+
+def child_command(module: str) -> list[str]:
+    """The command that runs objcache's ``module`` as a child of this process."""
+    home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # beside objcache/
+    return [sys.executable, "-c", _BOOT, home, module]
+
+
+def start_child(module: str) -> subprocess.Popen[bytes]:
+    """objcache's ``module`` started as a child that talks over its standard input and
+    output, with objcache's integrations off (it never starts torch)."""
+    env = dict(os.environ, OBJCACHE_ENABLE="0")
+    return subprocess.Popen(
+        child_command(module),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+    )
+
+
 def wanted(config: Config) -> bool:
     """Whether a client of ``config`` prefetches from a child process."""
     return config.prefetch_process and any(
@@ -85,20 +114,13 @@ class PrefetchProcess:
         self.elsewhere = PrefetchElsewhere(PLAN_WAIT_S, key_wait_s)
         self.timeline = PrefetchTimeline()
         self._result: dict[str, Any] | None = None
-        start = _start_message(config, cache.env_fields, job)
-        env = dict(os.environ, OBJCACHE_ENABLE="0")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "objcache.prefetch_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
+        start = start_message(config, cache.env_fields, job)
+        self.proc = start_child(__name__)
         cache.prefetch_elsewhere = self.elsewhere
         cache.prefetch_timeline = self.timeline
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(len(start).to_bytes(8, "big") + start)
+            self.proc.stdin.write(start)
             self.proc.stdin.flush()
         except OSError:
             pass  # the child is gone: its output ends, and so does every wait
@@ -202,9 +224,10 @@ def read_only(items: dict[str, Any]) -> types.MappingProxyType[str, Any]:
     return types.MappingProxyType(items)
 
 
-def _start_message(config: Config, env_fields: dict[str, str], job: str) -> bytes:
-    """What the child reads first: the configuration as this process holds it (a tier's
-    options are a read-only mapping, sent as its items)."""
+def start_message(config: Config, env_fields: dict[str, str], job: str) -> bytes:
+    """What a child of objcache's reads first (this one, and kernel placement's): the
+    configuration as this process holds it (a tier's options are a read-only mapping, sent
+    as its items), length-prefixed: :func:`read_start` reads it back."""
     buf = io.BytesIO()
     pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = {
@@ -212,14 +235,27 @@ def _start_message(config: Config, env_fields: dict[str, str], job: str) -> byte
         types.MappingProxyType: lambda m: (read_only, (dict(m),)),
     }
     pickler.dump((config, env_fields, job))
-    return buf.getvalue()
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "big") + data
+
+
+def read_start() -> tuple[Config, dict[str, str], str]:
+    """The child's side of :func:`start_message`, from its standard input; a start out of
+    form ends the child (status 2)."""
+    stdin = sys.stdin.buffer
+    size = int.from_bytes(stdin.read(8), "big")
+    if not 0 < size <= MAX_START:
+        raise SystemExit(2)
+    # our parent's own objects over a pipe only it holds (never anything from a store)
+    config, env_fields, job = pickle.loads(stdin.read(size))
+    return config, env_fields, job
 
 
 # --- the child ---------------------------------------------------------------------------
 
 
-class _Relay:
-    """The child's messages to its parent, one JSON line each (the event loop's thread)."""
+class Relay:
+    """A child's messages to its parent, one JSON line each, on its standard output."""
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
@@ -229,13 +265,13 @@ class _Relay:
             self.out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
             self.out.flush()
         except (OSError, ValueError):
-            os._exit(0)  # the parent is gone: so is the reason to prefetch
+            os._exit(0)  # the parent is gone: so is the reason to go on
 
 
 class _RelayedTimeline(PrefetchTimeline):
     """A time line that also tells the parent each step, and each key done with."""
 
-    def __init__(self, relay: _Relay, cache: TieredCache) -> None:
+    def __init__(self, relay: Relay, cache: TieredCache) -> None:
         super().__init__()
         self.relay = relay
         self.cache = cache
@@ -256,7 +292,7 @@ class _RelayedTimeline(PrefetchTimeline):
             self.relay.send({"brought": okey})  # else once its write-through ended
 
 
-async def _run_child(config: Config, env_fields: dict[str, str], job: str, relay: _Relay) -> None:
+async def _run_child(config: Config, env_fields: dict[str, str], job: str, relay: Relay) -> None:
     from objcache.client import build_cache  # the child's one use of the client layer
 
     cache = build_cache(config, env_fields)
@@ -279,14 +315,9 @@ def _exit_with_parent(stdin: IO[bytes]) -> None:
 
 
 def main() -> int:
-    stdin = sys.stdin.buffer
-    size = int.from_bytes(stdin.read(8), "big")
-    if not 0 < size <= MAX_START:
-        return 2
-    # our parent's own objects over a pipe only it holds (never anything from a store)
-    config, env_fields, job = pickle.loads(stdin.read(size))
-    threading.Thread(target=_exit_with_parent, args=(stdin,), daemon=True).start()
-    relay = _Relay(sys.stdout.buffer)
+    config, env_fields, job = read_start()
+    threading.Thread(target=_exit_with_parent, args=(sys.stdin.buffer,), daemon=True).start()
+    relay = Relay(sys.stdout.buffer)
     try:
         asyncio.run(_run_child(config, env_fields, job, relay))
     except Exception as exc:
@@ -296,10 +327,19 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
+def run_child(main: Callable[[], int]) -> NoReturn:
+    """A child's entry point: ``main``'s code as the exit status, its output flushed, no
+    interpreter shutdown (a thread reading the parent's pipe may hold it)."""
+    try:
+        code = main()
+    except Exception as exc:
+        print(f"objcache: child process: {type(exc).__name__}", file=sys.stderr)
+        code = 1
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
-    # no interpreter shutdown: the thread reading the parent's pipe holds it
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run_child(main)

@@ -60,3 +60,18 @@ def header_record(src: Path, code: str) -> tuple[str, bytes] | None:
     target = str(src.with_suffix(".so"))
     tokens = [compiler, str(src), "-shared", "-fPIC", "-o", target]
     return kernel_headers.record(tokens, target, [str(src)], kernels.normalize)
+
+
+def kernel_built(src: Path, answer: int) -> Any:
+    """A kernel built (and stored, with its place record) from a source at ``src`` that
+    returns ``answer``; returns its plan."""
+    from objcache.integrations.torch.kernels import kernels
+
+    src.parent.mkdir(parents=True)
+    src.write_text(f'extern "C" int answer() {{ return {answer}; }}\n')
+    built = kernel_builder(src, src.parent)
+    built.build()
+    p = kernels.plan(built)
+    assert p is not None
+    kernels.wait_stored(60)
+    return p

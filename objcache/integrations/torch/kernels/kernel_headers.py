@@ -312,6 +312,19 @@ def checked(key: str) -> bool | None:
         return _checked.get(key)
 
 
+def verdicts() -> dict[str, bool]:
+    """Every record checked in this process and what the check found."""
+    with _lock:
+        return dict(_checked)
+
+
+def learn(key: str, held: bool) -> None:
+    """What a child placing kernels for this process found for the record ``key`` (a
+    check made once per machine, never repeated on the load path)."""
+    with _lock:
+        _checked.setdefault(key, held)
+
+
 def holds(key: str, data: bytes, denormalize: Callable[[str], str | None]) -> bool:
     """Whether the record ``data`` (named ``key``) comes out the same read here."""
     with _lock:

@@ -28,9 +28,11 @@ next machine puts the binaries there while its prefetch runs, before the compile
   binary torch or objcache already put there is left as it is. Anything else is counted and
   left to the load path, which works as without placement.
 
-A placed binary is noted like one objcache's hook placed (``kernels.note_output``), so the
-vector-ISA probe's verdict still skips the dlopen child for it (docs/architecture.md,
-"Kernels placed before the compile").
+The placing runs in a child process (:mod:`.place_process`: on a thread of the compiling
+process its system calls kept Dynamo's thread waiting for the interpreter lock); this module
+is what both sides share. A placed binary is noted like one objcache's hook placed
+(``kernels.note_output``), so the vector-ISA probe's verdict still skips the dlopen child for
+it (docs/architecture.md, "Kernels placed before the compile").
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ import queue
 import re
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from objcache.config.files import publish_file
 from objcache.entry.layout import parse_object_key
 from objcache.integrations import cache_client
 from objcache.integrations.torch.kernels import kernel_headers, kernels
+
+if TYPE_CHECKING:
+    from objcache.integrations.torch.kernels.place_process import PlaceProcess
 
 log = logging.getLogger("objcache.torch")
 
@@ -67,7 +72,7 @@ _PATH = re.compile(r"^([a-z0-9]{2})/([a-z0-9]([a-z0-9]{2})[a-z0-9]*(?:\.[a-z_]+)
 _machine: str | None = None
 _written: set[str] = set()
 _lock = threading.Lock()
-_placer: Placer | None = None
+_placer: PlaceProcess | None = None
 #: What :meth:`Placer.stop` queues.
 _STOP = ("", "", None, -1)
 
@@ -212,29 +217,32 @@ class Placer:
             item = self.queue.get()
             if item is _STOP:
                 return
-            kind, name, payload, tries = item
             try:
-                if kind == KIND:  # a record: this machine's only
-                    if not name.startswith(self.prefix):
-                        continue
-                    key, record, binary = name[len(self.prefix) :], payload, None
-                elif kind:
-                    key, record, binary = name, None, payload
-                else:
-                    key, (record, binary) = name, payload
-                if key.startswith(kernel_headers.RECORD_KEY_PREFIX):
-                    # the record of the headers kernels were built with: checked here, beside
-                    # the compile, not on the load path of the first kernel that names it
-                    payload = binary if binary is not None else self._local(kernels.KIND, key)
-                    if payload is not None:
-                        kernel_headers.holds(key, payload, kernels.denormalize)
-                    continue
-                if self.place(key, record, binary) is None and tries < RETRIES:
-                    # a prefetched entry still on its way to the local tier: once more later
-                    time.sleep(RETRY_S)
-                    self.queue.put(("", key, (record, binary), tries + 1))
+                self._one(*item)
             except Exception as exc:
                 kernels.warn_once("place", exc)
+            self.worked()
+
+    def _one(self, kind: str, name: str, payload: Any, tries: int) -> None:
+        if kind == KIND:  # a record: this machine's only
+            if not name.startswith(self.prefix):
+                return
+            key, record, binary = name[len(self.prefix) :], payload, None
+        elif kind:
+            key, record, binary = name, None, payload
+        else:
+            key, (record, binary) = name, payload
+        if key.startswith(kernel_headers.RECORD_KEY_PREFIX):
+            # the record of the headers kernels were built with: checked here, beside the
+            # compile, not on the load path of the first kernel that names it
+            payload = binary if binary is not None else self._local(kernels.KIND, key)
+            if payload is not None:
+                kernel_headers.holds(key, payload, kernels.denormalize)
+            return
+        if self.place(key, record, binary) is None and tries < RETRIES:
+            # a prefetched entry still on its way to the local tier: once more later
+            time.sleep(RETRY_S)
+            self.queue.put(("", key, (record, binary), tries + 1))
 
     def _local(self, kind: str, key: str) -> bytes | None:
         return self.client.get_local(kind, key)  # type: ignore[no-any-return]
@@ -290,9 +298,16 @@ class Placer:
             kernels.count("place_refused")
             log.debug("objcache: placing %s refused: %r", rel, exc)
             return False
+        self.placed(key, rel, target)
+        return True
+
+    def placed(self, key: str, rel: str, target: str) -> None:
+        """Note a binary placed (for the vector-ISA probe's verdict) and count it."""
         kernels.note_output(kernels.Plan(key, target, False), placed=True)
         kernels.count("placed")
-        return True
+
+    def worked(self) -> None:
+        """One queued item done with (a placing child reports what changed)."""
 
 
 def enable() -> None:
@@ -328,7 +343,7 @@ def _started(client: Any) -> None:
         kernels.warn_once("kernel placement", exc)
 
 
-def start(client: Any) -> Placer | None:
+def start(client: Any) -> PlaceProcess | None:
     """Place this process's prefetched kernels in the background (once per client)."""
     global _placer
     if client.prefetch_result is None:
@@ -341,7 +356,15 @@ def start(client: Any) -> Placer | None:
             return None
         if _placer is not None:
             _placer.stop()  # a client replaced (install(config)) or a forked child's
-        placer = _placer = Placer(client, root)
+        from objcache.integrations.torch.kernels.place_process import PlaceProcess
+
+        try:
+            # off the compiling process's interpreter lock (place_process's docstring)
+            placer = _placer = PlaceProcess(client, root)
+        except (OSError, ValueError) as exc:  # no child: the load path fetches each kernel
+            kernels.warn_once("kernel placement", exc)
+            _placer = None
+            return None
         kernels.count("place_started")
     cache = client.cache
     cache.prefetch_listeners.append(placer.arrived)

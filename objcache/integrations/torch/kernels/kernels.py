@@ -88,6 +88,7 @@ _recorded: deque[Any] = deque(maxlen=MAX_RECORDED)
 _compiler_ids: dict[str, str] = {}
 _native_ids: dict[str, str] = {}
 _roots_cache: list[tuple[str, str]] | None = None
+_fixed_roots: list[tuple[str, str]] | None = None
 _originals: dict[str, Any] = {}
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_pid = 0
@@ -196,6 +197,8 @@ def _cpuinfo() -> str:
 def _roots() -> list[tuple[str, str]]:
     """Machine-specific directories and their placeholders, longest first."""
     global _roots_cache
+    if _fixed_roots is not None:
+        return _fixed_roots
     if _roots_cache is None:
         import sysconfig
 
@@ -215,6 +218,13 @@ def _roots() -> list[tuple[str, str]]:
         dynamic.append((os.path.abspath(cache), "<cache>"))
     roots = _roots_cache + [(p.rstrip(os.sep), t) for p, t in dynamic if len(p) > 1]
     return sorted(roots, key=lambda r: len(r[0]), reverse=True)
+
+
+def fix_roots(roots: list[tuple[str, str]]) -> None:
+    """Use ``roots`` as this process's folder map from now on: a child that places kernels
+    for its parent reads paths as the parent does, without importing torch."""
+    global _fixed_roots
+    _fixed_roots = sorted(roots, key=lambda r: len(r[0]), reverse=True)
 
 
 def _normalize(token: str, roots: list[tuple[str, str]]) -> str:

@@ -5,29 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.torch_cache import kernel_builder as _builder
-from tests.support.torch_cache import new_machine
+from tests.support.torch_cache import kernel_built, new_machine
 from tests.support.waiting import wait_until
 
 torch = pytest.importorskip("torch")
-
-
-def _kernel_built(src: Path, answer: int) -> Any:
-    """A kernel built (and stored, with its place record) from ``src``; returns its plan."""
-    from objcache.integrations.torch.kernels import kernels
-
-    src.parent.mkdir(parents=True)
-    src.write_text(f'extern "C" int answer() {{ return {answer}; }}\n')
-    built = _builder(src, src.parent)
-    built.build()
-    p = kernels.plan(built)
-    assert p is not None
-    kernels.wait_stored(60)
-    return p
 
 
 def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
@@ -41,7 +26,7 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     from objcache.client import get_client
     from objcache.integrations.torch.kernels import kernel_headers, kernel_places, kernels
 
-    p = _kernel_built(installed_file_store / "inductor" / "ab" / "cabxyz.cpp", 42)
+    p = kernel_built(installed_file_store / "inductor" / "ab" / "cabxyz.cpp", 42)
     assert Path(p.target).name == "cabxyz.so"
     record = f"{kernel_places.machine()}-{p.key}"
     assert get_client().get(kernel_places.KIND, record) == b"ab/cabxyz.so"
@@ -113,7 +98,7 @@ def test_kernels_are_placed_beside_the_prefetch_of_a_client_built_by_a_first_loo
     from objcache.client import get_client, reset_client
     from objcache.integrations.torch.kernels import kernel_places, kernels
 
-    p = _kernel_built(installed_file_store / "inductor" / "cd" / "ccdxyz.cpp", 7)
+    p = kernel_built(installed_file_store / "inductor" / "cd" / "ccdxyz.cpp", 7)
     get_client().flush()
     reset_client()  # the run's manifest lists the kernel and its place record
     inductor = new_machine(installed_file_store, monkeypatch, "b")
