@@ -108,6 +108,10 @@ _scanned_held: dict[int, Any] = {}
 _scanned_hash: dict[int, int] = {}
 _scanned_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
 _UNSEEN = object()
+#: namespace -> (the hash of the identities it held as copied, what the copy's scan named):
+#: the first reading's scan where nothing changed since (a class's ``__dict__`` is a new view
+#: each time it is read, so the identity memo above misses what the copy scanned)
+_copied_scans: dict[str, tuple[int, tuple[tuple[str, Any], ...]]] = {}
 
 
 def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
@@ -259,8 +263,11 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
         # a mapping by its values in order (a key added, removed or re-pointed moves them)
         now = _ids(held.values()) if isinstance(held, _MAPPINGS) else _ids(held)
         key = id(held)
+        copied = _copied_scans.get(where)
         if _scanned_held.get(key, _UNSEEN) is held and _scanned_hash.get(key) == now:
             programs = _scanned_programs.get(key, ())
+        elif copied is not None and copied[0] == now and scan is _scan_namespace:
+            programs = copied[1]  # as copied: its scan then (a class's view is made anew)
         else:
             scanned = scan(where, held)
             if scan is _scan_namespace:
@@ -372,20 +379,21 @@ def remember_module(module: Any) -> None:
 
 
 def _keep_release(where: str, held: dict[str, Any]) -> None:
+    """Copy a namespace as the release's: less what :func:`_scan_namespace` names as the
+    program's (an explicit install copies what is imported already, where the program, a
+    test's ``monkeypatch``, may hold its own function for a while; taken as the release's,
+    torch's own put back would read as re-pointed: such a name is not compared). That scan
+    is also a reading's for the namespace while it holds the identities it was copied with
+    (nothing can be re-pointed against a copy of itself): :data:`_copied_scans`."""
     if where in _release:
         return
-    copy = _as_released(where, held)
+    now = _ids(held.values())
+    scanned = tuple(_scan_namespace(where, held))
+    programs = {label.rsplit(".", 1)[1] for label, _ in scanned}
+    copy = {attr: value for attr, value in held.items() if attr not in programs}
     with _lock:
-        _release.setdefault(where, copy)
-
-
-def _as_released(where: str, held: dict[str, Any]) -> dict[str, Any]:
-    """A namespace's copy less what :func:`_scan_namespace` names as the program's: an
-    explicit install copies what is imported already, where the program (a test's
-    ``monkeypatch``) may hold its own function for a while; taken as the release's, torch's
-    own put back would read as re-pointed. Such a name is not compared."""
-    programs = {label.rsplit(".", 1)[1] for label, _ in _scan_namespace(where, held)}
-    return {attr: value for attr, value in held.items() if attr not in programs}
+        if _release.setdefault(where, copy) is copy:
+            _copied_scans[where] = (now, scanned)
 
 
 def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, Any]]:

@@ -317,3 +317,27 @@ def test_the_zero_code_path_copies_each_inductor_module_as_it_is_imported(
     )
     out = torch_runs.zero_code_python(tmp_path, code).split()
     assert out == ["inductor:torch._inductor.codegen.cpp.CppOverrides.sigmoid"]
+
+
+def test_a_method_replaced_before_an_explicit_install_is_named_at_the_first_reading(
+    tmp_path: Path,
+) -> None:
+    """The install's copy of each namespace is scanned once, and that scan is the first
+    reading's while the namespace holds what it held then: a code generator's method the
+    program replaced before ``install()`` is named by it, and nothing once torch's is back."""
+    code = (
+        "from torch._inductor.codegen.cpp import CppOverrides\n"
+        "released = CppOverrides.__dict__['exp']\n"
+        "CppOverrides.exp = staticmethod(lambda x: f'(1 + {x})')\n"
+        "import objcache\n"
+        "objcache.install()\n"
+        "from objcache.integrations.torch.precompile import inductor_namespace\n"
+        "print(*(label for label, _ in inductor_namespace.overrides()), sep=',')\n"
+        "CppOverrides.exp = released\n"
+        "print(*(label for label, _ in inductor_namespace.overrides()), sep=',')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_LOCAL_DIR=str(tmp_path / "local"))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    out = torch_runs.python_c(code, env).splitlines()
+    assert out == ["inductor:torch._inductor.codegen.cpp.CppOverrides.exp", ""]
