@@ -358,13 +358,8 @@ def start(client: Any) -> PlaceProcess | None:
             _placer.stop()  # a client replaced (install(config)) or a forked child's
         from objcache.integrations.torch.kernels.place_process import PlaceProcess
 
-        try:
-            # off the compiling process's interpreter lock (place_process's docstring)
-            placer = _placer = PlaceProcess(client, root)
-        except (OSError, ValueError) as exc:  # no child: the load path fetches each kernel
-            kernels.warn_once("kernel placement", exc)
-            _placer = None
-            return None
+        # in a child process, off the compiling process's interpreter lock (its docstring)
+        placer = _placer = PlaceProcess(client, root)
         kernels.count("place_started")
     cache = client.cache
     cache.prefetch_listeners.append(placer.arrived)

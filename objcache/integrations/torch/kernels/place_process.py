@@ -37,6 +37,7 @@ import logging
 import os
 import queue
 import re
+import subprocess
 import sys
 import threading
 from typing import IO, Any
@@ -65,18 +66,19 @@ class PlaceProcess:
         self.root = root
         self.pid = os.getpid()
         self.queued = 0
+        self.ended = False
         self.sent: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
-        self.proc = start_child(__name__)
+        #: The child, started with the first key to place (a start whose prefetch brings no
+        #: kernel starts none)
+        self.proc: subprocess.Popen[bytes] | None = None
         self.writer = threading.Thread(target=self._write, name="objcache-place-send", daemon=True)
-        self.reader = threading.Thread(target=self._read, name="objcache-place-read", daemon=True)
         self.writer.start()
-        self.reader.start()
 
     def arrived(self, okey: str, payload: bytes | None) -> None:
         """A prefetched key (the client's loop thread: only queued)."""
         parsed = parse_object_key(okey)
-        if parsed is None or self.queued >= kernel_places.MAX_PENDING:
-            return
+        if parsed is None or self.ended or self.queued >= kernel_places.MAX_PENDING:
+            return  # (a child ended: nothing more is sent, nothing more kept)
         _, kind, name = parsed
         if kind in (kernel_places.KIND, kernels.KIND):
             self.queued += 1
@@ -88,15 +90,25 @@ class PlaceProcess:
         with contextlib.suppress(ValueError):
             self.client.cache.prefetch_listeners.remove(self.arrived)
         self.sent.put(None)
-        if os.getpid() != self.pid:
+        proc = self.proc
+        if os.getpid() != self.pid and proc is not None and proc.stdin is not None:
             with contextlib.suppress(OSError):
-                if self.proc.stdin is not None:
-                    self.proc.stdin.close()
+                proc.stdin.close()
 
     # --- the parent's threads ----------------------------------------------------------------
 
     def _write(self) -> None:
-        pipe = self.proc.stdin
+        first = self.sent.get()
+        if first is None:
+            return  # stopped before anything was to be placed
+        try:
+            proc = self.proc = start_child(__name__)
+        except (OSError, ValueError) as exc:  # no child: the load path fetches each kernel
+            self.ended = True
+            kernels.warn_once("kernel placement", exc)
+            return
+        threading.Thread(target=self._read, name="objcache-place-read", daemon=True).start()
+        pipe = proc.stdin
         assert pipe is not None
         try:
             client = self.client
@@ -107,9 +119,8 @@ class PlaceProcess:
             roots = kernels.machine_roots()
             context = {"root": self.root, "prefix": prefix, "roots": roots}
             pipe.write(json.dumps(context).encode() + b"\n")
-            pipe.flush()
+            batch: list[tuple[str, str] | None] = [first]
             while True:
-                batch = [self.sent.get()]
                 while batch[-1] is not None and len(batch) < BATCH:
                     try:
                         batch.append(self.sent.get_nowait())
@@ -120,6 +131,7 @@ class PlaceProcess:
                 pipe.flush()
                 if batch[-1] is None:
                     break
+                batch = [self.sent.get()]
         except (OSError, ValueError):
             pass  # the child is gone: its output ends, and the reader says so
         finally:
@@ -127,8 +139,9 @@ class PlaceProcess:
                 pipe.close()
 
     def _read(self) -> None:
-        out = self.proc.stdout
-        assert out is not None
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        out = proc.stdout
         try:
             while line := out.readline(MAX_LINE):
                 try:
@@ -139,12 +152,13 @@ class PlaceProcess:
         except OSError:
             pass
         finally:
+            self.ended = True
             with contextlib.suppress(OSError):
                 out.close()
             if os.getpid() == self.pid:
                 with contextlib.suppress(OSError):
-                    self.proc.kill()
-                self.proc.wait()
+                    proc.kill()
+                proc.wait()
             kernels.count("place_process_ended")
 
     def _apply(self, message: dict[str, Any]) -> None:

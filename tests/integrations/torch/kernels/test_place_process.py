@@ -34,6 +34,15 @@ def _local_entries(client: Any, p: Any) -> list[str]:
     return [client.object_key(kind, key) for kind, key in wanted]
 
 
+def _started(child: Any, client: Any) -> Any:
+    """``child``'s process, started by a first key to place (one no store holds)."""
+    from objcache.integrations.torch.kernels import kernels
+
+    child.arrived(client.object_key(kernels.KIND, "cnothere.so"), None)
+    wait_until(lambda: child.proc is not None, what="the child started")
+    return child.proc
+
+
 def test_a_child_places_the_kernels_and_the_compiling_process_knows_what_it_placed(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -55,7 +64,7 @@ def test_a_child_places_the_kernels_and_the_compiling_process_knows_what_it_plac
     before = kernels.counters()
 
     child = PlaceProcess(client, str(inductor))
-    assert child.proc.pid != os.getpid()
+    assert child.proc is None  # nothing to place yet: no child
     for okey in reversed(okeys):  # the record first: the binary's arrival places it
         child.arrived(okey, None)
     wait_until(
@@ -67,6 +76,7 @@ def test_a_child_places_the_kernels_and_the_compiling_process_knows_what_it_plac
     assert kernels._outputs.get(str(placed)) == (p.key, True)  # noted before counted
     assert kernel_headers.checked(headers) is True
     # the child never imported torch
+    assert child.proc is not None and child.proc.pid != os.getpid()
     maps = Path(f"/proc/{child.proc.pid}/maps")
     if maps.exists():
         assert "libtorch" not in maps.read_text()
@@ -109,14 +119,16 @@ def test_a_child_that_says_something_unreadable_is_ended_and_nothing_it_said_is_
     with pytest.raises(ValueError):
         child._apply({"run": "rm -rf /"})
     # a child gone: its end is counted, later arrivals cost nothing and raise nothing
-    child.proc.kill()
+    _started(child, client).kill()
     wait_until(
         lambda: (
             kernels.counters().get("place_process_ended", 0) > before.get("place_process_ended", 0)
         ),
         what="the end counted",
     )
+    queued = child.queued
     child.arrived(client.object_key(kernels.KIND, "cabxyz.so"), None)
+    assert child.queued == queued  # nothing kept for a child that is gone
     child.stop()
 
 
@@ -129,7 +141,9 @@ def test_a_forked_copy_stopping_its_placement_leaves_the_parents_child_running(
     from objcache.client import get_client
     from objcache.integrations.torch.kernels.place_process import PlaceProcess
 
-    child = PlaceProcess(get_client(), str(installed_file_store / "inductor"))
+    client = get_client()
+    child = PlaceProcess(client, str(installed_file_store / "inductor"))
+    proc = _started(child, client)
     pid = os.fork()
     if pid == 0:  # the forked copy
         code = 0
@@ -141,9 +155,9 @@ def test_a_forked_copy_stopping_its_placement_leaves_the_parents_child_running(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     child.stop()
-    wait_until(lambda: child.proc.poll() is not None, what="the child's exit")
+    wait_until(lambda: proc.poll() is not None, what="the child's exit")
     # it ended as the parent closed its pipe (0), not by a signal from the forked copy
-    assert child.proc.returncode == 0
+    assert proc.returncode == 0
 
 
 def test_a_child_runs_objcache_from_where_the_parent_imported_it_not_the_working_folder(
@@ -168,3 +182,19 @@ def test_a_child_runs_objcache_from_where_the_parent_imported_it_not_the_working
     # what ``-m`` runs
     subprocess.run([sys.executable, "-m", "planted_probe"], **run)  # type: ignore[call-overload]
     assert marker.exists()
+
+
+def test_a_start_whose_prefetch_brings_no_kernel_starts_no_child(
+    installed_file_store: Path,
+) -> None:
+    """The child starts with the first key it has to place: other keys, or a stop before
+    any, leave the process without one."""
+    from objcache.client import get_client
+    from objcache.integrations.torch.kernels.place_process import PlaceProcess
+
+    client = get_client()
+    child = PlaceProcess(client, str(installed_file_store / "inductor"))
+    child.arrived(client.object_key("fx-graph", "fabc"), None)
+    child.stop()
+    child.writer.join(10)
+    assert not child.writer.is_alive() and child.proc is None
