@@ -9,8 +9,9 @@ machine, the compiling thread made 880-1,100 voluntary context switches in its f
 against 20 with torch alone, and the step took ~0.2 s longer than one that started after
 the placing was done. So the placing runs in a child interpreter, on the other core:
 
-* **The parent** (:class:`PlaceProcess`, started with the client, where the placing thread
-  was) sends the child, from a thread of its own, the configuration and the environment's
+* **The parent** (:class:`PlaceProcess`, made with the client, where the placing thread
+  was; its child started with the first key to place) sends the child, from a thread of its
+  own, the configuration and the environment's
   fields (:func:`objcache.prefetch_process.start_message`), then the placing context (torch's
   cache dir, this machine's record prefix, the folder map: the parent has torch, the child
   never imports it), then each prefetched key of kind ``kernel`` or ``kernel-place`` as the
