@@ -108,10 +108,12 @@ _scanned_held: dict[int, Any] = {}
 _scanned_hash: dict[int, int] = {}
 _scanned_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
 _UNSEEN = object()
-#: namespace -> (the hash of the identities it held as copied, what the copy's scan named):
-#: the first reading's scan where nothing changed since (a class's ``__dict__`` is a new view
-#: each time it is read, so the identity memo above misses what the copy scanned)
-_copied_scans: dict[str, tuple[int, tuple[tuple[str, Any], ...]]] = {}
+#: namespace -> the hash of the identities it held as copied, and -> what the copy's scan
+#: named where it named anything: the first reading's scan where nothing changed since (a
+#: class's ``__dict__`` is a new view each time it is read, so the identity memo above misses
+#: what the copy scanned). Flat dicts of ints: nothing more for the collector to track.
+_copied_hash: dict[str, int] = {}
+_copied_programs: dict[str, tuple[tuple[str, Any], ...]] = {}
 
 
 def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
@@ -263,11 +265,10 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
         # a mapping by its values in order (a key added, removed or re-pointed moves them)
         now = _ids(held.values()) if isinstance(held, _MAPPINGS) else _ids(held)
         key = id(held)
-        copied = _copied_scans.get(where)
         if _scanned_held.get(key, _UNSEEN) is held and _scanned_hash.get(key) == now:
             programs = _scanned_programs.get(key, ())
-        elif copied is not None and copied[0] == now and scan is _scan_namespace:
-            programs = copied[1]  # as copied: its scan then (a class's view is made anew)
+        elif _copied_hash.get(where) == now and scan is _scan_namespace:
+            programs = _copied_programs.get(where, ())  # its scan as copied
         else:
             scanned = scan(where, held)
             if scan is _scan_namespace:
@@ -384,7 +385,7 @@ def _keep_release(where: str, held: dict[str, Any]) -> None:
     test's ``monkeypatch``, may hold its own function for a while; taken as the release's,
     torch's own put back would read as re-pointed: such a name is not compared). That scan
     is also a reading's for the namespace while it holds the identities it was copied with
-    (nothing can be re-pointed against a copy of itself): :data:`_copied_scans`."""
+    (nothing can be re-pointed against a copy of itself): :data:`_copied_hash`."""
     if where in _release:
         return
     now = _ids(held.values())
@@ -393,7 +394,9 @@ def _keep_release(where: str, held: dict[str, Any]) -> None:
     copy = {attr: value for attr, value in held.items() if attr not in programs}
     with _lock:
         if _release.setdefault(where, copy) is copy:
-            _copied_scans[where] = (now, scanned)
+            _copied_hash[where] = now
+            if scanned:
+                _copied_programs[where] = scanned
 
 
 def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, Any]]:
