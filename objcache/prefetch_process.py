@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import threading
@@ -114,6 +115,10 @@ class PrefetchProcess:
         self.elsewhere = PrefetchElsewhere(PLAN_WAIT_S, key_wait_s)
         self.timeline = PrefetchTimeline()
         self._result: dict[str, Any] | None = None
+        #: What the reader thread passes to the loop, drained at one wake-up (:meth:`_on_loop`)
+        self._inbox: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        self._inbox_lock = threading.Lock()
+        self._drain_scheduled = False
         start = start_message(config, cache.env_fields, job)
         self.proc = start_child(__name__)
         cache.prefetch_elsewhere = self.elsewhere
@@ -165,8 +170,30 @@ class PrefetchProcess:
             self._on_loop(self._ended, rc)
 
     def _on_loop(self, fn: Any, arg: Any) -> None:
+        """Run ``fn(arg)`` on the event loop, after what was passed before. Messages come a
+        few per key: each wake-up of the loop is a system call on each side and a hand-off
+        of the interpreter lock, which the compiling thread waits for; so one wake-up takes
+        every message that arrived until the loop got to it."""
+        self._inbox.put((fn, arg))
+        with self._inbox_lock:
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits any more
-            self.bridge.loop.call_soon_threadsafe(fn, arg)
+            self.bridge.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._inbox_lock:
+            self._drain_scheduled = False  # a message put from now on schedules another
+        while True:
+            try:
+                fn, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn(arg)
+            except Exception:  # one message's failure never strands the ones after it
+                log.debug("objcache: prefetch process message failed", exc_info=True)
 
     # --- on the event loop ----------------------------------------------------------------
 

@@ -95,3 +95,38 @@ def test_a_child_that_dies_ends_every_wait_and_lookups_go_their_own_way(
     assert new.get("fx-graph", "k") == b"v"  # from the store, as without a prefetch
     assert _remote_reads(new) == 1
     new.close()
+
+
+def test_the_childs_messages_wake_the_event_loop_once_for_all_that_arrived_meanwhile() -> None:
+    """Each wake-up of the loop costs the compiling thread a hand-off of the interpreter
+    lock: messages the reader passes while a wake-up is pending ride on it, in order."""
+    import threading
+    from typing import Any
+
+    from objcache.prefetch_process import PrefetchProcess
+
+    class Loop:
+        def __init__(self) -> None:
+            self.scheduled: list[Any] = []
+
+        def call_soon_threadsafe(self, fn: Any) -> None:
+            self.scheduled.append(fn)
+
+    class Bridge:
+        loop = Loop()
+
+    relay = PrefetchProcess.__new__(PrefetchProcess)
+    relay.bridge = Bridge()  # type: ignore[assignment]
+    relay._inbox = __import__("queue").SimpleQueue()
+    relay._inbox_lock = threading.Lock()
+    relay._drain_scheduled = False
+    seen: list[int] = []
+    for i in range(100):
+        relay._on_loop(seen.append, i)
+    assert len(Bridge.loop.scheduled) == 1 and seen == []
+    relay._on_loop(lambda _: 1 / 0, None)  # a failing message strands none after it
+    relay._on_loop(seen.append, 100)
+    Bridge.loop.scheduled.pop()()
+    assert seen == list(range(101))
+    relay._on_loop(seen.append, 101)  # after a drain: the next message wakes it again
+    assert len(Bridge.loop.scheduled) == 1
