@@ -108,7 +108,7 @@ _scanned_held: dict[int, Any] = {}
 _scanned_hash: dict[int, int] = {}
 _scanned_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
 _UNSEEN = object()
-#: namespace -> the hash of the identities it held as copied, and -> what the copy's scan
+#: namespace -> the hash of the names and identities it held as copied, and -> what the copy's scan
 #: named where it named anything: the first reading's scan where nothing changed since (a
 #: class's ``__dict__`` is a new view each time it is read, so the identity memo above misses
 #: what the copy scanned). Flat dicts of ints: nothing more for the collector to track.
@@ -263,11 +263,12 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
         *((where, held, _scan_registry) for where, held in registries),
     ]:
         # a mapping by its values in order (a key added, removed or re-pointed moves them)
-        now = _ids(held.values()) if isinstance(held, _MAPPINGS) else _ids(held)
+        # (and its names: one deleted and its value kept under another leaves the values)
+        now = _named_ids(_ids(held.values()), held) if isinstance(held, _MAPPINGS) else _ids(held)
         key = id(held)
         if _scanned_held.get(key, _UNSEEN) is held and _scanned_hash.get(key) == now:
             programs = _scanned_programs.get(key, ())
-        elif _copied_hash.get(where) == now and scan is _scan_namespace:
+        elif scan is _scan_namespace and _copied_hash.get(where) == now:
             programs = _copied_programs.get(where, ())  # its scan as copied
         else:
             scanned = scan(where, held)
@@ -305,6 +306,7 @@ def _overall(namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]
         lambda: (
             len(sys.modules),
             tuple(map(len, dicts)),
+            tuple(map(id, chain.from_iterable(dicts))),  # the names: see _named_ids
             tuple(map(id, chain.from_iterable(map(_values, dicts)))),
             tuple(map(len, keyed)),
             tuple(map(id, chain.from_iterable(keyed))),
@@ -379,6 +381,12 @@ def remember_module(module: Any) -> None:
         _keep_release(where, held)
 
 
+def _named_ids(values: int, held: Any) -> int:
+    """The hash of a namespace's values' identities (``values``) with its names': a name
+    deleted and its function kept under another leaves the values as they were, in order."""
+    return hash((values, _ids(held.keys())))
+
+
 def _keep_release(where: str, held: dict[str, Any]) -> None:
     """Copy a namespace as the release's: less what :func:`_scan_namespace` names as the
     program's (an explicit install copies what is imported already, where the program, a
@@ -388,7 +396,7 @@ def _keep_release(where: str, held: dict[str, Any]) -> None:
     (nothing can be re-pointed against a copy of itself): :data:`_copied_hash`."""
     if where in _release:
         return
-    now = _ids(held.values())
+    now = _named_ids(_ids(held.values()), held)
     scanned = tuple(_scan_namespace(where, held))
     programs = {label.rsplit(".", 1)[1] for label, _ in scanned}
     copy = {attr: value for attr, value in held.items() if attr not in programs}

@@ -319,6 +319,15 @@ def test_the_zero_code_path_copies_each_inductor_module_as_it_is_imported(
     assert out == ["inductor:torch._inductor.codegen.cpp.CppOverrides.sigmoid"]
 
 
+def _explicit_install_python(tmp_path: Path, code: str) -> list[str]:
+    """``code``'s output lines in a fresh process, objcache off until the code's own
+    ``install()`` (no zero-code path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
+    env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_LOCAL_DIR=str(tmp_path / "local"))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    return torch_runs.python_c(code, env).splitlines()
+
+
 def test_a_method_replaced_before_an_explicit_install_is_named_at_the_first_reading(
     tmp_path: Path,
 ) -> None:
@@ -336,8 +345,29 @@ def test_a_method_replaced_before_an_explicit_install_is_named_at_the_first_read
         "CppOverrides.exp = released\n"
         "print(*(label for label, _ in inductor_namespace.overrides()), sep=',')\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJCACHE_")}
-    env.update(PYTHONPATH=str(torch_runs.ROOT), OBJCACHE_LOCAL_DIR=str(tmp_path / "local"))
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
-    out = torch_runs.python_c(code, env).splitlines()
+    out = _explicit_install_python(tmp_path, code)
     assert out == ["inductor:torch._inductor.codegen.cpp.CppOverrides.exp", ""]
+
+
+def test_a_method_deleted_and_its_function_kept_under_another_name_is_named(
+    tmp_path: Path,
+) -> None:
+    """The copy's scan is reused only while the namespace holds the same names for the same
+    identities: the last method of a code generator deleted and its function put back under
+    another name leaves the values as they were, in order, but the method is gone (a graph
+    compiles to other code): named as removed."""
+    code = (
+        "from torch._inductor.codegen.cpp import CppOverrides\n"
+        "import objcache\n"
+        "objcache.install()\n"
+        "from objcache.integrations.torch.precompile import inductor_namespace\n"
+        "print(*(label for label, _ in inductor_namespace.overrides()), sep=',')\n"
+        "last, value = list(vars(CppOverrides).items())[-1]\n"
+        "delattr(CppOverrides, last)\n"
+        "setattr(CppOverrides, 'objcache_moved', value)\n"
+        "print(last, *(label for label, _ in inductor_namespace.overrides()), sep=',')\n"
+    )
+    before, after = _explicit_install_python(tmp_path, code)
+    assert before == ""
+    last, *named = after.split(",")
+    assert named == [f"inductor:torch._inductor.codegen.cpp.CppOverrides.{last}"]
