@@ -47,7 +47,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from objcache.config.files import publish_file
-from objcache.entry.layout import parse_object_key
 from objcache.integrations import cache_client
 from objcache.integrations.torch.kernels import kernel_headers, kernels
 
@@ -160,56 +159,27 @@ def note(p: kernels.Plan) -> None:
 
 
 class Placer:
-    """Places the binaries of this machine's records as the prefetch brings them.
-
-    ``arrived`` runs on the client's loop thread and only queues; one thread does the rest.
-    A record and its binary may arrive in either order: each arrival queues the content key,
-    and the key is placed once both are local (a second try costs two local reads).
+    """Places the binaries of this machine's records (``prefix``: ``<machine>-``) as the
+    prefetch brings them: the placing child (:mod:`.place_process`) queues each key it is
+    sent, one thread does the rest. A record and its binary may arrive in either order: each
+    arrival queues the content key, and the key is placed once both are local (a second try
+    costs two local reads).
     """
 
-    def __init__(self, client: Any, root: str) -> None:
+    def __init__(self, client: Any, root: str, prefix: str) -> None:
         self.client = client
         self.root = root
-        self._prefix: str | None = None
+        self.prefix = prefix
         #: ``(kind, name, payload, tries)``: a record or a binary as it arrived (kind
         #: :data:`KIND` or ``kernels.KIND``), or ``("", content key, (record, binary),
         #: tries)`` for a key tried again
         self.queue: queue.SimpleQueue[tuple[str, str, Any, int]] = queue.SimpleQueue()
         self.done: set[str] = set()
-        self.queued = 0
         self.thread = threading.Thread(target=self._run, name="objcache-kernel-place", daemon=True)
         self.thread.start()
 
-    @property
-    def prefix(self) -> str:
-        """``<machine>-``: computed on first use, on the placing thread (``g++ -v`` and the
-        compiler's search folders: ~20 ms alone, a few hundred beside a busy prefetch; never
-        on the thread that built the client, which may be a compile's first lookup)."""
-        if self._prefix is None:
-            try:
-                self._prefix = f"{machine()}-"
-            except Exception as exc:  # no digest: no record is this machine's, none placed
-                kernels.warn_once("kernel placement", exc)
-                self._prefix = "\0"
-        return self._prefix
-
-    @prefix.setter
-    def prefix(self, value: str) -> None:
-        self._prefix = value
-
-    def arrived(self, okey: str, payload: bytes | None) -> None:
-        parsed = parse_object_key(okey)
-        if parsed is None or self.queued >= MAX_PENDING:
-            return
-        _, kind, name = parsed
-        if kind in (KIND, kernels.KIND):
-            self.queued += 1
-            self.queue.put((kind, name, payload, 0))
-
     def stop(self) -> None:
-        """No more placements: the listener is removed and the thread ends."""
-        with contextlib.suppress(ValueError):
-            self.client.cache.prefetch_listeners.remove(self.arrived)
+        """No more placements: the thread ends."""
         self.queue.put(_STOP)
 
     def _run(self) -> None:

@@ -230,8 +230,7 @@ class _LocalReader:
 class _ChildPlacer(kernel_places.Placer):
     def __init__(self, client: Any, root: str, relay: _Relay, prefix: str) -> None:
         self.relay = relay
-        super().__init__(client, root)
-        self.prefix = prefix
+        super().__init__(client, root, prefix)
 
     def placed(self, key: str, rel: str, target: str) -> None:
         kernels.count("placed")

@@ -44,7 +44,8 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     wait_until(lambda: client.get_local(kernels.KIND, p.key) is not None, what="kernel local")
     wait_until(lambda: client.get_local(kernels.KIND, headers) is not None, what="headers")
     wait_until(lambda: client.get_local(kernel_places.KIND, record) is not None, what="record")
-    placer = kernel_places.Placer(client, str(inductor))
+    here = f"{kernel_places.machine()}-"
+    placer = kernel_places.Placer(client, str(inductor), here)
     before = kernels.counters()
     assert placer.place(p.key)
     placed = inductor / "ab" / "cabxyz.so"
@@ -52,7 +53,7 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
     assert placer.place(p.key) is False  # once
     # the record of its headers is read until it is checked here, then never again (every
     # kernel of a build names the same record)
-    second = kernel_places.Placer(client, str(inductor / "second"))
+    second = kernel_places.Placer(client, str(inductor / "second"), here)
     asked: list[str] = []
     read_local = second._local
 
@@ -71,18 +72,17 @@ def test_a_new_machine_finds_its_kernels_placed_before_torch_asks(
 
     # refused: another machine's record, a path not torch's, a path with another suffix, a
     # file already there (left as it is)
-    other = kernel_places.Placer(client, str(inductor))
-    other.prefix = "0" * 20 + "-"
+    other = kernel_places.Placer(client, str(inductor), "0" * 20 + "-")
     assert other.place(p.key) is None  # not local: tried again later, never placed
     for bad in (b"../ab/cabxyz.so", b"ab/cdexyz.so", b"/ab/cabxyz.so", b"ab/cabxyz.o", b"ab"):
-        assert not kernel_places.Placer(client, str(inductor)).place(p.key, record=bad)
+        assert not kernel_places.Placer(client, str(inductor), here).place(p.key, record=bad)
     placed.unlink()
     placed.write_bytes(b"torch's own")
-    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert not kernel_places.Placer(client, str(inductor), here).place(p.key)
     assert placed.read_bytes() == b"torch's own"
     placed.unlink()
     placed.symlink_to(installed_file_store / "elsewhere")
-    assert not kernel_places.Placer(client, str(inductor)).place(p.key)
+    assert not kernel_places.Placer(client, str(inductor), here).place(p.key)
     assert not (installed_file_store / "elsewhere").exists()
     after = kernels.counters()
     assert after.get("place_refused", 0) - before.get("place_refused", 0) == 5
@@ -140,18 +140,18 @@ def test_a_machine_whose_compiler_searches_elsewhere_takes_no_record_of_this_one
     assert kernel_places.machine() == here
 
 
-def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_builder(
+def test_the_machine_digest_is_computed_off_the_clients_builder_and_matched_by_the_placer(
     installed_file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The digest runs ``g++ -v`` and reads the compiler's search folders (about 20 ms
     alone, a few hundred beside a busy prefetch): the thread that built the client
-    (``install()``, or a compile's first lookup on the zero-code path) never waits for it;
-    records are matched to it on the placing thread (another machine's never reaches a
-    placement), and a digest that cannot be made places nothing."""
+    (``install()``, or a compile's first lookup on the zero-code path) never waits for it,
+    the thread that feeds the placing child computes it; only a record of that digest
+    reaches a placement, and a digest that cannot be made matches no record."""
     import threading
 
     from objcache.client import get_client
-    from objcache.integrations.torch.kernels import kernel_places
+    from objcache.integrations.torch.kernels import kernel_places, kernels, place_process
 
     threads: list[str] = []
 
@@ -161,7 +161,14 @@ def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_bu
 
     monkeypatch.setattr(kernel_places, "machine", digest)
     client = get_client()
-    placer = kernel_places.Placer(client, str(installed_file_store / "inductor"))
+    child = place_process.PlaceProcess(client, str(installed_file_store / "inductor"))
+    assert threads == []  # not on this thread
+    child.arrived(client.object_key(kernels.KIND, "cnothere.so"), None)
+    wait_until(lambda: threads, what="the digest computed")
+    assert threads == ["objcache-place-send"]
+    child.stop()
+
+    placer = kernel_places.Placer(client, str(installed_file_store / "inductor"), "m" * 20 + "-")
     placed: list[tuple[str, bytes | None]] = []
 
     def place(key: str, record: bytes | None = None, binary: bytes | None = None) -> bool:
@@ -169,20 +176,14 @@ def test_the_machine_digest_is_computed_on_the_placing_thread_not_the_clients_bu
         return False
 
     monkeypatch.setattr(placer, "place", place)
-    assert threads == []  # not on this thread
     for machine, name in (("o", "cabxyz.so"), ("m", "cdefgh.so")):
-        okey = client.object_key(kernel_places.KIND, f"{machine * 20}-{name}")
-        placer.arrived(okey, f"{name[1:3]}/{name}".encode())
-    wait_until(lambda: placed, what="this machine's record placed")
-    assert threads == ["objcache-kernel-place"]
+        placer.queue.put((kernel_places.KIND, f"{machine * 20}-{name}", name.encode(), 0))
     placer.stop()
     placer.thread.join(10)
-    assert placed == [("cdefgh.so", b"de/cdefgh.so")]
+    assert placed == [("cdefgh.so", b"cdefgh.so")]
 
     def no_digest() -> str:
         raise OSError("no compiler")
 
     monkeypatch.setattr(kernel_places, "machine", no_digest)
-    broken = kernel_places.Placer(client, str(installed_file_store / "inductor"))
-    assert broken.place("cabxyz.so") is None  # no record is this machine's
-    broken.stop()
+    assert place_process._prefix() == "\0"  # no record's name starts with it
