@@ -59,8 +59,7 @@ _COUNTER = re.compile(r"^[a-z][a-z0-9_:.-]{0,63}$")
 
 class PlaceProcess:
     """The compiling process's side: the child, the keys it is sent, what it placed.
-
-    Has the placing thread's interface (:meth:`arrived`, :meth:`stop`, ``client``)."""
+    :meth:`arrived` is the prefetch's listener (``kernel_places.start`` adds it)."""
 
     def __init__(self, client: Any, root: str) -> None:
         self.client = client
