@@ -214,3 +214,94 @@ def test_the_program_s_functions_in_any_setting_are_named() -> None:
     finally:
         config.external_matmul.remove(matmul)
     assert label not in dict(program_registrations.config_callables())
+
+
+def test_an_entry_moved_to_another_key_is_named_under_its_new_key() -> None:
+    """The program's function taken off one op or method and put on another (a delete, then
+    an add at the end): every value of the table is where it was, in order, and the program
+    now rewrites another op. Which entries are the program's is remembered only while the
+    tables hold the same keys too, so the new one is named, not the old."""
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
+
+    scope: dict[str, Any] = {"torch": torch}
+    exec("def halve(x, *args, **kwargs):\n    return x * 0.5\n", scope)
+    fn = scope["halve"]
+    first, second = torch.ops.aten.cosh.default, torch.ops.aten.sinh.default
+    saved = {op: decompositions.pop(op) for op in (first, second) if op in decompositions}
+    try:
+        decompositions[first] = fn
+        assert f"decomposition:{first}" in dict(program_registrations.table_overrides())
+        del decompositions[first]
+        decompositions[second] = fn
+        named = dict(program_registrations.table_overrides())
+        assert f"decomposition:{second}" in named and f"decomposition:{first}" not in named
+        del decompositions[second]
+        torch.Tensor.objcache_first = fn
+        assert "tensor_method:objcache_first" in dict(program_registrations.table_overrides())
+        del torch.Tensor.objcache_first
+        torch.Tensor.objcache_second = fn
+        named = dict(program_registrations.table_overrides())
+        assert "tensor_method:objcache_second" in named, named
+        assert "tensor_method:objcache_first" not in named
+    finally:
+        for name in ("objcache_first", "objcache_second"):
+            if name in vars(torch.Tensor):
+                delattr(torch.Tensor, name)
+        for op in (first, second):
+            decompositions.pop(op, None)
+        decompositions.update(saved)
+        fast_random_decomps.cache_clear()
+
+
+def test_a_dispatch_rule_moved_to_another_op_is_named_under_its_new_op() -> None:
+    """The program's ``__torch_dispatch__`` rule for torch's op taken off one op and put on
+    another (torch's registry keeps an entry for each op it was asked about, in place): the
+    rules' identities are unchanged, in order, and only the op they are under says it moved."""
+    from torch._library.simple_registry import singleton
+
+    scope: dict[str, Any] = {"torch": torch}
+    exec("def rule(mode, func, types, args, kwargs):\n    return args[0] * 0.5\n", scope)
+    exec("class Mode(torch.utils._python_dispatch.TorchDispatchMode):\n    pass\n", scope)
+    first, second = singleton.find("aten::cosh"), singleton.find("aten::sinh")
+    handle = first.torch_dispatch_rules.register(scope["Mode"], scope["rule"])
+    try:
+        assert any(
+            k.startswith("dispatch_rule:aten::cosh:")
+            for k in dict(program_registrations.table_overrides())
+        )
+        handle.destroy()
+        handle = second.torch_dispatch_rules.register(scope["Mode"], scope["rule"])
+        named = [k for k in dict(program_registrations.table_overrides()) if "dispatch_rule" in k]
+        assert named and all(k.startswith("dispatch_rule:aten::sinh:") for k in named), named
+    finally:
+        handle.destroy()
+
+
+def test_a_pattern_moved_to_another_target_is_named_under_its_new_target() -> None:
+    """The program's pattern entry taken off one target of a pass and put on another (the
+    pass's key deleted, the same list added under another): only the key says it moved. A
+    target is named with its overload (``aten.add.Tensor`` is not ``aten.add.Scalar``)."""
+    import types
+
+    from torch._inductor.fx_passes import joint_graph
+
+    scope: dict[str, Any] = {}
+    exec("def check(match):\n    return True\n", scope)
+    entries = [types.SimpleNamespace(extra_check=scope["check"])]
+    first = ("call_function", torch.ops.aten.cosh.default)
+    second = ("call_function", torch.ops.aten.sinh.default)
+    patterns = joint_graph.patterns.patterns
+    saved = {key: patterns.pop(key) for key in (first, second) if key in patterns}
+    try:
+        patterns[first] = entries
+        named = list(dict(program_registrations.pattern_overrides()))
+        assert any(k.endswith(":aten.cosh.default") for k in named), named
+        del patterns[first]
+        patterns[second] = entries
+        named = list(dict(program_registrations.pattern_overrides()))
+        assert any(k.endswith(":aten.sinh.default") for k in named), named
+        assert not any("cosh" in k for k in named), named
+    finally:
+        for key in (first, second):
+            patterns.pop(key, None)
+        patterns.update(saved)
