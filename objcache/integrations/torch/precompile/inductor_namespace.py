@@ -22,7 +22,6 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from itertools import chain
 from operator import methodcaller
 from typing import Any
 
@@ -247,7 +246,8 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
         if compile_id is not None and _read_memo and _read_memo[0][0] == compile_id:
             return _read_memo[0][1]
     classes, registries = _loaded()
-    overall = _overall(classes, registries)
+    held_hashes = _held_hashes(classes, registries)
+    overall = hash((len(sys.modules), held_hashes))
     with _lock:
         last = _read_memo[0][1] if _read_memo else None
     if last is not None and last[0] == overall:
@@ -258,13 +258,14 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
     seen_held: dict[int, Any] = {}
     seen_hash: dict[int, int] = {}
     seen_programs: dict[int, tuple[tuple[str, Any], ...]] = {}
-    for where, held, scan in [
-        *((where, held, _scan_namespace) for where, held in classes),
-        *((where, held, _scan_registry) for where, held in registries),
-    ]:
-        # a mapping by its values in order (a key added, removed or re-pointed moves them)
-        # (and its names: one deleted and its value kept under another leaves the values)
-        now = _named_ids(_ids(held.values()), held) if isinstance(held, _MAPPINGS) else _ids(held)
+    for (where, held, scan), now in zip(
+        [
+            *((where, held, _scan_namespace) for where, held in classes),
+            *((where, held, _scan_registry) for where, held in registries),
+        ],
+        held_hashes,
+        strict=True,
+    ):
         key = id(held)
         if _scanned_held.get(key, _UNSEEN) is held and _scanned_hash.get(key) == now:
             programs = _scanned_programs.get(key, ())
@@ -292,29 +293,37 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
 
 
 _values = methodcaller("values")
+_ids_of = functools.partial(map, id)
 #: A namespace is a module's dict or a class's read-only view of its own.
 _MAPPINGS = (dict, types.MappingProxyType)
 
 
-def _overall(namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]]) -> int:
-    """One hash of every identity the namespaces and registries hold, read in C (about 1 ms
-    for Inductor's 40,000 names)."""
+def _held_hashes(
+    namespaces: list[tuple[str, Any]], registries: list[tuple[str, Any]]
+) -> tuple[int, ...]:
+    """What each namespace and registry holds, as :func:`_named_ids` says it (a mapping by
+    its values' identities in order and its names', a list or set by its items'), in that
+    order: one pass in C over Inductor's 40,000 names, the same hashes a copy was taken
+    with (a per-namespace loop in Python cost twice as much)."""
     dicts = [held for _, held in namespaces]
-    keyed = [held for _, held in registries if isinstance(held, dict)]
-    others = [held for _, held in registries if not isinstance(held, dict)]
-    return _stable_hash(
-        lambda: (
-            len(sys.modules),
-            tuple(map(len, dicts)),
-            tuple(map(id, chain.from_iterable(dicts))),  # the names: see _named_ids
-            tuple(map(id, chain.from_iterable(map(_values, dicts)))),
-            tuple(map(len, keyed)),
-            tuple(map(id, chain.from_iterable(keyed))),
-            tuple(map(id, chain.from_iterable(map(_values, keyed)))),
-            tuple(map(len, others)),
-            tuple(map(id, chain.from_iterable(others))),
+
+    def read() -> tuple[int, ...]:
+        values = map(hash, map(tuple, map(_ids_of, map(_values, dicts))))
+        names = map(hash, map(tuple, map(_ids_of, dicts)))
+        return (
+            *map(hash, zip(values, names, strict=True)),
+            *(
+                _named_ids(_ids(held.values()), held) if isinstance(held, _MAPPINGS) else _ids(held)
+                for _, held in registries
+            ),
         )
-    )
+
+    for _ in range(3):
+        try:
+            return read()
+        except RuntimeError:  # a dict changed while read (another thread registering)
+            continue
+    return tuple(hash(os.urandom(8)) for _ in range(len(namespaces) + len(registries)))
 
 
 def current_compile_id() -> Any:
