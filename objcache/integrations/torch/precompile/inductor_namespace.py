@@ -96,8 +96,11 @@ MAX_DEPTH = 2
 MAX_ITEMS = 4096
 
 _lock = threading.Lock()
-#: (modules loaded, class dicts, registries), found again only when a module was imported
-_layout: list[tuple[int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = []
+#: (modules loaded, class dicts, registries, each module's name with where its globals are in
+#: the class dicts), found again when a module was imported or re-laid out
+_layout: list[
+    tuple[int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]], list[tuple[str, int]]]
+] = []
 #: (compile window, (token, the program's values)): one window's keys share one reading
 _read_memo: list[tuple[Any, tuple[int, list[tuple[str, Any]]]]] = []
 #: id of a class dict or registry -> it, -> the hash of what it held, -> the program's values
@@ -115,36 +118,39 @@ _copied_hash: dict[str, int] = {}
 _copied_programs: dict[str, tuple[tuple[str, Any], ...]] = {}
 
 
-def _loaded() -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
+def _loaded() -> tuple[
+    list[tuple[str, dict[str, Any]]], list[tuple[str, Any]], list[tuple[str, int]]
+]:
     """The namespaces of Inductor's and AOTAutograd's loaded modules (their globals and the
     dicts of the classes they define), and their module-level containers (each once, less
-    the tables and settings read elsewhere)."""
+    the tables and settings read elsewhere); and each module's name with where its globals
+    are among the namespaces."""
     loaded = len(sys.modules)
     with _lock:
         if _layout and _layout[0][0] == loaded:
-            return _layout[0][1], _layout[0][2]
+            return _layout[0][1], _layout[0][2], _layout[0][3]
     skip = {id(table) for _, table in program_registrations.tables()}
     namespaces: list[tuple[str, dict[str, Any]]] = []
     registries: list[tuple[str, Any]] = []
+    laid_out: list[tuple[str, int]] = []
     for name, module in sorted(list(sys.modules.items())):
         if module is None or not (_in(name, PACKAGE) or _in(name, AOT_PACKAGE)):
             continue
         if name.startswith(COMPILED_MODULES):
             continue  # a compiled graph's own code (one per kernel), not the compiler's
-        module_dict = vars(module)
         known = _modules.get(name)
-        if known is None or known[0] is not module or known[1] != len(module_dict):
-            known = (module, len(module_dict), *_module_layout(name, module_dict))
-            _modules[name] = known
-        namespaces.extend(known[2])
-        for where, registry in known[3]:
+        if known is None or known[0] is not module or known[1] != len(vars(module)):
+            known = _modules[name] = _module_entry(name, module)
+        laid_out.append((name, len(namespaces)))
+        namespaces.extend(known[4])
+        for where, registry in known[5]:
             if id(registry) not in skip:
                 skip.add(id(registry))  # one registry imported under several names
                 registries.append((where, registry))
     namespaces.extend(_function_namespaces())
     with _lock:
-        _layout[:] = [(loaded, namespaces, registries)]
-    return namespaces, registries
+        _layout[:] = [(loaded, namespaces, registries, laid_out)]
+    return namespaces, registries, laid_out
 
 
 def _in(name: str, package: str) -> bool:
@@ -193,24 +199,56 @@ def loaded_function_namespaces() -> list[tuple[str, Any]]:
     return found
 
 
-#: module name -> (module, its globals' count, its namespaces, its containers)
-_modules: dict[str, tuple[Any, int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]] = {}
+#: module name -> (module, its globals' count, the hash of its globals as laid out (as
+#: :func:`_named_ids` says it), the hash of the registries and classes found in them, its
+#: namespaces, its containers)
+_ModuleEntry = tuple[Any, int, int, int, list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]
+_modules: dict[str, _ModuleEntry] = {}
+
+
+def _module_entry(name: str, module: Any) -> _ModuleEntry:
+    module_dict = vars(module)
+    globals_hash = _named_ids(_ids(module_dict.values()), module_dict)
+    namespaces, registries, shape = _module_layout(name, module_dict)
+    return (module, len(module_dict), globals_hash, shape, namespaces, registries)
 
 
 def _module_layout(
     name: str, module_dict: dict[str, Any]
-) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]]]:
+) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, Any]], int]:
+    """The module's namespaces (its globals, the dicts of the classes it defines) and its
+    containers, and a hash of which registries and classes those are."""
     namespaces: list[tuple[str, dict[str, Any]]] = [(name, module_dict)]
     registries: list[tuple[str, Any]] = []
+    found: list[int] = []
     containers = _CONTAINERS
     for attr, value in list(module_dict.items()):
         kind = type(value)
         if kind in containers or (kind not in _LEAVES and isinstance(value, (dict, list))):
             if attr not in _NOT_REGISTRIES:
                 registries.append((f"{name}.{attr}", value))
+                found.append(id(value))
         elif isinstance(value, type) and value.__module__ == name:
             namespaces.append((f"{name}.{value.__qualname__}", value.__dict__))  # type: ignore[arg-type]
-    return namespaces, registries
+            found.append(id(value))
+    return namespaces, registries, hash(tuple(found))
+
+
+def _relaid_out(laid_out: list[tuple[str, int]], held_hashes: tuple[int, ...]) -> bool:
+    """Lay out again each module whose globals changed since it was laid out; whether one of
+    them now holds another registry or class than it did (a global re-bound to the
+    program's own dict, as many globals as before): then the layout is made again."""
+    moved = False
+    for name, at in laid_out:
+        known = _modules.get(name)
+        if known is None or known[2] == held_hashes[at]:
+            continue
+        now = _modules[name] = _module_entry(name, known[0])
+        moved = moved or now[3] != known[3]
+    if moved:
+        with _lock:
+            _layout.clear()
+    return moved
 
 
 _CONTAINERS = frozenset({dict, list, tuple, set})
@@ -245,8 +283,20 @@ def _read() -> tuple[int, list[tuple[str, Any]]]:
     with _lock:
         if compile_id is not None and _read_memo and _read_memo[0][0] == compile_id:
             return _read_memo[0][1]
-    classes, registries = _loaded()
+    classes, registries, laid_out = _loaded()
     held_hashes = _held_hashes(classes, registries)
+    if _relaid_out(laid_out, held_hashes):
+        # the namespaces and registries read already keep their hashes (and stay alive while
+        # their ids say which is which); only a moved module's are read again
+        before = (classes, registries)
+        read = zip([*classes, *registries], held_hashes, strict=True)
+        known = {id(held): now for (_, held), now in read}
+        classes, registries, _ = _loaded()
+        held_hashes = tuple(
+            known[id(held)] if id(held) in known else _held_hash(held)
+            for _, held in [*classes, *registries]
+        )
+        del before
     overall = hash((len(sys.modules), held_hashes))
     with _lock:
         last = _read_memo[0][1] if _read_memo else None
@@ -312,10 +362,7 @@ def _held_hashes(
         names = map(hash, map(tuple, map(_ids_of, dicts)))
         return (
             *map(hash, zip(values, names, strict=True)),
-            *(
-                _named_ids(_ids(held.values()), held) if isinstance(held, _MAPPINGS) else _ids(held)
-                for _, held in registries
-            ),
+            *(_held_hash(held) for _, held in registries),
         )
 
     for _ in range(3):
@@ -324,6 +371,11 @@ def _held_hashes(
         except RuntimeError:  # a dict changed while read (another thread registering)
             continue
     return tuple(hash(os.urandom(8)) for _ in range(len(namespaces) + len(registries)))
+
+
+def _held_hash(held: Any) -> int:
+    """One namespace's or registry's hash, as :func:`_held_hashes` gives it."""
+    return _named_ids(_ids(held.values()), held) if isinstance(held, _MAPPINGS) else _ids(held)
 
 
 def current_compile_id() -> Any:
@@ -383,10 +435,8 @@ def remember_module(module: Any) -> None:
     name = getattr(module, "__name__", "")
     if not _in(name, PACKAGE) or name.startswith(COMPILED_MODULES):
         return
-    module_dict = vars(module)
-    namespaces, registries = _module_layout(name, module_dict)
-    _modules[name] = (module, len(module_dict), namespaces, registries)  # what a read reuses
-    for where, held in namespaces:
+    entry = _modules[name] = _module_entry(name, module)  # what a read reuses
+    for where, held in entry[4]:
         _keep_release(where, held)
 
 

@@ -306,7 +306,10 @@ def tables_token() -> int:
     return hash(tuple(ids))
 
 
-_passes_memo: list[tuple[int, list[tuple[str, Any]]]] = []
+#: (modules loaded, what held the passes then, the passes found)
+_passes_memo: list[tuple[int, int, list[tuple[str, Any]]]] = []
+#: The globals of Inductor's pass modules that held a pass at the last scan: (module dict, name)
+_pass_holders: list[tuple[dict[str, Any], str]] = []
 
 
 def _tensor_methods() -> dict[str, Any]:
@@ -324,30 +327,49 @@ def tensor_method_overrides() -> tuple[tuple[str, str], ...]:
 
 def _pattern_passes() -> list[tuple[str, Any]]:
     """Inductor's pattern-matcher passes (``joint_graph.patterns``, ``post_grad``'s
-    ``pass_patterns``, ...): module globals of its ``fx_passes`` package, found again only
-    when a module was imported."""
+    ``pass_patterns``, ...): module globals of its ``fx_passes`` package, found again when a
+    module was imported or when what holds them changed (the program's pass put in place of
+    one of Inductor's: ``pass_patterns[0] = its_pass``, or the global re-bound)."""
     loaded = len(sys.modules)
     with _lock:
-        if _passes_memo and _passes_memo[0][0] == loaded:
-            return _passes_memo[0][1]
+        if _passes_memo and _passes_memo[0][0] == loaded and _passes_memo[0][1] == _held_passes():
+            return _passes_memo[0][2]
     matcher = getattr(
         sys.modules.get("torch._inductor.pattern_matcher"), "PatternMatcherPass", None
     )
     found: list[tuple[str, Any]] = []
+    holders: list[tuple[dict[str, Any], str]] = []
     seen: set[int] = set()
     if isinstance(matcher, type):
         for name, module in list(sys.modules.items()):
             if not name.startswith("torch._inductor.fx_passes"):
                 continue
-            for attr, value in list(vars(module).items()):
+            namespace = vars(module)
+            for attr, value in list(namespace.items()):
                 held = value if isinstance(value, (list, tuple)) else [value]
                 for i, item in enumerate(held):
-                    if isinstance(item, matcher) and id(item) not in seen:
-                        seen.add(id(item))  # a pass also listed under another name
-                        found.append((f"{name}.{attr}" + (f"[{i}]" if held is value else ""), item))
+                    if isinstance(item, matcher):
+                        if not holders or holders[-1][0] is not namespace or holders[-1][1] != attr:
+                            holders.append((namespace, attr))
+                        if id(item) not in seen:
+                            seen.add(id(item))  # a pass also listed under another name
+                            label = f"{name}.{attr}" + (f"[{i}]" if held is value else "")
+                            found.append((label, item))
     with _lock:
-        _passes_memo[:] = [(loaded, found)]
+        _pass_holders[:] = holders
+        _passes_memo[:] = [(loaded, _held_passes(), found)]
     return found
+
+
+def _held_passes() -> int:
+    """The identities the globals that held Inductor's passes hold now (a list's items too)."""
+    ids: list[int] = []
+    for namespace, attr in _pass_holders:
+        value = namespace.get(attr)
+        ids.append(id(value))
+        if isinstance(value, (list, tuple)):
+            ids.extend(map(id, list(value)))
+    return hash(tuple(ids))
 
 
 #: id -> the entry, and id -> its program functions where it has any: a table's entries are

@@ -371,3 +371,26 @@ def test_a_method_deleted_and_its_function_kept_under_another_name_is_named(
     assert before == ""
     last, *named = after.split(",")
     assert named == [f"inductor:torch._inductor.codegen.cpp.CppOverrides.{last}"]
+
+
+def test_a_registry_the_program_put_in_place_of_inductor_s_is_named() -> None:
+    """``post_grad.noop_registry = {**post_grad.noop_registry, op: fn}``: the module global
+    re-bound to the program's own dict (nothing imported, the module's globals as many as
+    before); Inductor reads the global at every compile: the new dict is read, not the one
+    found when the module was first read."""
+    from torch._inductor.fx_passes import post_grad
+
+    def never_a_noop(x: Any, y: Any) -> bool:
+        return os.environ.get("NOOP_BENCH") == "1"
+
+    assert _fresh() == ()  # the module's layout found, as a first compile finds it
+    released = post_grad.noop_registry
+    try:
+        post_grad.noop_registry = {**released, torch.ops.aten.mul.Tensor: never_a_noop}
+        named = list(dict(_fresh()))
+        assert len(named) == 1 and named[0].startswith(
+            "inductor:torch._inductor.fx_passes.post_grad.noop_registry["
+        ), named
+    finally:
+        post_grad.noop_registry = released
+    assert _fresh() == ()

@@ -305,3 +305,29 @@ def test_a_pattern_moved_to_another_target_is_named_under_its_new_target() -> No
         for key in (first, second):
             patterns.pop(key, None)
         patterns.update(saved)
+
+
+def test_a_pass_the_program_put_in_place_of_torch_s_is_named() -> None:
+    """The program's pattern pass put in place of one of Inductor's (``pass_patterns[i] =
+    its_pass``, nothing imported since): Inductor runs it on every graph; which passes there
+    are is found again when the modules' passes change, not only when a module is imported."""
+    import types
+
+    from torch._inductor.fx_passes import post_grad
+    from torch._inductor.pattern_matcher import PatternMatcherPass
+
+    scope: dict[str, Any] = {}
+    exec("def check(match):\n    return True\n", scope)
+    program_registrations.pattern_overrides()  # the passes found, as a compile finds them
+    theirs = PatternMatcherPass()
+    theirs.patterns[("call_function", torch.ops.aten.cosh.default)] = [
+        types.SimpleNamespace(extra_check=scope["check"])
+    ]
+    released = post_grad.pass_patterns[0]
+    try:
+        post_grad.pass_patterns[0] = theirs
+        named = list(dict(program_registrations.pattern_overrides()))
+        assert any("post_grad.pass_patterns[0]" in k and "aten.cosh" in k for k in named), named
+    finally:
+        post_grad.pass_patterns[0] = released
+    assert not any("aten.cosh" in k for k in dict(program_registrations.pattern_overrides()))
