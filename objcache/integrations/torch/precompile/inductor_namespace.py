@@ -480,7 +480,7 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
     found: list[tuple[str, Any]] = []
     for attr, then in list(release.items()):
         kind = type(then)
-        if kind not in _CODE_KINDS and not issubclass(kind, type):
+        if kind not in _CODE_KINDS and kind is not types.ModuleType and not issubclass(kind, type):
             continue  # data: Inductor's own caches and counters change as it compiles
         now = namespace.get(attr, _REMOVED)
         if now is then or getattr(now, "__func__", now) is getattr(then, "__func__", then):
@@ -525,6 +525,12 @@ def _identity(value: Any) -> str:
     (``register_custom_op_autotuning``'s lowering and its configs) by what it holds."""
     if value is _REMOVED:
         return "removed"
+    if type(value) is types.ModuleType and not _releases(str(getattr(value, "__name__", ""))):
+        # the program's module in place of torch's (``F._Reduction = its_module``): torch's
+        # code calls through it at call time, so by the program's code in it, as it is now
+        name = getattr(value, "__name__", "")
+        code = _scan_namespace(str(name), vars(value))
+        return f"module:{name};" + ",".join(f"{label}={_identity(item)}" for label, item in code)
     if type(value) is types.FunctionType and _torch_closure(value):
         held = program_registrations.entry_functions(value)
         return "|".join(",".join(program_registrations.identity(item)) for item in held)

@@ -394,3 +394,32 @@ def test_a_registry_the_program_put_in_place_of_inductor_s_is_named() -> None:
     finally:
         post_grad.noop_registry = released
     assert _fresh() == ()
+
+
+def test_a_module_the_program_put_in_place_of_torch_s_is_named_by_its_code() -> None:
+    """``F._Reduction = its_module``: ``F.mse_loss`` calls ``_Reduction.get_enum`` at call
+    time, so the program's module decides the traced graph; named in place of torch's, by the
+    program's code in it as it is at each reading (a function of it replaced later is
+    another identity)."""
+    import types
+
+    import torch.nn.functional as F
+
+    inductor_namespace.remember_release()
+    released = F._Reduction
+    theirs = types.ModuleType("objcache_test_reduction")
+    scope: dict[str, Any] = {"__name__": theirs.__name__}
+    exec("def get_enum(name):\n    return 2\n", scope)
+    exec("def get_enum(name):\n    return 1\n", (other := {"__name__": theirs.__name__}))
+    theirs.get_enum = scope["get_enum"]  # type: ignore[attr-defined]
+    theirs.legacy_get_string = released.legacy_get_string  # type: ignore[attr-defined]
+    try:
+        F._Reduction = theirs  # type: ignore[assignment]
+        named = dict(_fresh())
+        label = "torch_function:torch.nn.functional._Reduction"
+        assert list(named) == [label], named
+        theirs.get_enum = other["get_enum"]  # type: ignore[attr-defined]
+        assert dict(_fresh())[label] != named[label]
+    finally:
+        F._Reduction = released  # type: ignore[assignment]
+    assert _fresh() == ()
