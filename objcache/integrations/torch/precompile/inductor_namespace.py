@@ -402,6 +402,10 @@ _release: dict[str, dict[str, Any]] = {}
 _CODE_KINDS = frozenset(
     {types.FunctionType, types.BuiltinFunctionType, staticmethod, classmethod, property}
 )
+#: What a namespace's copy is compared with, by identity: code, torch's modules a namespace
+#: holds (torch calls through them at call time) and bound methods (``cexpr =
+#: CppPrinter().doprint``: another printer's is other code with the same function).
+_COMPARED_KINDS = _CODE_KINDS | {types.ModuleType, types.MethodType}
 #: A name the program deleted from a namespace (``del CppOverrides.sigmoid``).
 _REMOVED = object()
 
@@ -480,10 +484,13 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
     found: list[tuple[str, Any]] = []
     for attr, then in list(release.items()):
         kind = type(then)
-        if kind not in _CODE_KINDS and kind is not types.ModuleType and not issubclass(kind, type):
+        if kind not in _COMPARED_KINDS and not issubclass(kind, type):
             continue  # data: Inductor's own caches and counters change as it compiles
         now = namespace.get(attr, _REMOVED)
-        if now is then or getattr(now, "__func__", now) is getattr(then, "__func__", then):
+        if now is then or _same_bound(now, then):
+            continue
+        same_function = getattr(now, "__func__", now) is getattr(then, "__func__", then)
+        if same_function and kind is not types.MethodType:
             continue  # put back as the function a static method holds
         if now is not _REMOVED and _wraps(now, then):
             continue  # a wrapper of the release's own (Dynamo's ``disable`` of ``jit.trace``)
@@ -493,6 +500,16 @@ def _repointed(where: str, namespace: Any, named: set[str]) -> list[tuple[str, A
         if label not in named:
             found.append((label, now))
     return found
+
+
+def _same_bound(now: Any, then: Any) -> bool:
+    """Whether two bound methods are one function bound to one object."""
+    return (
+        type(now) is types.MethodType
+        and type(then) is types.MethodType
+        and now.__func__ is then.__func__
+        and now.__self__ is then.__self__
+    )
 
 
 def _objcaches(value: Any) -> bool:

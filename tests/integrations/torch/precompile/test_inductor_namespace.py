@@ -423,3 +423,26 @@ def test_a_module_the_program_put_in_place_of_torch_s_is_named_by_its_code() -> 
     finally:
         F._Reduction = released  # type: ignore[assignment]
     assert _fresh() == ()
+
+
+def test_a_printer_pointed_at_another_of_torch_s_is_named() -> None:
+    """``wrapper.pexpr = triton.texpr``: both are ``PythonPrinter.doprint``, one function bound
+    to two printers, and the wrapper's code generator would print Triton's expressions; and
+    ``cpp_utils.cexpr = triton.texpr``, another function. A bound method is the release's
+    only while it is the same function bound to the same object."""
+    import torch._inductor.codegen.triton as triton
+    from torch._inductor.codegen import cpp_utils, wrapper
+
+    inductor_namespace.remember_release()
+    assert wrapper.pexpr.__func__ is triton.texpr.__func__
+    for module, attr in ((wrapper, "pexpr"), (cpp_utils, "cexpr")):
+        released = getattr(module, attr)
+        label = f"inductor:{module.__name__}.{attr}"
+        try:
+            setattr(module, attr, triton.texpr)
+            assert list(dict(_fresh())) == [label]
+            setattr(module, attr, released.__func__.__get__(released.__self__))  # the same
+            assert _fresh() == ()
+        finally:
+            setattr(module, attr, released)
+    assert _fresh() == ()
