@@ -208,7 +208,7 @@ _modules: dict[str, _ModuleEntry] = {}
 
 def _module_entry(name: str, module: Any) -> _ModuleEntry:
     module_dict = vars(module)
-    globals_hash = _named_ids(_ids(module_dict.values()), module_dict)
+    globals_hash = _held_hash(module_dict)
     namespaces, registries, shape = _module_layout(name, module_dict)
     return (module, len(module_dict), globals_hash, shape, namespaces, registries)
 
@@ -459,7 +459,7 @@ def _keep_release(where: str, held: dict[str, Any]) -> None:
     (nothing can be re-pointed against a copy of itself): :data:`_copied_hash`."""
     if where in _release:
         return
-    now = _named_ids(_ids(held.values()), held)
+    now = _held_hash(held)
     scanned = tuple(_scan_namespace(where, held))
     programs = {label.rsplit(".", 1)[1] for label, _ in scanned}
     copy = {attr: value for attr, value in held.items() if attr not in programs}
